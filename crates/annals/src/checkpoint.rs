@@ -1,0 +1,299 @@
+//! Index checkpoints: the indexes written to one file so that opening a large store does not
+//! rescan it. Never the source of truth: a checkpoint is used only when its CRC holds and the
+//! record it names as the last one is in the log where it says, with the head it says;
+//! otherwise the index is rebuilt from the log.
+//!
+//! Layout (little-endian): magic "ANNALCKP", version u32, reserved u32; head u64, segment u32,
+//! reserved u32, end offset u64, last record offset u64; type count, tag count, id count (u64
+//! each); type names and tag names (u32 length + bytes each); event types (u32 per event);
+//! locations (u64 per event); each type's then each tag's postings (u64 count + u64s); ids
+//! (16-byte id, u64 position, u32 content CRC each); then CRC32C of everything before it, and "ANNALEND".
+
+use std::path::Path;
+
+use parking_lot::RwLock;
+
+use crate::error::StoreError;
+use crate::index::Index;
+use crate::io::{Io, IoFile, OpenMode};
+
+pub const FILE_NAME: &str = "index.checkpoint";
+const TEMP_NAME: &str = "index.checkpoint.tmp";
+const MAGIC: &[u8; 8] = b"ANNALCKP";
+const END: &[u8; 8] = b"ANNALEND";
+const VERSION: u32 = 1;
+
+/// Where the log stood when the checkpoint was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pub(crate) head: u64,
+    pub(crate) segment: u32,
+    pub(crate) end_offset: u64,
+    pub(crate) last_record_offset: u64,
+}
+
+/// Streams bytes to a file in large writes, keeping a running CRC.
+struct Sink<'a> {
+    file: &'a dyn IoFile,
+    buf: Vec<u8>,
+    offset: u64,
+    crc: u32,
+}
+
+impl Sink<'_> {
+    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() >= 8 << 20 {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.crc = crc32c::crc32c_append(self.crc, &self.buf);
+        self.file.write_at(&self.buf, self.offset)?;
+        self.offset += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Writes a checkpoint of everything in `index` up to `mark.head`. The index lock is taken
+/// per list, never across I/O, so the writer keeps running.
+pub(crate) fn write(
+    io: &dyn Io,
+    dir: &Path,
+    index: &RwLock<Index>,
+    mark: Mark,
+) -> Result<(), StoreError> {
+    let temp = dir.join(TEMP_NAME);
+    let err = |op, e| StoreError::io(op, dir.join(TEMP_NAME), 0, e);
+    let file = io.open(&temp, OpenMode::Create).map_err(|e| err("create checkpoint", e))?;
+    file.set_len(0).map_err(|e| err("truncate checkpoint", e))?;
+    let mut sink = Sink {
+        file: file.as_ref(),
+        buf: Vec::with_capacity(9 << 20),
+        offset: 0,
+        crc: 0,
+    };
+    let head = mark.head;
+    let n = head as usize;
+    (|| -> std::io::Result<()> {
+        let (type_names, tag_names, ids) = {
+            let index = index.read();
+            let ids: Vec<(u128, (u64, u32))> = index
+                .ids
+                .iter()
+                .filter(|(_, &(p, _))| p <= head)
+                .map(|(&id, &entry)| (id, entry))
+                .collect();
+            (index.type_names.clone(), index.tag_names.clone(), ids)
+        };
+        sink.put(MAGIC)?;
+        sink.put(&VERSION.to_le_bytes())?;
+        sink.put(&0u32.to_le_bytes())?;
+        sink.put(&head.to_le_bytes())?;
+        sink.put(&mark.segment.to_le_bytes())?;
+        sink.put(&0u32.to_le_bytes())?;
+        sink.put(&mark.end_offset.to_le_bytes())?;
+        sink.put(&mark.last_record_offset.to_le_bytes())?;
+        sink.put(&(type_names.len() as u64).to_le_bytes())?;
+        sink.put(&(tag_names.len() as u64).to_le_bytes())?;
+        sink.put(&(ids.len() as u64).to_le_bytes())?;
+        for name in type_names.iter().chain(tag_names.iter()) {
+            sink.put(&(name.len() as u32).to_le_bytes())?;
+            sink.put(name)?;
+        }
+        const STEP: usize = 1 << 20;
+        let mut at = 0;
+        while at < n {
+            let to = (at + STEP).min(n);
+            let index = index.read();
+            for t in &index.event_types[at..to] {
+                sink.put(&t.to_le_bytes())?;
+            }
+            at = to;
+        }
+        at = 0;
+        while at < n {
+            let to = (at + STEP).min(n);
+            let index = index.read();
+            for l in &index.locations[at..to] {
+                sink.put(&l.to_le_bytes())?;
+            }
+            at = to;
+        }
+        for (types, count) in [(true, type_names.len()), (false, tag_names.len())] {
+            for i in 0..count {
+                let index = index.read();
+                let list = if types {
+                    &index.type_postings[i]
+                } else {
+                    &index.tag_postings[i]
+                };
+                let len = list.partition_point(|&p| p <= head);
+                sink.put(&(len as u64).to_le_bytes())?;
+                for p in &list[..len] {
+                    sink.put(&p.to_le_bytes())?;
+                }
+            }
+        }
+        for (id, (p, crc)) in &ids {
+            sink.put(&id.to_le_bytes())?;
+            sink.put(&p.to_le_bytes())?;
+            sink.put(&crc.to_le_bytes())?;
+        }
+        sink.flush()?;
+        let crc = sink.crc;
+        sink.put(&crc.to_le_bytes())?;
+        sink.put(END)?;
+        sink.flush()?;
+        file.sync_data()
+    })()
+    .map_err(|e| err("write checkpoint", e))?;
+    io.rename(&temp, &dir.join(FILE_NAME))
+        .map_err(|e| err("rename checkpoint", e))?;
+    io.sync_dir(dir)
+        .map_err(|e| StoreError::io("sync directory", dir, 0, e))?;
+    Ok(())
+}
+
+/// Reads little-endian values from a byte slice without trusting any length.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_add(n)?;
+        let slice = self.bytes.get(self.at..end)?;
+        self.at = end;
+        Some(slice)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn count(&mut self, element_bytes: usize) -> Option<usize> {
+        let n = usize::try_from(self.u64()?).ok()?;
+        // Refuse counts that could not fit in what is left: never allocate on a bad length.
+        (n.checked_mul(element_bytes)? <= self.bytes.len() - self.at).then_some(n)
+    }
+
+    fn u64s(&mut self, n: usize) -> Option<Vec<u64>> {
+        let bytes = self.take(n.checked_mul(8)?)?;
+        Some(
+            bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect(),
+        )
+    }
+}
+
+/// Why a checkpoint was not used.
+pub(crate) type Rejected = &'static str;
+
+/// Reads the checkpoint, if there is one and it is whole. The caller still checks that the
+/// log agrees with its mark.
+pub(crate) fn read(io: &dyn Io, dir: &Path) -> Result<(Index, Mark), Rejected> {
+    let path = dir.join(FILE_NAME);
+    let file = io.open(&path, OpenMode::Existing).map_err(|_| "missing")?;
+    let len = file.len().map_err(|_| "unreadable")? as usize;
+    let mut bytes = vec![0u8; len];
+    crate::io::read_exact_at(file.as_ref(), &mut bytes, 0).map_err(|_| "unreadable")?;
+    parse(&bytes).ok_or("damaged")
+}
+
+fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
+    let body_len = bytes.len().checked_sub(12)?;
+    if &bytes[body_len + 4..] != END {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes[body_len..body_len + 4].try_into().ok()?);
+    if crc32c::crc32c(&bytes[..body_len]) != crc {
+        return None;
+    }
+    let mut c = Cursor {
+        bytes: &bytes[..body_len],
+        at: 0,
+    };
+    if c.take(8)? != MAGIC || c.u32()? != VERSION {
+        return None;
+    }
+    c.u32()?;
+    let head = c.u64()?;
+    let segment = c.u32()?;
+    c.u32()?;
+    let end_offset = c.u64()?;
+    let last_record_offset = c.u64()?;
+    let type_count = c.count(4)?;
+    let tag_count = c.count(4)?;
+    let id_count = c.count(28)?;
+    let n = usize::try_from(head).ok()?;
+    let mut index = Index::default();
+    for (names, ids, postings, count) in [
+        (&mut index.type_names, &mut index.type_ids, &mut index.type_postings, type_count),
+        (&mut index.tag_names, &mut index.tag_ids, &mut index.tag_postings, tag_count),
+    ] {
+        names.reserve(count);
+        ids.reserve(count);
+        for i in 0..count {
+            let len = c.u32()? as usize;
+            let name: Box<[u8]> = c.take(len)?.into();
+            ids.insert(name.clone(), i as u32);
+            names.push(name);
+        }
+        postings.reserve(count);
+    }
+    if index.type_ids.len() != type_count || index.tag_ids.len() != tag_count {
+        return None;
+    }
+    let types = c.take(n.checked_mul(4)?)?;
+    index.event_types = types
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
+        .collect();
+    if index.event_types.iter().any(|&t| t as usize >= type_count) {
+        return None;
+    }
+    index.locations = c.u64s(n)?;
+    for (postings, count) in [(&mut index.type_postings, type_count), (&mut index.tag_postings, tag_count)] {
+        for _ in 0..count {
+            let len = c.count(8)?;
+            let list = c.u64s(len)?;
+            if list.windows(2).any(|w| w[0] >= w[1]) || list.last().is_some_and(|&p| p > head) || list.first() == Some(&0) {
+                return None;
+            }
+            postings.push(list);
+        }
+    }
+    index.ids.reserve(id_count);
+    for _ in 0..id_count {
+        let id = u128::from_le_bytes(c.take(16)?.try_into().ok()?);
+        let position = c.u64()?;
+        let crc = c.u32()?;
+        if position == 0 || position > head {
+            return None;
+        }
+        index.ids.insert(id, (position, crc));
+    }
+    if c.at != body_len {
+        return None;
+    }
+    Some((
+        index,
+        Mark {
+            head,
+            segment,
+            end_offset,
+            last_record_offset,
+        },
+    ))
+}

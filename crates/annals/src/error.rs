@@ -1,0 +1,139 @@
+//! Errors, typed by what the caller can do about them.
+//!
+//! - [`AppendError::ConditionFailed`] is an expected outcome: re-read and decide again.
+//! - [`InputError`] means the request itself is wrong: fix it; nothing was changed.
+//! - [`StoreError`] is fatal for this handle: the store is poisoned, closed or damaged and must be
+//!   reopened (or repaired) before it acknowledges anything again.
+
+use std::io;
+use std::path::PathBuf;
+
+/// A fatal storage error. Messages name the file and offset and say what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("{operation} failed on {path} at offset {offset}: {source}")]
+    Io {
+        operation: &'static str,
+        path: PathBuf,
+        offset: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "damaged log: {path} at offset {offset}: {reason}; the damage lies before valid records, \
+         so Annals refuses to open rather than drop acknowledged events (restore from a backup \
+         or run `annals verify` to inspect)"
+    )]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    #[error("the data directory {path} is in use by another process (its lock is held)")]
+    Locked { path: PathBuf },
+    #[error(
+        "the store is poisoned after a failed write or fsync ({reason}); nothing more will be \
+         acknowledged until it is reopened"
+    )]
+    Poisoned { reason: String },
+    #[error("the store is closed")]
+    Closed,
+    #[error("invalid store option: {0}")]
+    InvalidOption(String),
+}
+
+impl StoreError {
+    pub(crate) fn io(
+        operation: &'static str,
+        path: impl Into<PathBuf>,
+        offset: u64,
+        source: io::Error,
+    ) -> Self {
+        StoreError::Io {
+            operation,
+            path: path.into(),
+            offset,
+            source,
+        }
+    }
+}
+
+/// A request that breaks a limit or is malformed. Nothing was appended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputError {
+    #[error("an append must carry at least one event")]
+    NoEvents,
+    #[error("too many events in one append: {count} (the limit is {max})")]
+    TooManyEvents { count: usize, max: usize },
+    #[error("event {index} is too large: {bytes} bytes of data and metadata (the limit is {max})")]
+    EventTooLarge { index: usize, bytes: usize, max: usize },
+    #[error("the append is too large: {bytes} encoded bytes (the limit is {max})")]
+    AppendTooLarge { bytes: usize, max: usize },
+    #[error("event {index} has an empty type")]
+    EmptyType { index: usize },
+    #[error("event {index} has a type of {bytes} bytes (the limit is {max})")]
+    TypeTooLong { index: usize, bytes: usize, max: usize },
+    #[error("event {index} has {count} tags (the limit is {max})")]
+    TooManyTags { index: usize, count: usize, max: usize },
+    #[error("event {index} has an empty tag")]
+    EmptyTag { index: usize },
+    #[error("event {index} has a tag of {bytes} bytes (the limit is {max})")]
+    TagTooLong { index: usize, bytes: usize, max: usize },
+    #[error("event {index} has the tag {tag:?} twice")]
+    DuplicateTag { index: usize, tag: String },
+    #[error("{what} {value:?} contains a control character")]
+    ControlCharacter { what: &'static str, value: String },
+    #[error("the query has {count} items (the limit is {max})")]
+    TooManyQueryItems { count: usize, max: usize },
+    #[error("a query item has {count} {what} (the limit is {max})")]
+    QueryItemTooLarge {
+        what: &'static str,
+        count: usize,
+        max: usize,
+    },
+    #[error(
+        "event id {id} is already stored with different content (or the retry does not match \
+         the original append)"
+    )]
+    IdConflict { id: uuid::Uuid },
+    #[error("event id {id} appears twice in one append")]
+    DuplicateId { id: uuid::Uuid },
+    #[error("the append queue is full ({depth} appends waiting); retry later")]
+    QueueFull { depth: usize },
+    #[error("read options: {0}")]
+    InvalidReadOptions(String),
+}
+
+/// Why an append did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// The append condition failed: an event matching `failIfEventsMatch` exists after `after`.
+    /// `position` is the first such event. Nothing was appended.
+    #[error("append condition failed: event at position {position} matches the condition")]
+    ConditionFailed { position: u64 },
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl AppendError {
+    /// The conflicting position, if this is a failed condition.
+    pub fn conflict_position(&self) -> Option<u64> {
+        match self {
+            AppendError::ConditionFailed { position } => Some(*position),
+            _ => None,
+        }
+    }
+}
+
+/// Errors from reads and subscriptions.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

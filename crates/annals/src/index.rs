@@ -1,0 +1,453 @@
+//! The in-memory indexes: by type, by tag, by event id, and each position's place on disk.
+//!
+//! Derived from the log, never the source of truth: rebuilt by scanning segments, or loaded from
+//! a checkpoint. The writer adds events as it stages them (before they are durable); readers
+//! therefore clip every answer to the published head they took at their start.
+//!
+//! Posting lists are sorted vectors of positions, so a query item with tags walks its shortest
+//! tag list and checks the others by binary search; an append condition asks for the first match
+//! after a position, a binary search and a short walk.
+
+use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
+
+use crate::query::Query;
+use crate::record::EntryLayout;
+
+type Map<K, V> = HashMap<K, V, RandomState>;
+
+/// A position's place on disk: the segment's number and the entry's offset in it.
+pub(crate) fn location(segment: u32, offset: u32) -> u64 {
+    (u64::from(segment) << 32) | u64::from(offset)
+}
+
+pub(crate) fn split_location(location: u64) -> (u32, u32) {
+    ((location >> 32) as u32, location as u32)
+}
+
+#[derive(Default)]
+pub(crate) struct Index {
+    pub(crate) type_ids: Map<Box<[u8]>, u32>,
+    pub(crate) type_names: Vec<Box<[u8]>>,
+    pub(crate) type_postings: Vec<Vec<u64>>,
+    pub(crate) tag_ids: Map<Box<[u8]>, u32>,
+    pub(crate) tag_names: Vec<Box<[u8]>>,
+    pub(crate) tag_postings: Vec<Vec<u64>>,
+    /// The type of each event, by position - 1.
+    pub(crate) event_types: Vec<u32>,
+    /// Where each event's entry lies, by position - 1.
+    pub(crate) locations: Vec<u64>,
+    /// Event ids, for idempotent retries: the position and the CRC32C of the event's content.
+    pub(crate) ids: Map<u128, (u64, u32)>,
+}
+
+/// A query item with names turned into ids.
+#[derive(Debug, Clone)]
+pub(crate) struct ResolvedItem {
+    /// None: any type.
+    types: Option<Vec<u32>>,
+    tags: Vec<u32>,
+}
+
+/// A query with names turned into ids. Items that cannot match (an unknown tag, only unknown
+/// types) are dropped.
+#[derive(Debug, Clone)]
+pub(crate) enum Resolved {
+    All,
+    Items(Vec<ResolvedItem>),
+}
+
+/// Positions to read, in read order, and where to continue.
+pub(crate) struct Chunk {
+    /// Whether more matches may lie beyond the last one returned.
+    pub(crate) resume: Option<u64>,
+}
+
+/// A stretch of positions to search, both ends inclusive, walked upwards or downwards.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    pub(crate) forward: bool,
+    /// The first position to look at (the lowest when forward, the highest when backward).
+    pub(crate) start: u64,
+    /// The last position to look at.
+    pub(crate) end: u64,
+}
+
+impl Window {
+    fn is_empty(&self) -> bool {
+        if self.forward {
+            self.start > self.end || self.start == 0
+        } else {
+            self.start < self.end || self.start == 0
+        }
+    }
+
+    fn contains(&self, p: u64) -> bool {
+        if self.forward {
+            p >= self.start && p <= self.end
+        } else {
+            p <= self.start && p >= self.end
+        }
+    }
+
+    /// True when `a` comes before `b` in this window's order.
+    fn before(&self, a: u64, b: u64) -> bool {
+        if self.forward {
+            a < b
+        } else {
+            a > b
+        }
+    }
+
+    fn next_after(&self, p: u64) -> u64 {
+        if self.forward {
+            p + 1
+        } else {
+            p - 1
+        }
+    }
+}
+
+/// Candidates one item may examine in one chunk before it yields, so that a read holds the index
+/// lock only briefly.
+const SCAN_CAP: usize = 4096;
+
+impl Index {
+    pub(crate) fn len(&self) -> u64 {
+        self.locations.len() as u64
+    }
+
+    /// Adds one event; positions must arrive in order.
+    pub(crate) fn push(&mut self, position: u64, location: u64, entry: &[u8], layout: &EntryLayout) {
+        assert_eq!(
+            position,
+            self.len() + 1,
+            "index positions must be gapless and in order"
+        );
+        let type_id = intern(
+            &mut self.type_ids,
+            &mut self.type_names,
+            &mut self.type_postings,
+            layout.type_bytes(entry),
+        );
+        self.type_postings[type_id as usize].push(position);
+        self.event_types.push(type_id);
+        self.locations.push(location);
+        let mut tags = layout.tag_bytes(entry);
+        for _ in 0..layout.tag_count {
+            let Some((tag, rest)) = crate::record::split_tag(tags) else {
+                break;
+            };
+            tags = rest;
+            let tag_id = intern(
+                &mut self.tag_ids,
+                &mut self.tag_names,
+                &mut self.tag_postings,
+                tag,
+            );
+            self.tag_postings[tag_id as usize].push(position);
+        }
+        if let Some(id) = layout.id(entry) {
+            let crc = crc32c::crc32c(layout.content(entry));
+            self.ids.insert(id.as_u128(), (position, crc));
+        }
+    }
+
+    pub(crate) fn location_of(&self, position: u64) -> Option<u64> {
+        self.locations
+            .get(usize::try_from(position.checked_sub(1)?).ok()?)
+            .copied()
+    }
+
+    /// The position and content CRC of the event stored with this id.
+    pub(crate) fn id_entry(&self, id: u128) -> Option<(u64, u32)> {
+        self.ids.get(&id).copied()
+    }
+
+    /// Bytes held by the index structures (capacity, not just length).
+    pub(crate) fn bytes_used(&self) -> usize {
+        let names = |names: &Vec<Box<[u8]>>| -> usize {
+            names.iter().map(|n| n.len() * 2 + 40).sum::<usize>() + names.capacity() * 16
+        };
+        let postings = |lists: &Vec<Vec<u64>>| -> usize {
+            lists.iter().map(|l| l.capacity() * 8 + 24).sum::<usize>()
+        };
+        names(&self.type_names)
+            + names(&self.tag_names)
+            + postings(&self.type_postings)
+            + postings(&self.tag_postings)
+            + self.event_types.capacity() * 4
+            + self.locations.capacity() * 8
+            + self.ids.capacity() * 32
+    }
+
+    pub(crate) fn tag_count(&self) -> usize {
+        self.tag_names.len()
+    }
+
+    pub(crate) fn type_count(&self) -> usize {
+        self.type_names.len()
+    }
+
+    pub(crate) fn resolve(&self, query: &Query) -> Resolved {
+        if query.matches_all() {
+            return Resolved::All;
+        }
+        let mut items = Vec::with_capacity(query.items.len());
+        'items: for item in &query.items {
+            let types = if item.types.is_empty() {
+                None
+            } else {
+                let mut ids: Vec<u32> = item
+                    .types
+                    .iter()
+                    .filter_map(|t| self.type_ids.get(t.as_bytes()).copied())
+                    .collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                ids.sort_unstable();
+                ids.dedup();
+                Some(ids)
+            };
+            let mut tags = Vec::with_capacity(item.tags.len());
+            for tag in &item.tags {
+                match self.tag_ids.get(tag.as_bytes()) {
+                    Some(&id) => tags.push(id),
+                    None => continue 'items,
+                }
+            }
+            tags.sort_unstable();
+            tags.dedup();
+            // Shortest list first: it drives the walk.
+            tags.sort_by_key(|&t| self.tag_postings[t as usize].len());
+            items.push(ResolvedItem { types, tags });
+        }
+        Resolved::Items(items)
+    }
+
+    /// Appends to `out` up to `max` positions matching `resolved` in `window`, in window order.
+    pub(crate) fn collect(
+        &self,
+        resolved: &Resolved,
+        window: Window,
+        max: usize,
+        out: &mut Vec<u64>,
+    ) -> Chunk {
+        let end = self.len();
+        let window = Window {
+            end: if window.forward {
+                window.end.min(end)
+            } else {
+                window.end.max(1)
+            },
+            start: if window.forward {
+                window.start.max(1)
+            } else {
+                window.start.min(end)
+            },
+            ..window
+        };
+        if window.is_empty() || max == 0 {
+            return Chunk { resume: None };
+        }
+        let items = match resolved {
+            Resolved::All => {
+                let mut p = window.start;
+                while out.len() < max && window.contains(p) {
+                    out.push(p);
+                    if p == window.end {
+                        return Chunk { resume: None };
+                    }
+                    p = window.next_after(p);
+                }
+                return Chunk { resume: Some(p) };
+            }
+            Resolved::Items(items) => items,
+        };
+        let base = out.len();
+        // The frontier is the last position up to which every item's answer is complete.
+        let mut frontier: Option<u64> = None;
+        let mut scratch = Vec::new();
+        for item in items {
+            scratch.clear();
+            let item_frontier = self.collect_item(item, window, max, &mut scratch);
+            if let Some(f) = item_frontier {
+                frontier = Some(match frontier {
+                    Some(g) if window.before(g, f) => g,
+                    _ => f,
+                });
+            }
+            out.extend_from_slice(&scratch);
+        }
+        let found = &mut out[base..];
+        if window.forward {
+            found.sort_unstable();
+        } else {
+            found.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        let mut kept = base;
+        for i in base..out.len() {
+            let p = out[i];
+            if kept > base && out[kept - 1] == p {
+                continue;
+            }
+            if let Some(f) = frontier {
+                if window.before(f, p) {
+                    break;
+                }
+            }
+            out[kept] = p;
+            kept += 1;
+            if kept - base == max {
+                break;
+            }
+        }
+        out.truncate(kept);
+        if kept - base == max {
+            let last = out[kept - 1];
+            let more = last != window.end;
+            return Chunk {
+                resume: more.then(|| window.next_after(last)),
+            };
+        }
+        match frontier {
+            Some(f) if f != window.end => Chunk {
+                resume: Some(window.next_after(f)),
+            },
+            _ => Chunk { resume: None },
+        }
+    }
+
+    /// One item's matches; returns the frontier if it stopped before the window's end.
+    fn collect_item(
+        &self,
+        item: &ResolvedItem,
+        window: Window,
+        max: usize,
+        out: &mut Vec<u64>,
+    ) -> Option<u64> {
+        if let Some(&driver) = item.tags.first() {
+            let list = &self.tag_postings[driver as usize];
+            return self.walk(list, window, max, out, |p| {
+                self.type_matches(item, p)
+                    && item.tags[1..]
+                        .iter()
+                        .all(|&t| self.tag_postings[t as usize].binary_search(&p).is_ok())
+            });
+        }
+        match &item.types {
+            Some(types) => {
+                let mut frontier: Option<u64> = None;
+                for &t in types {
+                    let list = &self.type_postings[t as usize];
+                    if let Some(f) = self.walk(list, window, max, out, |_| true) {
+                        frontier = Some(match frontier {
+                            Some(g) if window.before(g, f) => g,
+                            _ => f,
+                        });
+                    }
+                }
+                frontier
+            }
+            // An item with no types and no tags is resolved as `All` before we get here.
+            None => None,
+        }
+    }
+
+    fn type_matches(&self, item: &ResolvedItem, position: u64) -> bool {
+        match &item.types {
+            None => true,
+            Some(types) => self
+                .event_types
+                .get((position - 1) as usize)
+                .is_some_and(|t| types.binary_search(t).is_ok()),
+        }
+    }
+
+    /// Walks a sorted posting list through the window; returns the frontier when it stopped
+    /// early (full, or the scan cap reached).
+    fn walk(
+        &self,
+        list: &[u64],
+        window: Window,
+        max: usize,
+        out: &mut Vec<u64>,
+        accept: impl Fn(u64) -> bool,
+    ) -> Option<u64> {
+        let mut found = 0;
+        if window.forward {
+            let from = list.partition_point(|&p| p < window.start);
+            for (scanned, &p) in list[from..].iter().enumerate() {
+                if p > window.end {
+                    return None;
+                }
+                if accept(p) {
+                    out.push(p);
+                    found += 1;
+                    if found == max {
+                        return Some(p);
+                    }
+                }
+                if scanned + 1 >= SCAN_CAP {
+                    return Some(p);
+                }
+            }
+        } else {
+            let to = list.partition_point(|&p| p <= window.start);
+            for (scanned, &p) in list[..to].iter().rev().enumerate() {
+                if p < window.end {
+                    return None;
+                }
+                if accept(p) {
+                    out.push(p);
+                    found += 1;
+                    if found == max {
+                        return Some(p);
+                    }
+                }
+                if scanned + 1 >= SCAN_CAP {
+                    return Some(p);
+                }
+            }
+        }
+        None
+    }
+
+    /// The first position after `after` (up to the index's end, staged events included) that
+    /// matches `resolved`: the check of an append condition.
+    pub(crate) fn first_match_after(&self, resolved: &Resolved, after: u64) -> Option<u64> {
+        let mut start = after.checked_add(1)?;
+        let mut out = Vec::with_capacity(1);
+        loop {
+            out.clear();
+            let window = Window {
+                forward: true,
+                start,
+                end: self.len(),
+            };
+            let chunk = self.collect(resolved, window, 1, &mut out);
+            if let Some(&p) = out.first() {
+                return Some(p);
+            }
+            start = chunk.resume?;
+        }
+    }
+}
+
+fn intern(
+    ids: &mut Map<Box<[u8]>, u32>,
+    names: &mut Vec<Box<[u8]>>,
+    postings: &mut Vec<Vec<u64>>,
+    name: &[u8],
+) -> u32 {
+    if let Some(&id) = ids.get(name) {
+        return id;
+    }
+    let id = names.len() as u32;
+    ids.insert(name.into(), id);
+    names.push(name.into());
+    postings.push(Vec::new());
+    id
+}

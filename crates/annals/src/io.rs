@@ -1,0 +1,182 @@
+//! The one narrow door to the disk.
+//!
+//! Every byte Annals reads or writes goes through [`Io`] and [`IoFile`]. [`RealIo`] maps them to
+//! the operating system; [`crate::sim::SimIo`] keeps files in memory, can crash in the ways a real
+//! disk can, and injects errors, so that the recovery code is tested against the fault model
+//! written down in docs/ARCHITECTURE.md.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// How a file is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// The file must exist.
+    Existing,
+    /// Create the file if it is missing.
+    Create,
+    /// Create the file; fail if it exists.
+    CreateNew,
+}
+
+/// A held exclusive lock on a data directory; released on drop.
+pub trait DirLock: Send + Sync {}
+
+/// File-system operations, the only ones the storage layer uses.
+pub trait Io: Send + Sync + 'static {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn IoFile>>;
+    /// The names of the files directly in `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock, failing at once with `WouldBlock` when another holder has it.
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn DirLock>>;
+    /// Whether this I/O layer keeps data across processes (false for an in-memory store).
+    fn is_persistent(&self) -> bool {
+        true
+    }
+}
+
+/// One open file.
+pub trait IoFile: Send + Sync {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at the end).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// fdatasync: the written data (and the metadata needed to read it) is durable on success.
+    fn sync_data(&self) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// A read-only view of the whole file as it is now long, if this layer can map files.
+    /// Writes through `write_at` become visible in the view (a shared page cache).
+    fn map(&self) -> io::Result<Option<Bytes>> {
+        Ok(None)
+    }
+}
+
+/// Reads exactly `buf.len()` bytes or fails with `UnexpectedEof`.
+pub fn read_exact_at(file: &dyn IoFile, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = file.read_at(buf, offset)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end of the file",
+            ));
+        }
+        buf = &mut buf[n..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// The operating system's file system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealIo;
+
+struct RealFile(File);
+
+struct RealLock(#[allow(dead_code)] File);
+impl DirLock for RealLock {}
+
+impl Io for RealIo {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::create_dir_all(path)
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn IoFile>> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        match mode {
+            OpenMode::Existing => {}
+            OpenMode::Create => {
+                options.create(true);
+            }
+            OpenMode::CreateNew => {
+                options.create_new(true);
+            }
+        }
+        Ok(Arc::new(RealFile(options.open(path)?)))
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            if let Some(name) = entry.file_name().to_str() {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn DirLock>> {
+        use std::os::fd::AsRawFd;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        // SAFETY: flock is called on a file descriptor this function owns for the call's length.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Box::new(RealLock(file)))
+    }
+}
+
+impl IoFile for RealFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.0.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+
+    fn map(&self) -> io::Result<Option<Bytes>> {
+        if self.len()? == 0 {
+            return Ok(None);
+        }
+        // SAFETY: Annals never shrinks a segment file while it is mapped: torn tails are
+        // overwritten with zeros, not truncated, and only recovery (before any mapping exists)
+        // changes a file's length. Another process that truncates the file breaks this contract;
+        // the directory lock exists to keep other Annals processes out.
+        let map = unsafe { memmap2::Mmap::map(&self.0)? };
+        Ok(Some(Bytes::from_owner(map)))
+    }
+}

@@ -1,0 +1,66 @@
+//! Annals: a durable event store implementing DCB (Dynamic Consistency Boundaries).
+//!
+//! One append-only log in segment files, one writer with group commit (one fdatasync per batch
+//! of appends, no timer), in-memory type and tag indexes, DCB reads and conditional appends,
+//! subscriptions, crash recovery.
+//!
+//! ```
+//! use annals::{AppendCondition, NewEvent, Options, Query, QueryItem, ReadOptions, Store};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path(), Options::default()).unwrap();
+//! let registered = NewEvent::new("UserRegistered", &b"{\"name\":\"ada\"}"[..]).tag("username:ada");
+//! // Claim the username only if nobody has it yet.
+//! let claim = AppendCondition::new(Query::item(QueryItem::tags(["username:ada"])), None);
+//! let position = store.append(&[registered.clone()], Some(&claim)).unwrap();
+//! assert_eq!(position, 1);
+//! // A second claim fails, naming the event that holds the name.
+//! let again = store.append(&[registered], Some(&claim)).unwrap_err();
+//! assert_eq!(again.conflict_position(), Some(1));
+//! let events: Vec<_> = store
+//!     .read(&Query::item(QueryItem::tags(["username:ada"])), ReadOptions::forwards())
+//!     .unwrap()
+//!     .collect::<Result<_, _>>()
+//!     .unwrap();
+//! assert_eq!(events[0].event_type(), "UserRegistered");
+//! ```
+
+mod checkpoint;
+mod error;
+mod event;
+mod index;
+pub mod io;
+mod limits;
+mod options;
+mod query;
+mod read;
+mod record;
+mod recovery;
+mod segment;
+pub mod sim;
+mod store;
+mod subscription;
+mod verify;
+mod writer;
+
+pub use error::{AppendError, InputError, ReadError, StoreError};
+pub use event::{Event, NewEvent, Tags};
+pub use limits::Limits;
+pub use options::{Durability, Options};
+pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
+pub use read::ReadIter;
+pub use store::{AppendOptions, IndexSource, OpenReport, Stats, Store};
+pub use subscription::Subscription;
+pub use verify::{verify, VerifyReport};
+
+/// File names inside a data directory, for tools and tests.
+pub mod files {
+    pub use crate::checkpoint::FILE_NAME as CHECKPOINT;
+    /// Written after every sync when `Options::record_synced_length` is set: "segment offset".
+    pub const SYNCED_LENGTH: &str = "synced-length";
+
+    /// The file name of segment `number`.
+    pub fn segment(number: u32) -> String {
+        crate::segment::file_name(number)
+    }
+}

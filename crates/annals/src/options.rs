@@ -1,0 +1,112 @@
+//! How a store is opened: durability class, limits and sizes.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::limits::Limits;
+
+/// What is true of an append when it is acknowledged (BRIEF.md section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Durability {
+    /// D0: in memory only; nothing survives the process.
+    Memory,
+    /// D1: written to the operating system's page cache, not synced.
+    Written,
+    /// D2: acknowledged first, synced soon after by a background group commit.
+    SyncedLater,
+    /// D3: synced before acknowledgement; one fdatasync covers a whole group of appends.
+    Synced,
+}
+
+impl Durability {
+    /// The class's short label: d0, d1, d2 or d3.
+    pub fn label(self) -> &'static str {
+        match self {
+            Durability::Memory => "d0",
+            Durability::Written => "d1",
+            Durability::SyncedLater => "d2",
+            Durability::Synced => "d3",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            Durability::Memory => "D0 memory only: nothing survives the process",
+            Durability::Written => "D1 written to the page cache, not synced: a power loss loses acknowledged events",
+            Durability::SyncedLater => "D2 acknowledged before fsync, synced by a background group commit: a power loss loses the last unsynced group",
+            Durability::Synced => "D3 fsynced before acknowledgement",
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+impl FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "d0" | "memory" => Ok(Durability::Memory),
+            "d1" | "written" => Ok(Durability::Written),
+            "d2" | "synced-later" => Ok(Durability::SyncedLater),
+            "d3" | "synced" => Ok(Durability::Synced),
+            other => Err(format!("unknown durability {other:?}: expected d0, d1, d2 or d3")),
+        }
+    }
+}
+
+/// Options for [`crate::Store::open`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub durability: Durability,
+    pub limits: Limits,
+    /// Size of each segment file, preallocated with zeros.
+    pub segment_bytes: u64,
+    /// The most bytes one group commit writes before it syncs.
+    pub group_bytes_max: usize,
+    /// Write the index checkpoint when the store is closed.
+    pub checkpoint_on_close: bool,
+    /// For crash tests: after every sync, record the synced length of the current segment in
+    /// the file `synced-length` (unsynced), so a test can cut the segment back to it to emulate
+    /// a power loss after killing the process.
+    pub record_synced_length: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::Synced,
+            limits: Limits::default(),
+            segment_bytes: 64 << 20,
+            group_bytes_max: 32 << 20,
+            checkpoint_on_close: true,
+            record_synced_length: false,
+        }
+    }
+}
+
+impl Options {
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let record_max = self.limits.append_bytes_max as u64 + 64;
+        if self.segment_bytes > u64::from(u32::MAX) {
+            return Err("segment_bytes must be below 4 GiB".into());
+        }
+        if self.segment_bytes < record_max + 64 {
+            return Err(format!(
+                "segment_bytes ({}) must exceed the largest append ({} bytes) plus headers",
+                self.segment_bytes, self.limits.append_bytes_max
+            ));
+        }
+        if self.group_bytes_max < self.limits.append_bytes_max {
+            return Err("group_bytes_max must be at least limits.append_bytes_max".into());
+        }
+        if self.limits.queue_depth_max == 0 {
+            return Err("queue_depth_max must be at least 1".into());
+        }
+        Ok(())
+    }
+}

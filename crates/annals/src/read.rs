@@ -1,0 +1,360 @@
+//! Streaming reads. A [`ReadIter`] takes the head when it starts and never returns an event past
+//! it. A forward read of every event walks the segments record by record; any other read asks
+//! the index for a chunk of positions at a time (holding its lock only for that) and fetches each
+//! event from its segment. With mapped segments an event's bytes are shared, not copied.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::error::{ReadError, StoreError};
+use crate::event::Event;
+use crate::index::{split_location, Resolved, Window};
+use crate::query::{Query, ReadOptions};
+use crate::record::{crc_matches, decode_header, EntryLayout, Frame, RecordHeader, HEADER_BYTES};
+use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
+use crate::store::Shared;
+
+const CHUNK: usize = 512;
+const SCAN_WINDOW: usize = 4 << 20;
+
+/// An iterator over the events a read matches, in read order.
+pub struct ReadIter {
+    shared: Arc<Shared>,
+    head: u64,
+    remaining: u64,
+    mode: Mode,
+    segment: Option<Arc<Segment>>,
+}
+
+enum Mode {
+    Done,
+    Scan(Scan),
+    Indexed {
+        resolved: Resolved,
+        window: Window,
+        queue: VecDeque<(u64, u64)>,
+        positions: Vec<u64>,
+    },
+}
+
+/// A forward walk over records.
+struct Scan {
+    /// The next position to return.
+    position: u64,
+    /// Offset of the next record to load.
+    offset: u64,
+    segment: Option<Arc<Segment>>,
+    view: Bytes,
+    view_start: u64,
+    record: Option<OpenRecord>,
+}
+
+struct OpenRecord {
+    bytes: Bytes,
+    header: RecordHeader,
+    /// Offset of the next entry in `bytes`.
+    at: usize,
+    /// Position of that entry.
+    position: u64,
+}
+
+fn corrupt(segment: &Segment, offset: u64, reason: &str) -> StoreError {
+    StoreError::Corrupt {
+        path: segment.path.clone(),
+        offset,
+        reason: reason.to_string(),
+    }
+}
+
+impl ReadIter {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        query: &Query,
+        options: ReadOptions,
+        head: u64,
+    ) -> Result<ReadIter, ReadError> {
+        let bound = options.bound()?;
+        let remaining = options.limit.unwrap_or(u64::MAX);
+        let window = if options.backwards {
+            Window {
+                forward: false,
+                start: bound.unwrap_or(head).min(head),
+                end: 1,
+            }
+        } else {
+            Window {
+                forward: true,
+                start: bound.unwrap_or(1).max(1),
+                end: head,
+            }
+        };
+        let empty = remaining == 0
+            || head == 0
+            || window.start == 0
+            || (window.forward && window.start > head);
+        let mut iter = ReadIter {
+            shared,
+            head,
+            remaining,
+            mode: Mode::Done,
+            segment: None,
+        };
+        if empty {
+            return Ok(iter);
+        }
+        let resolved = iter.shared.index.read().resolve(query);
+        iter.mode = match resolved {
+            Resolved::All if window.forward => Mode::Scan(Scan {
+                position: window.start,
+                offset: 0,
+                segment: None,
+                view: Bytes::new(),
+                view_start: 0,
+                record: None,
+            }),
+            resolved => Mode::Indexed {
+                resolved,
+                window,
+                queue: VecDeque::new(),
+                positions: Vec::new(),
+            },
+        };
+        if let Mode::Scan(_) = iter.mode {
+            iter.start_scan(window.start)?;
+        }
+        Ok(iter)
+    }
+
+    /// The head this read sees.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    fn segment(&mut self, number: u32) -> Result<Arc<Segment>, StoreError> {
+        if let Some(s) = &self.segment {
+            if s.number == number {
+                return Ok(s.clone());
+            }
+        }
+        let segment = self.shared.segment(number).ok_or_else(|| StoreError::Corrupt {
+            path: self.shared.dir.join(crate::segment::file_name(number)),
+            offset: 0,
+            reason: "the index points into a segment that is not open".into(),
+        })?;
+        self.segment = Some(segment.clone());
+        Ok(segment)
+    }
+
+    /// Positions the scan on the record holding `position`.
+    fn start_scan(&mut self, position: u64) -> Result<(), StoreError> {
+        let location = self.shared.index.read().location_of(position);
+        let Some(location) = location else {
+            self.mode = Mode::Done;
+            return Ok(());
+        };
+        let (number, entry_offset) = split_location(location);
+        let segment = self.segment(number)?;
+        let fixed = segment.bytes(u64::from(entry_offset), 8)?;
+        let record_offset = fixed
+            .get(4..8)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| corrupt(&segment, u64::from(entry_offset), "short entry"))?;
+        let offset = u64::from(entry_offset)
+            .checked_sub(u64::from(record_offset))
+            .ok_or_else(|| corrupt(&segment, u64::from(entry_offset), "bad record offset"))?;
+        if let Mode::Scan(scan) = &mut self.mode {
+            scan.offset = offset;
+            scan.position = position;
+            scan.segment = Some(segment);
+        }
+        Ok(())
+    }
+
+    fn next_scanned(&mut self) -> Result<Option<Event>, StoreError> {
+        loop {
+            let Mode::Scan(scan) = &mut self.mode else {
+                return Ok(None);
+            };
+            if scan.position > self.head {
+                return Ok(None);
+            }
+            if let Some(record) = &mut scan.record {
+                if record.position <= record.header.last_position() {
+                    let rest = record.bytes.get(record.at..).unwrap_or(&[]);
+                    let layout = EntryLayout::parse(rest).ok_or_else(|| StoreError::Corrupt {
+                        path: self.shared.dir.clone(),
+                        offset: record.at as u64,
+                        reason: "malformed entry".into(),
+                    })?;
+                    let len = layout.entry_len as usize;
+                    let entry = record.bytes.slice(record.at..record.at + len);
+                    record.at += len;
+                    let position = record.position;
+                    record.position += 1;
+                    if position < scan.position {
+                        continue;
+                    }
+                    scan.position = position + 1;
+                    return Ok(Some(Event::new(
+                        position,
+                        record.header.appended_at_us,
+                        entry,
+                        layout,
+                    )));
+                }
+                scan.record = None;
+            }
+            self.load_record()?;
+        }
+    }
+
+    /// Loads the record at the scan's offset, moving to the next segment at a segment's end.
+    fn load_record(&mut self) -> Result<(), StoreError> {
+        let Mode::Scan(scan) = &mut self.mode else {
+            return Ok(());
+        };
+        let mut segment = match &scan.segment {
+            Some(s) => s.clone(),
+            None => return Err(StoreError::Closed),
+        };
+        let mut header_bytes = scan.get(&segment, scan.offset, HEADER_BYTES)?;
+        if !matches!(decode_header(&header_bytes), Frame::Record(_)) {
+            // The previous record ended its segment: the log continues in the next one.
+            let next = self
+                .shared
+                .segment(segment.number + 1)
+                .ok_or_else(|| corrupt(&segment, scan.offset, "the log ends before the head"))?;
+            segment = next;
+            scan.segment = Some(segment.clone());
+            scan.view = Bytes::new();
+            scan.offset = SEGMENT_HEADER_BYTES;
+            header_bytes = scan.get(&segment, scan.offset, HEADER_BYTES)?;
+        }
+        let header = match decode_header(&header_bytes) {
+            Frame::Record(h) if h.first_position <= scan.position => h,
+            _ => return Err(corrupt(&segment, scan.offset, "expected a record")),
+        };
+        let bytes = scan.get(&segment, scan.offset, header.stored_len())?;
+        if !crc_matches(&bytes, &header) {
+            return Err(corrupt(&segment, scan.offset, "CRC mismatch on read"));
+        }
+        scan.offset += header.stored_len() as u64;
+        scan.record = Some(OpenRecord {
+            bytes,
+            header,
+            at: HEADER_BYTES,
+            position: header.first_position,
+        });
+        Ok(())
+    }
+
+    fn next_indexed(&mut self) -> Result<Option<Event>, StoreError> {
+        loop {
+            let Mode::Indexed {
+                resolved,
+                window,
+                queue,
+                positions,
+            } = &mut self.mode
+            else {
+                return Ok(None);
+            };
+            if let Some((position, location)) = queue.pop_front() {
+                return self.fetch(position, location).map(Some);
+            }
+            if window.start == 0 || (window.forward && window.start > window.end) || (!window.forward && window.start < window.end) {
+                return Ok(None);
+            }
+            positions.clear();
+            let want = (self.remaining.min(CHUNK as u64)) as usize;
+            let index = self.shared.index.read();
+            let chunk = index.collect(resolved, *window, want, positions);
+            for &p in positions.iter() {
+                if let Some(location) = index.location_of(p) {
+                    queue.push_back((p, location));
+                }
+            }
+            drop(index);
+            match chunk.resume {
+                Some(next) => window.start = next,
+                None => window.start = 0,
+            }
+            if queue.is_empty() && window.start == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Reads the event at `location`.
+    fn fetch(&mut self, position: u64, location: u64) -> Result<Event, StoreError> {
+        let (number, offset) = split_location(location);
+        let segment = self.segment(number)?;
+        let offset = u64::from(offset);
+        let fixed = segment.bytes(offset, 4)?;
+        let len = fixed
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| corrupt(&segment, offset, "short entry"))?;
+        let entry = segment.bytes(offset, len as usize)?;
+        let layout = EntryLayout::parse(&entry)
+            .ok_or_else(|| corrupt(&segment, offset, "malformed entry"))?;
+        let record_start = offset
+            .checked_sub(u64::from(layout.record_offset))
+            .ok_or_else(|| corrupt(&segment, offset, "bad record offset"))?;
+        let at = segment.bytes(record_start + 40, 8)?;
+        let appended_at_us = at
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .unwrap_or(0);
+        Ok(Event::new(position, appended_at_us, entry, layout))
+    }
+}
+
+impl Scan {
+    /// `len` bytes at `offset` of `segment`, from the current view when it covers them.
+    fn get(&mut self, segment: &Segment, offset: u64, len: usize) -> Result<Bytes, StoreError> {
+        let end = offset + len as u64;
+        let view_end = self.view_start + self.view.len() as u64;
+        if offset < self.view_start || end > view_end {
+            self.view = segment.bytes(offset, len.max(SCAN_WINDOW))?;
+            self.view_start = offset;
+        }
+        let start = (offset - self.view_start) as usize;
+        let stop = (start + len).min(self.view.len());
+        Ok(self.view.slice(start..stop))
+    }
+}
+
+impl Iterator for ReadIter {
+    type Item = Result<Event, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let result = match self.mode {
+            Mode::Done => return None,
+            Mode::Scan(_) => self.next_scanned(),
+            Mode::Indexed { .. } => self.next_indexed(),
+        };
+        match result {
+            Ok(Some(event)) => {
+                self.remaining -= 1;
+                Some(Ok(event))
+            }
+            Ok(None) => {
+                self.mode = Mode::Done;
+                None
+            }
+            Err(e) => {
+                self.mode = Mode::Done;
+                Some(Err(e.into()))
+            }
+        }
+    }
+}

@@ -1,0 +1,502 @@
+//! The on-disk framing of the log: records of events.
+//!
+//! One append is one record, so a multi-event append is atomic: a torn record fails its CRC and
+//! disappears whole. Layout (all integers little-endian), records aligned to 8 bytes:
+//!
+//! ```text
+//! record header (48 bytes)
+//!   0  magic u32 = "ANRC"        4  version u8      5  kind u8      6  flags u16 (0)
+//!   8  body_len u32              12 crc32c u32 over bytes [0..12) ++ [16..48) ++ body
+//!   16 first_position u64        24 group_first_position u64
+//!   32 event_count u32           36 reserved u32 (0)
+//!   40 appended_at_us u64
+//! body: event_count entries, back to back
+//! entry (24 fixed bytes, then the variable parts)
+//!   0  entry_len u32             4  record_offset u32 (from the record's start to this entry)
+//!   8  type_len u16              10 tag_count u16
+//!   12 data_len u32              16 metadata_len u32
+//!   20 flags u8 (bit 0: id present)   21 reserved [u8; 3] (0)
+//!   24 id [u8; 16] if present, type, tags (each u16 length + bytes), metadata, data
+//! ```
+//!
+//! `group_first_position` is the first position of the group commit the record was written in;
+//! recovery uses it to tell a torn tail (damage inside the last, unsynced group) from damage to
+//! synced data. The magic is not zero, so an all-zero region never decodes as a record.
+//! Decoders never panic and never trust a length.
+
+use std::ops::Range;
+
+use uuid::Uuid;
+
+use crate::error::InputError;
+use crate::event::NewEvent;
+use crate::limits::Limits;
+
+pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"ANRC");
+pub const RECORD_VERSION: u8 = 1;
+pub const KIND_EVENTS: u8 = 1;
+pub const HEADER_BYTES: usize = 48;
+pub const ENTRY_FIXED_BYTES: usize = 24;
+const FLAG_ID: u8 = 1;
+
+/// Rounds a record length up to the 8-byte alignment of records in a segment.
+pub fn aligned(len: usize) -> usize {
+    (len + 7) & !7
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// One append's events, encoded and checked by the caller's thread before it is queued.
+/// Position-independent: the writer only adds a header.
+#[derive(Debug)]
+pub struct EncodedAppend {
+    pub body: Vec<u8>,
+    pub body_crc: u32,
+    pub event_count: u32,
+    pub has_ids: bool,
+}
+
+fn has_control(s: &str) -> bool {
+    s.chars().any(char::is_control)
+}
+
+/// Validates `events` against `limits` and encodes them as a record body.
+pub fn encode_append(events: &[NewEvent], limits: &Limits) -> Result<EncodedAppend, InputError> {
+    if events.is_empty() {
+        return Err(InputError::NoEvents);
+    }
+    if events.len() > limits.events_per_append_max {
+        return Err(InputError::TooManyEvents {
+            count: events.len(),
+            max: limits.events_per_append_max,
+        });
+    }
+    let mut total = HEADER_BYTES;
+    for (index, event) in events.iter().enumerate() {
+        total += validate_event(index, event, limits)?;
+        if total > limits.append_bytes_max {
+            return Err(InputError::AppendTooLarge {
+                bytes: total,
+                max: limits.append_bytes_max,
+            });
+        }
+    }
+    let mut has_ids = false;
+    for (i, event) in events.iter().enumerate() {
+        if let Some(id) = event.id {
+            has_ids = true;
+            if events[..i].iter().any(|e| e.id == Some(id)) {
+                return Err(InputError::DuplicateId { id });
+            }
+        }
+    }
+    let mut body = Vec::with_capacity(total - HEADER_BYTES);
+    for event in events {
+        encode_entry(&mut body, event);
+    }
+    let body_crc = crc32c::crc32c(&body);
+    Ok(EncodedAppend {
+        body,
+        body_crc,
+        event_count: events.len() as u32,
+        has_ids,
+    })
+}
+
+/// Checks one event and returns its encoded length.
+fn validate_event(index: usize, event: &NewEvent, limits: &Limits) -> Result<usize, InputError> {
+    let type_len = event.event_type.len();
+    if type_len == 0 {
+        return Err(InputError::EmptyType { index });
+    }
+    if type_len > limits.type_bytes_max {
+        return Err(InputError::TypeTooLong {
+            index,
+            bytes: type_len,
+            max: limits.type_bytes_max,
+        });
+    }
+    if has_control(&event.event_type) {
+        return Err(InputError::ControlCharacter {
+            what: "event type",
+            value: event.event_type.clone(),
+        });
+    }
+    if event.tags.len() > limits.tags_per_event_max {
+        return Err(InputError::TooManyTags {
+            index,
+            count: event.tags.len(),
+            max: limits.tags_per_event_max,
+        });
+    }
+    let mut tags_len = 0;
+    for (i, tag) in event.tags.iter().enumerate() {
+        validate_tag(index, tag, limits)?;
+        if event.tags[..i].contains(tag) {
+            return Err(InputError::DuplicateTag {
+                index,
+                tag: tag.clone(),
+            });
+        }
+        tags_len += 2 + tag.len();
+    }
+    let payload = event.data.len() + event.metadata.len();
+    if payload > limits.event_bytes_max {
+        return Err(InputError::EventTooLarge {
+            index,
+            bytes: payload,
+            max: limits.event_bytes_max,
+        });
+    }
+    let id_len = if event.id.is_some() { 16 } else { 0 };
+    Ok(ENTRY_FIXED_BYTES + id_len + type_len + tags_len + payload)
+}
+
+/// Checks one tag against the limits (shared by appends and queries).
+pub fn validate_tag(index: usize, tag: &str, limits: &Limits) -> Result<(), InputError> {
+    if tag.is_empty() {
+        return Err(InputError::EmptyTag { index });
+    }
+    if tag.len() > limits.tag_bytes_max {
+        return Err(InputError::TagTooLong {
+            index,
+            bytes: tag.len(),
+            max: limits.tag_bytes_max,
+        });
+    }
+    if has_control(tag) {
+        return Err(InputError::ControlCharacter {
+            what: "tag",
+            value: tag.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn encode_entry(body: &mut Vec<u8>, event: &NewEvent) {
+    let start = body.len();
+    let record_offset = (HEADER_BYTES + start) as u32;
+    body.extend_from_slice(&0u32.to_le_bytes()); // entry_len, patched below
+    body.extend_from_slice(&record_offset.to_le_bytes());
+    body.extend_from_slice(&(event.event_type.len() as u16).to_le_bytes());
+    body.extend_from_slice(&(event.tags.len() as u16).to_le_bytes());
+    body.extend_from_slice(&(event.data.len() as u32).to_le_bytes());
+    body.extend_from_slice(&(event.metadata.len() as u32).to_le_bytes());
+    let flags = if event.id.is_some() { FLAG_ID } else { 0 };
+    body.extend_from_slice(&[flags, 0, 0, 0]);
+    if let Some(id) = event.id {
+        body.extend_from_slice(id.as_bytes());
+    }
+    body.extend_from_slice(event.event_type.as_bytes());
+    for tag in &event.tags {
+        body.extend_from_slice(&(tag.len() as u16).to_le_bytes());
+        body.extend_from_slice(tag.as_bytes());
+    }
+    body.extend_from_slice(&event.metadata);
+    body.extend_from_slice(&event.data);
+    let entry_len = (body.len() - start) as u32;
+    body[start..start + 4].copy_from_slice(&entry_len.to_le_bytes());
+}
+
+/// The fields of a record header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub body_len: u32,
+    pub crc: u32,
+    pub first_position: u64,
+    pub group_first_position: u64,
+    pub event_count: u32,
+    pub appended_at_us: u64,
+}
+
+impl RecordHeader {
+    /// Bytes the record takes in a segment, padding included.
+    pub fn stored_len(&self) -> usize {
+        aligned(HEADER_BYTES + self.body_len as usize)
+    }
+
+    pub fn last_position(&self) -> u64 {
+        self.first_position + u64::from(self.event_count) - 1
+    }
+
+    /// Writes the header for `append`, computing the record CRC from the body's.
+    pub fn encode(
+        out: &mut [u8; HEADER_BYTES],
+        append: &EncodedAppend,
+        first_position: u64,
+        group_first_position: u64,
+        appended_at_us: u64,
+    ) {
+        out[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        out[4] = RECORD_VERSION;
+        out[5] = KIND_EVENTS;
+        out[6..8].copy_from_slice(&0u16.to_le_bytes());
+        out[8..12].copy_from_slice(&(append.body.len() as u32).to_le_bytes());
+        out[16..24].copy_from_slice(&first_position.to_le_bytes());
+        out[24..32].copy_from_slice(&group_first_position.to_le_bytes());
+        out[32..36].copy_from_slice(&append.event_count.to_le_bytes());
+        out[36..40].copy_from_slice(&0u32.to_le_bytes());
+        out[40..48].copy_from_slice(&appended_at_us.to_le_bytes());
+        let crc = header_crc(out, append.body_crc, append.body.len());
+        out[12..16].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+fn header_crc(header: &[u8], body_crc: u32, body_len: usize) -> u32 {
+    let crc = crc32c::crc32c(&header[0..12]);
+    let crc = crc32c::crc32c_append(crc, &header[16..HEADER_BYTES]);
+    crc32c::crc32c_combine(crc, body_crc, body_len)
+}
+
+/// What lies at an offset of a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A record whose header is well formed (the CRC is checked separately).
+    Record(RecordHeader),
+    /// Zeros: the end of the written part of the segment.
+    End,
+    /// Not a record: garbage or a torn write.
+    Invalid(&'static str),
+}
+
+/// Reads the header at the start of `bytes` (which may be shorter than a header at the end of
+/// a file).
+pub fn decode_header(bytes: &[u8]) -> Frame {
+    let Some(head) = bytes.get(..HEADER_BYTES) else {
+        return if bytes.iter().all(|&b| b == 0) {
+            Frame::End
+        } else {
+            Frame::Invalid("truncated header")
+        };
+    };
+    let magic = u32_at(head, 0).unwrap_or(0);
+    if magic != RECORD_MAGIC {
+        return if head.iter().all(|&b| b == 0) {
+            Frame::End
+        } else {
+            Frame::Invalid("bad magic")
+        };
+    }
+    if head[4] != RECORD_VERSION {
+        return Frame::Invalid("unknown record version");
+    }
+    if head[5] != KIND_EVENTS || head[6] != 0 || head[7] != 0 {
+        return Frame::Invalid("unknown record kind or flags");
+    }
+    let (Some(body_len), Some(crc), Some(first), Some(group), Some(count), Some(at)) = (
+        u32_at(head, 8),
+        u32_at(head, 12),
+        u64_at(head, 16),
+        u64_at(head, 24),
+        u32_at(head, 32),
+        u64_at(head, 40),
+    ) else {
+        return Frame::Invalid("truncated header");
+    };
+    if count == 0 || first == 0 || group == 0 || group > first {
+        return Frame::Invalid("impossible positions in header");
+    }
+    if (body_len as usize) < count as usize * ENTRY_FIXED_BYTES {
+        return Frame::Invalid("body too short for its event count");
+    }
+    Frame::Record(RecordHeader {
+        body_len,
+        crc,
+        first_position: first,
+        group_first_position: group,
+        event_count: count,
+        appended_at_us: at,
+    })
+}
+
+/// Checks a whole record (header and body, without padding) against its CRC.
+pub fn crc_matches(record: &[u8], header: &RecordHeader) -> bool {
+    if cfg!(feature = "canary-skip-crc") {
+        return true;
+    }
+    let Some(body) = record.get(HEADER_BYTES..HEADER_BYTES + header.body_len as usize) else {
+        return false;
+    };
+    header_crc(record, crc32c::crc32c(body), body.len()) == header.crc
+}
+
+/// Where the parts of one entry lie, relative to the entry's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryLayout {
+    pub entry_len: u32,
+    pub record_offset: u32,
+    pub has_id: bool,
+    pub type_start: u32,
+    pub type_len: u16,
+    pub tag_count: u16,
+    pub tags_start: u32,
+    pub metadata_start: u32,
+    pub data_start: u32,
+}
+
+impl EntryLayout {
+    /// Decodes and checks the entry at the start of `bytes`: every length is inside the entry,
+    /// the type and tags are UTF-8. Never panics.
+    pub fn parse(bytes: &[u8]) -> Option<EntryLayout> {
+        let entry_len = u32_at(bytes, 0)?;
+        let entry = bytes.get(..entry_len as usize)?;
+        let record_offset = u32_at(entry, 4)?;
+        let type_len = u16_at(entry, 8)?;
+        let tag_count = u16_at(entry, 10)?;
+        let data_len = u32_at(entry, 12)? as usize;
+        let metadata_len = u32_at(entry, 16)? as usize;
+        let flags = *entry.get(20)?;
+        if flags & !FLAG_ID != 0 || entry.get(21..24)? != [0, 0, 0] {
+            return None;
+        }
+        let has_id = flags & FLAG_ID != 0;
+        let type_start = ENTRY_FIXED_BYTES + if has_id { 16 } else { 0 };
+        let tags_start = type_start.checked_add(type_len as usize)?;
+        if type_len == 0 {
+            return None;
+        }
+        std::str::from_utf8(entry.get(type_start..tags_start)?).ok()?;
+        let mut at = tags_start;
+        for _ in 0..tag_count {
+            let len = u16_at(entry, at)? as usize;
+            let tag = entry.get(at + 2..at + 2 + len)?;
+            std::str::from_utf8(tag).ok()?;
+            at += 2 + len;
+        }
+        let metadata_start = at;
+        let data_start = metadata_start.checked_add(metadata_len)?;
+        if data_start.checked_add(data_len)? != entry.len() {
+            return None;
+        }
+        Some(EntryLayout {
+            entry_len,
+            record_offset,
+            has_id,
+            type_start: type_start as u32,
+            type_len,
+            tag_count,
+            tags_start: tags_start as u32,
+            metadata_start: metadata_start as u32,
+            data_start: data_start as u32,
+        })
+    }
+
+    pub fn event_type<'a>(&self, entry: &'a [u8]) -> &'a str {
+        let start = self.type_start as usize;
+        entry
+            .get(start..start + self.type_len as usize)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or("")
+    }
+
+    pub fn type_bytes<'a>(&self, entry: &'a [u8]) -> &'a [u8] {
+        let start = self.type_start as usize;
+        entry.get(start..start + self.type_len as usize).unwrap_or(&[])
+    }
+
+    pub fn tag_bytes<'a>(&self, entry: &'a [u8]) -> &'a [u8] {
+        entry
+            .get(self.tags_start as usize..self.metadata_start as usize)
+            .unwrap_or(&[])
+    }
+
+    pub fn metadata_range(&self) -> Range<usize> {
+        self.metadata_start as usize..self.data_start as usize
+    }
+
+    pub fn data_range(&self) -> Range<usize> {
+        self.data_start as usize..self.entry_len as usize
+    }
+
+    pub fn id(&self, entry: &[u8]) -> Option<Uuid> {
+        if !self.has_id {
+            return None;
+        }
+        let bytes: [u8; 16] = entry.get(ENTRY_FIXED_BYTES..ENTRY_FIXED_BYTES + 16)?.try_into().ok()?;
+        Some(Uuid::from_bytes(bytes))
+    }
+
+    /// The entry without its position-dependent prefix (length and record offset): what two
+    /// appends of the same event have in common.
+    pub fn content<'a>(&self, entry: &'a [u8]) -> &'a [u8] {
+        entry.get(8..self.entry_len as usize).unwrap_or(&[])
+    }
+}
+
+/// Splits the first tag (u16 length + bytes) off `bytes`.
+pub fn split_tag(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u16_at(bytes, 0)? as usize;
+    let tag = bytes.get(2..2 + len)?;
+    Some((tag, &bytes[2 + len..]))
+}
+
+/// Iterates over the entries of a record body, checking each and that they fill it exactly.
+pub struct Entries<'a> {
+    body: &'a [u8],
+    at: usize,
+    remaining: u32,
+    /// Set when the body turned out malformed.
+    pub malformed: bool,
+}
+
+impl<'a> Entries<'a> {
+    pub fn new(body: &'a [u8], event_count: u32) -> Self {
+        Entries {
+            body,
+            at: 0,
+            remaining: event_count,
+            malformed: false,
+        }
+    }
+}
+
+impl<'a> Iterator for Entries<'a> {
+    /// The entry's offset in the body, its bytes and its layout.
+    type Item = (usize, &'a [u8], EntryLayout);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.malformed {
+            return None;
+        }
+        if self.remaining == 0 {
+            if self.at != self.body.len() {
+                self.malformed = true;
+            }
+            return None;
+        }
+        let rest = self.body.get(self.at..)?;
+        let Some(layout) = EntryLayout::parse(rest) else {
+            self.malformed = true;
+            return None;
+        };
+        if layout.record_offset as usize != HEADER_BYTES + self.at {
+            self.malformed = true;
+            return None;
+        }
+        let offset = self.at;
+        let entry = &rest[..layout.entry_len as usize];
+        self.at += layout.entry_len as usize;
+        self.remaining -= 1;
+        Some((offset, entry, layout))
+    }
+}
+
+/// Checks every entry of a body; true when all are well formed and fill the body exactly.
+pub fn body_is_well_formed(body: &[u8], event_count: u32) -> bool {
+    let mut entries = Entries::new(body, event_count);
+    let mut seen = 0u32;
+    for _ in entries.by_ref() {
+        seen += 1;
+    }
+    !entries.malformed && seen == event_count
+}

@@ -1,0 +1,357 @@
+//! Opening a log: scan segments, rebuild or extend the index, and cut a torn tail.
+//!
+//! The rule that separates a torn tail from damage: records are written in group commits, and a
+//! group is synced before the next group is written (and a segment is synced before the next is
+//! started). So after the first bad record at offset X, a valid record that belongs to a *later*
+//! group (its `group_first_position` is past the position expected at X), or any valid record in
+//! a later segment, proves that the bad record had been synced: that is damage, and opening stops
+//! with an error naming the file and offset. Anything else after X is the unsynced tail of the
+//! last group: it was never acknowledged and is overwritten with zeros.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::StoreError;
+use crate::index::{location, Index};
+use crate::io::Io;
+use crate::record::{self, crc_matches, decode_header, Entries, Frame, HEADER_BYTES};
+use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
+
+/// Where a scan ended.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tail {
+    /// The last position found.
+    pub(crate) head: u64,
+    /// Index (in the segment list) of the segment that holds the end of the log.
+    pub(crate) segment: usize,
+    /// Offset just past the last record.
+    pub(crate) offset: u64,
+    /// Offset of the last record (0 when the segment holds none).
+    pub(crate) last_record_offset: u64,
+    pub(crate) records: u64,
+}
+
+/// A torn tail found (and, when repairing, zeroed) by a scan.
+#[derive(Debug, Clone)]
+pub(crate) struct Torn {
+    pub(crate) path: PathBuf,
+    pub(crate) offset: u64,
+    pub(crate) reason: &'static str,
+}
+
+pub(crate) struct ScanResult {
+    pub(crate) tail: Tail,
+    pub(crate) torn: Option<Torn>,
+    /// Segments past the tail that held no valid record (spares or torn creations).
+    pub(crate) empty_after_tail: usize,
+}
+
+/// A record read and checked at `offset`, or why not.
+enum Read {
+    Record {
+        header: record::RecordHeader,
+        bytes: bytes::Bytes,
+    },
+    End,
+    Invalid(&'static str),
+}
+
+fn read_record(segment: &Segment, offset: u64) -> Result<Read, StoreError> {
+    if offset + HEADER_BYTES as u64 > segment.size {
+        return Ok(Read::End);
+    }
+    let head = segment.bytes(offset, HEADER_BYTES)?;
+    let header = match decode_header(&head) {
+        Frame::Record(h) => h,
+        Frame::End => return Ok(Read::End),
+        Frame::Invalid(why) => return Ok(Read::Invalid(why)),
+    };
+    let len = header.stored_len();
+    if offset + len as u64 > segment.size {
+        return Ok(Read::Invalid("record runs past the end of the segment"));
+    }
+    let bytes = segment.bytes(offset, len)?;
+    if bytes.len() < len {
+        return Ok(Read::Invalid("record runs past the end of the file"));
+    }
+    if !crc_matches(&bytes, &header) {
+        return Ok(Read::Invalid("CRC mismatch"));
+    }
+    Ok(Read::Record { header, bytes })
+}
+
+/// Scans `segments` from `start` (segment index, offset) adding every record to `index`.
+/// `segments` must be contiguous by number. With `repair`, a torn tail is zeroed and synced.
+pub(crate) fn scan(
+    segments: &[Arc<Segment>],
+    start: (usize, u64),
+    start_tail: Tail,
+    index: &mut Index,
+    repair: bool,
+    tail_window: u64,
+) -> Result<ScanResult, StoreError> {
+    let mut tail = start_tail;
+    let mut next_position = tail.head + 1;
+    let (mut seg_index, mut offset) = start;
+    while seg_index < segments.len() {
+        let segment = &segments[seg_index];
+        let mut stop: Option<&'static str> = None;
+        loop {
+            match read_record(segment, offset)? {
+                Read::Record { header, bytes } => {
+                    if header.first_position != next_position {
+                        stop = Some("record out of sequence");
+                        break;
+                    }
+                    let body = &bytes[HEADER_BYTES..HEADER_BYTES + header.body_len as usize];
+                    let mut entries = Entries::new(body, header.event_count);
+                    // Check the whole body before indexing any of it.
+                    if !record::body_is_well_formed(body, header.event_count) {
+                        stop = Some("malformed record body");
+                        break;
+                    }
+                    let mut position = header.first_position;
+                    for (entry_offset, entry, layout) in entries.by_ref() {
+                        let at = offset + (HEADER_BYTES + entry_offset) as u64;
+                        index.push(position, location(segment.number, at as u32), entry, &layout);
+                        position += 1;
+                    }
+                    tail = Tail {
+                        head: header.last_position(),
+                        segment: seg_index,
+                        offset: offset + header.stored_len() as u64,
+                        last_record_offset: offset,
+                        records: tail.records + 1,
+                    };
+                    next_position = tail.head + 1;
+                    offset = tail.offset;
+                }
+                Read::End => break,
+                Read::Invalid(why) => {
+                    stop = Some(why);
+                    break;
+                }
+            }
+        }
+        // `offset` is where this segment's records end. Is what lies after it a torn tail, the
+        // normal remainder of a full segment, or damage?
+        if let Some(path_offset) =
+            evidence_of_later_group(segment, offset + 8, next_position)?
+        {
+            return Err(StoreError::Corrupt {
+                path: segment.path.clone(),
+                offset,
+                reason: format!(
+                    "{} at offset {offset}, yet a record of a later group lies at offset \
+                     {path_offset}",
+                    stop.unwrap_or("zeros where records should be"),
+                ),
+            });
+        }
+        let next_starts_here = match segments.get(seg_index + 1) {
+            Some(next) => match read_record(next, SEGMENT_HEADER_BYTES)? {
+                Read::Record { header, .. } => {
+                    if stop.is_none() && header.first_position == next_position {
+                        true
+                    } else {
+                        return Err(StoreError::Corrupt {
+                            path: segment.path.clone(),
+                            offset,
+                            reason: format!(
+                                "{} at offset {offset}, yet the next segment {} holds records \
+                                 from position {}",
+                                stop.unwrap_or("the records end"),
+                                next.path.display(),
+                                header.first_position
+                            ),
+                        });
+                    }
+                }
+                _ => false,
+            },
+            None => false,
+        };
+        if next_starts_here {
+            seg_index += 1;
+            offset = SEGMENT_HEADER_BYTES;
+            continue;
+        }
+        // The log ends in this segment. Later segments must hold nothing.
+        for later in &segments[seg_index + 1..] {
+            if has_any_record(later)? {
+                return Err(StoreError::Corrupt {
+                    path: segment.path.clone(),
+                    offset,
+                    reason: format!(
+                        "the log ends at offset {offset} but {} holds records",
+                        later.path.display()
+                    ),
+                });
+            }
+        }
+        if tail.segment != seg_index {
+            tail.segment = seg_index;
+            tail.offset = offset;
+            tail.last_record_offset = 0;
+        }
+        let torn = match stop {
+            Some(reason) => Some(Torn {
+                path: segment.path.clone(),
+                offset,
+                reason,
+            }),
+            None => None,
+        };
+        let dirty = zero_tail(segment, offset, tail_window, repair)?;
+        let torn = torn.or_else(|| {
+            dirty.then(|| Torn {
+                path: segment.path.clone(),
+                offset,
+                reason: "garbage after the last record",
+            })
+        });
+        return Ok(ScanResult {
+            tail,
+            torn,
+            empty_after_tail: segments.len() - seg_index - 1,
+        });
+    }
+    // No segments at all past the start.
+    Ok(ScanResult {
+        tail,
+        torn: None,
+        empty_after_tail: 0,
+    })
+}
+
+/// Looks for a valid record at any 8-byte aligned offset from `from` whose group starts after
+/// `next_position`: proof that the data before it had been synced.
+fn evidence_of_later_group(
+    segment: &Segment,
+    from: u64,
+    next_position: u64,
+) -> Result<Option<u64>, StoreError> {
+    let magic = record::RECORD_MAGIC.to_le_bytes();
+    let window = 4 << 20;
+    let mut at = from.next_multiple_of(8);
+    while at + HEADER_BYTES as u64 <= segment.size {
+        let chunk = segment.bytes(at, window)?;
+        if chunk.is_empty() {
+            break;
+        }
+        let mut i = 0;
+        while i + 4 <= chunk.len() {
+            if chunk[i..i + 4] == magic {
+                if let Read::Record { header, .. } = read_record(segment, at + i as u64)? {
+                    if header.group_first_position > next_position {
+                        return Ok(Some(at + i as u64));
+                    }
+                }
+            }
+            i += 8;
+        }
+        at += chunk.len() as u64;
+    }
+    Ok(None)
+}
+
+fn has_any_record(segment: &Segment) -> Result<bool, StoreError> {
+    Ok(matches!(
+        read_record(segment, SEGMENT_HEADER_BYTES)?,
+        Read::Record { .. }
+    ) || evidence_of_later_group(segment, SEGMENT_HEADER_BYTES, 0)?.is_some())
+}
+
+/// Finds (and with `repair`, zeroes and syncs) non-zero bytes in `[from, from + window)`.
+/// Returns whether any were found.
+fn zero_tail(segment: &Segment, from: u64, window: u64, repair: bool) -> Result<bool, StoreError> {
+    const BLOCK: usize = 64 << 10;
+    let end = (from + window).min(segment.size);
+    let mut at = from;
+    let mut found = false;
+    let zeros = vec![0u8; BLOCK];
+    while at < end {
+        let n = ((end - at) as usize).min(BLOCK);
+        let chunk = segment.bytes(at, n)?;
+        if chunk.iter().any(|&b| b != 0) {
+            found = true;
+            if repair {
+                segment
+                    .file
+                    .write_at(&zeros[..chunk.len()], at)
+                    .map_err(|e| StoreError::io("zero torn tail", &segment.path, at, e))?;
+            }
+        }
+        if chunk.len() < n {
+            break;
+        }
+        at += n as u64;
+    }
+    if found && repair {
+        segment
+            .file
+            .sync_data()
+            .map_err(|e| StoreError::io("sync after zeroing torn tail", &segment.path, from, e))?;
+    }
+    Ok(found)
+}
+
+/// Opens every segment file in `dir`, in order. A last segment whose header is unreadable (a
+/// creation cut short by a crash; no record was ever written into it) is removed when
+/// `repair` is set.
+pub(crate) fn open_segments(
+    io: &dyn Io,
+    dir: &Path,
+    repair: bool,
+) -> Result<Vec<Arc<Segment>>, StoreError> {
+    let mut numbers: Vec<u32> = io
+        .list(dir)
+        .map_err(|e| StoreError::io("list directory", dir, 0, e))?
+        .iter()
+        .filter_map(|name| crate::segment::parse_file_name(name))
+        .collect();
+    numbers.sort_unstable();
+    let mut segments = Vec::with_capacity(numbers.len());
+    for (i, &number) in numbers.iter().enumerate() {
+        if i > 0 && number != numbers[i - 1] + 1 {
+            return Err(StoreError::Corrupt {
+                path: dir.join(crate::segment::file_name(numbers[i - 1] + 1)),
+                offset: 0,
+                reason: "a segment file is missing from the sequence".into(),
+            });
+        }
+        match Segment::open(io, dir, number) {
+            Ok(segment) => segments.push(Arc::new(segment)),
+            Err(crate::segment::SegmentOpenError::Io(e)) => return Err(e),
+            Err(crate::segment::SegmentOpenError::BadHeader { path, reason }) => {
+                let last = i + 1 == numbers.len();
+                if last {
+                    if repair {
+                        io.remove(&path)
+                            .map_err(|e| StoreError::io("remove torn segment", &path, 0, e))?;
+                        io.sync_dir(dir)
+                            .map_err(|e| StoreError::io("sync directory", dir, 0, e))?;
+                    }
+                    break;
+                }
+                return Err(StoreError::Corrupt {
+                    path,
+                    offset: 0,
+                    reason: reason.into(),
+                });
+            }
+        }
+    }
+    Ok(segments)
+}
+
+/// Whether a valid record at `offset` ends at `end` and holds position `head` last: the check
+/// that a checkpoint's mark agrees with the log.
+pub(crate) fn record_ends_at(segment: &Segment, offset: u64, end: u64, head: u64) -> bool {
+    match read_record(segment, offset) {
+        Ok(Read::Record { header, .. }) => {
+            header.last_position() == head && offset + header.stored_len() as u64 == end
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,590 @@
+//! The store: opening (recovery), the shared state readers and the writer see, and the public
+//! embedded API.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Sender, TrySendError};
+use parking_lot::{Mutex, RwLock};
+
+use crate::checkpoint::{self, Mark};
+use crate::error::{AppendError, InputError, ReadError, StoreError};
+use crate::event::NewEvent;
+use crate::index::Index;
+use crate::io::{DirLock, Io, RealIo};
+use crate::options::{Durability, Options};
+use crate::query::{AppendCondition, Query, ReadOptions};
+use crate::read::ReadIter;
+use crate::record::encode_append;
+use crate::recovery::{self, Tail};
+use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
+use crate::sim::SimIo;
+use crate::subscription::Subscription;
+use crate::writer::{Completion, Reply, Request, Syncer, Writer};
+
+/// Counters kept by the writer, read by [`Store::stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) appends: AtomicU64,
+    pub(crate) events: AtomicU64,
+    pub(crate) conditions_failed: AtomicU64,
+    pub(crate) idempotent_retries: AtomicU64,
+    pub(crate) groups: AtomicU64,
+    pub(crate) fsyncs: AtomicU64,
+    pub(crate) fsync_us_total: AtomicU64,
+    pub(crate) fsync_us_max: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn record_fsync(&self, took: Duration) {
+        let us = took.as_micros() as u64;
+        self.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.fsync_us_total.fetch_add(us, Ordering::Relaxed);
+        self.fsync_us_max.fetch_max(us, Ordering::Relaxed);
+    }
+}
+
+/// State shared by the store handle, the writer, readers and subscriptions.
+pub(crate) struct Shared {
+    pub(crate) dir: PathBuf,
+    pub(crate) io: Arc<dyn Io>,
+    pub(crate) options: Options,
+    pub(crate) index: RwLock<Index>,
+    pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
+    /// The published head: every event at or below it is acknowledged (and, in D3, durable).
+    pub(crate) head: AtomicU64,
+    /// Where the log ends at `head`, for checkpoints.
+    pub(crate) mark: Mutex<Mark>,
+    pub(crate) head_changed: event_listener::Event,
+    poison: Mutex<Option<String>>,
+    poisoned: AtomicBool,
+    pub(crate) closed: AtomicBool,
+    pub(crate) counters: Counters,
+    _lock: Box<dyn DirLock>,
+}
+
+impl Shared {
+    pub(crate) fn head(&self) -> u64 {
+        self.head.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn segment(&self, number: u32) -> Option<Arc<Segment>> {
+        let segments = self.segments.read();
+        let first = segments.first()?.number;
+        segments.get(number.checked_sub(first)? as usize).cloned()
+    }
+
+    pub(crate) fn poison(&self, reason: String) {
+        let mut poison = self.poison.lock();
+        if poison.is_none() {
+            *poison = Some(reason);
+        }
+        self.poisoned.store(true, Ordering::Release);
+        self.head_changed.notify(usize::MAX);
+    }
+
+    pub(crate) fn poison_error(&self) -> Option<StoreError> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(StoreError::Poisoned {
+            reason: self.poison.lock().clone().unwrap_or_default(),
+        })
+    }
+
+    pub(crate) fn publish(&self, mark: Mark) {
+        *self.mark.lock() = mark;
+        self.head.store(mark.head, Ordering::Release);
+        self.head_changed.notify(usize::MAX);
+    }
+}
+
+/// How the index was obtained when the store was opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexSource {
+    /// Loaded from the checkpoint; `scanned_events` more were read from the log after it.
+    Checkpoint { scanned_events: u64 },
+    /// Rebuilt by scanning the whole log, because the checkpoint was missing, damaged or stale.
+    Rebuilt { reason: String },
+}
+
+/// What opening the store found.
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    pub index: IndexSource,
+    /// A torn tail that was cut: the file, the offset, and why the bytes there were not a record.
+    pub torn_tail: Option<(PathBuf, u64, String)>,
+    pub open_ms: f64,
+}
+
+/// A snapshot of the store's state and counters.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stats {
+    pub head: u64,
+    pub durability: &'static str,
+    pub durability_description: &'static str,
+    pub segments: usize,
+    pub segment_bytes: u64,
+    pub types: usize,
+    pub tags: usize,
+    pub index_bytes: usize,
+    pub index_bytes_per_event: f64,
+    pub appends: u64,
+    pub events_appended: u64,
+    pub conditions_failed: u64,
+    pub idempotent_retries: u64,
+    pub groups: u64,
+    pub fsyncs: u64,
+    pub fsync_us_mean: f64,
+    pub fsync_us_max: u64,
+    pub queue_depth: usize,
+    pub poisoned: Option<String>,
+}
+
+/// Per-append options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AppendOptions {
+    /// Ask for D3 (fsynced before acknowledgement) even when the store runs in a weaker class.
+    pub require_synced: bool,
+}
+
+/// A durable DCB event store. See the crate documentation for a tour.
+pub struct Store {
+    shared: Arc<Shared>,
+    sender: Option<Sender<Request>>,
+    writer: Option<JoinHandle<()>>,
+    syncer: Option<(Arc<Syncer>, JoinHandle<()>)>,
+    report: OpenReport,
+}
+
+const LOCK_FILE: &str = "LOCK";
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`. A D0 store lives in memory only and
+    /// ignores `dir`.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store, StoreError> {
+        if options.durability == Durability::Memory {
+            return Self::open_with_io(Arc::new(SimIo::memory()), dir.as_ref(), options);
+        }
+        Self::open_with_io(Arc::new(RealIo), dir.as_ref(), options)
+    }
+
+    /// Opens a memory-only (D0) store.
+    pub fn open_in_memory(mut options: Options) -> Result<Store, StoreError> {
+        options.durability = Durability::Memory;
+        Self::open_with_io(Arc::new(SimIo::memory()), Path::new("/memory"), options)
+    }
+
+    /// Opens the store through a given I/O layer (the simulated one, in tests).
+    pub fn open_with_io(
+        io: Arc<dyn Io>,
+        dir: &Path,
+        options: Options,
+    ) -> Result<Store, StoreError> {
+        let started = Instant::now();
+        options.validate().map_err(StoreError::InvalidOption)?;
+        io.create_dir_all(dir)
+            .map_err(|e| StoreError::io("create data directory", dir, 0, e))?;
+        let lock = io.lock(&dir.join(LOCK_FILE)).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                StoreError::Locked {
+                    path: dir.to_path_buf(),
+                }
+            } else {
+                StoreError::io("lock data directory", dir.join(LOCK_FILE), 0, e)
+            }
+        })?;
+        let mut segments = recovery::open_segments(io.as_ref(), dir, true)?;
+        if segments.is_empty() {
+            segments.push(Arc::new(Segment::create(
+                io.as_ref(),
+                dir,
+                1,
+                options.segment_bytes,
+            )?));
+        }
+        let (mut index, start, start_tail, rebuild_reason) =
+            match load_checkpoint(io.as_ref(), dir, &segments) {
+                Ok((index, start, tail)) => (index, start, tail, None),
+                Err(reason) => (
+                    Index::default(),
+                    (0, SEGMENT_HEADER_BYTES),
+                    Tail::default(),
+                    Some(reason),
+                ),
+            };
+        let tail_window = (options.group_bytes_max + options.limits.append_bytes_max) as u64 + 4096;
+        let scanned = recovery::scan(&segments, start, start_tail.clone(), &mut index, true, tail_window)?;
+        let tail = scanned.tail;
+        // Segments past the tail hold nothing: remove them so the writer creates them afresh.
+        if scanned.empty_after_tail > 0 {
+            for segment in segments.drain(tail.segment + 1..) {
+                io.remove(&segment.path)
+                    .map_err(|e| StoreError::io("remove empty segment", &segment.path, 0, e))?;
+            }
+            io.sync_dir(dir)
+                .map_err(|e| StoreError::io("sync directory", dir, 0, e))?;
+        }
+        // What we found may sit only in the page cache (a killed process): make it durable
+        // before we present it as acknowledged.
+        if options.durability != Durability::Memory {
+            for segment in &segments[start.0.min(tail.segment)..=tail.segment] {
+                segment
+                    .file
+                    .sync_data()
+                    .map_err(|e| StoreError::io("sync segment at open", &segment.path, 0, e))?;
+            }
+        }
+        let segment = segments[tail.segment].clone();
+        let mark = Mark {
+            head: tail.head,
+            segment: segment.number,
+            end_offset: tail.offset,
+            last_record_offset: tail.last_record_offset,
+        };
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            io: io.clone(),
+            index: RwLock::new(index),
+            segments: RwLock::new(segments),
+            head: AtomicU64::new(tail.head),
+            mark: Mutex::new(mark),
+            head_changed: event_listener::Event::new(),
+            poison: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            counters: Counters::default(),
+            options,
+            _lock: lock,
+        });
+        let syncer = match shared.options.durability {
+            Durability::Written | Durability::SyncedLater => {
+                let syncer = Arc::new(Syncer::new(segment.clone(), tail.head));
+                let handle = {
+                    let syncer = syncer.clone();
+                    let shared = shared.clone();
+                    std::thread::Builder::new()
+                        .name("annals-syncer".into())
+                        .spawn(move || syncer.run(&shared))
+                        .map_err(|e| StoreError::io("spawn syncer thread", dir, 0, e))?
+                };
+                Some((syncer, handle))
+            }
+            _ => None,
+        };
+        let (sender, receiver) =
+            crossbeam_channel::bounded(shared.options.limits.queue_depth_max);
+        let writer = Writer::new(
+            shared.clone(),
+            receiver,
+            segment,
+            tail,
+            syncer.as_ref().map(|(s, _)| s.clone()),
+        );
+        let handle = std::thread::Builder::new()
+            .name("annals-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| StoreError::io("spawn writer thread", dir, 0, e))?;
+        let report = OpenReport {
+            index: match rebuild_reason {
+                None => IndexSource::Checkpoint {
+                    scanned_events: tail.head - start_tail.head,
+                },
+                Some(reason) => IndexSource::Rebuilt { reason },
+            },
+            torn_tail: scanned
+                .torn
+                .map(|t| (t.path, t.offset, t.reason.to_string())),
+            open_ms: started.elapsed().as_secs_f64() * 1e3,
+        };
+        Ok(Store {
+            shared,
+            sender: Some(sender),
+            writer: Some(handle),
+            syncer,
+            report,
+        })
+    }
+
+    /// What opening found: where the index came from, whether a torn tail was cut.
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.shared.options.durability
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.shared.options
+    }
+
+    /// The position of the last acknowledged event (0 when the store is empty).
+    pub fn head(&self) -> u64 {
+        self.shared.head()
+    }
+
+    /// Appends `events` atomically if `condition` holds; returns the last event's position.
+    /// Waits while the append queue is full (backpressure).
+    pub fn append(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+    ) -> Result<u64, AppendError> {
+        self.append_with(events, condition, AppendOptions::default())
+    }
+
+    /// [`Store::append`] with per-append options.
+    pub fn append_with(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+    ) -> Result<u64, AppendError> {
+        let completion = Completion::for_this_thread();
+        self.submit(events, condition, options, Reply::Blocking(completion.clone()), true)?;
+        completion.wait()
+    }
+
+    /// Like [`Store::append`], but fails with [`InputError::QueueFull`] instead of waiting when
+    /// the append queue is full.
+    pub fn try_append(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+    ) -> Result<u64, AppendError> {
+        let completion = Completion::for_this_thread();
+        self.submit(
+            events,
+            condition,
+            AppendOptions::default(),
+            Reply::Blocking(completion.clone()),
+            false,
+        )?;
+        completion.wait()
+    }
+
+    /// Queues an append and returns at once; `done` is called on the writer's thread with the
+    /// outcome (keep it short). Errors found before queueing are returned directly.
+    pub fn append_then(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.submit(events, condition, options, Reply::Callback(Box::new(done)), true)
+    }
+
+    fn submit(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        reply: Reply,
+        wait_when_full: bool,
+    ) -> Result<(), AppendError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e.into());
+        }
+        let sender = self.sender.as_ref().ok_or(StoreError::Closed)?;
+        let limits = &self.shared.options.limits;
+        let append = encode_append(events, limits)?;
+        let condition = match condition {
+            Some(c) => {
+                c.fail_if_events_match.validate(limits)?;
+                Some(c.clone())
+            }
+            None => None,
+        };
+        if options.require_synced && self.shared.options.durability == Durability::Memory {
+            return Err(StoreError::InvalidOption(
+                "a memory-only (D0) store cannot make an append durable".into(),
+            )
+            .into());
+        }
+        #[cfg(feature = "canary-condition-outside-writer")]
+        let condition = match condition {
+            // Deliberately wrong: checks the condition against the published head, outside the
+            // writer, so two racing appends can both pass.
+            Some(c) => {
+                let index = self.shared.index.read();
+                let resolved = index.resolve(&c.fail_if_events_match);
+                let head = self.shared.head();
+                if let Some(p) = index.first_match_after(&resolved, c.after.unwrap_or(0)) {
+                    if p <= head {
+                        return Err(AppendError::ConditionFailed { position: p });
+                    }
+                }
+                None
+            }
+            None => None,
+        };
+        let request = Request {
+            append,
+            condition,
+            require_synced: options.require_synced,
+            reply,
+        };
+        if wait_when_full {
+            sender.send(request).map_err(|_| StoreError::Closed)?;
+        } else {
+            sender.try_send(request).map_err(|e| match e {
+                TrySendError::Full(_) => AppendError::Input(InputError::QueueFull {
+                    depth: sender.len(),
+                }),
+                TrySendError::Disconnected(_) => AppendError::Store(StoreError::Closed),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Reads the events matching `query`, streaming: the iterator holds no lock and reads
+    /// events as it goes. It sees the log as it was when `read` was called.
+    pub fn read(&self, query: &Query, options: ReadOptions) -> Result<ReadIter, ReadError> {
+        query.validate(&self.shared.options.limits)?;
+        ReadIter::new(self.shared.clone(), query, options, self.shared.head())
+    }
+
+    /// Follows the events matching `query` after position `after`: first those already in the
+    /// log, then new ones as they are acknowledged, through one code path.
+    pub fn subscribe(&self, query: &Query, after: u64) -> Result<Subscription, ReadError> {
+        query.validate(&self.shared.options.limits)?;
+        Ok(Subscription::new(self.shared.clone(), query.clone(), after))
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        let (index_bytes, types, tags) = {
+            let index = self.shared.index.read();
+            (index.bytes_used(), index.type_count(), index.tag_count())
+        };
+        let head = self.head();
+        let fsyncs = c.fsyncs.load(Ordering::Relaxed);
+        Stats {
+            head,
+            durability: self.shared.options.durability.label(),
+            durability_description: self.shared.options.durability.description(),
+            segments: self.shared.segments.read().len(),
+            segment_bytes: self.shared.options.segment_bytes,
+            types,
+            tags,
+            index_bytes,
+            index_bytes_per_event: if head == 0 {
+                0.0
+            } else {
+                index_bytes as f64 / head as f64
+            },
+            appends: c.appends.load(Ordering::Relaxed),
+            events_appended: c.events.load(Ordering::Relaxed),
+            conditions_failed: c.conditions_failed.load(Ordering::Relaxed),
+            idempotent_retries: c.idempotent_retries.load(Ordering::Relaxed),
+            groups: c.groups.load(Ordering::Relaxed),
+            fsyncs,
+            fsync_us_mean: if fsyncs == 0 {
+                0.0
+            } else {
+                c.fsync_us_total.load(Ordering::Relaxed) as f64 / fsyncs as f64
+            },
+            fsync_us_max: c.fsync_us_max.load(Ordering::Relaxed),
+            queue_depth: self.sender.as_ref().map_or(0, |s| s.len()),
+            poisoned: self.shared.poison_error().map(|e| e.to_string()),
+        }
+    }
+
+    /// Writes the index checkpoint for the current head, so the next open need not rescan.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        if !self.shared.io.is_persistent() {
+            return Ok(());
+        }
+        let mark = *self.shared.mark.lock();
+        checkpoint::write(
+            self.shared.io.as_ref(),
+            &self.shared.dir,
+            &self.shared.index,
+            mark,
+        )
+    }
+
+    /// Drains the queue, syncs, writes the checkpoint (unless disabled) and releases the
+    /// directory.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<(), StoreError> {
+        let Some(sender) = self.sender.take() else {
+            return Ok(());
+        };
+        drop(sender);
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+        if let Some((syncer, handle)) = self.syncer.take() {
+            syncer.stop();
+            let _ = handle.join();
+        }
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.head_changed.notify(usize::MAX);
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e);
+        }
+        if self.shared.options.checkpoint_on_close && self.head() > 0 {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// Loads the checkpoint if it agrees with the log: the index, where to start scanning and the
+/// tail at that point; or why it cannot be used.
+fn load_checkpoint(
+    io: &dyn Io,
+    dir: &Path,
+    segments: &[Arc<Segment>],
+) -> Result<(Index, (usize, u64), Tail), String> {
+    let (index, mark) = checkpoint::read(io, dir).map_err(|r| format!("checkpoint {r}"))?;
+    let first = segments.first().map_or(0, |s| s.number);
+    let position = mark
+        .segment
+        .checked_sub(first)
+        .map(|p| p as usize)
+        .filter(|&p| p < segments.len())
+        .ok_or("checkpoint stale: its segment is gone")?;
+    if mark.head == 0 || index.len() != mark.head {
+        return Err("checkpoint stale: empty or inconsistent".into());
+    }
+    if !recovery::record_ends_at(
+        &segments[position],
+        mark.last_record_offset,
+        mark.end_offset,
+        mark.head,
+    ) {
+        return Err("checkpoint stale: the log does not hold its last record".into());
+    }
+    Ok((
+        index,
+        (position, mark.end_offset),
+        Tail {
+            head: mark.head,
+            segment: position,
+            offset: mark.end_offset,
+            last_record_offset: mark.last_record_offset,
+            records: 0,
+        },
+    ))
+}

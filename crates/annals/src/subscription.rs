@@ -1,0 +1,101 @@
+//! Subscriptions: catch-up and live through one code path.
+//!
+//! A subscription repeats one step: read what matches after its cursor up to the head it sees
+//! now, and when that is exhausted, wait for the head to move. Catching up and following are the
+//! same step, so there is no switch-over at which an event could be missed or seen twice.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{ReadError, StoreError};
+use crate::event::Event;
+use crate::query::{Query, ReadOptions};
+use crate::read::ReadIter;
+use crate::store::Shared;
+use event_listener::Listener;
+
+pub struct Subscription {
+    shared: Arc<Shared>,
+    query: Query,
+    /// Every matching event at or below this position has been delivered.
+    scanned: u64,
+    current: Option<ReadIter>,
+}
+
+impl Subscription {
+    pub(crate) fn new(shared: Arc<Shared>, query: Query, after: u64) -> Self {
+        Subscription {
+            shared,
+            query,
+            scanned: after,
+            current: None,
+        }
+    }
+
+    /// The position up to which every matching event has been delivered.
+    pub fn position(&self) -> u64 {
+        self.scanned
+    }
+
+    /// The next matching event, waiting at most `timeout` (forever when `None`). `Ok(None)`
+    /// when the timeout passed or the store closed.
+    pub fn next_timeout(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ReadError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(iter) = &mut self.current {
+                match iter.next() {
+                    Some(Ok(event)) => return Ok(Some(event)),
+                    Some(Err(e)) => return Err(e),
+                    None => {
+                        self.scanned = iter.head();
+                        self.current = None;
+                    }
+                }
+            }
+            let listener = self.shared.head_changed.listen();
+            let head = self.shared.head();
+            if head > self.scanned {
+                let options = ReadOptions::forwards().after(self.scanned);
+                self.current = Some(ReadIter::new(
+                    self.shared.clone(),
+                    &self.query,
+                    options,
+                    head,
+                )?);
+                continue;
+            }
+            if self.shared.closed.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            if let Some(e) = self.shared.poison_error() {
+                return Err(ReadError::Store(e));
+            }
+            match deadline {
+                None => listener.wait(),
+                Some(deadline) => {
+                    if listener.wait_deadline(deadline).is_none() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Like [`Subscription::next_timeout`] without a timeout, reporting a closed store as an error.
+    pub fn next_event(&mut self) -> Result<Event, ReadError> {
+        match self.next_timeout(None)? {
+            Some(event) => Ok(event),
+            None => Err(ReadError::Store(StoreError::Closed)),
+        }
+    }
+}
+
+impl Iterator for Subscription {
+    type Item = Result<Event, ReadError>;
+
+    /// Blocks until the next matching event; ends when the store closes.
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_timeout(None).transpose()
+    }
+}
