@@ -189,11 +189,11 @@ pub(crate) fn scan(
                 });
             }
         }
-        if tail.segment != seg_index {
-            tail.segment = seg_index;
-            tail.offset = offset;
+        if tail.segment != seg_index || tail.records == 0 {
             tail.last_record_offset = 0;
         }
+        tail.segment = seg_index;
+        tail.offset = offset;
         let torn = match stop {
             Some(reason) => Some(Torn {
                 path: segment.path.clone(),
@@ -325,7 +325,11 @@ pub(crate) fn open_segments(
             Err(crate::segment::SegmentOpenError::Io(e)) => return Err(e),
             Err(crate::segment::SegmentOpenError::BadHeader { path, reason }) => {
                 let last = i + 1 == numbers.len();
-                if last {
+                // A creation cut short by a crash leaves a last segment with a bad header and no
+                // record in it; anything else is damage.
+                let empty = Segment::open_unchecked(io, dir, number)
+                    .map_or(Ok(false), |s| has_any_record(&s).map(|any| !any))?;
+                if last && empty {
                     if repair {
                         io.remove(&path)
                             .map_err(|e| StoreError::io("remove torn segment", &path, 0, e))?;

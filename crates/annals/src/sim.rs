@@ -121,6 +121,8 @@ fn apply(target: &mut Vec<u8>, change: &Change) {
 type FileData = Arc<Mutex<Image>>;
 
 struct State {
+    /// Bumped by every crash; handles from an earlier epoch fail with EIO.
+    epoch: u64,
     live: HashMap<PathBuf, FileData>,
     durable: HashMap<PathBuf, FileData>,
     dirs: HashSet<PathBuf>,
@@ -156,6 +158,7 @@ impl State {
 #[derive(Clone)]
 pub struct SimIo {
     state: Arc<Mutex<State>>,
+    epoch: u64,
     /// False for a memory-only store: no durable image and no history are kept.
     track: bool,
 }
@@ -173,7 +176,9 @@ impl SimIo {
 
     fn build(seed: u64, track: bool) -> Self {
         SimIo {
+            epoch: 0,
             state: Arc::new(Mutex::new(State {
+                epoch: 0,
                 live: HashMap::new(),
                 durable: HashMap::new(),
                 dirs: HashSet::new(),
@@ -221,11 +226,13 @@ impl SimIo {
         (state.writes, state.syncs)
     }
 
-    /// Simulates a power loss: every open handle is cut off, locks are released, and each file
-    /// keeps its durable image plus what `mode` lets survive of the unsynced writes.
-    pub fn crash(&self, mode: CrashMode) {
+    /// Simulates a power loss: every open handle and this `SimIo` are cut off (they fail with
+    /// EIO from now on), locks are released, and each file keeps its durable image plus what
+    /// `mode` lets survive of the unsynced writes. Returns the handle to the disk after the crash.
+    pub fn crash(&self, mode: CrashMode) -> SimIo {
         assert!(self.track, "a memory-only SimIo cannot crash");
         let mut state = self.state.lock();
+        state.epoch += 1;
         let live = std::mem::take(&mut state.live);
         let durable = std::mem::take(&mut state.durable);
         let mut survivors: HashMap<PathBuf, FileData> = HashMap::new();
@@ -264,6 +271,59 @@ impl SimIo {
         state.durable = survivors.clone();
         state.live = survivors;
         state.locks.clear();
+        SimIo {
+            state: self.state.clone(),
+            epoch: state.epoch,
+            track: self.track,
+        }
+    }
+
+    fn live_state(&self) -> io::Result<parking_lot::MutexGuard<'_, State>> {
+        let state = self.state.lock();
+        if state.epoch != self.epoch {
+            return Err(crashed());
+        }
+        Ok(state)
+    }
+
+    /// The live content of a file, for tests that damage files by hand.
+    pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
+        let state = self.state.lock();
+        let data = state.live.get(path)?.clone();
+        let content = data.lock().live.clone();
+        Some(content)
+    }
+
+    /// Replaces a file's content, durably (as if written and synced, directory entry included).
+    pub fn write_file(&self, path: &Path, content: &[u8]) {
+        let mut state = self.state.lock();
+        let data: FileData = Arc::new(Mutex::new(Image {
+            live: content.to_vec(),
+            durable: content.to_vec(),
+            unsynced: Vec::new(),
+        }));
+        state.live.insert(path.to_path_buf(), data.clone());
+        state.durable.insert(path.to_path_buf(), data);
+    }
+
+    /// Removes a file durably.
+    pub fn delete_file(&self, path: &Path) {
+        let mut state = self.state.lock();
+        state.live.remove(path);
+        state.durable.remove(path);
+    }
+
+    /// The names of the files in `dir`.
+    pub fn file_names(&self, dir: &Path) -> Vec<String> {
+        let state = self.state.lock();
+        let mut names: Vec<String> = state
+            .live
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_owned))
+            .collect();
+        names.sort();
+        names
     }
 
     fn after_crash(state: &mut State, image: &Image, mode: CrashMode) -> Vec<u8> {
@@ -325,17 +385,34 @@ impl Drop for SimLock {
 struct SimFile {
     data: FileData,
     state: Arc<Mutex<State>>,
+    epoch: u64,
     track: bool,
+}
+
+fn crashed() -> io::Error {
+    io::Error::new(io::ErrorKind::Other, "simulated crash: this handle is gone")
+}
+
+impl SimFile {
+    /// Every file operation holds the state lock for its whole length, so a crash happens
+    /// strictly before or after it.
+    fn live_state(&self) -> io::Result<parking_lot::MutexGuard<'_, State>> {
+        let state = self.state.lock();
+        if state.epoch != self.epoch {
+            return Err(crashed());
+        }
+        Ok(state)
+    }
 }
 
 impl Io for SimIo {
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.state.lock().dirs.insert(path.to_path_buf());
+        self.live_state()?.dirs.insert(path.to_path_buf());
         Ok(())
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn IoFile>> {
-        let mut state = self.state.lock();
+        let mut state = self.live_state()?;
         let existing = state.live.get(path).cloned();
         let data = match (existing, mode) {
             (Some(_), OpenMode::CreateNew) => {
@@ -354,25 +431,18 @@ impl Io for SimIo {
         Ok(Arc::new(SimFile {
             data,
             state: self.state.clone(),
+            epoch: self.epoch,
             track: self.track,
         }))
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let state = self.state.lock();
-        let mut names: Vec<String> = state
-            .live
-            .keys()
-            .filter(|p| p.parent() == Some(dir))
-            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_owned))
-            .collect();
-        names.sort();
-        Ok(names)
+        drop(self.live_state()?);
+        Ok(self.file_names(dir))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
-        self.state
-            .lock()
+        self.live_state()?
             .live
             .remove(path)
             .map(|_| ())
@@ -380,7 +450,7 @@ impl Io for SimIo {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.live_state()?;
         let data = state
             .live
             .remove(from)
@@ -390,7 +460,7 @@ impl Io for SimIo {
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.live_state()?;
         Fault::check(&mut state.sync_fault)?;
         let in_dir = |p: &PathBuf| p.parent() == Some(dir);
         state.durable.retain(|p, _| !in_dir(p));
@@ -405,7 +475,7 @@ impl Io for SimIo {
     }
 
     fn lock(&self, path: &Path) -> io::Result<Box<dyn DirLock>> {
-        let mut state = self.state.lock();
+        let mut state = self.live_state()?;
         if !state.locks.insert(path.to_path_buf()) {
             return Err(io::Error::from(io::ErrorKind::WouldBlock));
         }
@@ -422,6 +492,7 @@ impl Io for SimIo {
 
 impl IoFile for SimFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let _state = self.live_state()?;
         let image = self.data.lock();
         let start = (offset as usize).min(image.live.len());
         let end = (start + buf.len()).min(image.live.len());
@@ -430,11 +501,9 @@ impl IoFile for SimFile {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        {
-            let mut state = self.state.lock();
-            state.writes += 1;
-            Fault::check(&mut state.write_fault)?;
-        }
+        let mut state = self.live_state()?;
+        state.writes += 1;
+        Fault::check(&mut state.write_fault)?;
         let mut image = self.data.lock();
         apply_write(&mut image.live, offset, buf);
         if self.track {
@@ -447,11 +516,9 @@ impl IoFile for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        {
-            let mut state = self.state.lock();
-            state.syncs += 1;
-            Fault::check(&mut state.sync_fault)?;
-        }
+        let mut state = self.live_state()?;
+        state.syncs += 1;
+        Fault::check(&mut state.sync_fault)?;
         if self.track {
             let mut image = self.data.lock();
             let changes = std::mem::take(&mut image.unsynced);
@@ -463,10 +530,12 @@ impl IoFile for SimFile {
     }
 
     fn len(&self) -> io::Result<u64> {
+        let _state = self.live_state()?;
         Ok(self.data.lock().live.len() as u64)
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
+        let _state = self.live_state()?;
         let mut image = self.data.lock();
         image.live.resize(len as usize, 0);
         if self.track {
