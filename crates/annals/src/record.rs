@@ -6,8 +6,8 @@
 //! ```text
 //! record header (48 bytes)
 //!   0  magic u32 = "ANRC"        4  version u8      5  kind u8      6  flags u16 (0)
-//!   8  body_len u32              12 crc32c u32 over bytes [0..12) ++ [16..48) ++ body
-//!   16 first_position u64        24 group_first_position u64
+//!   8  body_len u32              12 crc32c u32 over body ++ bytes [0..12) ++ [16..48)
+//!   16 first_position u64        24 synced_through u64
 //!   32 event_count u32           36 reserved u32 (0)
 //!   40 appended_at_us u64
 //! body: event_count entries, back to back
@@ -19,9 +19,9 @@
 //!   24 id [u8; 16] if present, type, tags (each u16 length + bytes), metadata, data
 //! ```
 //!
-//! `group_first_position` is the first position of the group commit the record was written in;
-//! recovery uses it to tell a torn tail (damage inside the last, unsynced group) from damage to
-//! synced data. The magic is not zero, so an all-zero region never decodes as a record.
+//! `synced_through` is a position the log was known to be durable through when the record was
+//! written (a lower bound). Recovery uses it to tell a torn tail from damage: if a valid record
+//! after a bad one says the bad one's position was already synced, the bad one is damage.
 //! Decoders never panic and never trust a length.
 
 use std::ops::Range;
@@ -214,7 +214,7 @@ pub struct RecordHeader {
     pub body_len: u32,
     pub crc: u32,
     pub first_position: u64,
-    pub group_first_position: u64,
+    pub synced_through: u64,
     pub event_count: u32,
     pub appended_at_us: u64,
 }
@@ -234,7 +234,7 @@ impl RecordHeader {
         out: &mut [u8; HEADER_BYTES],
         append: &EncodedAppend,
         first_position: u64,
-        group_first_position: u64,
+        synced_through: u64,
         appended_at_us: u64,
     ) {
         out[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
@@ -243,19 +243,20 @@ impl RecordHeader {
         out[6..8].copy_from_slice(&0u16.to_le_bytes());
         out[8..12].copy_from_slice(&(append.body.len() as u32).to_le_bytes());
         out[16..24].copy_from_slice(&first_position.to_le_bytes());
-        out[24..32].copy_from_slice(&group_first_position.to_le_bytes());
+        out[24..32].copy_from_slice(&synced_through.to_le_bytes());
         out[32..36].copy_from_slice(&append.event_count.to_le_bytes());
         out[36..40].copy_from_slice(&0u32.to_le_bytes());
         out[40..48].copy_from_slice(&appended_at_us.to_le_bytes());
-        let crc = header_crc(out, append.body_crc, append.body.len());
+        let crc = header_crc(out, append.body_crc);
         out[12..16].copy_from_slice(&crc.to_le_bytes());
     }
 }
 
-fn header_crc(header: &[u8], body_crc: u32, body_len: usize) -> u32 {
-    let crc = crc32c::crc32c(&header[0..12]);
-    let crc = crc32c::crc32c_append(crc, &header[16..HEADER_BYTES]);
-    crc32c::crc32c_combine(crc, body_crc, body_len)
+/// The record CRC runs over the body first, then the header without its CRC field: the
+/// caller's thread computes the body's CRC, and the writer only extends it over 44 bytes.
+fn header_crc(header: &[u8], body_crc: u32) -> u32 {
+    let crc = crc32c::crc32c_append(body_crc, &header[0..12]);
+    crc32c::crc32c_append(crc, &header[16..HEADER_BYTES])
 }
 
 /// What lies at an offset of a segment.
@@ -293,7 +294,7 @@ pub fn decode_header(bytes: &[u8]) -> Frame {
     if head[5] != KIND_EVENTS || head[6] != 0 || head[7] != 0 {
         return Frame::Invalid("unknown record kind or flags");
     }
-    let (Some(body_len), Some(crc), Some(first), Some(group), Some(count), Some(at)) = (
+    let (Some(body_len), Some(crc), Some(first), Some(synced), Some(count), Some(at)) = (
         u32_at(head, 8),
         u32_at(head, 12),
         u64_at(head, 16),
@@ -303,7 +304,7 @@ pub fn decode_header(bytes: &[u8]) -> Frame {
     ) else {
         return Frame::Invalid("truncated header");
     };
-    if count == 0 || first == 0 || group == 0 || group > first {
+    if count == 0 || first == 0 || synced >= first {
         return Frame::Invalid("impossible positions in header");
     }
     if (body_len as usize) < count as usize * ENTRY_FIXED_BYTES {
@@ -313,7 +314,7 @@ pub fn decode_header(bytes: &[u8]) -> Frame {
         body_len,
         crc,
         first_position: first,
-        group_first_position: group,
+        synced_through: synced,
         event_count: count,
         appended_at_us: at,
     })
@@ -327,7 +328,7 @@ pub fn crc_matches(record: &[u8], header: &RecordHeader) -> bool {
     let Some(body) = record.get(HEADER_BYTES..HEADER_BYTES + header.body_len as usize) else {
         return false;
     };
-    header_crc(record, crc32c::crc32c(body), body.len()) == header.crc
+    header_crc(record, crc32c::crc32c(body)) == header.crc
 }
 
 /// Where the parts of one entry lie, relative to the entry's start.

@@ -1,12 +1,12 @@
 //! Opening a log: scan segments, rebuild or extend the index, and cut a torn tail.
 //!
-//! The rule that separates a torn tail from damage: records are written in group commits, and a
-//! group is synced before the next group is written (and a segment is synced before the next is
-//! started). So after the first bad record at offset X, a valid record that belongs to a *later*
-//! group (its `group_first_position` is past the position expected at X), or any valid record in
-//! a later segment, proves that the bad record had been synced: that is damage, and opening stops
-//! with an error naming the file and offset. Anything else after X is the unsynced tail of the
-//! last group: it was never acknowledged and is overwritten with zeros.
+//! The rule that separates a torn tail from damage: every record says through which position
+//! the log was already synced when it was written (`synced_through`, a lower bound). After the
+//! first bad record at offset X, where position P was expected, a valid record that says P was
+//! already synced proves the bad record had been durable: that is damage, and opening stops with
+//! an error naming the file and offset. So does any valid record in a later segment, because a
+//! segment is synced before the next one receives records. Anything else after X is an unsynced
+//! tail: it was never acknowledged in D3, and it is overwritten with zeros.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -224,8 +224,8 @@ pub(crate) fn scan(
     })
 }
 
-/// Looks for a valid record at any 8-byte aligned offset from `from` whose group starts after
-/// `next_position`: proof that the data before it had been synced.
+/// Looks for a valid record at any 8-byte aligned offset from `from` that was written when
+/// `next_position` was already synced: proof that the data before it had been durable.
 fn evidence_of_later_group(
     segment: &Segment,
     from: u64,
@@ -243,7 +243,7 @@ fn evidence_of_later_group(
         while i + 4 <= chunk.len() {
             if chunk[i..i + 4] == magic {
                 if let Read::Record { header, .. } = read_record(segment, at + i as u64)? {
-                    if header.group_first_position > next_position {
+                    if header.synced_through >= next_position {
                         return Ok(Some(at + i as u64));
                     }
                 }

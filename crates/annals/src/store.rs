@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
     /// The published head: every event at or below it is acknowledged (and, in D3, durable).
     pub(crate) head: AtomicU64,
+    /// The log is durable through this position (a lower bound; records carry it).
+    pub(crate) synced: AtomicU64,
     /// Where the log ends at `head`, for checkpoints.
     pub(crate) mark: Mutex<Mark>,
     pub(crate) head_changed: event_listener::Event,
@@ -251,6 +253,7 @@ impl Store {
             index: RwLock::new(index),
             segments: RwLock::new(segments),
             head: AtomicU64::new(tail.head),
+            synced: AtomicU64::new(tail.head),
             mark: Mutex::new(mark),
             head_changed: event_listener::Event::new(),
             poison: Mutex::new(None),
@@ -261,8 +264,8 @@ impl Store {
             _lock: lock,
         });
         let syncer = match shared.options.durability {
-            Durability::Written | Durability::SyncedLater => {
-                let syncer = Arc::new(Syncer::new(segment.clone(), tail.head));
+            Durability::Written | Durability::SyncedLater | Durability::Synced => {
+                let syncer = Arc::new(Syncer::new(segment.clone(), mark));
                 let handle = {
                     let syncer = syncer.clone();
                     let shared = shared.clone();

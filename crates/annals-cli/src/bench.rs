@@ -1,0 +1,478 @@
+//! `annals bench ...`: benchmarks as programs. Each prints one JSON object as its last line,
+//! with every figure labelled by its durability class and measured beside the raw fdatasync
+//! rate of the same directory, in the same run.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use annals::{AppendCondition, Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Appends from N writer threads; reports throughput, latency and fsyncs per batch.
+    ///
+    /// Example: annals bench append --dir /tmp/a --writers 64 --batch 1 --events 200000 --conditional
+    Append(AppendArgs),
+    /// Full scans and selective reads (one tag among 100,000, ten events each).
+    ///
+    /// Example: annals bench read --dir /tmp/r --events 1000000
+    Read(ReadArgs),
+    /// Open time with the checkpoint and when rebuilding, and index bytes per event.
+    ///
+    /// Example: annals bench recover --dir /tmp/c --events 10000000
+    Recover(RecoverArgs),
+    /// The raw fdatasync rate of a directory (small write + fdatasync in a loop).
+    ///
+    /// Example: annals bench fsync --dir /tmp/f
+    Fsync(FsyncArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct AppendArgs {
+    /// Directory for the store (emptied first) and the fsync floor file.
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    writers: usize,
+    /// Events per append.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Total events to append.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// Each append carries a condition on its writer's stream (checked, never failing).
+    #[arg(long)]
+    conditional: bool,
+    #[arg(long, default_value_t = 256)]
+    event_bytes: usize,
+    #[arg(long, default_value_t = 2)]
+    tags: usize,
+    #[arg(long, default_value = "d3")]
+    durability: String,
+    /// Repeat the run and report the median (each run on a fresh store).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+}
+
+#[derive(clap::Args)]
+pub struct ReadArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    /// Events in the store (built if the directory holds fewer).
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Distinct selective tags; each gets events / tags events.
+    #[arg(long, default_value_t = 100_000)]
+    selective_tags: u64,
+    #[arg(long, default_value_t = 200_000)]
+    reads: u64,
+}
+
+#[derive(clap::Args)]
+pub struct RecoverArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+}
+
+#[derive(clap::Args)]
+pub struct FsyncArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+}
+
+pub fn run(command: BenchCommand) -> Result<(), String> {
+    let result = match command {
+        BenchCommand::Append(args) => append(args)?,
+        BenchCommand::Read(args) => read(args)?,
+        BenchCommand::Recover(args) => recover(args)?,
+        BenchCommand::Fsync(args) => {
+            std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+            let seconds = Duration::from_secs_f64(args.seconds);
+            json!({
+                "workload": "fsync_floor",
+                "fsync_floor_per_sec": fsync_floor(&args.dir, true, seconds)?,
+                "fsync_floor_growing_per_sec": fsync_floor(&args.dir, false, seconds)?,
+            })
+        }
+    };
+    println!("{result}");
+    Ok(())
+}
+
+/// The raw rate of "write 256 bytes, fdatasync" on a file in `dir`: preallocated with zeros
+/// (what Annals segments are) or growing at each write.
+pub fn fsync_floor(dir: &Path, preallocated: bool, duration: Duration) -> Result<f64, String> {
+    let path = dir.join("fsync-floor.tmp");
+    let _ = std::fs::remove_file(&path);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let size: u64 = 64 << 20;
+    if preallocated {
+        let zeros = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < size {
+            file.write_all_at(&zeros, at).map_err(|e| e.to_string())?;
+            at += zeros.len() as u64;
+        }
+        file.sync_all().map_err(|e| e.to_string())?;
+    }
+    let record = [0x5Au8; 256];
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < duration {
+        let at = (n * 256) % (size - 256);
+        file.write_all_at(&record, at).map_err(|e| e.to_string())?;
+        file.sync_data().map_err(|e| e.to_string())?;
+        n += 1;
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&path);
+    Ok(rate)
+}
+
+fn latency_json(h: &Histogram<u64>) -> Value {
+    json!({
+        "p50": h.value_at_quantile(0.50),
+        "p90": h.value_at_quantile(0.90),
+        "p99": h.value_at_quantile(0.99),
+        "p999": h.value_at_quantile(0.999),
+        "max": h.max(),
+    })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    if values.is_empty() {
+        0.0
+    } else {
+        values[values.len() / 2]
+    }
+}
+
+fn fresh_dir(dir: &Path) -> Result<(), String> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+fn bench_options(durability: Durability) -> Options {
+    Options {
+        durability,
+        segment_bytes: 256 << 20,
+        limits: Limits {
+            append_bytes_max: 64 << 20,
+            events_per_append_max: 100_000,
+            queue_depth_max: 16_384,
+            ..Limits::default()
+        },
+        group_bytes_max: 64 << 20,
+        ..Options::default()
+    }
+}
+
+/// The events of one writer's append: 2+ tags (the writer's stream, and an entity among
+/// 100,000, then extra tags), `event_bytes` of data shared between events (not copied).
+fn make_batch(writer: usize, serial: u64, args: &AppendArgs, payload: &Bytes, rng: &mut StdRng) -> Vec<NewEvent> {
+    (0..args.batch)
+        .map(|_| {
+            let mut tags = Vec::with_capacity(args.tags);
+            if args.tags > 0 {
+                tags.push(format!("stream:{writer}"));
+            }
+            if args.tags > 1 {
+                tags.push(format!("entity:{}", rng.gen_range(0..100_000)));
+            }
+            for t in 2..args.tags {
+                tags.push(format!("extra{t}:{}", serial % 1000));
+            }
+            NewEvent {
+                event_type: "Deposited".to_owned(),
+                tags,
+                data: payload.clone(),
+                metadata: Bytes::new(),
+                id: None,
+            }
+        })
+        .collect()
+}
+
+struct RunResult {
+    events_per_sec: f64,
+    appends_per_sec: f64,
+    latency: Histogram<u64>,
+    fsyncs: u64,
+    events: u64,
+    seconds: f64,
+}
+
+fn append_run(args: &AppendArgs, durability: Durability, store_dir: &Path) -> Result<RunResult, String> {
+    fresh_dir(store_dir)?;
+    let store = Arc::new(Store::open(store_dir, bench_options(durability)).map_err(|e| e.to_string())?);
+    let appends_per_writer = (args.events / (args.writers as u64 * args.batch as u64)).max(1);
+    let payload = Bytes::from(vec![b'x'; args.event_bytes]);
+    let histogram = Arc::new(Mutex::new(Histogram::<u64>::new(3).map_err(|e| e.to_string())?));
+    let barrier = Arc::new(std::sync::Barrier::new(args.writers + 1));
+    let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let handles: Vec<_> = (0..args.writers)
+        .map(|w| {
+            let store = store.clone();
+            let args = args.clone();
+            let payload = payload.clone();
+            let histogram = histogram.clone();
+            let barrier = barrier.clone();
+            let failures = failures.clone();
+            std::thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(w as u64);
+                // A few prepared batches, cycled, keep tag formatting out of the measurement.
+                let batches: Vec<Vec<NewEvent>> =
+                    (0..8).map(|s| make_batch(w, s, &args, &payload, &mut rng)).collect();
+                let stream = Query::item(QueryItem::tags([format!("stream:{w}")]));
+                let mut local = Histogram::<u64>::new(3).expect("histogram");
+                let mut last = 0;
+                barrier.wait();
+                for k in 0..appends_per_writer {
+                    let batch = &batches[(k % 8) as usize];
+                    let condition = AppendCondition::new(stream.clone(), Some(last));
+                    let started = Instant::now();
+                    let outcome = store.append(batch, args.conditional.then_some(&condition));
+                    local.record(started.elapsed().as_micros() as u64).ok();
+                    match outcome {
+                        Ok(p) => last = p,
+                        Err(_) => {
+                            failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+                histogram.lock().expect("histogram").add(local).ok();
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    for h in handles {
+        h.join().map_err(|_| "a writer panicked")?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = store.stats();
+    if failures.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        return Err(format!("{} appends failed", failures.load(std::sync::atomic::Ordering::Relaxed)));
+    }
+    let events = appends_per_writer * args.writers as u64 * args.batch as u64;
+    drop(store);
+    let latency = Arc::try_unwrap(histogram)
+        .map_err(|_| "histogram still shared")?
+        .into_inner()
+        .map_err(|e| e.to_string())?;
+    Ok(RunResult {
+        events_per_sec: events as f64 / seconds,
+        appends_per_sec: (events / args.batch as u64) as f64 / seconds,
+        latency,
+        fsyncs: stats.fsyncs,
+        events,
+        seconds,
+    })
+}
+
+fn append(args: AppendArgs) -> Result<Value, String> {
+    let durability: Durability = args.durability.parse()?;
+    std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let floor = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
+    let store_dir = args.dir.join("store");
+    let mut runs = Vec::new();
+    for run in 0..args.runs {
+        let result = append_run(&args, durability, &store_dir)?;
+        eprintln!(
+            "run {}: {:.0} events/s, {:.0} appends/s, p99 {} us, {} fsyncs in {:.2} s",
+            run + 1,
+            result.events_per_sec,
+            result.appends_per_sec,
+            result.latency.value_at_quantile(0.99),
+            result.fsyncs,
+            result.seconds
+        );
+        runs.push(result);
+    }
+    let floor_after = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
+    let _ = std::fs::remove_dir_all(&store_dir);
+    runs.sort_by(|a, b| a.events_per_sec.total_cmp(&b.events_per_sec));
+    let mid = &runs[runs.len() / 2];
+    let floor = (floor + floor_after) / 2.0;
+    Ok(json!({
+        "workload": if args.conditional { "conditional_append" } else { "append" },
+        "writers": args.writers,
+        "batch": args.batch,
+        "events": mid.events,
+        "event_bytes": args.event_bytes,
+        "tags": args.tags,
+        "durability": durability.label(),
+        "runs": runs.len(),
+        "events_per_sec": mid.events_per_sec,
+        "events_per_sec_runs": runs.iter().map(|r| r.events_per_sec).collect::<Vec<_>>(),
+        "appends_per_sec": mid.appends_per_sec,
+        "latency_us": latency_json(&mid.latency),
+        "fsyncs": mid.fsyncs,
+        "events_per_fsync": if mid.fsyncs == 0 { 0.0 } else { mid.events as f64 / mid.fsyncs as f64 },
+        "fsync_floor_per_sec": floor,
+        "ratio_to_fsync_floor": mid.events_per_sec / floor,
+    }))
+}
+
+/// Fills `dir` with `events` events: each carries one selective tag among `selective_tags`
+/// and a type among four; 256-byte data.
+fn build_store(dir: &Path, events: u64, selective_tags: u64) -> Result<(), String> {
+    let store = Store::open(dir, bench_options(Durability::Synced)).map_err(|e| e.to_string())?;
+    let have = store.head();
+    if have >= events {
+        return Ok(());
+    }
+    let payload = Bytes::from(vec![b'y'; 256]);
+    let batch = 4096u64;
+    let types = ["Opened", "Deposited", "Withdrawn", "Closed"];
+    let mut position = have;
+    let started = Instant::now();
+    while position < events {
+        let n = batch.min(events - position);
+        let batch: Vec<NewEvent> = (0..n)
+            .map(|i| {
+                let p = position + i;
+                NewEvent {
+                    event_type: types[(p % 4) as usize].to_owned(),
+                    tags: vec![format!("entity:{}", p % selective_tags), format!("region:{}", p % 16)],
+                    data: payload.clone(),
+                    metadata: Bytes::new(),
+                    id: None,
+                }
+            })
+            .collect();
+        position = store.append(&batch, None).map_err(|e| e.to_string())?;
+    }
+    eprintln!(
+        "built {} events in {:.1} s",
+        events - have,
+        started.elapsed().as_secs_f64()
+    );
+    store.close().map_err(|e| e.to_string())
+}
+
+fn read(args: ReadArgs) -> Result<Value, String> {
+    std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let store_dir = args.dir.join("read-store");
+    build_store(&store_dir, args.events, args.selective_tags)?;
+    let store = Store::open(&store_dir, bench_options(Durability::Synced)).map_err(|e| e.to_string())?;
+    let head = store.head();
+    let mut scans = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let mut count = 0u64;
+        let mut bytes = 0usize;
+        for event in store.read(&Query::all(), ReadOptions::forwards()).map_err(|e| e.to_string())? {
+            let event = event.map_err(|e| e.to_string())?;
+            bytes += event.data().len();
+            count += 1;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        if count != head || bytes == 0 {
+            return Err(format!("full scan found {count} events, head is {head}"));
+        }
+        scans.push(count as f64 / seconds);
+    }
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut latency = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let per_tag = head / args.selective_tags;
+    let queries: Vec<Query> = (0..1024)
+        .map(|_| Query::item(QueryItem::tags([format!("entity:{}", rng.gen_range(0..args.selective_tags))])))
+        .collect();
+    let started = Instant::now();
+    let mut events_read = 0u64;
+    for i in 0..args.reads {
+        let query = &queries[(i % 1024) as usize];
+        let t = Instant::now();
+        let mut n = 0u64;
+        for event in store.read(query, ReadOptions::forwards()).map_err(|e| e.to_string())? {
+            let event = event.map_err(|e| e.to_string())?;
+            n += event.data().len().min(1) as u64;
+        }
+        latency.record(t.elapsed().as_nanos() as u64).ok();
+        if n != per_tag {
+            return Err(format!("a selective read returned {n} events, expected {per_tag}"));
+        }
+        events_read += n;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let us = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+    Ok(json!({
+        "workload": "read",
+        "events": head,
+        "event_bytes": 256,
+        "durability": "d3",
+        "full_scan_events_per_sec": median(scans.clone()),
+        "full_scan_runs": scans,
+        "selective_tags": args.selective_tags,
+        "events_per_selective_read": per_tag,
+        "reads_per_sec": args.reads as f64 / seconds,
+        "selective_events_per_sec": events_read as f64 / seconds,
+        "latency_us": {
+            "p50": us(0.5), "p90": us(0.9), "p99": us(0.99), "p999": us(0.999),
+            "max": latency.max() as f64 / 1000.0,
+        },
+    }))
+}
+
+fn recover(args: RecoverArgs) -> Result<Value, String> {
+    std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let store_dir = args.dir.join("recover-store");
+    build_store(&store_dir, args.events, 100_000)?;
+    let options = bench_options(Durability::Synced);
+    let timed_open = |options: &Options| -> Result<(f64, annals::Stats, annals::OpenReport), String> {
+        let started = Instant::now();
+        let store = Store::open(&store_dir, options.clone()).map_err(|e| e.to_string())?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let stats = store.stats();
+        let report = store.open_report().clone();
+        store.close().map_err(|e| e.to_string())?;
+        Ok((ms, stats, report))
+    };
+    let (checkpoint_ms, stats, report) = timed_open(&options)?;
+    if !matches!(report.index, annals::IndexSource::Checkpoint { .. }) {
+        return Err(format!("expected to open from the checkpoint: {:?}", report.index));
+    }
+    std::fs::remove_file(store_dir.join(annals::files::CHECKPOINT)).map_err(|e| e.to_string())?;
+    let no_checkpoint = Options {
+        checkpoint_on_close: false,
+        ..options.clone()
+    };
+    let (rebuild_ms, _, report) = timed_open(&no_checkpoint)?;
+    if !matches!(report.index, annals::IndexSource::Rebuilt { .. }) {
+        return Err(format!("expected a rebuild: {:?}", report.index));
+    }
+    // Leave the store with a checkpoint for the next run.
+    timed_open(&options)?;
+    Ok(json!({
+        "workload": "recover",
+        "events": stats.head,
+        "durability": "d3",
+        "open_ms": checkpoint_ms,
+        "open_ms_rebuild": rebuild_ms,
+        "rebuild_events_per_sec": stats.head as f64 / (rebuild_ms / 1e3),
+        "index_bytes_per_event": stats.index_bytes_per_event,
+        "segments": stats.segments,
+    }))
+}
