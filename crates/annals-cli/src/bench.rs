@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use annals::{AppendCondition, Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store};
+use annals::{
+    AppendCondition, Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store,
+};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
@@ -190,7 +192,13 @@ fn bench_options(durability: Durability) -> Options {
 
 /// The events of one writer's append: 2+ tags (the writer's stream, and an entity among
 /// 100,000, then extra tags), `event_bytes` of data shared between events (not copied).
-fn make_batch(writer: usize, serial: u64, args: &AppendArgs, payload: &Bytes, rng: &mut StdRng) -> Vec<NewEvent> {
+fn make_batch(
+    writer: usize,
+    serial: u64,
+    args: &AppendArgs,
+    payload: &Bytes,
+    rng: &mut StdRng,
+) -> Vec<NewEvent> {
     (0..args.batch)
         .map(|_| {
             let mut tags = Vec::with_capacity(args.tags);
@@ -223,12 +231,19 @@ struct RunResult {
     seconds: f64,
 }
 
-fn append_run(args: &AppendArgs, durability: Durability, store_dir: &Path) -> Result<RunResult, String> {
+fn append_run(
+    args: &AppendArgs,
+    durability: Durability,
+    store_dir: &Path,
+) -> Result<RunResult, String> {
     fresh_dir(store_dir)?;
-    let store = Arc::new(Store::open(store_dir, bench_options(durability)).map_err(|e| e.to_string())?);
+    let store =
+        Arc::new(Store::open(store_dir, bench_options(durability)).map_err(|e| e.to_string())?);
     let appends_per_writer = (args.events / (args.writers as u64 * args.batch as u64)).max(1);
     let payload = Bytes::from(vec![b'x'; args.event_bytes]);
-    let histogram = Arc::new(Mutex::new(Histogram::<u64>::new(3).map_err(|e| e.to_string())?));
+    let histogram = Arc::new(Mutex::new(
+        Histogram::<u64>::new(3).map_err(|e| e.to_string())?,
+    ));
     let barrier = Arc::new(std::sync::Barrier::new(args.writers + 1));
     let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let handles: Vec<_> = (0..args.writers)
@@ -242,8 +257,9 @@ fn append_run(args: &AppendArgs, durability: Durability, store_dir: &Path) -> Re
             std::thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(w as u64);
                 // A few prepared batches, cycled, keep tag formatting out of the measurement.
-                let batches: Vec<Vec<NewEvent>> =
-                    (0..8).map(|s| make_batch(w, s, &args, &payload, &mut rng)).collect();
+                let batches: Vec<Vec<NewEvent>> = (0..8)
+                    .map(|s| make_batch(w, s, &args, &payload, &mut rng))
+                    .collect();
                 let stream = Query::item(QueryItem::tags([format!("stream:{w}")]));
                 let mut local = Histogram::<u64>::new(3).expect("histogram");
                 let mut last = 0;
@@ -273,7 +289,10 @@ fn append_run(args: &AppendArgs, durability: Durability, store_dir: &Path) -> Re
     let seconds = started.elapsed().as_secs_f64();
     let stats = store.stats();
     if failures.load(std::sync::atomic::Ordering::Relaxed) > 0 {
-        return Err(format!("{} appends failed", failures.load(std::sync::atomic::Ordering::Relaxed)));
+        return Err(format!(
+            "{} appends failed",
+            failures.load(std::sync::atomic::Ordering::Relaxed)
+        ));
     }
     let events = appends_per_writer * args.writers as u64 * args.batch as u64;
     drop(store);
@@ -355,7 +374,10 @@ fn build_store(dir: &Path, events: u64, selective_tags: u64) -> Result<(), Strin
                 let p = position + i;
                 NewEvent {
                     event_type: types[(p % 4) as usize].to_owned(),
-                    tags: vec![format!("entity:{}", p % selective_tags), format!("region:{}", p % 16)],
+                    tags: vec![
+                        format!("entity:{}", p % selective_tags),
+                        format!("region:{}", p % 16),
+                    ],
                     data: payload.clone(),
                     metadata: Bytes::new(),
                     id: None,
@@ -376,14 +398,18 @@ fn read(args: ReadArgs) -> Result<Value, String> {
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
     let store_dir = args.dir.join("read-store");
     build_store(&store_dir, args.events, args.selective_tags)?;
-    let store = Store::open(&store_dir, bench_options(Durability::Synced)).map_err(|e| e.to_string())?;
+    let store =
+        Store::open(&store_dir, bench_options(Durability::Synced)).map_err(|e| e.to_string())?;
     let head = store.head();
     let mut scans = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();
         let mut count = 0u64;
         let mut bytes = 0usize;
-        for event in store.read(&Query::all(), ReadOptions::forwards()).map_err(|e| e.to_string())? {
+        for event in store
+            .read(&Query::all(), ReadOptions::forwards())
+            .map_err(|e| e.to_string())?
+        {
             let event = event.map_err(|e| e.to_string())?;
             bytes += event.data().len();
             count += 1;
@@ -398,7 +424,12 @@ fn read(args: ReadArgs) -> Result<Value, String> {
     let mut latency = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
     let per_tag = head / args.selective_tags;
     let queries: Vec<Query> = (0..1024)
-        .map(|_| Query::item(QueryItem::tags([format!("entity:{}", rng.gen_range(0..args.selective_tags))])))
+        .map(|_| {
+            Query::item(QueryItem::tags([format!(
+                "entity:{}",
+                rng.gen_range(0..args.selective_tags)
+            )]))
+        })
         .collect();
     let started = Instant::now();
     let mut events_read = 0u64;
@@ -406,13 +437,18 @@ fn read(args: ReadArgs) -> Result<Value, String> {
         let query = &queries[(i % 1024) as usize];
         let t = Instant::now();
         let mut n = 0u64;
-        for event in store.read(query, ReadOptions::forwards()).map_err(|e| e.to_string())? {
+        for event in store
+            .read(query, ReadOptions::forwards())
+            .map_err(|e| e.to_string())?
+        {
             let event = event.map_err(|e| e.to_string())?;
             n += event.data().len().min(1) as u64;
         }
         latency.record(t.elapsed().as_nanos() as u64).ok();
         if n != per_tag {
-            return Err(format!("a selective read returned {n} events, expected {per_tag}"));
+            return Err(format!(
+                "a selective read returned {n} events, expected {per_tag}"
+            ));
         }
         events_read += n;
     }
@@ -441,18 +477,22 @@ fn recover(args: RecoverArgs) -> Result<Value, String> {
     let store_dir = args.dir.join("recover-store");
     build_store(&store_dir, args.events, 100_000)?;
     let options = bench_options(Durability::Synced);
-    let timed_open = |options: &Options| -> Result<(f64, annals::Stats, annals::OpenReport), String> {
-        let started = Instant::now();
-        let store = Store::open(&store_dir, options.clone()).map_err(|e| e.to_string())?;
-        let ms = started.elapsed().as_secs_f64() * 1e3;
-        let stats = store.stats();
-        let report = store.open_report().clone();
-        store.close().map_err(|e| e.to_string())?;
-        Ok((ms, stats, report))
-    };
+    let timed_open =
+        |options: &Options| -> Result<(f64, annals::Stats, annals::OpenReport), String> {
+            let started = Instant::now();
+            let store = Store::open(&store_dir, options.clone()).map_err(|e| e.to_string())?;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            let stats = store.stats();
+            let report = store.open_report().clone();
+            store.close().map_err(|e| e.to_string())?;
+            Ok((ms, stats, report))
+        };
     let (checkpoint_ms, stats, report) = timed_open(&options)?;
     if !matches!(report.index, annals::IndexSource::Checkpoint { .. }) {
-        return Err(format!("expected to open from the checkpoint: {:?}", report.index));
+        return Err(format!(
+            "expected to open from the checkpoint: {:?}",
+            report.index
+        ));
     }
     std::fs::remove_file(store_dir.join(annals::files::CHECKPOINT)).map_err(|e| e.to_string())?;
     let no_checkpoint = Options {

@@ -25,7 +25,10 @@ pub struct StatsArgs {
 pub fn verify(args: VerifyArgs) -> Result<(), String> {
     let report = annals::verify(&args.dir).map_err(|e| e.to_string())?;
     if args.json {
-        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
     } else {
         println!("segments:    {}", report.segments);
         println!("records:     {}", report.records);
@@ -65,7 +68,10 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         println!("{value}");
     } else {
         println!("head:        {}", stats.head);
-        println!("segments:    {} of {} bytes", stats.segments, stats.segment_bytes);
+        println!(
+            "segments:    {} of {} bytes",
+            stats.segments, stats.segment_bytes
+        );
         println!("types/tags:  {} / {}", stats.types, stats.tags);
         println!(
             "index:       {} bytes ({:.1} per event)",

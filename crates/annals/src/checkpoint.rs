@@ -68,7 +68,9 @@ pub(crate) fn write(
 ) -> Result<(), StoreError> {
     let temp = dir.join(TEMP_NAME);
     let err = |op, e| StoreError::io(op, dir.join(TEMP_NAME), 0, e);
-    let file = io.open(&temp, OpenMode::Create).map_err(|e| err("create checkpoint", e))?;
+    let file = io
+        .open(&temp, OpenMode::Create)
+        .map_err(|e| err("create checkpoint", e))?;
     file.set_len(0).map_err(|e| err("truncate checkpoint", e))?;
     let mut sink = Sink {
         file: file.as_ref(),
@@ -239,8 +241,18 @@ fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
     let n = usize::try_from(head).ok()?;
     let mut index = Index::default();
     for (names, ids, postings, count) in [
-        (&mut index.type_names, &mut index.type_ids, &mut index.type_postings, type_count),
-        (&mut index.tag_names, &mut index.tag_ids, &mut index.tag_postings, tag_count),
+        (
+            &mut index.type_names,
+            &mut index.type_ids,
+            &mut index.type_postings,
+            type_count,
+        ),
+        (
+            &mut index.tag_names,
+            &mut index.tag_ids,
+            &mut index.tag_postings,
+            tag_count,
+        ),
     ] {
         names.reserve(count);
         ids.reserve(count);
@@ -264,11 +276,17 @@ fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
         return None;
     }
     index.locations = c.u64s(n)?;
-    for (postings, count) in [(&mut index.type_postings, type_count), (&mut index.tag_postings, tag_count)] {
+    for (postings, count) in [
+        (&mut index.type_postings, type_count),
+        (&mut index.tag_postings, tag_count),
+    ] {
         for _ in 0..count {
             let len = c.count(8)?;
             let list = c.u64s(len)?;
-            if list.windows(2).any(|w| w[0] >= w[1]) || list.last().is_some_and(|&p| p > head) || list.first() == Some(&0) {
+            if list.windows(2).any(|w| w[0] >= w[1])
+                || list.last().is_some_and(|&p| p > head)
+                || list.first() == Some(&0)
+            {
                 return None;
             }
             postings.push(list);

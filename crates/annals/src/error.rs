@@ -68,19 +68,35 @@ pub enum InputError {
     #[error("too many events in one append: {count} (the limit is {max})")]
     TooManyEvents { count: usize, max: usize },
     #[error("event {index} is too large: {bytes} bytes of data and metadata (the limit is {max})")]
-    EventTooLarge { index: usize, bytes: usize, max: usize },
+    EventTooLarge {
+        index: usize,
+        bytes: usize,
+        max: usize,
+    },
     #[error("the append is too large: {bytes} encoded bytes (the limit is {max})")]
     AppendTooLarge { bytes: usize, max: usize },
     #[error("event {index} has an empty type")]
     EmptyType { index: usize },
     #[error("event {index} has a type of {bytes} bytes (the limit is {max})")]
-    TypeTooLong { index: usize, bytes: usize, max: usize },
+    TypeTooLong {
+        index: usize,
+        bytes: usize,
+        max: usize,
+    },
     #[error("event {index} has {count} tags (the limit is {max})")]
-    TooManyTags { index: usize, count: usize, max: usize },
+    TooManyTags {
+        index: usize,
+        count: usize,
+        max: usize,
+    },
     #[error("event {index} has an empty tag")]
     EmptyTag { index: usize },
     #[error("event {index} has a tag of {bytes} bytes (the limit is {max})")]
-    TagTooLong { index: usize, bytes: usize, max: usize },
+    TagTooLong {
+        index: usize,
+        bytes: usize,
+        max: usize,
+    },
     #[error("event {index} has the tag {tag:?} twice")]
     DuplicateTag { index: usize, tag: String },
     #[error("{what} {value:?} contains a control character")]

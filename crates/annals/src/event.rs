@@ -63,7 +63,12 @@ pub struct Event {
 }
 
 impl Event {
-    pub(crate) fn new(position: u64, appended_at_us: u64, entry: Bytes, layout: EntryLayout) -> Self {
+    pub(crate) fn new(
+        position: u64,
+        appended_at_us: u64,
+        entry: Bytes,
+        layout: EntryLayout,
+    ) -> Self {
         Event {
             position,
             appended_at_us,

@@ -119,7 +119,13 @@ impl Index {
     }
 
     /// Adds one event; positions must arrive in order.
-    pub(crate) fn push(&mut self, position: u64, location: u64, entry: &[u8], layout: &EntryLayout) {
+    pub(crate) fn push(
+        &mut self,
+        position: u64,
+        location: u64,
+        entry: &[u8],
+        layout: &EntryLayout,
+    ) {
         assert_eq!(
             position,
             self.len() + 1,

@@ -54,6 +54,9 @@ pub trait IoFile: Send + Sync {
     /// fdatasync: the written data (and the metadata needed to read it) is durable on success.
     fn sync_data(&self) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// A read-only view of the whole file as it is now long, if this layer can map files.
     /// Writes through `write_at` become visible in the view (a shared page cache).

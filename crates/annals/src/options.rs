@@ -54,7 +54,9 @@ impl FromStr for Durability {
             "d1" | "written" => Ok(Durability::Written),
             "d2" | "synced-later" => Ok(Durability::SyncedLater),
             "d3" | "synced" => Ok(Durability::Synced),
-            other => Err(format!("unknown durability {other:?}: expected d0, d1, d2 or d3")),
+            other => Err(format!(
+                "unknown durability {other:?}: expected d0, d1, d2 or d3"
+            )),
         }
     }
 }

@@ -75,7 +75,11 @@ impl Query {
     }
 
     /// Whether an event with this type and these tags matches (the brute-force definition).
-    pub fn matches<'a>(&self, event_type: &str, tags: impl Iterator<Item = &'a str> + Clone) -> bool {
+    pub fn matches<'a>(
+        &self,
+        event_type: &str,
+        tags: impl Iterator<Item = &'a str> + Clone,
+    ) -> bool {
         if self.items.is_empty() {
             return true;
         }

@@ -138,11 +138,14 @@ impl ReadIter {
                 return Ok(s.clone());
             }
         }
-        let segment = self.shared.segment(number).ok_or_else(|| StoreError::Corrupt {
-            path: self.shared.dir.join(crate::segment::file_name(number)),
-            offset: 0,
-            reason: "the index points into a segment that is not open".into(),
-        })?;
+        let segment = self
+            .shared
+            .segment(number)
+            .ok_or_else(|| StoreError::Corrupt {
+                path: self.shared.dir.join(crate::segment::file_name(number)),
+                offset: 0,
+                reason: "the index points into a segment that is not open".into(),
+            })?;
         self.segment = Some(segment.clone());
         Ok(segment)
     }
@@ -265,7 +268,10 @@ impl ReadIter {
             if let Some((position, location)) = queue.pop_front() {
                 return self.fetch(position, location).map(Some);
             }
-            if window.start == 0 || (window.forward && window.start > window.end) || (!window.forward && window.start < window.end) {
+            if window.start == 0
+                || (window.forward && window.start > window.end)
+                || (!window.forward && window.start < window.end)
+            {
                 return Ok(None);
             }
             positions.clear();

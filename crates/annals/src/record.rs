@@ -402,7 +402,9 @@ impl EntryLayout {
 
     pub fn type_bytes<'a>(&self, entry: &'a [u8]) -> &'a [u8] {
         let start = self.type_start as usize;
-        entry.get(start..start + self.type_len as usize).unwrap_or(&[])
+        entry
+            .get(start..start + self.type_len as usize)
+            .unwrap_or(&[])
     }
 
     pub fn tag_bytes<'a>(&self, entry: &'a [u8]) -> &'a [u8] {
@@ -423,7 +425,10 @@ impl EntryLayout {
         if !self.has_id {
             return None;
         }
-        let bytes: [u8; 16] = entry.get(ENTRY_FIXED_BYTES..ENTRY_FIXED_BYTES + 16)?.try_into().ok()?;
+        let bytes: [u8; 16] = entry
+            .get(ENTRY_FIXED_BYTES..ENTRY_FIXED_BYTES + 16)?
+            .try_into()
+            .ok()?;
         Some(Uuid::from_bytes(bytes))
     }
 

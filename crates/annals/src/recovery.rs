@@ -104,17 +104,22 @@ pub(crate) fn scan(
                         break;
                     }
                     let body = &bytes[HEADER_BYTES..HEADER_BYTES + header.body_len as usize];
-                    let mut entries = Entries::new(body, header.event_count);
                     // Check the whole body before indexing any of it.
                     if !record::body_is_well_formed(body, header.event_count) {
                         stop = Some("malformed record body");
                         break;
                     }
-                    let mut position = header.first_position;
-                    for (entry_offset, entry, layout) in entries.by_ref() {
+                    let entries = Entries::new(body, header.event_count);
+                    for (position, (entry_offset, entry, layout)) in
+                        (header.first_position..).zip(entries)
+                    {
                         let at = offset + (HEADER_BYTES + entry_offset) as u64;
-                        index.push(position, location(segment.number, at as u32), entry, &layout);
-                        position += 1;
+                        index.push(
+                            position,
+                            location(segment.number, at as u32),
+                            entry,
+                            &layout,
+                        );
                     }
                     tail = Tail {
                         head: header.last_position(),
@@ -135,9 +140,7 @@ pub(crate) fn scan(
         }
         // `offset` is where this segment's records end. Is what lies after it a torn tail, the
         // normal remainder of a full segment, or damage?
-        if let Some(path_offset) =
-            evidence_of_later_group(segment, offset + 8, next_position)?
-        {
+        if let Some(path_offset) = evidence_of_later_group(segment, offset + 8, next_position)? {
             return Err(StoreError::Corrupt {
                 path: segment.path.clone(),
                 offset,
@@ -194,14 +197,11 @@ pub(crate) fn scan(
         }
         tail.segment = seg_index;
         tail.offset = offset;
-        let torn = match stop {
-            Some(reason) => Some(Torn {
-                path: segment.path.clone(),
-                offset,
-                reason,
-            }),
-            None => None,
-        };
+        let torn = stop.map(|reason| Torn {
+            path: segment.path.clone(),
+            offset,
+            reason,
+        });
         let dirty = zero_tail(segment, offset, tail_window, repair)?;
         let torn = torn.or_else(|| {
             dirty.then(|| Torn {

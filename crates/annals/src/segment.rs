@@ -46,7 +46,9 @@ fn encode_header(number: u32, size: u64) -> [u8; SEGMENT_HEADER_BYTES as usize] 
 
 /// Checks a segment header; returns the segment's size, or why it is not valid.
 fn decode_header(h: &[u8], number: u32) -> Result<u64, &'static str> {
-    let h = h.get(..SEGMENT_HEADER_BYTES as usize).ok_or("file shorter than its header")?;
+    let h = h
+        .get(..SEGMENT_HEADER_BYTES as usize)
+        .ok_or("file shorter than its header")?;
     if &h[0..8] != SEGMENT_MAGIC {
         return Err("bad segment magic");
     }
@@ -62,7 +64,9 @@ fn decode_header(h: &[u8], number: u32) -> Result<u64, &'static str> {
     if stored != number {
         return Err("segment number does not match the file name");
     }
-    Ok(u64::from_le_bytes(h[16..24].try_into().map_err(|_| "short header")?))
+    Ok(u64::from_le_bytes(
+        h[16..24].try_into().map_err(|_| "short header")?,
+    ))
 }
 
 /// One open segment file.
@@ -100,7 +104,8 @@ impl Segment {
                 .map_err(|e| err("zero-fill segment", at, e))?;
             at += n as u64;
         }
-        file.sync_data().map_err(|e| err("sync new segment", 0, e))?;
+        file.sync_data()
+            .map_err(|e| err("sync new segment", 0, e))?;
         io.sync_dir(dir)
             .map_err(|e| StoreError::io("sync directory", dir, 0, e))?;
         let map = file.map().map_err(|e| err("map segment", 0, e))?;
@@ -133,8 +138,9 @@ impl Segment {
             .len()
             .map_err(|e| SegmentOpenError::Io(StoreError::io("stat segment", &path, 0, e)))?;
         if len < size {
-            file.set_len(size)
-                .map_err(|e| SegmentOpenError::Io(StoreError::io("extend segment", &path, len, e)))?;
+            file.set_len(size).map_err(|e| {
+                SegmentOpenError::Io(StoreError::io("extend segment", &path, len, e))
+            })?;
             file.sync_data()
                 .map_err(|e| SegmentOpenError::Io(StoreError::io("sync segment", &path, len, e)))?;
         }

@@ -366,7 +366,6 @@ impl SimIo {
         }
         content
     }
-
 }
 
 struct SimLock {
@@ -390,7 +389,7 @@ struct SimFile {
 }
 
 fn crashed() -> io::Error {
-    io::Error::new(io::ErrorKind::Other, "simulated crash: this handle is gone")
+    io::Error::other("simulated crash: this handle is gone")
 }
 
 impl SimFile {

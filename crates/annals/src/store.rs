@@ -219,7 +219,7 @@ impl Store {
                 ),
             };
         let tail_window = (options.group_bytes_max + options.limits.append_bytes_max) as u64 + 4096;
-        let scanned = recovery::scan(&segments, start, start_tail.clone(), &mut index, true, tail_window)?;
+        let scanned = recovery::scan(&segments, start, start_tail, &mut index, true, tail_window)?;
         let tail = scanned.tail;
         // Segments past the tail hold nothing: remove them so the writer creates them afresh.
         if scanned.empty_after_tail > 0 {
@@ -278,8 +278,7 @@ impl Store {
             }
             _ => None,
         };
-        let (sender, receiver) =
-            crossbeam_channel::bounded(shared.options.limits.queue_depth_max);
+        let (sender, receiver) = crossbeam_channel::bounded(shared.options.limits.queue_depth_max);
         let writer = Writer::new(
             shared.clone(),
             receiver,
@@ -348,7 +347,13 @@ impl Store {
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
         let completion = Completion::for_this_thread();
-        self.submit(events, condition, options, Reply::Blocking(completion.clone()), true)?;
+        self.submit(
+            events,
+            condition,
+            options,
+            Reply::Blocking(completion.clone()),
+            true,
+        )?;
         completion.wait()
     }
 
@@ -379,7 +384,13 @@ impl Store {
         options: AppendOptions,
         done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
-        self.submit(events, condition, options, Reply::Callback(Box::new(done)), true)
+        self.submit(
+            events,
+            condition,
+            options,
+            Reply::Callback(Box::new(done)),
+            true,
+        )
     }
 
     fn submit(

@@ -92,7 +92,10 @@ pub(crate) fn verify_with_io(
 /// Compares a checkpoint's index (covering positions up to `head`) with the rebuilt one.
 fn compare(saved: &Index, head: u64, rebuilt: &Index) -> String {
     if head > rebuilt.len() {
-        return format!("stale: it covers {head} events, the log holds {}", rebuilt.len());
+        return format!(
+            "stale: it covers {head} events, the log holds {}",
+            rebuilt.len()
+        );
     }
     let n = head as usize;
     if saved.locations[..] != rebuilt.locations[..n] {

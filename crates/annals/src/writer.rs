@@ -189,9 +189,10 @@ impl Syncer {
                 (state.written, state.mark, state.segment.clone())
             };
             let started = Instant::now();
-            let result = segment.file.sync_data().map_err(|e| {
-                StoreError::io("fdatasync", &segment.path, mark.end_offset, e)
-            });
+            let result = segment
+                .file
+                .sync_data()
+                .map_err(|e| StoreError::io("fdatasync", &segment.path, mark.end_offset, e));
             shared.counters.record_fsync(started.elapsed());
             let result = result.and_then(|()| record_synced_length(shared, mark));
             let mut state = self.state.lock();
@@ -203,7 +204,9 @@ impl Syncer {
                         state.waiters.drain(..).partition(|w| w.needed <= target);
                     state.waiters = waiting;
                     drop(state);
-                    if durability == Durability::Synced && !cfg!(feature = "canary-ack-before-fsync") {
+                    if durability == Durability::Synced
+                        && !cfg!(feature = "canary-ack-before-fsync")
+                    {
                         shared.publish(mark);
                     }
                     for w in done {
@@ -439,8 +442,7 @@ impl Writer {
         }
         if let Some(condition) = &request.condition {
             let resolved = index.resolve(&condition.fail_if_events_match);
-            if let Some(position) =
-                index.first_match_after(&resolved, condition.after.unwrap_or(0))
+            if let Some(position) = index.first_match_after(&resolved, condition.after.unwrap_or(0))
             {
                 counters.conditions_failed.fetch_add(1, Ordering::Relaxed);
                 return Staged::Done(Err(AppendError::ConditionFailed { position }));
@@ -458,7 +460,12 @@ impl Writer {
         let mut position = first;
         for (offset, entry, layout) in Entries::new(&append.body, append.event_count) {
             let at = record_offset + (HEADER_BYTES + offset) as u64;
-            index.push(position, location(self.segment.number, at as u32), entry, &layout);
+            index.push(
+                position,
+                location(self.segment.number, at as u32),
+                entry,
+                &layout,
+            );
             position += 1;
         }
         assert_eq!(

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use annals::sim::SimIo;
 use annals::{
-    AppendCondition, AppendError, AppendOptions, Durability, InputError, Limits, NewEvent, Options, Query,
-    QueryItem, ReadOptions, Store, StoreError,
+    AppendCondition, AppendError, AppendOptions, Durability, InputError, Limits, NewEvent, Options,
+    Query, QueryItem, ReadOptions, Store, StoreError,
 };
 use common::harness::{small_options, DIR};
 use common::read_all;
@@ -44,69 +44,167 @@ fn append_limits_on_both_sides() {
         type_bytes_max: 8,
         ..Limits::default()
     };
-    let store = sim_store(Options { limits, ..small_options() });
-    // Event size: data plus metadata.
-    store.append(&[NewEvent::new("E", vec![1u8; 60]).metadata(vec![2u8; 40])], None).unwrap();
-    rejects(&store, &[NewEvent::new("E", vec![1u8; 61]).metadata(vec![2u8; 40])], |e| {
-        matches!(e, InputError::EventTooLarge { bytes: 101, max: 100, .. })
+    let store = sim_store(Options {
+        limits,
+        ..small_options()
     });
+    // Event size: data plus metadata.
+    store
+        .append(
+            &[NewEvent::new("E", vec![1u8; 60]).metadata(vec![2u8; 40])],
+            None,
+        )
+        .unwrap();
+    rejects(
+        &store,
+        &[NewEvent::new("E", vec![1u8; 61]).metadata(vec![2u8; 40])],
+        |e| {
+            matches!(
+                e,
+                InputError::EventTooLarge {
+                    bytes: 101,
+                    max: 100,
+                    ..
+                }
+            )
+        },
+    );
     // Events per append.
     store.append(&vec![event(); 5], None).unwrap();
-    rejects(&store, &vec![event(); 6], |e| matches!(e, InputError::TooManyEvents { count: 6, max: 5 }));
+    rejects(&store, &vec![event(); 6], |e| {
+        matches!(e, InputError::TooManyEvents { count: 6, max: 5 })
+    });
     rejects(&store, &[], |e| matches!(e, InputError::NoEvents));
     // Tags per event, tag length, duplicates, empty and control characters.
-    store.append(&[NewEvent::new("E", "").tags(["a", "b", "c"])], None).unwrap();
-    rejects(&store, &[NewEvent::new("E", "").tags(["a", "b", "c", "d"])], |e| {
-        matches!(e, InputError::TooManyTags { count: 4, max: 3, .. })
-    });
-    store.append(&[NewEvent::new("E", "").tag("0123456789")], None).unwrap();
+    store
+        .append(&[NewEvent::new("E", "").tags(["a", "b", "c"])], None)
+        .unwrap();
+    rejects(
+        &store,
+        &[NewEvent::new("E", "").tags(["a", "b", "c", "d"])],
+        |e| {
+            matches!(
+                e,
+                InputError::TooManyTags {
+                    count: 4,
+                    max: 3,
+                    ..
+                }
+            )
+        },
+    );
+    store
+        .append(&[NewEvent::new("E", "").tag("0123456789")], None)
+        .unwrap();
     rejects(&store, &[NewEvent::new("E", "").tag("0123456789x")], |e| {
-        matches!(e, InputError::TagTooLong { bytes: 11, max: 10, .. })
+        matches!(
+            e,
+            InputError::TagTooLong {
+                bytes: 11,
+                max: 10,
+                ..
+            }
+        )
     });
-    rejects(&store, &[NewEvent::new("E", "").tags(["a", "a"])], |e| matches!(e, InputError::DuplicateTag { .. }));
-    rejects(&store, &[NewEvent::new("E", "").tag("")], |e| matches!(e, InputError::EmptyTag { .. }));
-    rejects(&store, &[NewEvent::new("E", "").tag("a\nb")], |e| matches!(e, InputError::ControlCharacter { .. }));
+    rejects(&store, &[NewEvent::new("E", "").tags(["a", "a"])], |e| {
+        matches!(e, InputError::DuplicateTag { .. })
+    });
+    rejects(&store, &[NewEvent::new("E", "").tag("")], |e| {
+        matches!(e, InputError::EmptyTag { .. })
+    });
+    rejects(&store, &[NewEvent::new("E", "").tag("a\nb")], |e| {
+        matches!(e, InputError::ControlCharacter { .. })
+    });
     // Type length and emptiness.
-    store.append(&[NewEvent::new("12345678", "")], None).unwrap();
-    rejects(&store, &[NewEvent::new("123456789", "")], |e| matches!(e, InputError::TypeTooLong { bytes: 9, .. }));
-    rejects(&store, &[NewEvent::new("", "")], |e| matches!(e, InputError::EmptyType { .. }));
+    store
+        .append(&[NewEvent::new("12345678", "")], None)
+        .unwrap();
+    rejects(&store, &[NewEvent::new("123456789", "")], |e| {
+        matches!(e, InputError::TypeTooLong { bytes: 9, .. })
+    });
+    rejects(&store, &[NewEvent::new("", "")], |e| {
+        matches!(e, InputError::EmptyType { .. })
+    });
     // Encoded append size: five events of 100 bytes fit in 1024, with the headers; a sixth
     // kind of overflow comes from bigger events.
-    store.append(&vec![NewEvent::new("E", vec![0u8; 100]); 5], None).unwrap();
-    let limits = Limits { append_bytes_max: 600, events_per_append_max: 10, ..store.options().limits.clone() };
-    let small = sim_store(Options { limits, ..small_options() });
-    small.append(&vec![NewEvent::new("E", vec![0u8; 100]); 4], None).unwrap();
-    rejects(&small, &vec![NewEvent::new("E", vec![0u8; 100]); 5], |e| matches!(e, InputError::AppendTooLarge { .. }));
+    store
+        .append(&vec![NewEvent::new("E", vec![0u8; 100]); 5], None)
+        .unwrap();
+    let limits = Limits {
+        append_bytes_max: 600,
+        events_per_append_max: 10,
+        ..store.options().limits.clone()
+    };
+    let small = sim_store(Options {
+        limits,
+        ..small_options()
+    });
+    small
+        .append(&vec![NewEvent::new("E", vec![0u8; 100]); 4], None)
+        .unwrap();
+    rejects(&small, &vec![NewEvent::new("E", vec![0u8; 100]); 5], |e| {
+        matches!(e, InputError::AppendTooLarge { .. })
+    });
 }
 
 /// Goal: query limits (items, values per item, tag validity) are enforced for reads and
 /// conditions alike.
 #[test]
 fn query_limits_on_both_sides() {
-    let limits = Limits { query_items_max: 2, query_item_values_max: 2, ..small_options().limits };
-    let store = sim_store(Options { limits, ..small_options() });
+    let limits = Limits {
+        query_items_max: 2,
+        query_item_values_max: 2,
+        ..small_options().limits
+    };
+    let store = sim_store(Options {
+        limits,
+        ..small_options()
+    });
     let two = Query::item(QueryItem::tags(["a", "b"])).or(QueryItem::types(["X", "Y"]));
     assert!(store.read(&two, ReadOptions::forwards()).is_ok());
     let three = two.clone().or(QueryItem::tags(["c"]));
     assert!(matches!(
         store.read(&three, ReadOptions::forwards()).err(),
-        Some(annals::ReadError::Input(InputError::TooManyQueryItems { count: 3, max: 2 }))
+        Some(annals::ReadError::Input(InputError::TooManyQueryItems {
+            count: 3,
+            max: 2
+        }))
     ));
     let wide = Query::item(QueryItem::tags(["a", "b", "c"]));
     assert!(store.read(&wide, ReadOptions::forwards()).is_err());
     let condition = AppendCondition::new(three, None);
-    assert!(matches!(store.append(&[event()], Some(&condition)), Err(AppendError::Input(_))));
+    assert!(matches!(
+        store.append(&[event()], Some(&condition)),
+        Err(AppendError::Input(_))
+    ));
     assert_eq!(store.head(), 0);
-    assert!(store.read(&Query::item(QueryItem::tags([""])), ReadOptions::forwards()).is_err());
-    assert!(store.read(&Query::all(), ReadOptions { from: Some(1), after: Some(1), ..Default::default() }).is_err());
+    assert!(store
+        .read(&Query::item(QueryItem::tags([""])), ReadOptions::forwards())
+        .is_err());
+    assert!(store
+        .read(
+            &Query::all(),
+            ReadOptions {
+                from: Some(1),
+                after: Some(1),
+                ..Default::default()
+            }
+        )
+        .is_err());
 }
 
 /// Goal: a full queue applies backpressure: `try_append` says so with a typed error, and
 /// `append` waits instead. Method: a one-slot queue held full by a writer stuck in a callback.
 #[test]
 fn queue_depth_limit() {
-    let limits = Limits { queue_depth_max: 1, ..small_options().limits };
-    let store = sim_store(Options { limits, ..small_options() });
+    let limits = Limits {
+        queue_depth_max: 1,
+        ..small_options().limits
+    };
+    let store = sim_store(Options {
+        limits,
+        ..small_options()
+    });
     let (release, wait) = std::sync::mpsc::channel::<()>();
     // The writer runs the callback on its own thread: it blocks there, so nothing drains.
     store
@@ -118,7 +216,9 @@ fn queue_depth_limit() {
     while store.stats().queue_depth > 0 {
         std::thread::yield_now();
     }
-    store.append_then(&[event()], None, AppendOptions::default(), |_| {}).unwrap();
+    store
+        .append_then(&[event()], None, AppendOptions::default(), |_| {})
+        .unwrap();
     match store.try_append(&[event()], None) {
         Err(AppendError::Input(InputError::QueueFull { depth: 1 })) => {}
         other => panic!("expected QueueFull, got {other:?}"),
@@ -133,24 +233,51 @@ fn queue_depth_limit() {
 #[test]
 fn idempotent_retries() {
     let io = SimIo::new(9);
-    let open = || Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
+    let open =
+        || Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
     let id1 = uuid::Uuid::from_u128(1);
     let id2 = uuid::Uuid::from_u128(2);
-    let batch = vec![NewEvent::new("E", "one").id(id1), NewEvent::new("E", "two").id(id2)];
+    let batch = vec![
+        NewEvent::new("E", "one").id(id1),
+        NewEvent::new("E", "two").id(id2),
+    ];
     let store = open();
     store.append(&[event()], None).unwrap();
     assert_eq!(store.append(&batch, None).unwrap(), 3);
     assert_eq!(store.append(&batch, None).unwrap(), 3);
     assert_eq!(store.head(), 3);
-    let changed = vec![NewEvent::new("E", "one").id(id1), NewEvent::new("E", "TWO").id(id2)];
-    assert!(matches!(store.append(&changed, None), Err(AppendError::Input(InputError::IdConflict { .. }))));
+    let changed = vec![
+        NewEvent::new("E", "one").id(id1),
+        NewEvent::new("E", "TWO").id(id2),
+    ];
+    assert!(matches!(
+        store.append(&changed, None),
+        Err(AppendError::Input(InputError::IdConflict { .. }))
+    ));
     // Every event already stored with the same content: the retry answers where it is.
-    assert_eq!(store.append(&[NewEvent::new("E", "one").id(id1)], None).unwrap(), 2);
+    assert_eq!(
+        store
+            .append(&[NewEvent::new("E", "one").id(id1)], None)
+            .unwrap(),
+        2
+    );
     // A stored id beside a new one is not a retry of anything.
-    let mixed = vec![NewEvent::new("E", "one").id(id1), NewEvent::new("E", "new").id(uuid::Uuid::from_u128(3))];
-    assert!(matches!(store.append(&mixed, None), Err(AppendError::Input(InputError::IdConflict { .. }))));
-    let twice = vec![NewEvent::new("E", "x").id(id1), NewEvent::new("E", "x").id(id1)];
-    assert!(matches!(store.append(&twice, None), Err(AppendError::Input(InputError::DuplicateId { .. }))));
+    let mixed = vec![
+        NewEvent::new("E", "one").id(id1),
+        NewEvent::new("E", "new").id(uuid::Uuid::from_u128(3)),
+    ];
+    assert!(matches!(
+        store.append(&mixed, None),
+        Err(AppendError::Input(InputError::IdConflict { .. }))
+    ));
+    let twice = vec![
+        NewEvent::new("E", "x").id(id1),
+        NewEvent::new("E", "x").id(id1),
+    ];
+    assert!(matches!(
+        store.append(&twice, None),
+        Err(AppendError::Input(InputError::DuplicateId { .. }))
+    ));
     store.close().unwrap();
     let store = open();
     assert_eq!(store.append(&batch, None).unwrap(), 3);
@@ -160,7 +287,10 @@ fn idempotent_retries() {
     io.delete_file(&Path::new(DIR).join(annals::files::CHECKPOINT));
     drop(store);
     let store = open();
-    assert!(matches!(store.open_report().index, annals::IndexSource::Rebuilt { .. }));
+    assert!(matches!(
+        store.open_report().index,
+        annals::IndexSource::Rebuilt { .. }
+    ));
     assert_eq!(store.append(&batch, None).unwrap(), 3);
 }
 
@@ -169,7 +299,14 @@ fn idempotent_retries() {
 #[test]
 fn directory_lock() {
     let dir = tempfile::tempdir().unwrap();
-    let options = Options { segment_bytes: 1 << 20, limits: Limits { append_bytes_max: 1 << 16, ..Limits::default() }, ..Options::default() };
+    let options = Options {
+        segment_bytes: 1 << 20,
+        limits: Limits {
+            append_bytes_max: 1 << 16,
+            ..Limits::default()
+        },
+        ..Options::default()
+    };
     let first = Store::open(dir.path(), options.clone()).unwrap();
     match Store::open(dir.path(), options.clone()) {
         Err(StoreError::Locked { .. }) => {}
@@ -186,20 +323,46 @@ fn durability_classes() {
     let store = Store::open_in_memory(small_options()).unwrap();
     assert_eq!(store.stats().durability, "d0");
     store.append(&[event()], None).unwrap();
-    assert!(store.append_with(&[event()], None, AppendOptions { require_synced: true }).is_err());
+    assert!(store
+        .append_with(
+            &[event()],
+            None,
+            AppendOptions {
+                require_synced: true
+            }
+        )
+        .is_err());
     let io = SimIo::new(4);
-    let options = Options { durability: Durability::Written, ..small_options() };
+    let options = Options {
+        durability: Durability::Written,
+        ..small_options()
+    };
     let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone()).unwrap();
     assert_eq!(store.stats().durability, "d1");
     let (_, syncs_before) = io.counts();
     store.append(&[event()], None).unwrap();
     assert_eq!(io.counts().1, syncs_before, "D1 must not sync on append");
-    store.append_with(&[event()], None, AppendOptions { require_synced: true }).unwrap();
-    assert!(io.counts().1 > syncs_before, "a D3 request must be synced before it is acknowledged");
+    store
+        .append_with(
+            &[event()],
+            None,
+            AppendOptions {
+                require_synced: true,
+            },
+        )
+        .unwrap();
+    assert!(
+        io.counts().1 > syncs_before,
+        "a D3 request must be synced before it is acknowledged"
+    );
     let after = io.crash(annals::sim::CrashMode::DropUnsynced);
     drop(store);
     let store = Store::open_with_io(Arc::new(after), Path::new(DIR), options).unwrap();
-    assert_eq!(store.head(), 2, "the synced append (and the one before it) survive");
+    assert_eq!(
+        store.head(),
+        2,
+        "the synced append (and the one before it) survive"
+    );
 }
 
 /// Goal: subscriptions deliver every matching event exactly once and in order, from the past
@@ -208,14 +371,25 @@ fn durability_classes() {
 fn subscriptions_catch_up_then_follow() {
     let store = Arc::new(sim_store(small_options()));
     for i in 0..50 {
-        store.append(&[NewEvent::new("E", format!("{i}").into_bytes()).tag(format!("k{}", i % 3))], None).unwrap();
+        store
+            .append(
+                &[NewEvent::new("E", format!("{i}").into_bytes()).tag(format!("k{}", i % 3))],
+                None,
+            )
+            .unwrap();
     }
     let total = 400u64;
     let writer = {
         let store = store.clone();
         std::thread::spawn(move || {
             for i in 50..total {
-                store.append(&[NewEvent::new("E", format!("{i}").into_bytes()).tag(format!("k{}", i % 3))], None).unwrap();
+                store
+                    .append(
+                        &[NewEvent::new("E", format!("{i}").into_bytes())
+                            .tag(format!("k{}", i % 3))],
+                        None,
+                    )
+                    .unwrap();
             }
         })
     };
@@ -227,16 +401,27 @@ fn subscriptions_catch_up_then_follow() {
                     (Query::all(), (s * 10 + 1..=total).collect())
                 } else {
                     let tag = format!("k{}", s % 3);
-                    (Query::item(QueryItem::tags([tag])), (s * 10 + 1..=total).filter(|p| (p - 1) % 3 == s % 3).collect())
+                    (
+                        Query::item(QueryItem::tags([tag])),
+                        (s * 10 + 1..=total)
+                            .filter(|p| (p - 1) % 3 == s % 3)
+                            .collect(),
+                    )
                 };
                 let mut sub = store.subscribe(&query, s * 10).unwrap();
                 let mut got = Vec::new();
                 while got.len() < expected.len() {
-                    let e = sub.next_timeout(Some(Duration::from_secs(20))).unwrap().expect("subscription stalled");
+                    let e = sub
+                        .next_timeout(Some(Duration::from_secs(20)))
+                        .unwrap()
+                        .expect("subscription stalled");
                     got.push(e.position());
                 }
                 assert_eq!(got, expected, "subscriber {s}");
-                assert!(sub.next_timeout(Some(Duration::from_millis(20))).unwrap().is_none());
+                assert!(sub
+                    .next_timeout(Some(Duration::from_millis(20)))
+                    .unwrap()
+                    .is_none());
             })
         })
         .collect();
@@ -250,15 +435,34 @@ fn subscriptions_catch_up_then_follow() {
 #[test]
 fn dcb_edges() {
     let store = sim_store(small_options());
-    assert!(read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap().is_empty());
-    assert!(read_all(&store, &Query::all(), ReadOptions::backwards()).unwrap().is_empty());
+    assert!(read_all(&store, &Query::all(), ReadOptions::forwards())
+        .unwrap()
+        .is_empty());
+    assert!(read_all(&store, &Query::all(), ReadOptions::backwards())
+        .unwrap()
+        .is_empty());
     let beyond = AppendCondition::new(Query::all(), Some(1000));
     assert_eq!(store.append(&[event()], Some(&beyond)).unwrap(), 1);
     let any = AppendCondition::new(Query::all(), None);
-    assert_eq!(store.append(&[event()], Some(&any)).unwrap_err().conflict_position(), Some(1));
+    assert_eq!(
+        store
+            .append(&[event()], Some(&any))
+            .unwrap_err()
+            .conflict_position(),
+        Some(1)
+    );
     let any_item = Query::item(QueryItem::default());
-    assert_eq!(read_all(&store, &any_item, ReadOptions::forwards()).unwrap().len(), 1);
-    assert!(read_all(&store, &Query::all(), ReadOptions::forwards().limit(0)).unwrap().is_empty());
+    assert_eq!(
+        read_all(&store, &any_item, ReadOptions::forwards())
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        read_all(&store, &Query::all(), ReadOptions::forwards().limit(0))
+            .unwrap()
+            .is_empty()
+    );
     let unknown_type = AppendCondition::new(Query::item(QueryItem::types(["Nope"])), None);
     assert_eq!(store.append(&[event()], Some(&unknown_type)).unwrap(), 2);
     let e = &read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap()[0];

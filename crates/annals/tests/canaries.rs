@@ -11,7 +11,10 @@ use common::harness::*;
 fn crash_harness_catches_ack_before_fsync() {
     let caught = (0..40).find_map(|seed| crash_rounds(seed, 6, &small_options()).err());
     println!("caught: {caught:?}");
-    assert!(caught.is_some(), "the crash harness did not notice acknowledgements before fsync");
+    assert!(
+        caught.is_some(),
+        "the crash harness did not notice acknowledgements before fsync"
+    );
 }
 
 /// Goal: skipping the CRC check is caught by the damage harness.
@@ -20,7 +23,10 @@ fn crash_harness_catches_ack_before_fsync() {
 fn damage_harness_catches_skipped_crc() {
     let caught = damage_rounds(7, 600).err();
     println!("caught: {caught:?}");
-    assert!(caught.is_some(), "the damage harness did not notice that CRCs are not checked");
+    assert!(
+        caught.is_some(),
+        "the damage harness did not notice that CRCs are not checked"
+    );
 }
 
 /// Goal: checking conditions outside the writer is caught by the race harness.
@@ -31,12 +37,18 @@ fn race_harness_catches_condition_outside_writer() {
         let dir = tempfile::tempdir().unwrap();
         let options = annals::Options {
             segment_bytes: 1 << 20,
-            limits: annals::Limits { append_bytes_max: 64 << 10, ..Default::default() },
+            limits: annals::Limits {
+                append_bytes_max: 64 << 10,
+                ..Default::default()
+            },
             ..annals::Options::default()
         };
         let store = annals::Store::open(dir.path(), options).unwrap();
         claim_race(&store, 16, 60).err()
     });
     println!("caught: {caught:?}");
-    assert!(caught.is_some(), "the race harness did not notice conditions checked outside the writer");
+    assert!(
+        caught.is_some(),
+        "the race harness did not notice conditions checked outside the writer"
+    );
 }

@@ -8,6 +8,17 @@ use annals::{Options, Store};
 #[test]
 fn racing_claims_and_counter() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), Options { segment_bytes: 1 << 20, limits: annals::Limits { append_bytes_max: 64 << 10, ..Default::default() }, ..Options::default() }).unwrap();
+    let store = Store::open(
+        dir.path(),
+        Options {
+            segment_bytes: 1 << 20,
+            limits: annals::Limits {
+                append_bytes_max: 64 << 10,
+                ..Default::default()
+            },
+            ..Options::default()
+        },
+    )
+    .unwrap();
     common::harness::claim_race(&store, 16, 60).unwrap();
 }

@@ -25,7 +25,9 @@ fn power_loss(dir: &Path, rng: &mut StdRng) {
     let offset: u64 = parts.next().and_then(|s| s.parse().ok()).expect("offset");
     for number in segment.. {
         let path = dir.join(annals::files::segment(number));
-        let Ok(file) = OpenOptions::new().write(true).open(&path) else { break };
+        let Ok(file) = OpenOptions::new().write(true).open(&path) else {
+            break;
+        };
         let keep = if number == segment { offset } else { 64 };
         file.set_len(keep).unwrap();
         if rng.gen_bool(0.3) {
@@ -53,7 +55,12 @@ fn kill9_loop() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
+        let reader = std::thread::spawn(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<_>>()
+        });
         std::thread::sleep(Duration::from_millis(rng.gen_range(30..300)));
         child.kill().unwrap();
         child.wait().unwrap();
@@ -66,12 +73,19 @@ fn kill9_loop() {
                     let id: u64 = id.parse().unwrap();
                     let tags: Vec<String> = tags.split(',').map(str::to_owned).collect();
                     let events = tracked_events(id, count.parse().unwrap(), &tags);
-                    ledger.appends.insert(id, (events.iter().map(ModelEvent::from_new).collect(), None));
+                    ledger.appends.insert(
+                        id,
+                        (events.iter().map(ModelEvent::from_new).collect(), None),
+                    );
                     pending.insert(id, ());
                 }
                 ["A", id, position] => {
                     let id: u64 = id.parse().unwrap();
-                    ledger.appends.get_mut(&id).expect("ack of an unknown append").1 = Some(position.parse().unwrap());
+                    ledger
+                        .appends
+                        .get_mut(&id)
+                        .expect("ack of an unknown append")
+                        .1 = Some(position.parse().unwrap());
                     acked += 1;
                 }
                 _ => {} // a line cut by the kill
@@ -94,11 +108,24 @@ fn kill9_loop() {
             }
             _ => {}
         }
-        let options = Options { segment_bytes: 256 << 10, group_bytes_max: 64 << 10, limits: annals::Limits { append_bytes_max: 32 << 10, ..Default::default() }, ..Options::default() };
-        let store = Store::open(dir.path(), options).unwrap_or_else(|e| panic!("round {round}: reopen failed: {e}"));
-        check_recovered(&store, &ledger).unwrap_or_else(|e| panic!("round {round} ({acked} acks): {e}"));
+        let options = Options {
+            segment_bytes: 256 << 10,
+            group_bytes_max: 64 << 10,
+            limits: annals::Limits {
+                append_bytes_max: 32 << 10,
+                ..Default::default()
+            },
+            ..Options::default()
+        };
+        let store = Store::open(dir.path(), options)
+            .unwrap_or_else(|e| panic!("round {round}: reopen failed: {e}"));
+        check_recovered(&store, &ledger)
+            .unwrap_or_else(|e| panic!("round {round} ({acked} acks): {e}"));
         store.close().unwrap();
         std::io::stdout().flush().unwrap();
     }
-    assert!(ledger.appends.values().filter(|(_, a)| a.is_some()).count() > 100, "the loop acknowledged too little to mean anything");
+    assert!(
+        ledger.appends.values().filter(|(_, a)| a.is_some()).count() > 100,
+        "the loop acknowledged too little to mean anything"
+    );
 }

@@ -10,11 +10,14 @@ use common::harness::{small_options, DIR};
 use common::{check_against_model, Model};
 use proptest::prelude::*;
 
+/// A condition as generated: items of (type kinds, tag kinds), and `after`.
+type ConditionSpec = (Vec<(Vec<u8>, Vec<u8>)>, Option<u64>);
+
 #[derive(Debug, Clone)]
 enum Op {
     Append {
         events: Vec<(u8, Vec<u8>)>,
-        condition: Option<(Vec<(Vec<u8>, Vec<u8>)>, Option<u64>)>,
+        condition: Option<ConditionSpec>,
     },
     Reopen,
     Check,
@@ -52,7 +55,7 @@ fn to_events(spec: &[(u8, Vec<u8>)], serial: usize) -> Vec<NewEvent> {
         .collect()
 }
 
-fn to_condition(spec: &(Vec<(Vec<u8>, Vec<u8>)>, Option<u64>)) -> AppendCondition {
+fn to_condition(spec: &ConditionSpec) -> AppendCondition {
     let items = spec
         .0
         .iter()

@@ -50,8 +50,11 @@ fn main() {
                     let tags = [stream.clone(), format!("k{}", id % 7)];
                     let events: Vec<NewEvent> = (0..count)
                         .map(|i| {
-                            NewEvent::new(if i % 2 == 0 { "Even" } else { "Odd" }, format!("{id}/{i}/{count}").into_bytes())
-                                .tags(tags.iter().cloned())
+                            NewEvent::new(
+                                if i % 2 == 0 { "Even" } else { "Odd" },
+                                format!("{id}/{i}/{count}").into_bytes(),
+                            )
+                            .tags(tags.iter().cloned())
                         })
                         .collect();
                     println!("P {id} {count} {}", tags.join(","));

@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use annals::sim::{CrashMode, FaultKind, SimIo};
-use annals::{AppendCondition, AppendError, AppendOptions, Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store};
+use annals::{
+    AppendCondition, AppendError, AppendOptions, Durability, Limits, NewEvent, Options, Query,
+    QueryItem, ReadOptions, Store,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -30,18 +33,26 @@ pub fn small_options() -> Options {
 
 /// Issues appends without waiting (so they group), recording each in the ledger as pending and,
 /// from the writer's callback, as acknowledged.
-fn issue(store: &Store, ledger: &Arc<Mutex<Ledger>>, next_id: &AtomicU64, rng: &mut StdRng, acked: &Arc<AtomicU64>) {
+fn issue(
+    store: &Store,
+    ledger: &Arc<Mutex<Ledger>>,
+    next_id: &AtomicU64,
+    rng: &mut StdRng,
+    acked: &Arc<AtomicU64>,
+) {
     let id = next_id.fetch_add(1, Ordering::Relaxed);
     let count = rng.gen_range(1..=4);
-    let tags = vec![format!("stream-{}", rng.gen_range(0..6)), format!("id-{id}")];
+    let tags = vec![
+        format!("stream-{}", rng.gen_range(0..6)),
+        format!("id-{id}"),
+    ];
     let events = tracked_events(id, count, &tags);
     // The condition never fails (nobody else writes "id-N"), but it is checked by the writer.
     let condition = AppendCondition::new(Query::item(QueryItem::tags([format!("id-{id}")])), None);
-    ledger
-        .lock()
-        .unwrap()
-        .appends
-        .insert(id, (events.iter().map(ModelEvent::from_new).collect(), None));
+    ledger.lock().unwrap().appends.insert(
+        id,
+        (events.iter().map(ModelEvent::from_new).collect(), None),
+    );
     let ledger = ledger.clone();
     let acked = acked.clone();
     // In a store weaker than D3, half the appends ask for D3; only those (and every append of a
@@ -68,7 +79,8 @@ pub fn crash_rounds(seed: u64, rounds: usize, options: &Options) -> Result<(), S
     for round in 0..rounds {
         let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone())
             .map_err(|e| format!("seed {seed} round {round}: open failed: {e}"))?;
-        check_recovered(&store, &ledger.lock().unwrap()).map_err(|e| format!("seed {seed} round {round}: {e}"))?;
+        check_recovered(&store, &ledger.lock().unwrap())
+            .map_err(|e| format!("seed {seed} round {round}: {e}"))?;
         let acked = Arc::new(AtomicU64::new(0));
         let appends = rng.gen_range(1..40);
         let crash_after = rng.gen_range(0..=appends) as u64;
@@ -87,7 +99,8 @@ pub fn crash_rounds(seed: u64, rounds: usize, options: &Options) -> Result<(), S
     }
     let store = Store::open_with_io(Arc::new(io), Path::new(DIR), options.clone())
         .map_err(|e| format!("seed {seed} final open failed: {e}"))?;
-    let result = check_recovered(&store, &ledger.lock().unwrap()).map_err(|e| format!("seed {seed} final: {e}"));
+    let result = check_recovered(&store, &ledger.lock().unwrap())
+        .map_err(|e| format!("seed {seed} final: {e}"));
     result
 }
 
@@ -100,7 +113,11 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
     let next_id = AtomicU64::new(1);
     let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone())
         .map_err(|e| format!("seed {seed}: open failed: {e}"))?;
-    let kind = if rng.gen_bool(0.5) { FaultKind::Eio } else { FaultKind::NoSpace };
+    let kind = if rng.gen_bool(0.5) {
+        FaultKind::Eio
+    } else {
+        FaultKind::NoSpace
+    };
     let persistent = rng.gen_bool(0.5);
     let on_sync = rng.gen_bool(0.5);
     let n = rng.gen_range(0..20);
@@ -115,7 +132,9 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
     while store.stats().poisoned.is_none() {
         bursts += 1;
         if bursts > 200 {
-            return Err(format!("seed {seed}: the fault (sync {on_sync}, n {n}) did not poison the store"));
+            return Err(format!(
+                "seed {seed}: the fault (sync {on_sync}, n {n}) did not poison the store"
+            ));
         }
         for _ in 0..rng.gen_range(1..8) {
             issue(&store, &ledger, &next_id, &mut rng, &acked);
@@ -123,7 +142,10 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
         // Wait for the burst: a synchronous append returns after those queued before it.
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         let events = tracked_events(id, 1, &[]);
-        ledger.lock().unwrap().appends.insert(id, (events.iter().map(ModelEvent::from_new).collect(), None));
+        ledger.lock().unwrap().appends.insert(
+            id,
+            (events.iter().map(ModelEvent::from_new).collect(), None),
+        );
         let outcome = store.append(&events, None);
         if let Ok(p) = outcome {
             if store.durability() == annals::Durability::Synced {
@@ -140,7 +162,8 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
     io.clear_faults();
     let store = Store::open_with_io(Arc::new(io), Path::new(DIR), options.clone())
         .map_err(|e| format!("seed {seed}: reopen failed: {e}"))?;
-    let result = check_recovered(&store, &ledger.lock().unwrap()).map_err(|e| format!("seed {seed}: {e}"));
+    let result =
+        check_recovered(&store, &ledger.lock().unwrap()).map_err(|e| format!("seed {seed}: {e}"));
     result
 }
 
@@ -156,8 +179,10 @@ pub fn claim_race(store: &Store, threads: usize, attempts: usize) -> Result<(), 
                 let mut rng = StdRng::seed_from_u64(t as u64);
                 for _ in 0..attempts {
                     let name = format!("user:{}", rng.gen_range(0..24));
-                    let claim = AppendCondition::new(Query::item(QueryItem::tags([name.clone()])), None);
-                    let event = NewEvent::new("UsernameClaimed", format!("{t}").into_bytes()).tag(name.clone());
+                    let claim =
+                        AppendCondition::new(Query::item(QueryItem::tags([name.clone()])), None);
+                    let event = NewEvent::new("UsernameClaimed", format!("{t}").into_bytes())
+                        .tag(name.clone());
                     if let Ok(p) = store.append(&[event], Some(&claim)) {
                         wins.lock().unwrap().push((name, p));
                     }
@@ -167,27 +192,47 @@ pub fn claim_race(store: &Store, threads: usize, attempts: usize) -> Result<(), 
                         .ok()
                         .and_then(|v| v.first().map(|e| e.position()))
                         .unwrap_or(0);
-                    let event = NewEvent::new("Incremented", format!("{last}").into_bytes()).tag("counter");
-                    let _ = store.append(&[event], Some(&AppendCondition::new(counter, Some(last))));
+                    let event =
+                        NewEvent::new("Incremented", format!("{last}").into_bytes()).tag("counter");
+                    let _ =
+                        store.append(&[event], Some(&AppendCondition::new(counter, Some(last))));
                 }
             });
         }
     });
-    let claims = read_all(store, &Query::item(QueryItem::types(["UsernameClaimed"])), ReadOptions::forwards())?;
+    let claims = read_all(
+        store,
+        &Query::item(QueryItem::types(["UsernameClaimed"])),
+        ReadOptions::forwards(),
+    )?;
     let mut names = std::collections::HashSet::new();
     for e in &claims {
         let name = e.tags().next().unwrap_or_default().to_owned();
         if !names.insert(name.clone()) {
-            return Err(format!("{name} was claimed twice (again at position {})", e.position()));
+            return Err(format!(
+                "{name} was claimed twice (again at position {})",
+                e.position()
+            ));
         }
     }
     if claims.len() != wins.lock().unwrap().len() {
-        return Err(format!("{} claims stored, {} acknowledged", claims.len(), wins.lock().unwrap().len()));
+        return Err(format!(
+            "{} claims stored, {} acknowledged",
+            claims.len(),
+            wins.lock().unwrap().len()
+        ));
     }
-    let increments = read_all(store, &Query::item(QueryItem::tags(["counter"])), ReadOptions::forwards())?;
+    let increments = read_all(
+        store,
+        &Query::item(QueryItem::tags(["counter"])),
+        ReadOptions::forwards(),
+    )?;
     let mut previous = 0;
     for e in &increments {
-        let read: u64 = std::str::from_utf8(e.data()).ok().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
+        let read: u64 = std::str::from_utf8(e.data())
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(u64::MAX);
         if read != previous {
             return Err(format!(
                 "increment at {} was decided on position {read}, but the last increment before it is {previous}",
@@ -207,7 +252,8 @@ pub fn damage_rounds(seed: u64, flips: usize) -> Result<(), String> {
     let io = SimIo::new(seed);
     let mut written = Vec::new();
     {
-        let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone()).map_err(|e| e.to_string())?;
+        let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone())
+            .map_err(|e| e.to_string())?;
         for i in 0..20u64 {
             let events = tracked_events(i + 1, 1 + (i as usize % 3), &[format!("t{}", i % 4)]);
             store.append(&events, None).map_err(|e| e.to_string())?;
@@ -228,7 +274,11 @@ pub fn damage_rounds(seed: u64, flips: usize) -> Result<(), String> {
         }
         disk.write_file(&path, content);
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let store = match Store::open_with_io(Arc::new(disk.clone()), Path::new(DIR), options.clone()) {
+            let store = match Store::open_with_io(
+                Arc::new(disk.clone()),
+                Path::new(DIR),
+                options.clone(),
+            ) {
                 Ok(s) => s,
                 Err(_) => return Ok(()),
             };
@@ -239,7 +289,10 @@ pub fn damage_rounds(seed: u64, flips: usize) -> Result<(), String> {
             for e in &events {
                 let want = written.get(e.position() as usize - 1);
                 if want != Some(&ModelEvent::from_stored(e)) {
-                    return Err(format!("{what}: position {} holds an event never written there", e.position()));
+                    return Err(format!(
+                        "{what}: position {} holds an event never written there",
+                        e.position()
+                    ));
                 }
             }
             Ok(())

@@ -46,7 +46,11 @@ impl Model {
     }
 
     /// Appends if the condition holds; Err(first conflicting position) otherwise.
-    pub fn append(&mut self, events: &[NewEvent], condition: Option<&AppendCondition>) -> Result<u64, u64> {
+    pub fn append(
+        &mut self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+    ) -> Result<u64, u64> {
         if let Some(c) = condition {
             let after = c.after.unwrap_or(0);
             for (i, e) in self.events.iter().enumerate() {
@@ -115,14 +119,20 @@ pub fn probe_queries(events: &[ModelEvent]) -> Vec<Query> {
     for t in tags.iter().take(40) {
         queries.push(Query::item(QueryItem::tags([t.as_str()])));
         for ty in types.iter().take(3) {
-            queries.push(Query::item(QueryItem::types([ty.as_str(), "Unknown"]).and_tags([t.as_str()])));
+            queries.push(Query::item(
+                QueryItem::types([ty.as_str(), "Unknown"]).and_tags([t.as_str()]),
+            ));
         }
     }
     let tag_list: Vec<&&String> = tags.iter().collect();
     for pair in tag_list.windows(2).take(20) {
-        queries.push(Query::item(QueryItem::tags([pair[0].as_str(), pair[1].as_str()])));
+        queries.push(Query::item(QueryItem::tags([
+            pair[0].as_str(),
+            pair[1].as_str(),
+        ])));
         queries.push(
-            Query::item(QueryItem::tags([pair[0].as_str()])).or(QueryItem::tags([pair[1].as_str()])),
+            Query::item(QueryItem::tags([pair[0].as_str()]))
+                .or(QueryItem::tags([pair[1].as_str()])),
         );
     }
     queries
@@ -178,7 +188,11 @@ pub fn check_index_matches_scan(store: &Store) -> Result<(), String> {
         }
     }
     if events.len() as u64 != store.head() {
-        return Err(format!("full scan found {} events, head is {}", events.len(), store.head()));
+        return Err(format!(
+            "full scan found {} events, head is {}",
+            events.len(),
+            store.head()
+        ));
     }
     let model = Model {
         events: events.into_iter().map(|(_, e)| e).collect(),
@@ -186,9 +200,14 @@ pub fn check_index_matches_scan(store: &Store) -> Result<(), String> {
     for query in probe_queries(&model.events) {
         for options in [ReadOptions::forwards(), ReadOptions::backwards()] {
             let expected: Vec<u64> = describe(&model.read(&query, options));
-            let got: Vec<u64> = read_all(store, &query, options)?.iter().map(Event::position).collect();
+            let got: Vec<u64> = read_all(store, &query, options)?
+                .iter()
+                .map(Event::position)
+                .collect();
             if got != expected {
-                return Err(format!("index answer for {query:?} {options:?}: {got:?}, scan says {expected:?}"));
+                return Err(format!(
+                    "index answer for {query:?} {options:?}: {got:?}, scan says {expected:?}"
+                ));
             }
         }
     }
@@ -236,14 +255,22 @@ pub fn check_recovered(store: &Store, ledger: &Ledger) -> Result<(), String> {
         if e.position() != i as u64 + 1 {
             return Err(format!("gap: position {} at index {i}", e.position()));
         }
-        let (id, index, count) = parse_tracked(e.data())
-            .ok_or_else(|| format!("event {} holds data never written: {:?}", e.position(), e.data()))?;
+        let (id, index, count) = parse_tracked(e.data()).ok_or_else(|| {
+            format!(
+                "event {} holds data never written: {:?}",
+                e.position(),
+                e.data()
+            )
+        })?;
         let (expected, _) = ledger
             .appends
             .get(&id)
             .ok_or_else(|| format!("event {} belongs to unknown append {id}", e.position()))?;
         if index != 0 || count != expected.len() {
-            return Err(format!("append {id} is not whole at position {}", e.position()));
+            return Err(format!(
+                "append {id} is not whole at position {}",
+                e.position()
+            ));
         }
         if seen.insert(id, e.position() + count as u64 - 1).is_some() {
             return Err(format!("append {id} appears twice"));
@@ -253,7 +280,10 @@ pub fn check_recovered(store: &Store, ledger: &Ledger) -> Result<(), String> {
                 .get(i + k)
                 .ok_or_else(|| format!("append {id} is cut short by the end of the log"))?;
             if ModelEvent::from_stored(got) != *want {
-                return Err(format!("append {id} event {k} differs at position {}", got.position()));
+                return Err(format!(
+                    "append {id} event {k} differs at position {}",
+                    got.position()
+                ));
             }
         }
         i += count;
@@ -262,8 +292,16 @@ pub fn check_recovered(store: &Store, ledger: &Ledger) -> Result<(), String> {
         if let Some(position) = acknowledged {
             match seen.get(id) {
                 Some(p) if p == position => {}
-                Some(p) => return Err(format!("append {id} acknowledged at {position} but found at {p}")),
-                None => return Err(format!("acknowledged append {id} (position {position}) is lost")),
+                Some(p) => {
+                    return Err(format!(
+                        "append {id} acknowledged at {position} but found at {p}"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "acknowledged append {id} (position {position}) is lost"
+                    ))
+                }
             }
         }
     }
