@@ -58,6 +58,14 @@ pub trait IoFile: Send + Sync {
         Ok(self.len()? == 0)
     }
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Reserves space so the file is at least `len` bytes long, reading as zeros beyond what was
+    /// written, and later writes inside it change no file size (fallocate where supported).
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        if self.len()? < len {
+            self.set_len(len)?;
+        }
+        Ok(())
+    }
     /// A read-only view of the whole file as it is now long, if this layer can map files.
     /// Writes through `write_at` become visible in the view (a shared page cache).
     fn map(&self) -> io::Result<Option<Bytes>> {
@@ -169,6 +177,30 @@ impl IoFile for RealFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let len_signed = libc::off_t::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length too large"))?;
+        // SAFETY: fallocate on a file descriptor this handle owns; no memory is passed.
+        let rc = unsafe { libc::fallocate(self.0.as_raw_fd(), 0, 0, len_signed) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(error);
+        }
+        // No fallocate on this file system: write zeros so the space is really reserved.
+        let zeros = vec![0u8; 1 << 20];
+        let mut at = self.len()?;
+        while at < len {
+            let n = (len - at).min(zeros.len() as u64) as usize;
+            self.0.write_all_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        Ok(())
     }
 
     fn map(&self) -> io::Result<Option<Bytes>> {

@@ -1,10 +1,11 @@
-//! Segment files: the log cut into preallocated, zero-filled files of a fixed size.
+//! Segment files: the log cut into preallocated files of a fixed size.
 //!
 //! A segment starts with a 64-byte header (magic, version, number, size, CRC32C) followed by
-//! records aligned to 8 bytes. Segments are zero-filled when created, so an fdatasync after a
-//! write only has data to flush (no file-size or extent change), and the end of the written part
-//! is the first all-zero record header. Creation is made durable (file sync, then directory
-//! sync) before any record is written into the new segment.
+//! records aligned to 8 bytes. Segments are preallocated to their full size when created
+//! (zeros written, or fallocate: `Options::zero_fill_segments`), so appends never change the
+//! file size and the end of the written part is the first all-zero record header. Creation is
+//! made durable (file sync, then directory sync) before any record is written into the new
+//! segment.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -81,12 +82,13 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
-    /// Creates, zero-fills and syncs a new segment, then syncs the directory.
+    /// Creates, preallocates and syncs a new segment, then syncs the directory.
     pub(crate) fn create(
         io: &dyn Io,
         dir: &Path,
         number: u32,
         size: u64,
+        zero_fill: bool,
     ) -> Result<Segment, StoreError> {
         let path = dir.join(file_name(number));
         let err = |op, offset, e| StoreError::io(op, &path, offset, e);
@@ -96,13 +98,18 @@ impl Segment {
         file.set_len(0).map_err(|e| err("truncate segment", 0, e))?;
         file.write_at(&encode_header(number, size), 0)
             .map_err(|e| err("write segment header", 0, e))?;
-        let zeros = vec![0u8; ZERO_CHUNK];
-        let mut at = SEGMENT_HEADER_BYTES;
-        while at < size {
-            let n = (size - at).min(ZERO_CHUNK as u64) as usize;
-            file.write_at(&zeros[..n], at)
-                .map_err(|e| err("zero-fill segment", at, e))?;
-            at += n as u64;
+        if zero_fill {
+            let zeros = vec![0u8; ZERO_CHUNK];
+            let mut at = SEGMENT_HEADER_BYTES;
+            while at < size {
+                let n = (size - at).min(ZERO_CHUNK as u64) as usize;
+                file.write_at(&zeros[..n], at)
+                    .map_err(|e| err("zero-fill segment", at, e))?;
+                at += n as u64;
+            }
+        } else {
+            file.allocate(size)
+                .map_err(|e| err("preallocate segment", 0, e))?;
         }
         file.sync_data()
             .map_err(|e| err("sync new segment", 0, e))?;
@@ -138,7 +145,7 @@ impl Segment {
             .len()
             .map_err(|e| SegmentOpenError::Io(StoreError::io("stat segment", &path, 0, e)))?;
         if len < size {
-            file.set_len(size).map_err(|e| {
+            file.allocate(size).map_err(|e| {
                 SegmentOpenError::Io(StoreError::io("extend segment", &path, len, e))
             })?;
             file.sync_data()

@@ -206,6 +206,7 @@ impl Store {
                 dir,
                 1,
                 options.segment_bytes,
+                options.zero_fill_segments,
             )?));
         }
         let (mut index, start, start_tail, rebuild_reason) =

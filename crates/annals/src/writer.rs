@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex};
@@ -98,6 +98,12 @@ pub(crate) struct Syncer {
     wake: Condvar,
 }
 
+/// How long the writer polls for the next append, after a group of one, before it sleeps. A
+/// wake-up costs tens of microseconds on a busy two-core machine; a lone client appends again
+/// within this time. After larger groups the writer does not poll: its core is better spent on
+/// the clients being woken.
+const SPIN: Duration = Duration::from_micros(60);
+
 /// An append's outcome, released once the log is synced through `needed`.
 pub(crate) struct Waiter {
     needed: u64,
@@ -112,6 +118,8 @@ struct SyncState {
     segment: Arc<Segment>,
     synced: u64,
     waiters: Vec<Waiter>,
+    /// A sync is running (on the syncer thread or inline on the writer's).
+    syncing: bool,
     stop: bool,
     /// Set when a sync failed: nothing will be synced again.
     failed: Option<String>,
@@ -126,6 +134,7 @@ impl Syncer {
                 segment,
                 synced: mark.head,
                 waiters: Vec::new(),
+                syncing: false,
                 stop: false,
                 failed: None,
             }),
@@ -178,7 +187,7 @@ impl Syncer {
                 let mut state = self.state.lock();
                 loop {
                     let wanted = eager || state.stop || !state.waiters.is_empty();
-                    if wanted && state.written > state.synced {
+                    if wanted && state.written > state.synced && !state.syncing {
                         break;
                     }
                     if state.stop {
@@ -186,50 +195,94 @@ impl Syncer {
                     }
                     self.wake.wait(&mut state);
                 }
+                state.syncing = true;
                 (state.written, state.mark, state.segment.clone())
             };
-            let started = Instant::now();
-            let result = segment
-                .file
-                .sync_data()
-                .map_err(|e| StoreError::io("fdatasync", &segment.path, mark.end_offset, e));
-            shared.counters.record_fsync(started.elapsed());
-            let result = result.and_then(|()| record_synced_length(shared, mark));
-            let mut state = self.state.lock();
-            match result {
-                Ok(()) => {
-                    state.synced = target;
-                    shared.synced.store(target, Ordering::Release);
-                    let (done, waiting): (Vec<Waiter>, Vec<Waiter>) =
-                        state.waiters.drain(..).partition(|w| w.needed <= target);
-                    state.waiters = waiting;
-                    drop(state);
-                    if durability == Durability::Synced
-                        && !cfg!(feature = "canary-ack-before-fsync")
-                    {
-                        shared.publish(mark);
-                    }
-                    for w in done {
-                        w.reply.send(w.outcome);
-                    }
-                }
-                Err(error) => {
-                    let reason = error.to_string();
-                    shared.poison(reason.clone());
-                    state.failed = Some(reason.clone());
-                    let waiters = std::mem::take(&mut state.waiters);
-                    drop(state);
-                    let mut first = Some(error);
-                    for w in waiters {
-                        let e = first.take().unwrap_or(StoreError::Poisoned {
-                            reason: reason.clone(),
-                        });
-                        w.reply.send(Err(e.into()));
-                    }
-                    return;
-                }
+            if !self.sync_once(shared, target, mark, &segment) {
+                return;
             }
         }
+    }
+
+    /// Syncs through `target` (the caller has set `syncing`), then publishes (in D3) and releases
+    /// the waiters it covers. False when the sync failed and the store is poisoned.
+    fn sync_once(&self, shared: &Shared, target: u64, mark: Mark, segment: &Segment) -> bool {
+        let started = Instant::now();
+        let result = segment
+            .file
+            .sync_data()
+            .map_err(|e| StoreError::io("fdatasync", &segment.path, mark.end_offset, e));
+        shared.counters.record_fsync(started.elapsed());
+        let result = result.and_then(|()| record_synced_length(shared, mark));
+        let mut state = self.state.lock();
+        state.syncing = false;
+        match result {
+            Ok(()) => {
+                state.synced = target;
+                shared.synced.store(target, Ordering::Release);
+                let (done, waiting): (Vec<Waiter>, Vec<Waiter>) =
+                    state.waiters.drain(..).partition(|w| w.needed <= target);
+                state.waiters = waiting;
+                if state.written > state.synced {
+                    self.wake.notify_one();
+                }
+                drop(state);
+                if shared.options.durability == Durability::Synced
+                    && !cfg!(feature = "canary-ack-before-fsync")
+                {
+                    shared.publish(mark);
+                }
+                for w in done {
+                    w.reply.send(w.outcome);
+                }
+                true
+            }
+            Err(error) => {
+                let reason = error.to_string();
+                shared.poison(reason.clone());
+                state.failed = Some(reason.clone());
+                let waiters = std::mem::take(&mut state.waiters);
+                drop(state);
+                let mut first = Some(error);
+                for w in waiters {
+                    let e = first.take().unwrap_or(StoreError::Poisoned {
+                        reason: reason.clone(),
+                    });
+                    w.reply.send(Err(e.into()));
+                }
+                false
+            }
+        }
+    }
+
+    /// The writer's shortcut when nothing else waits: sync on its own thread, saving the
+    /// hand-over to the syncer thread (a wake-up on each side). Only when no sync is running or
+    /// pending; otherwise returns false and leaves `waiters` to [`Syncer::written`].
+    fn sync_inline(
+        &self,
+        shared: &Shared,
+        mark: Mark,
+        segment: &Arc<Segment>,
+        waiters: &mut Vec<Waiter>,
+    ) -> bool {
+        let mut state = self.state.lock();
+        if state.failed.is_some()
+            || state.syncing
+            || state.written > state.synced
+            || mark.head <= state.written
+        {
+            return false;
+        }
+        state.written = mark.head;
+        state.mark = mark;
+        if !Arc::ptr_eq(&state.segment, segment) {
+            state.segment = segment.clone();
+        }
+        state.waiters.append(waiters);
+        state.syncing = true;
+        drop(state);
+        self.sync_once(shared, mark.head, mark, segment);
+        true
     }
 }
 
@@ -261,6 +314,8 @@ pub(crate) struct Writer {
     syncer: Option<Arc<Syncer>>,
     /// Reused for each group's waiters.
     waiters: Vec<Waiter>,
+    /// The next segment, being created and preallocated in the background.
+    next_segment: Option<std::thread::JoinHandle<Result<Segment, StoreError>>>,
 }
 
 /// What happened to one request of a group.
@@ -288,7 +343,21 @@ impl Writer {
             buffer: Vec::with_capacity(1 << 20),
             syncer,
             waiters: Vec::new(),
+            next_segment: None,
         }
+    }
+
+    /// Starts preparing the segment after the current one on a background thread.
+    fn prepare_next_segment(&mut self) {
+        let io = self.shared.io.clone();
+        let dir = self.shared.dir.clone();
+        let number = self.segment.number + 1;
+        let size = self.shared.options.segment_bytes;
+        let zero_fill = self.shared.options.zero_fill_segments;
+        self.next_segment = std::thread::Builder::new()
+            .name("annals-segment".into())
+            .spawn(move || Segment::create(io.as_ref(), &dir, number, size, zero_fill))
+            .ok();
     }
 
     pub(crate) fn run(mut self) {
@@ -296,7 +365,8 @@ impl Writer {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut group: Vec<Request> = Vec::new();
             let mut staged: Vec<Staged> = Vec::new();
-            while let Ok(first) = self.receiver.recv() {
+            let mut poll = false;
+            while let Some(first) = self.next_request(poll) {
                 let mut bytes = first.append.body.len();
                 group.push(first);
                 while bytes < self.shared.options.group_bytes_max {
@@ -308,6 +378,7 @@ impl Writer {
                         Err(_) => break,
                     }
                 }
+                poll = group.len() == 1;
                 self.commit(&mut group, &mut staged);
             }
         }));
@@ -320,6 +391,26 @@ impl Writer {
                     .unwrap_or(StoreError::Closed)
                     .into()));
             }
+        }
+    }
+
+    /// The next request; with `poll`, polled for a short while first (see [`SPIN`]). None
+    /// when the store is closing.
+    fn next_request(&self, poll: bool) -> Option<Request> {
+        if !poll {
+            return self.receiver.recv().ok();
+        }
+        let spin_until = Instant::now() + SPIN;
+        loop {
+            match self.receiver.try_recv() {
+                Ok(request) => return Some(request),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            if Instant::now() >= spin_until {
+                return self.receiver.recv().ok();
+            }
+            std::hint::spin_loop();
         }
     }
 
@@ -356,6 +447,11 @@ impl Writer {
                 failure = Some(e);
             }
         }
+        // Once half the segment is used, prepare the next one in the background, so that the
+        // roll finds it ready without its preparation competing with short bursts of appends.
+        if self.next_segment.is_none() && self.tail > self.segment.size / 2 {
+            self.prepare_next_segment();
+        }
         if let Some(error) = failure {
             self.fail(error, group, staged);
             return;
@@ -373,6 +469,7 @@ impl Writer {
         if acknowledge_now && mark.head > self.shared.head() {
             self.shared.publish(mark);
         }
+        let lone = group.len() == 1;
         let mut waiters = std::mem::take(&mut self.waiters);
         for (request, outcome) in group.drain(..).zip(staged.drain(..)) {
             let (needed, outcome) = match outcome {
@@ -397,7 +494,17 @@ impl Writer {
             }
         }
         match &self.syncer {
-            Some(syncer) => syncer.written(mark, &self.segment, &mut waiters),
+            Some(syncer) => {
+                // A group of one with nobody queued behind it is a lone client: there is
+                // nothing to overlap the sync with.
+                let alone = durability == Durability::Synced
+                    && !acknowledge_now
+                    && lone
+                    && self.receiver.is_empty();
+                if !(alone && syncer.sync_inline(&self.shared, mark, &self.segment, &mut waiters)) {
+                    syncer.written(mark, &self.segment, &mut waiters);
+                }
+            }
             None => {
                 for w in waiters.drain(..) {
                     w.reply.send(w.outcome);
@@ -512,12 +619,21 @@ impl Writer {
         if self.shared.options.durability != Durability::Memory {
             self.sync()?;
         }
-        let next = Arc::new(Segment::create(
-            self.shared.io.as_ref(),
-            &self.shared.dir,
-            self.segment.number + 1,
-            self.shared.options.segment_bytes,
-        )?);
+        let prepared = match self.next_segment.take() {
+            Some(handle) => handle.join().unwrap_or_else(|_| {
+                Err(StoreError::Poisoned {
+                    reason: "the segment preparation thread panicked".into(),
+                })
+            }),
+            None => Segment::create(
+                self.shared.io.as_ref(),
+                &self.shared.dir,
+                self.segment.number + 1,
+                self.shared.options.segment_bytes,
+                self.shared.options.zero_fill_segments,
+            ),
+        };
+        let next = Arc::new(prepared?);
         self.shared.segments.write().push(next.clone());
         self.segment = next;
         self.tail = SEGMENT_HEADER_BYTES;
