@@ -62,6 +62,9 @@ pub struct AppendArgs {
     /// Repeat the run and report the median (each run on a fresh store).
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Preallocate segments with fallocate instead of writing zeros.
+    #[arg(long)]
+    fallocate: bool,
 }
 
 #[derive(clap::Args)]
@@ -180,7 +183,7 @@ fn bench_options(durability: Durability) -> Options {
         durability,
         segment_bytes: 256 << 20,
         limits: Limits {
-            append_bytes_max: 64 << 20,
+            append_bytes_max: 16 << 20,
             events_per_append_max: 100_000,
             queue_depth_max: 16_384,
             ..Limits::default()
@@ -342,6 +345,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
         "event_bytes": args.event_bytes,
         "tags": args.tags,
         "durability": durability.label(),
+        "preallocation": if args.fallocate { "fallocate" } else { "zeros" },
         "runs": runs.len(),
         "events_per_sec": mid.events_per_sec,
         "events_per_sec_runs": runs.iter().map(|r| r.events_per_sec).collect::<Vec<_>>(),

@@ -70,6 +70,9 @@ pub struct Options {
     pub segment_bytes: u64,
     /// The most bytes one group commit writes before it syncs.
     pub group_bytes_max: usize,
+    /// The most bytes written but not yet synced: the writer waits for the syncer beyond it.
+    /// Bounds acknowledgement latency under large appends and the tail a crash can tear.
+    pub unsynced_bytes_max: usize,
     /// Preallocate segments by writing zeros (true) or with fallocate (false). Zeros make each
     /// later fdatasync a pure data flush (no extent conversion), which is faster for small
     /// appends; fallocate halves the bytes written for large ones. Segments are prepared in
@@ -90,6 +93,7 @@ impl Default for Options {
             limits: Limits::default(),
             segment_bytes: 64 << 20,
             group_bytes_max: 32 << 20,
+            unsynced_bytes_max: 16 << 20,
             zero_fill_segments: true,
             checkpoint_on_close: true,
             record_synced_length: false,
@@ -111,6 +115,9 @@ impl Options {
         }
         if self.group_bytes_max < self.limits.append_bytes_max {
             return Err("group_bytes_max must be at least limits.append_bytes_max".into());
+        }
+        if self.unsynced_bytes_max < self.limits.append_bytes_max {
+            return Err("unsynced_bytes_max must be at least limits.append_bytes_max".into());
         }
         if self.limits.queue_depth_max == 0 {
             return Err("queue_depth_max must be at least 1".into());

@@ -23,7 +23,7 @@ use crate::recovery::{self, Tail};
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
-use crate::writer::{Completion, Reply, Request, Syncer, Writer};
+use crate::writer::{Completion, Notifier, Reply, Request, Syncer, Writer};
 
 /// Counters kept by the writer, read by [`Store::stats`].
 #[derive(Default)]
@@ -97,9 +97,16 @@ impl Shared {
         })
     }
 
+    /// Moves the published head forward (never back: two threads may publish).
     pub(crate) fn publish(&self, mark: Mark) {
-        *self.mark.lock() = mark;
-        self.head.store(mark.head, Ordering::Release);
+        {
+            let mut current = self.mark.lock();
+            if mark.head <= current.head && mark.head <= self.head() {
+                return;
+            }
+            *current = mark;
+            self.head.store(mark.head, Ordering::Release);
+        }
         self.head_changed.notify(usize::MAX);
     }
 }
@@ -159,6 +166,7 @@ pub struct Store {
     sender: Option<Sender<Request>>,
     writer: Option<JoinHandle<()>>,
     syncer: Option<(Arc<Syncer>, JoinHandle<()>)>,
+    notifier: Option<(Arc<Notifier>, JoinHandle<()>)>,
     report: OpenReport,
 }
 
@@ -219,7 +227,11 @@ impl Store {
                     Some(reason),
                 ),
             };
-        let tail_window = (options.group_bytes_max + options.limits.append_bytes_max) as u64 + 4096;
+        // The most a crash can leave unsynced: the backlog, plus one group written at its edge.
+        let tail_window = (options.unsynced_bytes_max
+            + options.group_bytes_max
+            + options.limits.append_bytes_max) as u64
+            + 4096;
         let scanned = recovery::scan(&segments, start, start_tail, &mut index, true, tail_window)?;
         let tail = scanned.tail;
         // Segments past the tail hold nothing: remove them so the writer creates them afresh.
@@ -264,9 +276,24 @@ impl Store {
             options,
             _lock: lock,
         });
-        let syncer = match shared.options.durability {
-            Durability::Written | Durability::SyncedLater | Durability::Synced => {
-                let syncer = Arc::new(Syncer::new(segment.clone(), mark));
+        let notifier = match shared.options.durability {
+            Durability::Memory => None,
+            _ => {
+                let notifier = Arc::new(Notifier::new());
+                let handle = {
+                    let notifier = notifier.clone();
+                    let shared = shared.clone();
+                    std::thread::Builder::new()
+                        .name("annals-notifier".into())
+                        .spawn(move || notifier.run(&shared))
+                        .map_err(|e| StoreError::io("spawn notifier thread", dir, 0, e))?
+                };
+                Some((notifier, handle))
+            }
+        };
+        let syncer = match &notifier {
+            Some((notifier, _)) => {
+                let syncer = Arc::new(Syncer::new(segment.clone(), mark, notifier.clone()));
                 let handle = {
                     let syncer = syncer.clone();
                     let shared = shared.clone();
@@ -277,7 +304,7 @@ impl Store {
                 };
                 Some((syncer, handle))
             }
-            _ => None,
+            None => None,
         };
         let (sender, receiver) = crossbeam_channel::bounded(shared.options.limits.queue_depth_max);
         let writer = Writer::new(
@@ -308,6 +335,7 @@ impl Store {
             sender: Some(sender),
             writer: Some(handle),
             syncer,
+            notifier,
             report,
         })
     }
@@ -540,6 +568,10 @@ impl Store {
         }
         if let Some((syncer, handle)) = self.syncer.take() {
             syncer.stop();
+            let _ = handle.join();
+        }
+        if let Some((notifier, handle)) = self.notifier.take() {
+            notifier.stop();
             let _ = handle.join();
         }
         self.shared.closed.store(true, Ordering::Release);

@@ -96,6 +96,9 @@ fn now_us() -> u64 {
 pub(crate) struct Syncer {
     state: Mutex<SyncState>,
     wake: Condvar,
+    /// Signalled after each sync, for a writer waiting for the unsynced backlog to shrink.
+    room: Condvar,
+    notifier: Arc<Notifier>,
 }
 
 /// How long the writer polls for the next append, after a group of one, before it sleeps. A
@@ -113,6 +116,9 @@ pub(crate) struct Waiter {
 
 struct SyncState {
     written: u64,
+    /// Bytes written to the log by this process so far, and how many of them are synced.
+    written_bytes: u64,
+    synced_bytes: u64,
     /// Where the log ends at `written`.
     mark: Mark,
     segment: Arc<Segment>,
@@ -126,10 +132,14 @@ struct SyncState {
 }
 
 impl Syncer {
-    pub(crate) fn new(segment: Arc<Segment>, mark: Mark) -> Self {
+    pub(crate) fn new(segment: Arc<Segment>, mark: Mark, notifier: Arc<Notifier>) -> Self {
         Syncer {
+            notifier,
+            room: Condvar::new(),
             state: Mutex::new(SyncState {
                 written: mark.head,
+                written_bytes: 0,
+                synced_bytes: 0,
                 mark,
                 segment,
                 synced: mark.head,
@@ -144,8 +154,15 @@ impl Syncer {
 
     /// The writer has written through `mark.head` into `segment`; `waiters` are released when
     /// that much is synced.
-    fn written(&self, mark: Mark, segment: &Arc<Segment>, waiters: &mut Vec<Waiter>) {
+    fn written(
+        &self,
+        mark: Mark,
+        bytes: u64,
+        segment: &Arc<Segment>,
+        waiters: &mut Vec<Waiter>,
+    ) {
         let mut state = self.state.lock();
+        state.written_bytes = state.written_bytes.max(bytes);
         if let Some(reason) = state.failed.clone() {
             drop(state);
             for w in waiters.drain(..) {
@@ -174,6 +191,14 @@ impl Syncer {
         }
     }
 
+    /// Waits while more than `max` bytes are written but not synced.
+    fn wait_for_room(&self, max: u64) {
+        let mut state = self.state.lock();
+        while state.failed.is_none() && state.written_bytes - state.synced_bytes > max {
+            self.room.wait(&mut state);
+        }
+    }
+
     pub(crate) fn stop(&self) {
         self.state.lock().stop = true;
         self.wake.notify_one();
@@ -183,7 +208,7 @@ impl Syncer {
         let durability = shared.options.durability;
         let eager = durability >= Durability::SyncedLater;
         loop {
-            let (target, mark, segment) = {
+            let (target, target_bytes, mark, segment) = {
                 let mut state = self.state.lock();
                 loop {
                     let wanted = eager || state.stop || !state.waiters.is_empty();
@@ -196,17 +221,25 @@ impl Syncer {
                     self.wake.wait(&mut state);
                 }
                 state.syncing = true;
-                (state.written, state.mark, state.segment.clone())
+                (state.written, state.written_bytes, state.mark, state.segment.clone())
             };
-            if !self.sync_once(shared, target, mark, &segment) {
+            if !self.sync_once(shared, (target, target_bytes), mark, &segment, false) {
                 return;
             }
         }
     }
 
     /// Syncs through `target` (the caller has set `syncing`), then publishes (in D3) and releases
-    /// the waiters it covers. False when the sync failed and the store is poisoned.
-    fn sync_once(&self, shared: &Shared, target: u64, mark: Mark, segment: &Segment) -> bool {
+    /// the waiters it covers: itself when `direct`, else through the notifier thread. False when
+    /// the sync failed and the store is poisoned.
+    fn sync_once(
+        &self,
+        shared: &Shared,
+        (target, target_bytes): (u64, u64),
+        mark: Mark,
+        segment: &Segment,
+        direct: bool,
+    ) -> bool {
         let started = Instant::now();
         let result = segment
             .file
@@ -219,6 +252,8 @@ impl Syncer {
         match result {
             Ok(()) => {
                 state.synced = target;
+                state.synced_bytes = state.synced_bytes.max(target_bytes);
+                self.room.notify_all();
                 shared.synced.store(target, Ordering::Release);
                 let (done, waiting): (Vec<Waiter>, Vec<Waiter>) =
                     state.waiters.drain(..).partition(|w| w.needed <= target);
@@ -227,13 +262,17 @@ impl Syncer {
                     self.wake.notify_one();
                 }
                 drop(state);
-                if shared.options.durability == Durability::Synced
-                    && !cfg!(feature = "canary-ack-before-fsync")
-                {
-                    shared.publish(mark);
-                }
-                for w in done {
-                    w.reply.send(w.outcome);
+                let publish = shared.options.durability == Durability::Synced
+                    && !cfg!(feature = "canary-ack-before-fsync");
+                if direct {
+                    if publish {
+                        shared.publish(mark);
+                    }
+                    for w in done {
+                        w.reply.send(w.outcome);
+                    }
+                } else if publish || !done.is_empty() {
+                    self.notifier.push(publish.then_some(mark), done);
                 }
                 true
             }
@@ -241,6 +280,7 @@ impl Syncer {
                 let reason = error.to_string();
                 shared.poison(reason.clone());
                 state.failed = Some(reason.clone());
+                self.room.notify_all();
                 let waiters = std::mem::take(&mut state.waiters);
                 drop(state);
                 let mut first = Some(error);
@@ -262,6 +302,7 @@ impl Syncer {
         &self,
         shared: &Shared,
         mark: Mark,
+        bytes: u64,
         segment: &Arc<Segment>,
         waiters: &mut Vec<Waiter>,
     ) -> bool {
@@ -274,6 +315,7 @@ impl Syncer {
             return false;
         }
         state.written = mark.head;
+        state.written_bytes = state.written_bytes.max(bytes);
         state.mark = mark;
         if !Arc::ptr_eq(&state.segment, segment) {
             state.segment = segment.clone();
@@ -281,8 +323,65 @@ impl Syncer {
         state.waiters.append(waiters);
         state.syncing = true;
         drop(state);
-        self.sync_once(shared, mark.head, mark, segment);
+        self.sync_once(shared, (mark.head, bytes), mark, segment, true);
         true
+    }
+}
+
+/// Publishes synced groups and wakes their clients, so that the syncer can start the next
+/// fdatasync at once instead of spending tens of microseconds per client on wake-ups.
+pub(crate) struct Notifier {
+    queue: Mutex<NotifierQueue>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct NotifierQueue {
+    batches: Vec<(Option<Mark>, Vec<Waiter>)>,
+    stop: bool,
+}
+
+impl Notifier {
+    pub(crate) fn new() -> Self {
+        Notifier {
+            queue: Mutex::new(NotifierQueue::default()),
+            wake: Condvar::new(),
+        }
+    }
+
+    fn push(&self, mark: Option<Mark>, waiters: Vec<Waiter>) {
+        let mut queue = self.queue.lock();
+        queue.batches.push((mark, waiters));
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn stop(&self) {
+        self.queue.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn run(&self, shared: &Shared) {
+        let mut batches = Vec::new();
+        loop {
+            {
+                let mut queue = self.queue.lock();
+                while queue.batches.is_empty() {
+                    if queue.stop {
+                        return;
+                    }
+                    self.wake.wait(&mut queue);
+                }
+                std::mem::swap(&mut batches, &mut queue.batches);
+            }
+            for (mark, waiters) in batches.drain(..) {
+                if let Some(mark) = mark {
+                    shared.publish(mark);
+                }
+                for w in waiters {
+                    w.reply.send(w.outcome);
+                }
+            }
+        }
     }
 }
 
@@ -314,6 +413,8 @@ pub(crate) struct Writer {
     syncer: Option<Arc<Syncer>>,
     /// Reused for each group's waiters.
     waiters: Vec<Waiter>,
+    /// Bytes this writer has written to the log since open.
+    written_bytes: u64,
     /// The next segment, being created and preallocated in the background.
     next_segment: Option<std::thread::JoinHandle<Result<Segment, StoreError>>>,
 }
@@ -343,6 +444,7 @@ impl Writer {
             buffer: Vec::with_capacity(1 << 20),
             syncer,
             waiters: Vec::new(),
+            written_bytes: 0,
             next_segment: None,
         }
     }
@@ -501,8 +603,11 @@ impl Writer {
                     && !acknowledge_now
                     && lone
                     && self.receiver.is_empty();
-                if !(alone && syncer.sync_inline(&self.shared, mark, &self.segment, &mut waiters)) {
-                    syncer.written(mark, &self.segment, &mut waiters);
+                let bytes = self.written_bytes;
+                if !(alone
+                    && syncer.sync_inline(&self.shared, mark, bytes, &self.segment, &mut waiters))
+                {
+                    syncer.written(mark, bytes, &self.segment, &mut waiters);
                 }
             }
             None => {
@@ -593,11 +698,16 @@ impl Writer {
         if self.buffer.is_empty() {
             return Ok(());
         }
+        if let Some(syncer) = &self.syncer {
+            let max = self.shared.options.unsynced_bytes_max as u64;
+            syncer.wait_for_room(max.saturating_sub(self.buffer.len() as u64));
+        }
         self.segment
             .file
             .write_at(&self.buffer, self.tail)
             .map_err(|e| StoreError::io("write", &self.segment.path, self.tail, e))?;
         self.tail += self.buffer.len() as u64;
+        self.written_bytes += self.buffer.len() as u64;
         self.buffer.clear();
         Ok(())
     }
