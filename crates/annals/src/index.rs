@@ -40,7 +40,14 @@ pub(crate) struct Index {
     pub(crate) locations: Vec<u64>,
     /// Event ids, for idempotent retries: the position and the CRC32C of the event's content.
     pub(crate) ids: Map<u128, (u64, u32)>,
+    /// The last type, and the last tag in each of the first tag slots, looked up: consecutive
+    /// events (the events of one append, above all) often repeat them, and a byte comparison
+    /// is cheaper than a hash lookup.
+    recent_type: Option<u32>,
+    recent_tags: [Option<u32>; RECENT_TAG_SLOTS],
 }
+
+const RECENT_TAG_SLOTS: usize = 4;
 
 /// A query item with names turned into ids.
 #[derive(Debug, Clone)]
@@ -131,27 +138,39 @@ impl Index {
             self.len() + 1,
             "index positions must be gapless and in order"
         );
-        let type_id = intern(
-            &mut self.type_ids,
-            &mut self.type_names,
-            &mut self.type_postings,
-            layout.type_bytes(entry),
-        );
+        let type_name = layout.type_bytes(entry);
+        let type_id = match self.recent_type {
+            Some(id) if *self.type_names[id as usize] == *type_name => id,
+            _ => intern(
+                &mut self.type_ids,
+                &mut self.type_names,
+                &mut self.type_postings,
+                type_name,
+            ),
+        };
+        self.recent_type = Some(type_id);
         self.type_postings[type_id as usize].push(position);
         self.event_types.push(type_id);
         self.locations.push(location);
         let mut tags = layout.tag_bytes(entry);
-        for _ in 0..layout.tag_count {
+        for slot in 0..layout.tag_count as usize {
             let Some((tag, rest)) = crate::record::split_tag(tags) else {
                 break;
             };
             tags = rest;
-            let tag_id = intern(
-                &mut self.tag_ids,
-                &mut self.tag_names,
-                &mut self.tag_postings,
-                tag,
-            );
+            let recent = self.recent_tags.get(slot).copied().flatten();
+            let tag_id = match recent {
+                Some(id) if *self.tag_names[id as usize] == *tag => id,
+                _ => intern(
+                    &mut self.tag_ids,
+                    &mut self.tag_names,
+                    &mut self.tag_postings,
+                    tag,
+                ),
+            };
+            if let Some(cached) = self.recent_tags.get_mut(slot) {
+                *cached = Some(tag_id);
+            }
             self.tag_postings[tag_id as usize].push(position);
         }
         if let Some(id) = layout.id(entry) {

@@ -349,6 +349,12 @@ impl EntryLayout {
     /// Decodes and checks the entry at the start of `bytes`: every length is inside the entry,
     /// the type and tags are UTF-8. Never panics.
     pub fn parse(bytes: &[u8]) -> Option<EntryLayout> {
+        Self::parse_checked(bytes, true)
+    }
+
+    /// `parse`, optionally without the UTF-8 check: only for bodies this process encoded from
+    /// `&str` (the writer's staging), never for bytes read from disk.
+    pub fn parse_checked(bytes: &[u8], check_utf8: bool) -> Option<EntryLayout> {
         let entry_len = u32_at(bytes, 0)?;
         let entry = bytes.get(..entry_len as usize)?;
         let record_offset = u32_at(entry, 4)?;
@@ -366,12 +372,17 @@ impl EntryLayout {
         if type_len == 0 {
             return None;
         }
-        std::str::from_utf8(entry.get(type_start..tags_start)?).ok()?;
+        let type_bytes = entry.get(type_start..tags_start)?;
+        if check_utf8 {
+            std::str::from_utf8(type_bytes).ok()?;
+        }
         let mut at = tags_start;
         for _ in 0..tag_count {
             let len = u16_at(entry, at)? as usize;
             let tag = entry.get(at + 2..at + 2 + len)?;
-            std::str::from_utf8(tag).ok()?;
+            if check_utf8 {
+                std::str::from_utf8(tag).ok()?;
+            }
             at += 2 + len;
         }
         let metadata_start = at;
@@ -449,6 +460,8 @@ pub fn split_tag(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
 /// Iterates over the entries of a record body, checking each and that they fill it exactly.
 pub struct Entries<'a> {
     body: &'a [u8],
+    /// False only for bodies encoded by this process (see `EntryLayout::parse_checked`).
+    check_utf8: bool,
     at: usize,
     remaining: u32,
     /// Set when the body turned out malformed.
@@ -459,10 +472,19 @@ impl<'a> Entries<'a> {
     pub fn new(body: &'a [u8], event_count: u32) -> Self {
         Entries {
             body,
+            check_utf8: true,
             at: 0,
             remaining: event_count,
             malformed: false,
         }
+    }
+}
+
+impl Entries<'_> {
+    /// Skips the UTF-8 check: the body was encoded here from `&str`.
+    pub fn trusted(mut self) -> Self {
+        self.check_utf8 = false;
+        self
     }
 }
 
@@ -481,7 +503,7 @@ impl<'a> Iterator for Entries<'a> {
             return None;
         }
         let rest = self.body.get(self.at..)?;
-        let Some(layout) = EntryLayout::parse(rest) else {
+        let Some(layout) = EntryLayout::parse_checked(rest, self.check_utf8) else {
             self.malformed = true;
             return None;
         };

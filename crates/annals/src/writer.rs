@@ -670,7 +670,7 @@ impl Writer {
         let padded = aligned(self.buffer.len());
         self.buffer.resize(padded, 0);
         let mut position = first;
-        for (offset, entry, layout) in Entries::new(&append.body, append.event_count) {
+        for (offset, entry, layout) in Entries::new(&append.body, append.event_count).trusted() {
             let at = record_offset + (HEADER_BYTES + offset) as u64;
             index.push(
                 position,
