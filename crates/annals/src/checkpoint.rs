@@ -190,12 +190,17 @@ impl<'a> Cursor<'a> {
 
     fn u64s(&mut self, n: usize) -> Option<Vec<u64>> {
         let bytes = self.take(n.checked_mul(8)?)?;
-        Some(
+        let mut out = if n >= 1 << 18 {
+            crate::index::huge_vec(n)
+        } else {
+            Vec::with_capacity(n)
+        };
+        out.extend(
             bytes
                 .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect(),
-        )
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))),
+        );
+        Some(out)
     }
 }
 
@@ -207,6 +212,10 @@ pub(crate) type Rejected = &'static str;
 pub(crate) fn read(io: &dyn Io, dir: &Path) -> Result<(Index, Mark), Rejected> {
     let path = dir.join(FILE_NAME);
     let file = io.open(&path, OpenMode::Existing).map_err(|_| "missing")?;
+    // Mapped where the I/O layer can: the file is parsed once, never copied whole.
+    if let Ok(Some(map)) = file.map() {
+        return parse(&map).ok_or("damaged");
+    }
     let len = file.len().map_err(|_| "unreadable")? as usize;
     let mut bytes = vec![0u8; len];
     crate::io::read_exact_at(file.as_ref(), &mut bytes, 0).map_err(|_| "unreadable")?;
@@ -258,7 +267,7 @@ fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
         ids.reserve(count);
         for i in 0..count {
             let len = c.u32()? as usize;
-            let name: Box<[u8]> = c.take(len)?.into();
+            let name = crate::index::NameKey::new(c.take(len)?);
             ids.insert(name.clone(), i as u32);
             names.push(name);
         }
@@ -268,10 +277,12 @@ fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
         return None;
     }
     let types = c.take(n.checked_mul(4)?)?;
-    index.event_types = types
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
-        .collect();
+    index.event_types = crate::index::huge_vec(n);
+    index.event_types.extend(
+        types
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4]))),
+    );
     if index.event_types.iter().any(|&t| t as usize >= type_count) {
         return None;
     }

@@ -17,6 +17,65 @@ use crate::record::EntryLayout;
 
 type Map<K, V> = HashMap<K, V, RandomState>;
 
+/// A type or tag name as a hash-map key: names up to 22 bytes are stored inline, so a lookup
+/// compares bytes in the table itself instead of following a pointer to the heap (the lookup
+/// of a tag among a hundred thousand is otherwise two cache misses, not one).
+#[derive(Clone)]
+pub(crate) enum NameKey {
+    Inline { len: u8, bytes: [u8; 22] },
+    Heap(Box<[u8]>),
+}
+
+impl NameKey {
+    pub(crate) fn new(name: &[u8]) -> Self {
+        if name.len() <= 22 {
+            let mut bytes = [0u8; 22];
+            bytes[..name.len()].copy_from_slice(name);
+            NameKey::Inline {
+                len: name.len() as u8,
+                bytes,
+            }
+        } else {
+            NameKey::Heap(name.into())
+        }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            NameKey::Inline { len, bytes } => &bytes[..*len as usize],
+            NameKey::Heap(b) => b,
+        }
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for NameKey {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl std::hash::Hash for NameKey {
+    // Must hash exactly as `[u8]` does, so lookups by `&[u8]` find the key.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl PartialEq for NameKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for NameKey {}
+
+impl std::ops::Deref for NameKey {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 /// A position's place on disk: the segment's number and the entry's offset in it.
 pub(crate) fn location(segment: u32, offset: u32) -> u64 {
     (u64::from(segment) << 32) | u64::from(offset)
@@ -28,11 +87,11 @@ pub(crate) fn split_location(location: u64) -> (u32, u32) {
 
 #[derive(Default)]
 pub(crate) struct Index {
-    pub(crate) type_ids: Map<Box<[u8]>, u32>,
-    pub(crate) type_names: Vec<Box<[u8]>>,
+    pub(crate) type_ids: Map<NameKey, u32>,
+    pub(crate) type_names: Vec<NameKey>,
     pub(crate) type_postings: Vec<Vec<u64>>,
-    pub(crate) tag_ids: Map<Box<[u8]>, u32>,
-    pub(crate) tag_names: Vec<Box<[u8]>>,
+    pub(crate) tag_ids: Map<NameKey, u32>,
+    pub(crate) tag_names: Vec<NameKey>,
     pub(crate) tag_postings: Vec<Vec<u64>>,
     /// The type of each event, by position - 1.
     pub(crate) event_types: Vec<u32>,
@@ -192,8 +251,15 @@ impl Index {
 
     /// Bytes held by the index structures (capacity, not just length).
     pub(crate) fn bytes_used(&self) -> usize {
-        let names = |names: &Vec<Box<[u8]>>| -> usize {
-            names.iter().map(|n| n.len() * 2 + 40).sum::<usize>() + names.capacity() * 16
+        let names = |names: &Vec<NameKey>| -> usize {
+            let heap = |n: &NameKey| match n {
+                NameKey::Heap(b) => b.len(),
+                NameKey::Inline { .. } => 0,
+            };
+            // Each name is in the vector and in the map (key, id and a control byte).
+            names.iter().map(|n| 2 * heap(n)).sum::<usize>()
+                + names.capacity() * std::mem::size_of::<NameKey>()
+                + names.len() * (std::mem::size_of::<NameKey>() + 4 + 1) * 8 / 7
         };
         let postings = |lists: &Vec<Vec<u64>>| -> usize {
             lists.iter().map(|l| l.capacity() * 8 + 24).sum::<usize>()
@@ -461,9 +527,33 @@ impl Index {
     }
 }
 
+/// A vector with room for `capacity` elements whose memory the kernel is asked to back with
+/// huge pages: the big per-event arrays of the index are filled at open, and faulting them in
+/// 4 KiB at a time (each page zeroed) costs more than reading them.
+pub(crate) fn huge_vec<T>(capacity: usize) -> Vec<T> {
+    const HUGE: usize = 2 << 20;
+    let mut v = Vec::with_capacity(capacity);
+    let start = v.as_mut_ptr() as usize;
+    let end = start + capacity * std::mem::size_of::<T>();
+    let aligned_start = start.next_multiple_of(HUGE);
+    let aligned_end = end - end % HUGE;
+    if aligned_end > aligned_start {
+        // SAFETY: the range lies inside the vector's own allocation, and MADV_HUGEPAGE only
+        // advises the kernel how to back it; it changes no contents and no permissions.
+        unsafe {
+            libc::madvise(
+                aligned_start as *mut libc::c_void,
+                aligned_end - aligned_start,
+                libc::MADV_HUGEPAGE,
+            );
+        }
+    }
+    v
+}
+
 fn intern(
-    ids: &mut Map<Box<[u8]>, u32>,
-    names: &mut Vec<Box<[u8]>>,
+    ids: &mut Map<NameKey, u32>,
+    names: &mut Vec<NameKey>,
     postings: &mut Vec<Vec<u64>>,
     name: &[u8],
 ) -> u32 {
@@ -471,8 +561,9 @@ fn intern(
         return id;
     }
     let id = names.len() as u32;
-    ids.insert(name.into(), id);
-    names.push(name.into());
+    let key = NameKey::new(name);
+    ids.insert(key.clone(), id);
+    names.push(key);
     postings.push(Vec::new());
     id
 }

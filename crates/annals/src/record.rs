@@ -373,15 +373,15 @@ impl EntryLayout {
             return None;
         }
         let type_bytes = entry.get(type_start..tags_start)?;
-        if check_utf8 {
-            std::str::from_utf8(type_bytes).ok()?;
+        if check_utf8 && !is_utf8(type_bytes) {
+            return None;
         }
         let mut at = tags_start;
         for _ in 0..tag_count {
             let len = u16_at(entry, at)? as usize;
             let tag = entry.get(at + 2..at + 2 + len)?;
-            if check_utf8 {
-                std::str::from_utf8(tag).ok()?;
+            if check_utf8 && !is_utf8(tag) {
+                return None;
             }
             at += 2 + len;
         }
@@ -448,6 +448,11 @@ impl EntryLayout {
     pub fn content<'a>(&self, entry: &'a [u8]) -> &'a [u8] {
         entry.get(8..self.entry_len as usize).unwrap_or(&[])
     }
+}
+
+/// UTF-8 validity, with a fast path for ASCII (most types and tags).
+fn is_utf8(bytes: &[u8]) -> bool {
+    bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
 }
 
 /// Splits the first tag (u16 length + bytes) off `bytes`.
@@ -517,14 +522,4 @@ impl<'a> Iterator for Entries<'a> {
         self.remaining -= 1;
         Some((offset, entry, layout))
     }
-}
-
-/// Checks every entry of a body; true when all are well formed and fill the body exactly.
-pub fn body_is_well_formed(body: &[u8], event_count: u32) -> bool {
-    let mut entries = Entries::new(body, event_count);
-    let mut seen = 0u32;
-    for _ in entries.by_ref() {
-        seen += 1;
-    }
-    !entries.malformed && seen == event_count
 }

@@ -93,6 +93,7 @@ pub(crate) fn scan(
     let mut tail = start_tail;
     let mut next_position = tail.head + 1;
     let (mut seg_index, mut offset) = start;
+    let mut layouts = Vec::new();
     while seg_index < segments.len() {
         let segment = &segments[seg_index];
         let mut stop: Option<&'static str> = None;
@@ -104,15 +105,19 @@ pub(crate) fn scan(
                         break;
                     }
                     let body = &bytes[HEADER_BYTES..HEADER_BYTES + header.body_len as usize];
-                    // Check the whole body before indexing any of it.
-                    if !record::body_is_well_formed(body, header.event_count) {
+                    // Check the whole body before indexing any of it; the layouts found by
+                    // the check are kept so the body is parsed once.
+                    layouts.clear();
+                    let mut entries = Entries::new(body, header.event_count);
+                    layouts.extend(entries.by_ref().map(|(at, _, layout)| (at, layout)));
+                    if entries.malformed || layouts.len() != header.event_count as usize {
                         stop = Some("malformed record body");
                         break;
                     }
-                    let entries = Entries::new(body, header.event_count);
-                    for (position, (entry_offset, entry, layout)) in
-                        (header.first_position..).zip(entries)
+                    for (position, &(entry_offset, layout)) in
+                        (header.first_position..).zip(layouts.iter())
                     {
+                        let entry = &body[entry_offset..entry_offset + layout.entry_len as usize];
                         let at = offset + (HEADER_BYTES + entry_offset) as u64;
                         index.push(
                             position,

@@ -154,13 +154,7 @@ impl Syncer {
 
     /// The writer has written through `mark.head` into `segment`; `waiters` are released when
     /// that much is synced.
-    fn written(
-        &self,
-        mark: Mark,
-        bytes: u64,
-        segment: &Arc<Segment>,
-        waiters: &mut Vec<Waiter>,
-    ) {
+    fn written(&self, mark: Mark, bytes: u64, segment: &Arc<Segment>, waiters: &mut Vec<Waiter>) {
         let mut state = self.state.lock();
         state.written_bytes = state.written_bytes.max(bytes);
         if let Some(reason) = state.failed.clone() {
@@ -221,7 +215,12 @@ impl Syncer {
                     self.wake.wait(&mut state);
                 }
                 state.syncing = true;
-                (state.written, state.written_bytes, state.mark, state.segment.clone())
+                (
+                    state.written,
+                    state.written_bytes,
+                    state.mark,
+                    state.segment.clone(),
+                )
             };
             if !self.sync_once(shared, (target, target_bytes), mark, &segment, false) {
                 return;
