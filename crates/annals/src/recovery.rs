@@ -244,20 +244,39 @@ fn evidence_of_later_group(
         if chunk.is_empty() {
             break;
         }
-        let mut i = 0;
-        while i + 4 <= chunk.len() {
-            if chunk[i..i + 4] == magic {
-                if let Read::Record { header, .. } = read_record(segment, at + i as u64)? {
-                    if header.synced_through >= next_position {
-                        return Ok(Some(at + i as u64));
+        // Most of what follows the end of a log is zeros: skip all-zero blocks at memory speed
+        // and look for the magic only in the others.
+        const BLOCK: usize = 4096;
+        for (b, block) in chunk.chunks(BLOCK).enumerate() {
+            if is_zero(block) {
+                continue;
+            }
+            let base = b * BLOCK;
+            let mut i = 0;
+            while i + 4 <= block.len() {
+                if block[i..i + 4] == magic {
+                    let offset = at + (base + i) as u64;
+                    if let Read::Record { header, .. } = read_record(segment, offset)? {
+                        if header.synced_through >= next_position {
+                            return Ok(Some(offset));
+                        }
                     }
                 }
+                i += 8;
             }
-            i += 8;
         }
         at += chunk.len() as u64;
     }
     Ok(None)
+}
+
+/// True when every byte is zero; written to vectorise (no early exit inside a block).
+fn is_zero(bytes: &[u8]) -> bool {
+    let mut words = bytes.chunks_exact(8);
+    let folded = words
+        .by_ref()
+        .fold(0u64, |acc, w| acc | u64::from_le_bytes(w.try_into().unwrap_or([1; 8])));
+    folded == 0 && words.remainder().iter().all(|&b| b == 0)
 }
 
 fn has_any_record(segment: &Segment) -> Result<bool, StoreError> {
@@ -278,7 +297,7 @@ fn zero_tail(segment: &Segment, from: u64, window: u64, repair: bool) -> Result<
     while at < end {
         let n = ((end - at) as usize).min(BLOCK);
         let chunk = segment.bytes(at, n)?;
-        if chunk.iter().any(|&b| b != 0) {
+        if !is_zero(&chunk) {
             found = true;
             if repair {
                 segment

@@ -101,7 +101,7 @@ impl Shared {
     pub(crate) fn publish(&self, mark: Mark) {
         {
             let mut current = self.mark.lock();
-            if mark.head <= current.head && mark.head <= self.head() {
+            if mark.head <= current.head {
                 return;
             }
             *current = mark;
