@@ -273,9 +273,9 @@ fn evidence_of_later_group(
 /// True when every byte is zero; written to vectorise (no early exit inside a block).
 fn is_zero(bytes: &[u8]) -> bool {
     let mut words = bytes.chunks_exact(8);
-    let folded = words
-        .by_ref()
-        .fold(0u64, |acc, w| acc | u64::from_le_bytes(w.try_into().unwrap_or([1; 8])));
+    let folded = words.by_ref().fold(0u64, |acc, w| {
+        acc | u64::from_le_bytes(w.try_into().unwrap_or([1; 8]))
+    });
     folded == 0 && words.remainder().iter().all(|&b| b == 0)
 }
 

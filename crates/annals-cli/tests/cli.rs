@@ -1,0 +1,144 @@
+//! The `annals` binary end to end: verify, stats and the benchmarks' JSON contract.
+
+use std::process::Command;
+
+use annals::{NewEvent, Options, Store};
+
+fn annals() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_annals"))
+}
+
+fn small_store(dir: &std::path::Path, events: u64) {
+    let options = Options {
+        segment_bytes: 1 << 20,
+        limits: annals::Limits {
+            append_bytes_max: 64 << 10,
+            ..Default::default()
+        },
+        ..Options::default()
+    };
+    let store = Store::open(dir, options).unwrap();
+    for i in 0..events {
+        let event = NewEvent::new("Deposited", vec![b'x'; 200]).tag(format!("account:{}", i % 7));
+        store.append(&[event], None).unwrap();
+    }
+    store.close().unwrap();
+}
+
+/// Goal: `verify` passes a whole store and its checkpoint, and fails (exit 1, naming the damage)
+/// once a synced record in the middle of the log is damaged.
+#[test]
+fn verify_reports_clean_and_damaged_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    small_store(dir.path(), 300);
+    let out = annals()
+        .arg("verify")
+        .arg(dir.path())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["events"], 300);
+    assert_eq!(report["checkpoint"], "matches");
+    // Flip a byte inside the tenth record's data: every record after it proves it was synced.
+    let segment = dir.path().join(annals::files::segment(1));
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = 64 + 10 * 320 + 100;
+    bytes[at] ^= 0xFF;
+    std::fs::write(&segment, &bytes).unwrap();
+    let out = annals().arg("verify").arg(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("damaged log") && stderr.contains("0000000001.seg"),
+        "{stderr}"
+    );
+}
+
+/// Goal: `stats --json` reports the head, the durability class and index bytes per event.
+#[test]
+fn stats_json() {
+    let dir = tempfile::tempdir().unwrap();
+    small_store(dir.path(), 50);
+    let out = annals()
+        .arg("stats")
+        .arg(dir.path())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["head"], 50);
+    assert!(stats["index_bytes_per_event"].as_f64().unwrap() > 0.0);
+    assert!(stats["index_source"]
+        .as_str()
+        .unwrap()
+        .starts_with("Checkpoint"));
+    let missing = annals()
+        .arg("stats")
+        .arg(dir.path().join("nothing"))
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+}
+
+/// Goal: `bench append` prints, as its last line, one JSON object with the fields the issue
+/// names. Method: a tiny D3 run on a temporary directory.
+#[test]
+fn bench_append_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = annals()
+        .args([
+            "bench",
+            "append",
+            "--writers",
+            "4",
+            "--batch",
+            "2",
+            "--events",
+            "400",
+            "--conditional",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for field in [
+        "workload",
+        "writers",
+        "batch",
+        "events",
+        "event_bytes",
+        "durability",
+        "events_per_sec",
+        "appends_per_sec",
+        "latency_us",
+        "fsyncs",
+        "events_per_fsync",
+        "fsync_floor_per_sec",
+    ] {
+        assert!(!last[field].is_null(), "missing {field} in {last}");
+    }
+    for p in ["p50", "p90", "p99", "p999", "max"] {
+        assert!(last["latency_us"][p].is_u64(), "latency_us.{p}");
+    }
+    assert_eq!(last["durability"], "d3");
+    assert_eq!(last["events"], 400);
+    assert!(last["fsyncs"].as_u64().unwrap() > 0);
+}
