@@ -78,6 +78,9 @@ pub struct Options {
     /// appends; fallocate halves the bytes written for large ones. Segments are prepared in
     /// the background, one ahead of the writer.
     pub zero_fill_segments: bool,
+    /// Write an index checkpoint in the background after this many new events (0: never), so
+    /// that opening after a crash scans only the events since.
+    pub checkpoint_interval_events: u64,
     /// Write the index checkpoint when the store is closed.
     pub checkpoint_on_close: bool,
     /// For crash tests: after every sync, record the synced length of the current segment in
@@ -95,6 +98,7 @@ impl Default for Options {
             group_bytes_max: 32 << 20,
             unsynced_bytes_max: 16 << 20,
             zero_fill_segments: true,
+            checkpoint_interval_events: 1_000_000,
             checkpoint_on_close: true,
             record_synced_length: false,
         }

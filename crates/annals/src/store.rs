@@ -23,7 +23,7 @@ use crate::recovery::{self, Tail};
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
-use crate::writer::{Completion, Notifier, Reply, Request, Syncer, Writer};
+use crate::writer::{Completion, Notifier, Reply, ReplyTo, Request, Syncer, Writer};
 
 /// Counters kept by the writer, read by [`Store::stats`].
 #[derive(Default)]
@@ -65,6 +65,12 @@ pub(crate) struct Shared {
     poisoned: AtomicBool,
     pub(crate) closed: AtomicBool,
     pub(crate) counters: Counters,
+    /// One checkpoint at a time.
+    checkpoint_lock: Mutex<()>,
+    /// The head of the last checkpoint written, and whether a background one is running.
+    pub(crate) checkpointed: AtomicU64,
+    pub(crate) checkpointing: AtomicBool,
+    background_checkpoint: Mutex<Option<JoinHandle<()>>>,
     _lock: Box<dyn DirLock>,
 }
 
@@ -95,6 +101,48 @@ impl Shared {
         Some(StoreError::Poisoned {
             reason: self.poison.lock().clone().unwrap_or_default(),
         })
+    }
+
+    /// Writes the index checkpoint for the published head.
+    pub(crate) fn checkpoint(&self) -> Result<(), StoreError> {
+        if !self.io.is_persistent() {
+            return Ok(());
+        }
+        let _one_at_a_time = self.checkpoint_lock.lock();
+        let mark = *self.mark.lock();
+        checkpoint::write(self.io.as_ref(), &self.dir, &self.index, mark)?;
+        self.checkpointed.fetch_max(mark.head, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Starts a background checkpoint when `checkpoint_interval_events` new events are
+    /// published since the last one and none is running. A failed checkpoint is not fatal: the
+    /// log is the truth, and the next open scans further.
+    pub(crate) fn maybe_checkpoint(self: &Arc<Self>) {
+        let interval = self.options.checkpoint_interval_events;
+        if interval == 0 || self.head() < self.checkpointed.load(Ordering::Relaxed) + interval {
+            return;
+        }
+        if self.checkpointing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("annals-checkpoint".into())
+            .spawn(move || {
+                let _ = shared.checkpoint();
+                shared.checkpointing.store(false, Ordering::Release);
+            });
+        match spawned {
+            Ok(handle) => {
+                let previous = self.background_checkpoint.lock().replace(handle);
+                // The previous one has finished (`checkpointing` was false): reap it.
+                if let Some(previous) = previous {
+                    let _ = previous.join();
+                }
+            }
+            Err(_) => self.checkpointing.store(false, Ordering::Release),
+        }
     }
 
     /// Moves the published head forward (never back: two threads may publish).
@@ -273,6 +321,10 @@ impl Store {
             poisoned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             counters: Counters::default(),
+            checkpoint_lock: Mutex::new(()),
+            checkpointed: AtomicU64::new(tail.head),
+            checkpointing: AtomicBool::new(false),
+            background_checkpoint: Mutex::new(None),
             options,
             _lock: lock,
         });
@@ -285,7 +337,7 @@ impl Store {
                     let shared = shared.clone();
                     std::thread::Builder::new()
                         .name("annals-notifier".into())
-                        .spawn(move || notifier.run(&shared))
+                        .spawn(move || notifier.run(shared))
                         .map_err(|e| StoreError::io("spawn notifier thread", dir, 0, e))?
                 };
                 Some((notifier, handle))
@@ -380,7 +432,7 @@ impl Store {
             events,
             condition,
             options,
-            Reply::Blocking(completion.clone()),
+            ReplyTo::Blocking(completion.clone()),
             true,
         )?;
         completion.wait()
@@ -398,7 +450,7 @@ impl Store {
             events,
             condition,
             AppendOptions::default(),
-            Reply::Blocking(completion.clone()),
+            ReplyTo::Blocking(completion.clone()),
             false,
         )?;
         completion.wait()
@@ -417,7 +469,7 @@ impl Store {
             events,
             condition,
             options,
-            Reply::Callback(Box::new(done)),
+            ReplyTo::Callback(Box::new(done)),
             true,
         )
     }
@@ -427,7 +479,7 @@ impl Store {
         events: &[NewEvent],
         condition: Option<&AppendCondition>,
         options: AppendOptions,
-        reply: Reply,
+        reply: ReplyTo,
         wait_when_full: bool,
     ) -> Result<(), AppendError> {
         if let Some(e) = self.shared.poison_error() {
@@ -466,20 +518,31 @@ impl Store {
             }
             None => None,
         };
+        // From here on the reply must be answered exactly once: by the writer, or disarmed
+        // below when the request never reaches it.
         let request = Request {
             append,
             condition,
             require_synced: options.require_synced,
-            reply,
+            reply: Reply::new(reply),
         };
         if wait_when_full {
-            sender.send(request).map_err(|_| StoreError::Closed)?;
+            sender.send(request).map_err(|e| {
+                e.into_inner().reply.disarm();
+                StoreError::Closed
+            })?;
         } else {
             sender.try_send(request).map_err(|e| match e {
-                TrySendError::Full(_) => AppendError::Input(InputError::QueueFull {
-                    depth: sender.len(),
-                }),
-                TrySendError::Disconnected(_) => AppendError::Store(StoreError::Closed),
+                TrySendError::Full(r) => {
+                    r.reply.disarm();
+                    AppendError::Input(InputError::QueueFull {
+                        depth: sender.len(),
+                    })
+                }
+                TrySendError::Disconnected(r) => {
+                    r.reply.disarm();
+                    AppendError::Store(StoreError::Closed)
+                }
             })?;
         }
         Ok(())
@@ -540,16 +603,7 @@ impl Store {
 
     /// Writes the index checkpoint for the current head, so the next open need not rescan.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
-        if !self.shared.io.is_persistent() {
-            return Ok(());
-        }
-        let mark = *self.shared.mark.lock();
-        checkpoint::write(
-            self.shared.io.as_ref(),
-            &self.shared.dir,
-            &self.shared.index,
-            mark,
-        )
+        self.shared.checkpoint()
     }
 
     /// Drains the queue, syncs, writes the checkpoint (unless disabled) and releases the
@@ -572,6 +626,10 @@ impl Store {
         }
         if let Some((notifier, handle)) = self.notifier.take() {
             notifier.stop();
+            let _ = handle.join();
+        }
+        let background = self.shared.background_checkpoint.lock().take();
+        if let Some(handle) = background {
             let _ = handle.join();
         }
         self.shared.closed.store(true, Ordering::Release);

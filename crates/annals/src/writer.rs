@@ -40,7 +40,10 @@ thread_local! {
 
 impl Completion {
     pub(crate) fn for_this_thread() -> Arc<Completion> {
-        COMPLETION.with(Arc::clone)
+        let completion = COMPLETION.with(Arc::clone);
+        // Nothing can be pending here (one append at a time per thread); clear it regardless.
+        *completion.slot.lock() = None;
+        completion
     }
 
     fn set(&self, outcome: Result<u64, AppendError>) {
@@ -59,16 +62,43 @@ impl Completion {
     }
 }
 
-pub(crate) enum Reply {
+pub(crate) enum ReplyTo {
     Blocking(Arc<Completion>),
     Callback(Box<dyn FnOnce(Result<u64, AppendError>) + Send>),
 }
 
+/// Where an append's outcome goes. Every reply is answered exactly once: one dropped unanswered
+/// (a panic unwinding through the writer) answers with an error, so no caller waits forever.
+pub(crate) struct Reply(Option<ReplyTo>);
+
 impl Reply {
-    fn send(self, outcome: Result<u64, AppendError>) {
-        match self {
-            Reply::Blocking(c) => c.set(outcome),
-            Reply::Callback(f) => f(outcome),
+    pub(crate) fn new(to: ReplyTo) -> Self {
+        Reply(Some(to))
+    }
+
+    /// Drops the reply without answering: the request never reached the writer, and the
+    /// caller learns why from the submitting call's own error.
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+
+    fn send(mut self, outcome: Result<u64, AppendError>) {
+        match self.0.take() {
+            Some(ReplyTo::Blocking(c)) => c.set(outcome),
+            Some(ReplyTo::Callback(f)) => f(outcome),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            let reply = Reply(self.0.take());
+            reply.send(Err(StoreError::Poisoned {
+                reason: "the append was dropped unanswered (the writer stopped)".into(),
+            }
+            .into()));
         }
     }
 }
@@ -359,7 +389,7 @@ impl Notifier {
         self.wake.notify_one();
     }
 
-    pub(crate) fn run(&self, shared: &Shared) {
+    pub(crate) fn run(&self, shared: Arc<Shared>) {
         let mut batches = Vec::new();
         loop {
             {
@@ -380,6 +410,7 @@ impl Notifier {
                     w.reply.send(w.outcome);
                 }
             }
+            shared.maybe_checkpoint();
         }
     }
 }
@@ -483,6 +514,10 @@ impl Writer {
                 self.commit(&mut group, &mut staged);
             }
         }));
+        // A segment still being prepared must not outlive the store's hold on the directory.
+        if let Some(handle) = self.next_segment.take() {
+            let _ = handle.join();
+        }
         if result.is_err() {
             shared.poison("the writer thread panicked".into());
             // Whoever still waits must not wait forever.
@@ -569,6 +604,7 @@ impl Writer {
             durability != Durability::Synced || cfg!(feature = "canary-ack-before-fsync");
         if acknowledge_now && mark.head > self.shared.head() {
             self.shared.publish(mark);
+            self.shared.maybe_checkpoint();
         }
         let lone = group.len() == 1;
         let mut waiters = std::mem::take(&mut self.waiters);
@@ -603,9 +639,11 @@ impl Writer {
                     && lone
                     && self.receiver.is_empty();
                 let bytes = self.written_bytes;
-                if !(alone
-                    && syncer.sync_inline(&self.shared, mark, bytes, &self.segment, &mut waiters))
+                if alone
+                    && syncer.sync_inline(&self.shared, mark, bytes, &self.segment, &mut waiters)
                 {
+                    self.shared.maybe_checkpoint();
+                } else {
                     syncer.written(mark, bytes, &self.segment, &mut waiters);
                 }
             }
