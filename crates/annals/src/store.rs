@@ -456,8 +456,9 @@ impl Store {
         completion.wait()
     }
 
-    /// Queues an append and returns at once; `done` is called on the writer's thread with the
-    /// outcome (keep it short). Errors found before queueing are returned directly.
+    /// Queues an append and returns at once; `done` is called with the outcome on one of the
+    /// store's threads (the writer's, or the notifier's once the append is synced), so keep it
+    /// short and never block in it. Errors found before queueing are returned directly.
     pub fn append_then(
         &self,
         events: &[NewEvent],

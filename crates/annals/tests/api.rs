@@ -194,28 +194,29 @@ fn query_limits_on_both_sides() {
 }
 
 /// Goal: a full queue applies backpressure: `try_append` says so with a typed error, and
-/// `append` waits instead. Method: a one-slot queue held full by a writer stuck in a callback.
+/// `append` waits instead. Method: a one-slot queue held full by a writer stuck in a callback;
+/// in D0 the writer itself runs callbacks (in D3 the notifier thread may), and the second append
+/// is queued only once the writer is inside the callback, so the queue surely stays full.
 #[test]
 fn queue_depth_limit() {
     let limits = Limits {
         queue_depth_max: 1,
         ..small_options().limits
     };
-    let store = sim_store(Options {
+    let store = Store::open_in_memory(Options {
         limits,
         ..small_options()
-    });
+    })
+    .unwrap();
     let (release, wait) = std::sync::mpsc::channel::<()>();
-    // The writer runs the callback on its own thread: it blocks there, so nothing drains.
+    let (entered, in_callback) = std::sync::mpsc::channel::<()>();
     store
         .append_then(&[event()], None, AppendOptions::default(), move |_| {
+            let _ = entered.send(());
             let _ = wait.recv();
         })
         .unwrap();
-    // Wait until the writer has taken the first append, then fill the single slot.
-    while store.stats().queue_depth > 0 {
-        std::thread::yield_now();
-    }
+    in_callback.recv().unwrap();
     store
         .append_then(&[event()], None, AppendOptions::default(), |_| {})
         .unwrap();
