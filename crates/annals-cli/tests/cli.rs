@@ -8,6 +8,22 @@ fn annals() -> Command {
     Command::new(env!("CARGO_BIN_EXE_annals"))
 }
 
+/// Runs `annals COMMAND DIR --json`, requires success, and parses its output.
+fn json_of(command: &str, dir: &std::path::Path) -> serde_json::Value {
+    let out = annals()
+        .arg(command)
+        .arg(dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn small_store(dir: &std::path::Path, events: u64) {
     let options = Options {
         segment_bytes: 1 << 20,
@@ -31,18 +47,7 @@ fn small_store(dir: &std::path::Path, events: u64) {
 fn verify_reports_clean_and_damaged_stores() {
     let dir = tempfile::tempdir().unwrap();
     small_store(dir.path(), 300);
-    let out = annals()
-        .arg("verify")
-        .arg(dir.path())
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = json_of("verify", dir.path());
     assert_eq!(report["events"], 300);
     assert_eq!(report["checkpoint"], "matches");
     // Flip a byte inside the tenth record's data: every record after it proves it was synced.
@@ -65,18 +70,7 @@ fn verify_reports_clean_and_damaged_stores() {
 fn stats_json() {
     let dir = tempfile::tempdir().unwrap();
     small_store(dir.path(), 50);
-    let out = annals()
-        .arg("stats")
-        .arg(dir.path())
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stats = json_of("stats", dir.path());
     assert_eq!(stats["head"], 50);
     assert!(stats["index_bytes_per_event"].as_f64().unwrap() > 0.0);
     assert!(stats["index_source"]

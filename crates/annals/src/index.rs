@@ -467,40 +467,37 @@ impl Index {
         out: &mut Vec<u64>,
         accept: impl Fn(u64) -> bool,
     ) -> Option<u64> {
-        let mut found = 0;
         if window.forward {
             let from = list.partition_point(|&p| p < window.start);
-            for (scanned, &p) in list[from..].iter().enumerate() {
-                if p > window.end {
-                    return None;
-                }
-                if accept(p) {
-                    out.push(p);
-                    found += 1;
-                    if found == max {
-                        return Some(p);
-                    }
-                }
-                if scanned + 1 >= SCAN_CAP {
+            Self::walk_in(list[from..].iter().copied(), window, max, out, accept)
+        } else {
+            let to = list.partition_point(|&p| p <= window.start);
+            Self::walk_in(list[..to].iter().rev().copied(), window, max, out, accept)
+        }
+    }
+
+    /// The walk itself, over candidates already in window order.
+    fn walk_in(
+        candidates: impl Iterator<Item = u64>,
+        window: Window,
+        max: usize,
+        out: &mut Vec<u64>,
+        accept: impl Fn(u64) -> bool,
+    ) -> Option<u64> {
+        let mut found = 0;
+        for (scanned, p) in candidates.enumerate() {
+            if window.before(window.end, p) {
+                return None;
+            }
+            if accept(p) {
+                out.push(p);
+                found += 1;
+                if found == max {
                     return Some(p);
                 }
             }
-        } else {
-            let to = list.partition_point(|&p| p <= window.start);
-            for (scanned, &p) in list[..to].iter().rev().enumerate() {
-                if p < window.end {
-                    return None;
-                }
-                if accept(p) {
-                    out.push(p);
-                    found += 1;
-                    if found == max {
-                        return Some(p);
-                    }
-                }
-                if scanned + 1 >= SCAN_CAP {
-                    return Some(p);
-                }
+            if scanned + 1 >= SCAN_CAP {
+                return Some(p);
             }
         }
         None

@@ -115,14 +115,7 @@ impl Segment {
             .map_err(|e| err("sync new segment", 0, e))?;
         io.sync_dir(dir)
             .map_err(|e| StoreError::io("sync directory", dir, 0, e))?;
-        let map = file.map().map_err(|e| err("map segment", 0, e))?;
-        Ok(Segment {
-            number,
-            path,
-            file,
-            size,
-            map,
-        })
+        Self::mapped(number, path, file, size)
     }
 
     /// Opens an existing segment and checks its header. A file shorter than its size (cut back
@@ -151,9 +144,19 @@ impl Segment {
             file.sync_data()
                 .map_err(|e| SegmentOpenError::Io(StoreError::io("sync segment", &path, len, e)))?;
         }
+        Self::mapped(number, path, file, size).map_err(SegmentOpenError::Io)
+    }
+
+    /// The segment, with its map when the I/O layer can map files.
+    fn mapped(
+        number: u32,
+        path: PathBuf,
+        file: Arc<dyn IoFile>,
+        size: u64,
+    ) -> Result<Segment, StoreError> {
         let map = file
             .map()
-            .map_err(|e| SegmentOpenError::Io(StoreError::io("map segment", &path, 0, e)))?;
+            .map_err(|e| StoreError::io("map segment", &path, 0, e))?;
         Ok(Segment {
             number,
             path,
