@@ -99,13 +99,14 @@ pub(crate) struct Index {
     pub(crate) locations: Vec<u64>,
     /// Event ids, for idempotent retries: the position and the CRC32C of the event's content.
     pub(crate) ids: Map<u128, (u64, u32)>,
-    /// The last type, and the last tag in each of the first tag slots, looked up: consecutive
-    /// events (the events of one append, above all) often repeat them, and a byte comparison
-    /// is cheaper than a hash lookup.
-    recent_type: Option<u32>,
+    /// A few recently seen types, and the last tag in each of the first tag slots: stores hold
+    /// few types, and consecutive events (those of one append, above all) often repeat their
+    /// tags; a byte comparison is cheaper than a hash lookup.
+    recent_types: [Option<u32>; RECENT_TYPES],
     recent_tags: [Option<u32>; RECENT_TAG_SLOTS],
 }
 
+const RECENT_TYPES: usize = 8;
 const RECENT_TAG_SLOTS: usize = 4;
 
 /// A query item with names turned into ids.
@@ -192,25 +193,7 @@ impl Index {
         entry: &[u8],
         layout: &EntryLayout,
     ) {
-        assert_eq!(
-            position,
-            self.len() + 1,
-            "index positions must be gapless and in order"
-        );
-        let type_name = layout.type_bytes(entry);
-        let type_id = match self.recent_type {
-            Some(id) if *self.type_names[id as usize] == *type_name => id,
-            _ => intern(
-                &mut self.type_ids,
-                &mut self.type_names,
-                &mut self.type_postings,
-                type_name,
-            ),
-        };
-        self.recent_type = Some(type_id);
-        self.type_postings[type_id as usize].push(position);
-        self.event_types.push(type_id);
-        self.locations.push(location);
+        self.push_event(position, location, entry, layout);
         let mut tags = layout.tag_bytes(entry);
         for slot in 0..layout.tag_count as usize {
             let Some((tag, rest)) = crate::record::split_tag(tags) else {
@@ -232,9 +215,70 @@ impl Index {
             }
             self.tag_postings[tag_id as usize].push(position);
         }
+    }
+
+    /// Everything of `push` but the tags: type, location and id. The parallel rebuild indexes
+    /// tags on other threads ([`TagShard`]) and adopts them at the end.
+    pub(crate) fn push_event(
+        &mut self,
+        position: u64,
+        location: u64,
+        entry: &[u8],
+        layout: &EntryLayout,
+    ) {
+        assert_eq!(
+            position,
+            self.len() + 1,
+            "index positions must be gapless and in order"
+        );
+        let type_name = layout.type_bytes(entry);
+        let cached = self
+            .recent_types
+            .iter()
+            .flatten()
+            .copied()
+            .find(|&id| *self.type_names[id as usize] == *type_name);
+        let type_id = match cached {
+            Some(id) => id,
+            None => {
+                let id = intern(
+                    &mut self.type_ids,
+                    &mut self.type_names,
+                    &mut self.type_postings,
+                    type_name,
+                );
+                let slot = id as usize % RECENT_TYPES;
+                self.recent_types[slot] = Some(id);
+                id
+            }
+        };
+        self.type_postings[type_id as usize].push(position);
+        self.event_types.push(type_id);
+        self.locations.push(location);
         if let Some(id) = layout.id(entry) {
             let crc = crc32c::crc32c(layout.content(entry));
             self.ids.insert(id.as_u128(), (position, crc));
+        }
+    }
+
+    /// Takes over the tags indexed by shards (in shard order), when the index holds none yet.
+    pub(crate) fn adopt_tags(&mut self, shards: Vec<TagShard>) {
+        assert!(
+            self.tag_names.is_empty(),
+            "tags are adopted only into an index that has none"
+        );
+        for shard in shards {
+            let base = self.tag_names.len() as u32;
+            if base == 0 {
+                self.tag_ids = shard.ids;
+            } else {
+                self.tag_ids.reserve(shard.names.len());
+                for (i, name) in shard.names.iter().enumerate() {
+                    self.tag_ids.insert(name.clone(), base + i as u32);
+                }
+            }
+            self.tag_names.extend(shard.names);
+            self.tag_postings.extend(shard.postings);
         }
     }
 
@@ -521,6 +565,34 @@ impl Index {
             }
             start = chunk.resume?;
         }
+    }
+}
+
+/// The tags of one shard of a parallel rebuild: the tags whose hash falls in the shard, with
+/// their postings. Shards work on the same events at once; each owns its tags, so there is no
+/// sharing and no lock.
+#[derive(Default)]
+pub(crate) struct TagShard {
+    ids: Map<NameKey, u32>,
+    names: Vec<NameKey>,
+    postings: Vec<Vec<u64>>,
+}
+
+impl TagShard {
+    /// Which of `count` shards a tag belongs to: a cheap mix of the tag's length and its first
+    /// and last eight bytes (every shard thread computes it for every tag).
+    pub(crate) fn of(tag: &[u8], count: usize) -> usize {
+        let word = |bytes: &[u8]| bytes.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+        let n = tag.len();
+        let head = word(&tag[..n.min(8)]);
+        let tail = word(&tag[n.saturating_sub(8)..]);
+        let mixed = (head ^ tail.rotate_left(29) ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((mixed >> 32) as usize) % count
+    }
+
+    pub(crate) fn add(&mut self, tag: &[u8], position: u64) {
+        let id = intern(&mut self.ids, &mut self.names, &mut self.postings, tag);
+        self.postings[id as usize].push(position);
     }
 }
 

@@ -12,10 +12,125 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::StoreError;
-use crate::index::{location, Index};
+use crate::index::{location, Index, TagShard};
 use crate::io::Io;
-use crate::record::{self, crc_matches, decode_header, Entries, Frame, HEADER_BYTES};
+use crate::record::{self, crc_matches, decode_header, Entries, EntryLayout, Frame, HEADER_BYTES};
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
+
+/// Tag indexing on helper threads, for a full rebuild: the scanning thread checks records and
+/// indexes types and locations; every shard thread walks the same events and indexes the tags
+/// that hash to it. Tag lookups among many distinct tags are memory-latency bound, so sharing
+/// them out uses both cores. (Dealing the tags out from the scanning thread instead was slower:
+/// the hand-over costs more memory traffic than walking the events twice.)
+struct ShardPool {
+    senders: Vec<crossbeam_channel::Sender<Arc<Work>>>,
+    handles: Vec<std::thread::JoinHandle<TagShard>>,
+    pending: Work,
+}
+
+/// A batch of records for the shards: the records' bytes (shared, not copied) and each event's
+/// position, record and layout.
+#[derive(Default)]
+struct Work {
+    records: Vec<bytes::Bytes>,
+    entries: Vec<(u64, u32, u32, EntryLayout)>,
+}
+
+const WORK_EVENTS: usize = 8192;
+
+impl ShardPool {
+    fn start(count: usize) -> Option<ShardPool> {
+        let mut senders = Vec::with_capacity(count);
+        let mut handles = Vec::with_capacity(count);
+        for k in 0..count {
+            let (sender, receiver) = crossbeam_channel::bounded::<Arc<Work>>(8);
+            let handle = std::thread::Builder::new()
+                .name("annals-rebuild".into())
+                .spawn(move || {
+                    let mut shard = TagShard::default();
+                    for work in receiver {
+                        for &(position, record, offset, layout) in &work.entries {
+                            let bytes = &work.records[record as usize];
+                            let start = offset as usize;
+                            let Some(entry) = bytes.get(start..start + layout.entry_len as usize)
+                            else {
+                                continue;
+                            };
+                            let mut tags = layout.tag_bytes(entry);
+                            for _ in 0..layout.tag_count {
+                                let Some((tag, rest)) = record::split_tag(tags) else {
+                                    break;
+                                };
+                                tags = rest;
+                                if TagShard::of(tag, count) == k {
+                                    shard.add(tag, position);
+                                }
+                            }
+                        }
+                    }
+                    shard
+                })
+                .ok()?;
+            senders.push(sender);
+            handles.push(handle);
+        }
+        Some(ShardPool {
+            senders,
+            handles,
+            pending: Work::default(),
+        })
+    }
+
+    fn add(
+        &mut self,
+        record: &bytes::Bytes,
+        first_position: u64,
+        layouts: &[(usize, EntryLayout)],
+    ) {
+        let index = self.pending.records.len() as u32;
+        self.pending.records.push(record.clone());
+        for (position, &(offset, layout)) in (first_position..).zip(layouts) {
+            let offset = (HEADER_BYTES + offset) as u32;
+            self.pending.entries.push((position, index, offset, layout));
+        }
+        if self.pending.entries.len() >= WORK_EVENTS {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.pending.entries.is_empty() {
+            return;
+        }
+        let work = Arc::new(std::mem::take(&mut self.pending));
+        for sender in &self.senders {
+            // A shard that died (it cannot, short of a panic) shows up when it is joined.
+            let _ = sender.send(work.clone());
+        }
+    }
+
+    /// Hands over the last batch and collects the shards, in shard order.
+    fn finish(mut self) -> Result<Vec<TagShard>, StoreError> {
+        self.flush();
+        self.senders.clear();
+        let mut shards = Vec::with_capacity(self.handles.len());
+        for handle in self.handles.drain(..) {
+            shards.push(handle.join().map_err(|_| StoreError::Poisoned {
+                reason: "a rebuild thread panicked".into(),
+            })?);
+        }
+        Ok(shards)
+    }
+}
+
+impl Drop for ShardPool {
+    fn drop(&mut self) {
+        self.senders.clear();
+        for handle in self.handles.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
 
 /// Where a scan ended.
 #[derive(Debug, Clone, Copy, Default)]
@@ -89,6 +204,43 @@ pub(crate) fn scan(
     index: &mut Index,
     repair: bool,
     tail_window: u64,
+    parallel: bool,
+) -> Result<ScanResult, StoreError> {
+    // Shard tags out only for a rebuild from nothing, where there is much to do.
+    let mut pool = if parallel && index.len() == 0 && index.tag_count() == 0 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores > 1 {
+            ShardPool::start(2)
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+    let result = scan_records(
+        segments,
+        start,
+        start_tail,
+        index,
+        repair,
+        tail_window,
+        &mut pool,
+    );
+    if let (Ok(_), Some(pool)) = (&result, pool) {
+        index.adopt_tags(pool.finish()?);
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scan_records(
+    segments: &[Arc<Segment>],
+    start: (usize, u64),
+    start_tail: Tail,
+    index: &mut Index,
+    repair: bool,
+    tail_window: u64,
+    pool: &mut Option<ShardPool>,
 ) -> Result<ScanResult, StoreError> {
     let mut tail = start_tail;
     let mut next_position = tail.head + 1;
@@ -119,12 +271,14 @@ pub(crate) fn scan(
                     {
                         let entry = &body[entry_offset..entry_offset + layout.entry_len as usize];
                         let at = offset + (HEADER_BYTES + entry_offset) as u64;
-                        index.push(
-                            position,
-                            location(segment.number, at as u32),
-                            entry,
-                            &layout,
-                        );
+                        let at = location(segment.number, at as u32);
+                        match pool {
+                            Some(_) => index.push_event(position, at, entry, &layout),
+                            None => index.push(position, at, entry, &layout),
+                        }
+                    }
+                    if let Some(pool) = pool.as_mut() {
+                        pool.add(&bytes, header.first_position, &layouts);
                     }
                     tail = Tail {
                         head: header.last_position(),

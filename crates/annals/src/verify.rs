@@ -61,6 +61,7 @@ pub(crate) fn verify_with_io(
             &mut index,
             false,
             u64::MAX / 4,
+            true,
         )?;
         progress(count, count);
         tail = result.tail;
