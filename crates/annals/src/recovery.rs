@@ -351,7 +351,7 @@ fn scan_records(
                 });
             }
         }
-        if tail.segment != seg_index || tail.records == 0 {
+        if tail.segment != seg_index {
             tail.last_record_offset = 0;
         }
         tail.segment = seg_index;

@@ -285,8 +285,8 @@ fn idempotent_retries() {
     let events = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
     assert_eq!(events.len(), 3);
     assert_eq!(events[1].id(), Some(id1));
-    io.delete_file(&Path::new(DIR).join(annals::files::CHECKPOINT));
     drop(store);
+    io.delete_file(&Path::new(DIR).join(annals::files::CHECKPOINT));
     let store = open();
     assert!(matches!(
         store.open_report().index,
@@ -516,5 +516,39 @@ fn rejected_append_leaves_no_stale_outcome() {
     for i in 0..20u64 {
         assert!(store.append(&[NewEvent::new("", "")], None).is_err());
         assert_eq!(store.append(&[event()], None).unwrap(), i + 1);
+    }
+}
+
+/// Regression: a store opened from its checkpoint and closed without new appends wrote a
+/// checkpoint whose "last record" offset was 0, so the next open judged it stale and rebuilt
+/// the whole index. Method: open, append, close; then open and close twice more without
+/// appending; every open must use the checkpoint.
+#[test]
+fn reopening_without_appends_keeps_the_checkpoint() {
+    let io = SimIo::new(21);
+    let open =
+        || Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
+    let store = open();
+    for i in 0..30 {
+        store
+            .append(
+                &[NewEvent::new("E", format!("{i}").into_bytes()).tag("t")],
+                None,
+            )
+            .unwrap();
+    }
+    store.close().unwrap();
+    for round in 0..3 {
+        let store = open();
+        assert_eq!(store.head(), 30);
+        assert!(
+            matches!(
+                store.open_report().index,
+                annals::IndexSource::Checkpoint { scanned_events: 0 }
+            ),
+            "round {round}: {:?}",
+            store.open_report().index
+        );
+        store.close().unwrap();
     }
 }
