@@ -62,9 +62,9 @@ pub struct AppendArgs {
     /// Repeat the run and report the median (each run on a fresh store).
     #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// Preallocate segments with fallocate instead of writing zeros.
+    /// Preallocate segments by writing zeros instead of with fallocate.
     #[arg(long)]
-    fallocate: bool,
+    zero_fill: bool,
 }
 
 #[derive(clap::Args)]
@@ -345,7 +345,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
         "event_bytes": args.event_bytes,
         "tags": args.tags,
         "durability": durability.label(),
-        "preallocation": if args.fallocate { "fallocate" } else { "zeros" },
+        "preallocation": if args.zero_fill { "zeros" } else { "fallocate" },
         "runs": runs.len(),
         "events_per_sec": mid.events_per_sec,
         "events_per_sec_runs": runs.iter().map(|r| r.events_per_sec).collect::<Vec<_>>(),
