@@ -62,9 +62,9 @@ pub struct AppendArgs {
     /// Repeat the run and report the median (each run on a fresh store).
     #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// Preallocate segments by writing zeros instead of with fallocate.
+    /// Preallocate segments with fallocate instead of writing zeros.
     #[arg(long)]
-    zero_fill: bool,
+    fallocate: bool,
 }
 
 #[derive(clap::Args)]
@@ -240,8 +240,11 @@ fn append_run(
     store_dir: &Path,
 ) -> Result<RunResult, String> {
     fresh_dir(store_dir)?;
-    let store =
-        Arc::new(Store::open(store_dir, bench_options(durability)).map_err(|e| e.to_string())?);
+    let options = Options {
+        zero_fill_segments: !args.fallocate,
+        ..bench_options(durability)
+    };
+    let store = Arc::new(Store::open(store_dir, options).map_err(|e| e.to_string())?);
     let appends_per_writer = (args.events / (args.writers as u64 * args.batch as u64)).max(1);
     let payload = Bytes::from(vec![b'x'; args.event_bytes]);
     let histogram = Arc::new(Mutex::new(
@@ -345,7 +348,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
         "event_bytes": args.event_bytes,
         "tags": args.tags,
         "durability": durability.label(),
-        "preallocation": if args.zero_fill { "zeros" } else { "fallocate" },
+        "preallocation": if args.fallocate { "fallocate" } else { "zeros" },
         "runs": runs.len(),
         "events_per_sec": mid.events_per_sec,
         "events_per_sec_runs": runs.iter().map(|r| r.events_per_sec).collect::<Vec<_>>(),
