@@ -125,9 +125,9 @@ pub(crate) enum Resolved {
     Items(Vec<ResolvedItem>),
 }
 
-/// Positions to read, in read order, and where to continue.
+/// Where a chunked search goes on: the next start, when more matches may lie beyond what it
+/// returned.
 pub(crate) struct Chunk {
-    /// Whether more matches may lie beyond the last one returned.
     pub(crate) resume: Option<u64>,
 }
 
