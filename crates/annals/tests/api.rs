@@ -552,3 +552,46 @@ fn reopening_without_appends_keeps_the_checkpoint() {
         store.close().unwrap();
     }
 }
+
+/// Goal: a checkpoint that claims more than the log holds (the log was cut behind its back) is
+/// judged stale and the index is rebuilt from what the log does hold. Method: 40 events, close
+/// (checkpoint at 40), cut the segment in the middle of the last records, reopen.
+#[test]
+fn checkpoint_ahead_of_the_log_is_rebuilt() {
+    let io = SimIo::new(33);
+    let options = small_options();
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone()).unwrap();
+    for i in 0..40 {
+        store
+            .append(
+                &[NewEvent::new("E", format!("{i}").into_bytes()).tag("t")],
+                None,
+            )
+            .unwrap();
+    }
+    store.close().unwrap();
+    let last_segment = io
+        .file_names(Path::new(DIR))
+        .into_iter()
+        .filter(|n| n.ends_with(".seg"))
+        .max()
+        .unwrap();
+    let path = Path::new(DIR).join(last_segment);
+    let mut bytes = io.read_file(&path).unwrap();
+    let used = bytes.iter().rposition(|&b| b != 0).unwrap() + 1;
+    for b in &mut bytes[used - 100..] {
+        *b = 0;
+    }
+    io.write_file(&path, &bytes);
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap();
+    assert!(store.head() < 40, "the cut records must be gone");
+    assert!(
+        matches!(
+            store.open_report().index,
+            annals::IndexSource::Rebuilt { .. }
+        ),
+        "{:?}",
+        store.open_report().index
+    );
+    common::check_index_matches_scan(&store).unwrap();
+}
