@@ -8,20 +8,20 @@ fn annals() -> Command {
     Command::new(env!("CARGO_BIN_EXE_annals"))
 }
 
-/// Runs `annals COMMAND DIR --json`, requires success, and parses its output.
-fn json_of(command: &str, dir: &std::path::Path) -> serde_json::Value {
-    let out = annals()
-        .arg(command)
-        .arg(dir)
-        .arg("--json")
-        .output()
-        .unwrap();
+/// Runs a command, requires success (showing its stderr otherwise), and returns its stdout.
+fn stdout_of(command: &mut Command) -> Vec<u8> {
+    let out = command.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    out.stdout
+}
+
+/// Runs `annals COMMAND DIR --json` and parses its output.
+fn json_of(command: &str, dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&stdout_of(annals().arg(command).arg(dir).arg("--json"))).unwrap()
 }
 
 fn small_store(dir: &std::path::Path, events: u64) {
@@ -90,28 +90,23 @@ fn stats_json() {
 #[test]
 fn bench_append_json_contract() {
     let dir = tempfile::tempdir().unwrap();
-    let out = annals()
-        .args([
-            "bench",
-            "append",
-            "--writers",
-            "4",
-            "--batch",
-            "2",
-            "--events",
-            "400",
-            "--conditional",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = stdout_of(
+        annals()
+            .args([
+                "bench",
+                "append",
+                "--writers",
+                "4",
+                "--batch",
+                "2",
+                "--events",
+                "400",
+                "--conditional",
+            ])
+            .arg("--dir")
+            .arg(dir.path()),
     );
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stdout = String::from_utf8(stdout).unwrap();
     let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     for field in [
         "workload",

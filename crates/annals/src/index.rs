@@ -142,7 +142,8 @@ pub(crate) struct Window {
 }
 
 impl Window {
-    fn is_empty(&self) -> bool {
+    /// No position lies in it (a start of 0 also marks a finished walk).
+    pub(crate) fn is_empty(&self) -> bool {
         if self.forward {
             self.start > self.end || self.start == 0
         } else {

@@ -90,10 +90,7 @@ impl ReadIter {
                 end: head,
             }
         };
-        let empty = remaining == 0
-            || head == 0
-            || window.start == 0
-            || (window.forward && window.start > head);
+        let empty = remaining == 0 || window.is_empty();
         let mut iter = ReadIter {
             shared,
             head,
@@ -268,10 +265,7 @@ impl ReadIter {
             if let Some((position, location)) = queue.pop_front() {
                 return self.fetch(position, location).map(Some);
             }
-            if window.start == 0
-                || (window.forward && window.start > window.end)
-                || (!window.forward && window.start < window.end)
-            {
+            if window.is_empty() {
                 return Ok(None);
             }
             positions.clear();

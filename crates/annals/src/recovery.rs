@@ -195,12 +195,12 @@ fn read_record(segment: &Segment, offset: u64) -> Result<Read, StoreError> {
     Ok(Read::Record { header, bytes })
 }
 
-/// Scans `segments` from `start` (segment index, offset) adding every record to `index`.
-/// `segments` must be contiguous by number. With `repair`, a torn tail is zeroed and synced.
+/// Scans `segments` from the end of the log as `from` describes it (`Tail::default()` for the
+/// beginning), adding every record to `index`. `segments` must be contiguous by number. With
+/// `repair`, a torn tail is zeroed and synced.
 pub(crate) fn scan(
     segments: &[Arc<Segment>],
-    start: (usize, u64),
-    start_tail: Tail,
+    from: Tail,
     index: &mut Index,
     repair: bool,
     tail_window: u64,
@@ -217,34 +217,24 @@ pub(crate) fn scan(
     } else {
         None
     };
-    let result = scan_records(
-        segments,
-        start,
-        start_tail,
-        index,
-        repair,
-        tail_window,
-        &mut pool,
-    );
+    let result = scan_records(segments, from, index, repair, tail_window, &mut pool);
     if let (Ok(_), Some(pool)) = (&result, pool) {
         index.adopt_tags(pool.finish()?);
     }
     result
 }
 
-#[allow(clippy::too_many_arguments)]
 fn scan_records(
     segments: &[Arc<Segment>],
-    start: (usize, u64),
-    start_tail: Tail,
+    from: Tail,
     index: &mut Index,
     repair: bool,
     tail_window: u64,
     pool: &mut Option<ShardPool>,
 ) -> Result<ScanResult, StoreError> {
-    let mut tail = start_tail;
+    let mut tail = from;
     let mut next_position = tail.head + 1;
-    let (mut seg_index, mut offset) = start;
+    let (mut seg_index, mut offset) = (tail.segment, tail.offset.max(SEGMENT_HEADER_BYTES));
     let mut layouts = Vec::new();
     while seg_index < segments.len() {
         let segment = &segments[seg_index];

@@ -20,7 +20,7 @@ use crate::query::{AppendCondition, Query, ReadOptions};
 use crate::read::ReadIter;
 use crate::record::encode_append;
 use crate::recovery::{self, Tail};
-use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
+use crate::segment::Segment;
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
 use crate::writer::{Completion, Notifier, Reply, ReplyTo, Request, Syncer, Writer};
@@ -268,30 +268,17 @@ impl Store {
                 options.zero_fill_segments,
             )?));
         }
-        let (mut index, start, start_tail, rebuild_reason) =
+        let (mut index, start_tail, rebuild_reason) =
             match load_checkpoint(io.as_ref(), dir, &segments) {
-                Ok((index, start, tail)) => (index, start, tail, None),
-                Err(reason) => (
-                    Index::default(),
-                    (0, SEGMENT_HEADER_BYTES),
-                    Tail::default(),
-                    Some(reason),
-                ),
+                Ok((index, tail)) => (index, tail, None),
+                Err(reason) => (Index::default(), Tail::default(), Some(reason)),
             };
         // The most a crash can leave unsynced: the backlog, plus one group written at its edge.
         let tail_window = (options.unsynced_bytes_max
             + options.group_bytes_max
             + options.limits.append_bytes_max) as u64
             + 4096;
-        let scanned = recovery::scan(
-            &segments,
-            start,
-            start_tail,
-            &mut index,
-            true,
-            tail_window,
-            true,
-        )?;
+        let scanned = recovery::scan(&segments, start_tail, &mut index, true, tail_window, true)?;
         let tail = scanned.tail;
         // Segments past the tail hold nothing: remove them so the writer creates them afresh.
         if scanned.empty_after_tail > 0 {
@@ -305,7 +292,7 @@ impl Store {
         // What we found may sit only in the page cache (a killed process): make it durable
         // before we present it as acknowledged.
         if options.durability != Durability::Memory {
-            for segment in &segments[start.0.min(tail.segment)..=tail.segment] {
+            for segment in &segments[start_tail.segment.min(tail.segment)..=tail.segment] {
                 segment
                     .file
                     .sync_data()
@@ -667,13 +654,13 @@ impl Drop for Store {
     }
 }
 
-/// Loads the checkpoint if it agrees with the log: the index, where to start scanning and the
-/// tail at that point; or why it cannot be used.
+/// Loads the checkpoint if it agrees with the log: the index and the end of the log it covers
+/// (where scanning resumes); or why it cannot be used.
 fn load_checkpoint(
     io: &dyn Io,
     dir: &Path,
     segments: &[Arc<Segment>],
-) -> Result<(Index, (usize, u64), Tail), String> {
+) -> Result<(Index, Tail), String> {
     let (index, mark) = checkpoint::read(io, dir).map_err(|r| format!("checkpoint {r}"))?;
     let first = segments.first().map_or(0, |s| s.number);
     let position = mark
@@ -695,7 +682,6 @@ fn load_checkpoint(
     }
     Ok((
         index,
-        (position, mark.end_offset),
         Tail {
             head: mark.head,
             segment: position,

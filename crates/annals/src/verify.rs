@@ -8,7 +8,6 @@ use crate::error::StoreError;
 use crate::index::Index;
 use crate::io::{Io, RealIo};
 use crate::recovery::{self, Tail};
-use crate::segment::SEGMENT_HEADER_BYTES;
 
 /// What `verify` found.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -56,7 +55,6 @@ pub(crate) fn verify_with_io(
         progress(0, count);
         let result = recovery::scan(
             &segments,
-            (0, SEGMENT_HEADER_BYTES),
             Tail::default(),
             &mut index,
             false,

@@ -18,6 +18,14 @@ fn sim_store(options: Options) -> Store {
     Store::open_with_io(Arc::new(SimIo::new(3)), Path::new(DIR), options).unwrap()
 }
 
+/// Appends one event per number in `numbers`, its data the number, with the tag `tag(number)`.
+fn append_numbered(store: &Store, numbers: std::ops::Range<u64>, tag: impl Fn(u64) -> String) {
+    for i in numbers {
+        let event = NewEvent::new("E", format!("{i}").into_bytes()).tag(tag(i));
+        store.append(&[event], None).unwrap();
+    }
+}
+
 fn event() -> NewEvent {
     NewEvent::new("E", "data").tag("a")
 }
@@ -371,27 +379,12 @@ fn durability_classes() {
 #[test]
 fn subscriptions_catch_up_then_follow() {
     let store = Arc::new(sim_store(small_options()));
-    for i in 0..50 {
-        store
-            .append(
-                &[NewEvent::new("E", format!("{i}").into_bytes()).tag(format!("k{}", i % 3))],
-                None,
-            )
-            .unwrap();
-    }
+    append_numbered(&store, 0..50, |i| format!("k{}", i % 3));
     let total = 400u64;
     let writer = {
         let store = store.clone();
         std::thread::spawn(move || {
-            for i in 50..total {
-                store
-                    .append(
-                        &[NewEvent::new("E", format!("{i}").into_bytes())
-                            .tag(format!("k{}", i % 3))],
-                        None,
-                    )
-                    .unwrap();
-            }
+            append_numbered(&store, 50..total, |i| format!("k{}", i % 3));
         })
     };
     let subscribers: Vec<_> = (0..4u64)
@@ -481,14 +474,7 @@ fn periodic_checkpoints() {
         ..small_options()
     };
     let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone()).unwrap();
-    for i in 0..350 {
-        store
-            .append(
-                &[NewEvent::new("E", format!("{i}").into_bytes()).tag("t")],
-                None,
-            )
-            .unwrap();
-    }
+    append_numbered(&store, 0..350, |_| "t".into());
     // Let a running background checkpoint finish, then lose everything unsynced.
     let after = {
         drop(store);
@@ -529,14 +515,7 @@ fn reopening_without_appends_keeps_the_checkpoint() {
     let open =
         || Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
     let store = open();
-    for i in 0..30 {
-        store
-            .append(
-                &[NewEvent::new("E", format!("{i}").into_bytes()).tag("t")],
-                None,
-            )
-            .unwrap();
-    }
+    append_numbered(&store, 0..30, |_| "t".into());
     store.close().unwrap();
     for round in 0..3 {
         let store = open();
@@ -561,14 +540,7 @@ fn checkpoint_ahead_of_the_log_is_rebuilt() {
     let io = SimIo::new(33);
     let options = small_options();
     let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone()).unwrap();
-    for i in 0..40 {
-        store
-            .append(
-                &[NewEvent::new("E", format!("{i}").into_bytes()).tag("t")],
-                None,
-            )
-            .unwrap();
-    }
+    append_numbered(&store, 0..40, |_| "t".into());
     store.close().unwrap();
     let last_segment = io
         .file_names(Path::new(DIR))
