@@ -2,6 +2,7 @@
 
 mod bench;
 mod inspect;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -14,6 +15,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the server (HTTP /v1 and gRPC, the UmaDB protocol) on a data directory.
+    ///
+    /// Defaults: data in ./annals-data, HTTP on 127.0.0.1:7400, gRPC on 127.0.0.1:50051, D3.
+    /// SIGTERM (or Ctrl-C) finishes in-flight appends, syncs, checkpoints and exits 0.
+    ///
+    /// Example: annals serve --data-dir ./data --http 127.0.0.1:7400
+    Serve(serve::ServeArgs),
     /// Check every record of a closed store and compare its index checkpoint with the log.
     ///
     /// Example: annals verify ./data
@@ -30,6 +38,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Verify(args) => inspect::verify(args),
         Command::Stats(args) => inspect::stats(args),
         Command::Bench(command) => bench::run(command),

@@ -7,7 +7,8 @@
 //! reserved u32, end offset u64, last record offset u64; type count, tag count, id count (u64
 //! each); type names and tag names (u32 length + bytes each); event types (u32 per event);
 //! locations (u64 per event); each type's then each tag's postings (u64 count + u64s); ids
-//! (16-byte id, u64 position, u32 content CRC each); then CRC32C of everything before it, and "ANNALEND".
+//! (16-byte id, u64 position, u32 content CRC each); tracking (u64 count, then per source u32
+//! length + bytes and u64 position); then CRC32C of everything before it, and "ANNALEND".
 
 use std::path::Path;
 
@@ -21,7 +22,7 @@ pub const FILE_NAME: &str = "index.checkpoint";
 const TEMP_NAME: &str = "index.checkpoint.tmp";
 const MAGIC: &[u8; 8] = b"ANNALCKP";
 const END: &[u8; 8] = b"ANNALEND";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// Where the log stood when the checkpoint was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +82,7 @@ pub(crate) fn write(
     let head = mark.head;
     let n = head as usize;
     (|| -> std::io::Result<()> {
-        let (type_names, tag_names, ids) = {
+        let (type_names, tag_names, ids, tracking) = {
             let index = index.read();
             let ids: Vec<(u128, (u64, u32))> = index
                 .ids
@@ -89,7 +90,17 @@ pub(crate) fn write(
                 .filter(|(_, &(p, _))| p <= head)
                 .map(|(&id, &entry)| (id, entry))
                 .collect();
-            (index.type_names.clone(), index.tag_names.clone(), ids)
+            let tracking: Vec<(Box<str>, u64)> = index
+                .tracking
+                .keys()
+                .filter_map(|source| Some((source.clone(), index.tracking(source, head)?)))
+                .collect();
+            (
+                index.type_names.clone(),
+                index.tag_names.clone(),
+                ids,
+                tracking,
+            )
         };
         sink.put(MAGIC)?;
         sink.put(&VERSION.to_le_bytes())?;
@@ -144,6 +155,12 @@ pub(crate) fn write(
             sink.put(&id.to_le_bytes())?;
             sink.put(&p.to_le_bytes())?;
             sink.put(&crc.to_le_bytes())?;
+        }
+        sink.put(&(tracking.len() as u64).to_le_bytes())?;
+        for (source, value) in &tracking {
+            sink.put(&(source.len() as u32).to_le_bytes())?;
+            sink.put(source.as_bytes())?;
+            sink.put(&value.to_le_bytes())?;
         }
         sink.flush()?;
         let crc = sink.crc;
@@ -312,6 +329,16 @@ fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
             return None;
         }
         index.ids.insert(id, (position, crc));
+    }
+    let sources = c.count(12)?;
+    for _ in 0..sources {
+        let len = c.u32()? as usize;
+        let source = std::str::from_utf8(c.take(len)?).ok()?;
+        let value = c.u64()?;
+        if source.is_empty() {
+            return None;
+        }
+        index.set_tracking(source, head, value, head);
     }
     if c.at != body_len {
         return None;

@@ -120,6 +120,10 @@ pub enum InputError {
     QueueFull { depth: usize },
     #[error("read options: {0}")]
     InvalidReadOptions(String),
+    #[error(
+        "invalid tracking source {name:?}: it must be 1 to {max} bytes without control characters"
+    )]
+    InvalidTrackingSource { name: String, max: usize },
 }
 
 /// Why an append did not happen.
@@ -129,6 +133,17 @@ pub enum AppendError {
     /// `position` is the first such event. Nothing was appended.
     #[error("append condition failed: event at position {position} matches the condition")]
     ConditionFailed { position: u64 },
+    /// The append carried a tracking position not above the one recorded for its source.
+    /// Nothing was appended.
+    #[error(
+        "non-increasing tracking position for source {name:?}: {given} given, {recorded} \
+         already recorded"
+    )]
+    TrackingNotIncreasing {
+        name: String,
+        recorded: u64,
+        given: u64,
+    },
     #[error(transparent)]
     Input(#[from] InputError),
     #[error(transparent)]

@@ -99,6 +99,11 @@ pub(crate) struct Index {
     pub(crate) locations: Vec<u64>,
     /// Event ids, for idempotent retries: the position and the CRC32C of the event's content.
     pub(crate) ids: Map<u128, (u64, u32)>,
+    /// Tracking positions by source, as `(last position of the record that set it, value)`,
+    /// oldest first. The writer sets them before the record is acknowledged, so readers see
+    /// the newest entry at or below the published head; older entries are pruned once a
+    /// newer one is published.
+    pub(crate) tracking: Map<Box<str>, Vec<(u64, u64)>>,
     /// A few recently seen types, and the last tag in each of the first tag slots: stores hold
     /// few types, and consecutive events (those of one append, above all) often repeat their
     /// tags; a byte comparison is cheaper than a hash lookup.
@@ -292,6 +297,35 @@ impl Index {
     /// The position and content CRC of the event stored with this id.
     pub(crate) fn id_entry(&self, id: u128) -> Option<(u64, u32)> {
         self.ids.get(&id).copied()
+    }
+
+    /// Records that the append ending at `at` set `source` to `value`. `published` is the
+    /// published head: entries hidden behind a newer published one are dropped.
+    pub(crate) fn set_tracking(&mut self, source: &str, at: u64, value: u64, published: u64) {
+        let history = match self.tracking.get_mut(source) {
+            Some(h) => h,
+            None => self.tracking.entry(source.into()).or_default(),
+        };
+        history.push((at, value));
+        if let Some(visible) = history.iter().rposition(|&(a, _)| a <= published) {
+            history.drain(..visible);
+        }
+    }
+
+    /// The tracking position of `source` as of the published head `head`.
+    pub(crate) fn tracking(&self, source: &str, head: u64) -> Option<u64> {
+        let history = self.tracking.get(source)?;
+        history
+            .iter()
+            .rev()
+            .find(|&&(at, _)| at <= head)
+            .map(|&(_, value)| value)
+    }
+
+    /// The newest tracking position of `source`, acknowledged or not: what the writer checks a
+    /// new one against.
+    pub(crate) fn tracking_staged(&self, source: &str) -> Option<u64> {
+        self.tracking.get(source)?.last().map(|&(_, value)| value)
     }
 
     /// Bytes held by the index structures (capacity, not just length).

@@ -28,6 +28,7 @@
 mod checkpoint;
 mod error;
 mod event;
+mod histogram;
 mod index;
 pub mod io;
 mod limits;
@@ -45,11 +46,12 @@ mod writer;
 
 pub use error::{AppendError, InputError, ReadError, StoreError};
 pub use event::{Event, NewEvent, Tags};
+pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;
 pub use options::{Durability, Options};
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
-pub use store::{AppendOptions, IndexSource, OpenReport, Stats, Store};
+pub use store::{AppendOptions, IndexSource, OpenReport, Stats, Store, Tracking};
 pub use subscription::Subscription;
 pub use verify::{verify, VerifyReport};
 

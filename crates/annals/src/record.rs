@@ -8,9 +8,10 @@
 //!   0  magic u32 = "ANRC"        4  version u8      5  kind u8      6  flags u16 (0)
 //!   8  body_len u32              12 crc32c u32 over body ++ bytes [0..12) ++ [16..48)
 //!   16 first_position u64        24 synced_through u64
-//!   32 event_count u32           36 reserved u32 (0)
+//!   32 event_count u32           36 trailer_len u32
 //!   40 appended_at_us u64
-//! body: event_count entries, back to back
+//! body: event_count entries, back to back, then trailer_len bytes of trailer
+//! trailer (only when the append carries tracking): source_len u16, source, position u64
 //! entry (24 fixed bytes, then the variable parts)
 //!   0  entry_len u32             4  record_offset u32 (from the record's start to this entry)
 //!   8  type_len u16              10 tag_count u16
@@ -64,14 +65,49 @@ pub struct EncodedAppend {
     pub body_crc: u32,
     pub event_count: u32,
     pub has_ids: bool,
+    /// Bytes at the end of `body` that hold the tracking trailer (0 without tracking).
+    pub trailer_len: u32,
+}
+
+impl EncodedAppend {
+    /// The entries, without the trailer.
+    pub fn entries(&self) -> &[u8] {
+        &self.body[..self.body.len() - self.trailer_len as usize]
+    }
+
+    /// The tracking the append carries, if any.
+    pub fn tracking(&self) -> Option<(&str, u64)> {
+        decode_trailer(&self.body[self.body.len() - self.trailer_len as usize..])
+    }
+}
+
+/// Decodes a tracking trailer: the source and its position. None when empty or malformed.
+pub fn decode_trailer(trailer: &[u8]) -> Option<(&str, u64)> {
+    let len = u16_at(trailer, 0)? as usize;
+    let source = std::str::from_utf8(trailer.get(2..2 + len)?).ok()?;
+    let position = u64_at(trailer, 2 + len)?;
+    (trailer.len() == 2 + len + 8 && !source.is_empty()).then_some((source, position))
 }
 
 fn has_control(s: &str) -> bool {
     s.chars().any(char::is_control)
 }
 
-/// Validates `events` against `limits` and encodes them as a record body.
-pub fn encode_append(events: &[NewEvent], limits: &Limits) -> Result<EncodedAppend, InputError> {
+/// Validates `events` against `limits` and encodes them as a record body, with the tracking
+/// source and position, if any, in a trailer of the same record.
+pub fn encode_append_tracked(
+    events: &[NewEvent],
+    tracking: Option<(&str, u64)>,
+    limits: &Limits,
+) -> Result<EncodedAppend, InputError> {
+    if let Some((source, _)) = tracking {
+        if source.is_empty() || source.len() > limits.tag_bytes_max || has_control(source) {
+            return Err(InputError::InvalidTrackingSource {
+                name: source.to_owned(),
+                max: limits.tag_bytes_max,
+            });
+        }
+    }
     if events.is_empty() {
         return Err(InputError::NoEvents);
     }
@@ -104,8 +140,15 @@ pub fn encode_append(events: &[NewEvent], limits: &Limits) -> Result<EncodedAppe
     for event in events {
         encode_entry(&mut body, event);
     }
+    let entries_len = body.len();
+    if let Some((source, position)) = tracking {
+        body.extend_from_slice(&(source.len() as u16).to_le_bytes());
+        body.extend_from_slice(source.as_bytes());
+        body.extend_from_slice(&position.to_le_bytes());
+    }
     let body_crc = crc32c::crc32c(&body);
     Ok(EncodedAppend {
+        trailer_len: (body.len() - entries_len) as u32,
         body,
         body_crc,
         event_count: events.len() as u32,
@@ -216,10 +259,23 @@ pub struct RecordHeader {
     pub first_position: u64,
     pub synced_through: u64,
     pub event_count: u32,
+    pub trailer_len: u32,
     pub appended_at_us: u64,
 }
 
 impl RecordHeader {
+    /// The part of a record body that holds entries.
+    pub fn entries<'a>(&self, body: &'a [u8]) -> &'a [u8] {
+        body.get(..body.len().saturating_sub(self.trailer_len as usize))
+            .unwrap_or(&[])
+    }
+
+    /// The tracking trailer of a record body (empty when there is none).
+    pub fn trailer<'a>(&self, body: &'a [u8]) -> &'a [u8] {
+        body.get(body.len().saturating_sub(self.trailer_len as usize)..)
+            .unwrap_or(&[])
+    }
+
     /// Bytes the record takes in a segment, padding included.
     pub fn stored_len(&self) -> usize {
         aligned(HEADER_BYTES + self.body_len as usize)
@@ -245,7 +301,7 @@ impl RecordHeader {
         out[16..24].copy_from_slice(&first_position.to_le_bytes());
         out[24..32].copy_from_slice(&synced_through.to_le_bytes());
         out[32..36].copy_from_slice(&append.event_count.to_le_bytes());
-        out[36..40].copy_from_slice(&0u32.to_le_bytes());
+        out[36..40].copy_from_slice(&append.trailer_len.to_le_bytes());
         out[40..48].copy_from_slice(&appended_at_us.to_le_bytes());
         let crc = header_crc(out, append.body_crc);
         out[12..16].copy_from_slice(&crc.to_le_bytes());
@@ -294,20 +350,30 @@ pub fn decode_header(bytes: &[u8]) -> Frame {
     if head[5] != KIND_EVENTS || head[6] != 0 || head[7] != 0 {
         return Frame::Invalid("unknown record kind or flags");
     }
-    let (Some(body_len), Some(crc), Some(first), Some(synced), Some(count), Some(at)) = (
+    let (
+        Some(body_len),
+        Some(crc),
+        Some(first),
+        Some(synced),
+        Some(count),
+        Some(trailer_len),
+        Some(at),
+    ) = (
         u32_at(head, 8),
         u32_at(head, 12),
         u64_at(head, 16),
         u64_at(head, 24),
         u32_at(head, 32),
+        u32_at(head, 36),
         u64_at(head, 40),
-    ) else {
+    )
+    else {
         return Frame::Invalid("truncated header");
     };
     if count == 0 || first == 0 || synced >= first {
         return Frame::Invalid("impossible positions in header");
     }
-    if (body_len as usize) < count as usize * ENTRY_FIXED_BYTES {
+    if (body_len as usize) < count as usize * ENTRY_FIXED_BYTES + trailer_len as usize {
         return Frame::Invalid("body too short for its event count");
     }
     Frame::Record(RecordHeader {
@@ -316,6 +382,7 @@ pub fn decode_header(bytes: &[u8]) -> Frame {
         first_position: first,
         synced_through: synced,
         event_count: count,
+        trailer_len,
         appended_at_us: at,
     })
 }

@@ -250,12 +250,23 @@ fn scan_records(
                     // Check the whole body before indexing any of it; the layouts found by
                     // the check are kept so the body is parsed once.
                     layouts.clear();
-                    let mut entries = Entries::new(body, header.event_count);
+                    let mut entries = Entries::new(header.entries(body), header.event_count);
                     layouts.extend(entries.by_ref().map(|(at, _, layout)| (at, layout)));
                     if entries.malformed || layouts.len() != header.event_count as usize {
                         stop = Some("malformed record body");
                         break;
                     }
+                    let tracking = if header.trailer_len > 0 {
+                        match record::decode_trailer(header.trailer(body)) {
+                            Some(t) => Some(t),
+                            None => {
+                                stop = Some("malformed tracking trailer");
+                                break;
+                            }
+                        }
+                    } else {
+                        None
+                    };
                     for (position, &(entry_offset, layout)) in
                         (header.first_position..).zip(layouts.iter())
                     {
@@ -269,6 +280,10 @@ fn scan_records(
                     }
                     if let Some(pool) = pool.as_mut() {
                         pool.add(&bytes, header.first_position, &layouts);
+                    }
+                    if let Some((source, value)) = tracking {
+                        let last = header.last_position();
+                        index.set_tracking(source, last, value, last);
                     }
                     tail = Tail {
                         head: header.last_position(),

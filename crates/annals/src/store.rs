@@ -13,12 +13,13 @@ use parking_lot::{Mutex, RwLock};
 use crate::checkpoint::{self, Mark};
 use crate::error::{AppendError, InputError, ReadError, StoreError};
 use crate::event::NewEvent;
+use crate::histogram::{HistogramSnapshot, Log2Histogram};
 use crate::index::Index;
 use crate::io::{DirLock, Io, RealIo};
 use crate::options::{Durability, Options};
 use crate::query::{AppendCondition, Query, ReadOptions};
 use crate::read::ReadIter;
-use crate::record::encode_append;
+use crate::record::encode_append_tracked;
 use crate::recovery::{self, Tail};
 use crate::segment::Segment;
 use crate::sim::SimIo;
@@ -36,6 +37,8 @@ pub(crate) struct Counters {
     pub(crate) fsyncs: AtomicU64,
     pub(crate) fsync_us_total: AtomicU64,
     pub(crate) fsync_us_max: AtomicU64,
+    pub(crate) fsync_us: Log2Histogram,
+    pub(crate) group_appends: Log2Histogram,
 }
 
 impl Counters {
@@ -44,6 +47,7 @@ impl Counters {
         self.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.fsync_us_total.fetch_add(us, Ordering::Relaxed);
         self.fsync_us_max.fetch_max(us, Ordering::Relaxed);
+        self.fsync_us.record(us);
     }
 }
 
@@ -200,15 +204,40 @@ pub struct Stats {
     pub fsyncs: u64,
     pub fsync_us_mean: f64,
     pub fsync_us_max: u64,
+    /// fdatasync latency in microseconds.
+    pub fsync_us: HistogramSnapshot,
+    /// Appends committed per group (one write, and in D3 one fdatasync, per group).
+    pub group_appends: HistogramSnapshot,
     pub queue_depth: usize,
     pub poisoned: Option<String>,
 }
 
 /// Per-append options.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct AppendOptions {
     /// Ask for D3 (fsynced before acknowledgement) even when the store runs in a weaker class.
     pub require_synced: bool,
+    /// Record a consumer's position in the same record as the events: the append fails with
+    /// [`AppendError::TrackingNotIncreasing`] unless the position is above the one recorded
+    /// for the source, so a process that appends the effects of what it consumed can neither
+    /// lose nor repeat one across a crash.
+    pub tracking: Option<Tracking>,
+}
+
+/// A named consumer's position in some upstream sequence (see [`AppendOptions::tracking`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracking {
+    pub source: String,
+    pub position: u64,
+}
+
+impl Tracking {
+    pub fn new(source: impl Into<String>, position: u64) -> Self {
+        Tracking {
+            source: source.into(),
+            position,
+        }
+    }
 }
 
 /// A durable DCB event store. See the crate documentation for a tour.
@@ -473,6 +502,24 @@ impl Store {
         )
     }
 
+    /// Like [`Store::append_then`], but fails with [`InputError::QueueFull`] instead of waiting
+    /// when the append queue is full: for callers that must never block, such as async tasks.
+    pub fn try_append_then(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.submit(
+            events,
+            condition,
+            options,
+            ReplyTo::Callback(Box::new(done)),
+            false,
+        )
+    }
+
     fn submit(
         &self,
         events: &[NewEvent],
@@ -486,7 +533,11 @@ impl Store {
         }
         let sender = self.sender.as_ref().ok_or(StoreError::Closed)?;
         let limits = &self.shared.options.limits;
-        let append = encode_append(events, limits)?;
+        let tracking = options
+            .tracking
+            .as_ref()
+            .map(|t| (t.source.as_str(), t.position));
+        let append = encode_append_tracked(events, tracking, limits)?;
         let condition = match condition {
             Some(c) => {
                 c.fail_if_events_match.validate(limits)?;
@@ -561,6 +612,12 @@ impl Store {
         Ok(Subscription::new(self.shared.clone(), query.clone(), after))
     }
 
+    /// The tracking position last recorded for `source` by an acknowledged append.
+    pub fn tracking(&self, source: &str) -> Option<u64> {
+        let head = self.head();
+        self.shared.index.read().tracking(source, head)
+    }
+
     pub fn stats(&self) -> Stats {
         let c = &self.shared.counters;
         let (index_bytes, types, tags) = {
@@ -595,6 +652,8 @@ impl Store {
                 c.fsync_us_total.load(Ordering::Relaxed) as f64 / fsyncs as f64
             },
             fsync_us_max: c.fsync_us_max.load(Ordering::Relaxed),
+            fsync_us: c.fsync_us.snapshot(),
+            group_appends: c.group_appends.snapshot(),
             queue_depth: self.sender.as_ref().map_or(0, |s| s.len()),
             poisoned: self.shared.poison_error().map(|e| e.to_string()),
         }

@@ -82,6 +82,64 @@ impl Subscription {
         }
     }
 
+    /// Moves up to `max` matching events that are already acknowledged into `out`, without
+    /// waiting. Returns how many it moved; 0 means the subscription has caught up with the head.
+    pub fn try_next_batch(&mut self, max: usize, out: &mut Vec<Event>) -> Result<usize, ReadError> {
+        let mut moved = 0;
+        while moved < max {
+            if let Some(iter) = &mut self.current {
+                match iter.next() {
+                    Some(Ok(event)) => {
+                        out.push(event);
+                        moved += 1;
+                        continue;
+                    }
+                    Some(Err(e)) => return Err(e),
+                    None => {
+                        self.scanned = iter.head();
+                        self.current = None;
+                    }
+                }
+            }
+            let head = self.shared.head();
+            if head <= self.scanned {
+                if let Some(e) = self.shared.poison_error() {
+                    return Err(ReadError::Store(e));
+                }
+                break;
+            }
+            let options = ReadOptions::forwards().after(self.scanned);
+            self.current = Some(ReadIter::new(
+                self.shared.clone(),
+                &self.query,
+                options,
+                head,
+            )?);
+        }
+        Ok(moved)
+    }
+
+    /// The next batch of at most `max` matching events, waiting asynchronously (without
+    /// blocking a thread) until there is at least one. `Ok(empty)` when the store closed.
+    /// This is the same step as the blocking iterator: read to the head, then wait for it to
+    /// move.
+    pub async fn next_batch(&mut self, max: usize) -> Result<Vec<Event>, ReadError> {
+        let mut out = Vec::new();
+        loop {
+            let listener = self.shared.head_changed.listen();
+            if self.try_next_batch(max.max(1), &mut out)? > 0 {
+                return Ok(out);
+            }
+            if self.shared.closed.load(Ordering::Acquire) {
+                return Ok(out);
+            }
+            if self.shared.head() > self.scanned {
+                continue;
+            }
+            listener.await;
+        }
+    }
+
     /// Like [`Subscription::next_timeout`] without a timeout, reporting a closed store as an error.
     pub fn next_event(&mut self) -> Result<Event, ReadError> {
         match self.next_timeout(None)? {

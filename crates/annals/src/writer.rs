@@ -593,6 +593,10 @@ impl Writer {
             return;
         }
         self.shared.counters.groups.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .group_appends
+            .record(group.len() as u64);
         let mark = Mark {
             head: self.next_position - 1,
             segment: self.segment.number,
@@ -697,6 +701,18 @@ impl Writer {
                 return Staged::Done(Err(AppendError::ConditionFailed { position }));
             }
         }
+        let tracking = append.tracking();
+        if let Some((source, given)) = tracking {
+            if let Some(recorded) = index.tracking_staged(source) {
+                if given <= recorded {
+                    return Staged::Done(Err(AppendError::TrackingNotIncreasing {
+                        name: source.to_owned(),
+                        recorded,
+                        given,
+                    }));
+                }
+            }
+        }
         let first = self.next_position;
         let record_offset = self.tail + self.buffer.len() as u64;
         let mut header = [0u8; HEADER_BYTES];
@@ -707,7 +723,8 @@ impl Writer {
         let padded = aligned(self.buffer.len());
         self.buffer.resize(padded, 0);
         let mut position = first;
-        for (offset, entry, layout) in Entries::new(&append.body, append.event_count).trusted() {
+        for (offset, entry, layout) in Entries::new(append.entries(), append.event_count).trusted()
+        {
             let at = record_offset + (HEADER_BYTES + offset) as u64;
             index.push(
                 position,
@@ -722,6 +739,9 @@ impl Writer {
             first + u64::from(append.event_count),
             "an encoded append must hold exactly its event count"
         );
+        if let Some((source, value)) = tracking {
+            index.set_tracking(source, position - 1, value, self.shared.head());
+        }
         self.next_position = position;
         self.last_record_offset = record_offset;
         counters.appends.fetch_add(1, Ordering::Relaxed);
@@ -798,7 +818,7 @@ fn idempotent_outcome(
     let mut found = 0u32;
     let mut first_position = 0u64;
     let mut conflict = None;
-    for (i, (_, entry, layout)) in Entries::new(&append.body, append.event_count).enumerate() {
+    for (i, (_, entry, layout)) in Entries::new(append.entries(), append.event_count).enumerate() {
         let Some(id) = layout.id(entry) else {
             continue;
         };
@@ -831,7 +851,7 @@ fn idempotent_outcome(
         }
         None => {
             // Some events had no id while others matched: not a faithful retry.
-            let id = Entries::new(&append.body, append.event_count)
+            let id = Entries::new(append.entries(), append.event_count)
                 .find_map(|(_, e, l)| l.id(e))
                 .unwrap_or_default();
             Some(Err(InputError::IdConflict { id }))

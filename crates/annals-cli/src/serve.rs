@@ -1,0 +1,153 @@
+//! `annals serve`: the server on an embedded data directory.
+
+use std::path::PathBuf;
+
+use annals_server::{config, Config, Server};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Data directory (created if missing). Env: ANNALS_DATA_DIR. Default: ./annals-data
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// HTTP listen address. Env: ANNALS_HTTP_LISTEN. Default: 127.0.0.1:7400
+    #[arg(long, value_name = "HOST:PORT")]
+    http: Option<String>,
+    /// gRPC (UmaDB protocol) listen address, or "off". Env: ANNALS_GRPC_LISTEN.
+    /// Default: 127.0.0.1:50051
+    #[arg(long, value_name = "HOST:PORT|off")]
+    grpc: Option<String>,
+    /// Durability class: d3 (fsync before acknowledgement, the default), d2, d1 or d0.
+    /// Env: ANNALS_DURABILITY
+    #[arg(long, value_name = "CLASS")]
+    durability: Option<String>,
+    /// A TOML configuration file (every setting, limits included). Env: ANNALS_CONFIG
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// API keys, one `key scope,scope` per line (scopes: read, append, admin). With keys
+    /// configured, every request needs `Authorization: Bearer <key>`. Env: ANNALS_API_KEYS_FILE,
+    /// or ANNALS_API_KEYS=key=scope,scope;key2=scope
+    #[arg(long, value_name = "FILE")]
+    api_keys_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM); serves HTTPS and gRPC over TLS. Env: ANNALS_TLS_CERT
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM). Env: ANNALS_TLS_KEY
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+/// Defaults, then the config file, then the environment, then flags.
+fn resolve(args: ServeArgs) -> Result<Config, String> {
+    let mut config = Config::default();
+    let file = args
+        .config
+        .clone()
+        .or_else(|| std::env::var_os("ANNALS_CONFIG").map(PathBuf::from));
+    if let Some(file) = file {
+        config.apply_file(&file)?;
+    }
+    config.apply_env(std::env::vars())?;
+    if let Some(dir) = args.data_dir {
+        config.data_dir = dir;
+    }
+    if let Some(http) = args.http {
+        config.http_listen =
+            config::parse_listen(&http)?.ok_or("the HTTP listener cannot be off")?;
+    }
+    if let Some(grpc) = args.grpc {
+        config.grpc_listen = config::parse_listen(&grpc)?;
+    }
+    if let Some(d) = args.durability {
+        config.durability = d.parse()?;
+    }
+    if let Some(keys) = args.api_keys_file {
+        config.api_keys.load_file(&keys)?;
+    }
+    if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
+        config.tls = Some(annals_server::TlsFiles { cert, key });
+    }
+    Ok(config)
+}
+
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    let config = resolve(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("annals-rt")
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let keys = config.api_keys.len();
+    let tls = config.tls.is_some();
+    let exposed = config.exposed();
+    let durability = config.durability;
+    let dir = config.data_dir.clone();
+    let server = Server::start(config).await?;
+    let report = server.store.open_report().clone();
+    let scheme = if tls { "https" } else { "http" };
+    println!(
+        "annals: serving {} ({}), head {}, opened in {:.1} ms ({})",
+        dir.display(),
+        durability.description(),
+        server.store.head(),
+        report.open_ms,
+        match &report.index {
+            annals::IndexSource::Checkpoint { scanned_events } =>
+                format!("index from checkpoint, {scanned_events} events scanned after it"),
+            annals::IndexSource::Rebuilt { reason } => format!("index rebuilt: {reason}"),
+        }
+    );
+    if let Some((path, offset, why)) = &report.torn_tail {
+        println!(
+            "annals: cut a torn tail in {} at offset {offset}: {why}",
+            path.display()
+        );
+    }
+    println!("annals: http {scheme}://{}/v1", server.http_addr);
+    if let Some(grpc) = server.grpc_addr {
+        println!("annals: grpc {scheme}://{grpc} (UmaDB protocol, service umadb.v1.DCB)");
+    }
+    println!(
+        "annals: {}{}",
+        if keys == 0 {
+            "no API keys: every request is allowed".to_string()
+        } else {
+            format!("{keys} API keys: requests need Authorization: Bearer <key>")
+        },
+        if exposed {
+            "; listening beyond loopback"
+        } else {
+            "; loopback only"
+        }
+    );
+    println!(
+        "annals: listening http={} grpc={}",
+        server.http_addr,
+        server
+            .grpc_addr
+            .map_or_else(|| "off".to_string(), |a| a.to_string())
+    );
+    wait_for_signal().await;
+    println!("annals: shutting down: finishing in-flight requests, then syncing and closing");
+    server.shutdown().await?;
+    println!("annals: stopped cleanly");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

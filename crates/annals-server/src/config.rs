@@ -1,0 +1,322 @@
+//! Server configuration: defaults, then a TOML file, then `ANNALS_*` environment variables,
+//! then command-line flags (applied by the caller), each overriding the one before.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use annals::{Durability, Limits};
+use serde::Deserialize;
+
+use crate::auth::{ApiKeys, Scopes};
+
+/// Everything `annals serve` needs to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    /// HTTP listen address; loopback unless asked otherwise.
+    pub http_listen: SocketAddr,
+    /// gRPC (UmaDB protocol) listen address; `None` disables gRPC.
+    pub grpc_listen: Option<SocketAddr>,
+    pub durability: Durability,
+    pub api_keys: ApiKeys,
+    pub tls: Option<TlsFiles>,
+    pub limits: ServerLimits,
+}
+
+/// A PEM certificate chain and its private key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Limits the server enforces on clients, on top of the store's own [`Limits`].
+#[derive(Debug, Clone)]
+pub struct ServerLimits {
+    /// Bytes in one HTTP request body (also the largest gRPC message accepted).
+    pub body_bytes_max: usize,
+    /// Bytes of the URL-encoded `query` and `options` parameters of a read or subscribe.
+    pub query_param_bytes_max: usize,
+    /// Open connections per listener; further connections are closed at once.
+    pub connections_max: usize,
+    /// Live subscriptions (HTTP and gRPC together); further ones get 503 / UNAVAILABLE.
+    pub subscribers_max: usize,
+    /// Time a client has to send its request headers.
+    pub header_timeout: Duration,
+    /// Time a client has to send its whole request body.
+    pub body_timeout: Duration,
+    /// Time in-flight requests get to finish on shutdown before connections are cut.
+    pub drain_timeout: Duration,
+    /// The store's limits: event size, events per append, tags, query size, queue depth.
+    pub store: Limits,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            body_bytes_max: 16 << 20,
+            query_param_bytes_max: 64 << 10,
+            connections_max: 4096,
+            subscribers_max: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(10),
+            store: Limits::default(),
+        }
+    }
+}
+
+pub const DEFAULT_HTTP_PORT: u16 = 7400;
+/// The port UmaDB's clients and documentation use.
+pub const DEFAULT_GRPC_PORT: u16 = 50051;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("annals-data"),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
+            grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
+            durability: Durability::Synced,
+            api_keys: ApiKeys::default(),
+            tls: None,
+            limits: ServerLimits::default(),
+        }
+    }
+}
+
+/// The configuration file, every field optional.
+///
+/// ```toml
+/// data_dir = "/var/lib/annals"
+/// http_listen = "127.0.0.1:7400"
+/// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
+/// durability = "d3"
+/// api_keys_file = "/etc/annals/keys"
+/// [tls]
+/// cert = "/etc/annals/cert.pem"
+/// key = "/etc/annals/key.pem"
+/// [limits]
+/// body_bytes_max = 16777216
+/// event_bytes_max = 1048576
+/// ```
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub data_dir: Option<PathBuf>,
+    pub http_listen: Option<String>,
+    pub grpc_listen: Option<String>,
+    pub durability: Option<String>,
+    /// Inline keys: `{ key = "...", scopes = ["read", "append"] }`.
+    #[serde(default)]
+    pub api_keys: Vec<KeyEntry>,
+    pub api_keys_file: Option<PathBuf>,
+    pub tls: Option<TlsFiles>,
+    #[serde(default)]
+    pub limits: LimitsFile,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    pub key: String,
+    pub scopes: Vec<String>,
+}
+
+/// Limits that may be set in the file; absent ones keep their defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFile {
+    pub body_bytes_max: Option<usize>,
+    pub query_param_bytes_max: Option<usize>,
+    pub connections_max: Option<usize>,
+    pub subscribers_max: Option<usize>,
+    pub header_timeout_ms: Option<u64>,
+    pub body_timeout_ms: Option<u64>,
+    pub drain_timeout_ms: Option<u64>,
+    pub event_bytes_max: Option<usize>,
+    pub events_per_append_max: Option<usize>,
+    pub append_bytes_max: Option<usize>,
+    pub tags_per_event_max: Option<usize>,
+    pub tag_bytes_max: Option<usize>,
+    pub type_bytes_max: Option<usize>,
+    pub query_items_max: Option<usize>,
+    pub query_item_values_max: Option<usize>,
+    pub queue_depth_max: Option<usize>,
+}
+
+/// Parses a listen address; `off` (for gRPC) disables the listener.
+pub fn parse_listen(value: &str) -> Result<Option<SocketAddr>, String> {
+    if value.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    value.parse().map(Some).map_err(|_| {
+        format!("invalid listen address {value:?}: expected host:port, like 127.0.0.1:7400")
+    })
+}
+
+fn required_listen(value: &str, what: &str) -> Result<SocketAddr, String> {
+    parse_listen(value)?.ok_or_else(|| format!("{what} cannot be off"))
+}
+
+impl Config {
+    /// Applies a configuration file on top of `self`.
+    pub fn apply_file(&mut self, path: &Path) -> Result<(), String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        let file: ConfigFile =
+            toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+        if let Some(dir) = file.data_dir {
+            self.data_dir = dir;
+        }
+        if let Some(v) = file.http_listen {
+            self.http_listen = required_listen(&v, "http_listen")?;
+        }
+        if let Some(v) = file.grpc_listen {
+            self.grpc_listen = parse_listen(&v)?;
+        }
+        if let Some(v) = file.durability {
+            self.durability = v.parse()?;
+        }
+        for entry in file.api_keys {
+            let scopes = Scopes::parse_list(entry.scopes.iter().map(String::as_str))?;
+            self.api_keys.insert(entry.key, scopes)?;
+        }
+        if let Some(keys) = file.api_keys_file {
+            self.api_keys.load_file(&keys)?;
+        }
+        if let Some(tls) = file.tls {
+            self.tls = Some(tls);
+        }
+        self.limits.apply(&file.limits);
+        Ok(())
+    }
+
+    /// Applies `ANNALS_*` variables from `vars` (normally `std::env::vars()`).
+    pub fn apply_env(
+        &mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), String> {
+        let mut cert = None;
+        let mut key = None;
+        for (name, value) in vars {
+            match name.as_str() {
+                "ANNALS_DATA_DIR" => self.data_dir = PathBuf::from(value),
+                "ANNALS_HTTP_LISTEN" => self.http_listen = required_listen(&value, &name)?,
+                "ANNALS_GRPC_LISTEN" => self.grpc_listen = parse_listen(&value)?,
+                "ANNALS_DURABILITY" => self.durability = value.parse()?,
+                "ANNALS_API_KEYS" => self.api_keys.parse_inline(&value)?,
+                "ANNALS_API_KEYS_FILE" => self.api_keys.load_file(Path::new(&value))?,
+                "ANNALS_TLS_CERT" => cert = Some(PathBuf::from(value)),
+                "ANNALS_TLS_KEY" => key = Some(PathBuf::from(value)),
+                _ => {}
+            }
+        }
+        match (cert, key) {
+            (Some(cert), Some(key)) => self.tls = Some(TlsFiles { cert, key }),
+            (None, None) => {}
+            _ => return Err("ANNALS_TLS_CERT and ANNALS_TLS_KEY must be given together".into()),
+        }
+        Ok(())
+    }
+
+    /// True when a listener is bound beyond loopback.
+    pub fn exposed(&self) -> bool {
+        !self.http_listen.ip().is_loopback()
+            || self.grpc_listen.is_some_and(|a| !a.ip().is_loopback())
+    }
+}
+
+impl ServerLimits {
+    fn apply(&mut self, file: &LimitsFile) {
+        fn set<T: Copy>(target: &mut T, value: Option<T>) {
+            if let Some(v) = value {
+                *target = v;
+            }
+        }
+        set(&mut self.body_bytes_max, file.body_bytes_max);
+        set(&mut self.query_param_bytes_max, file.query_param_bytes_max);
+        set(&mut self.connections_max, file.connections_max);
+        set(&mut self.subscribers_max, file.subscribers_max);
+        if let Some(ms) = file.header_timeout_ms {
+            self.header_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = file.body_timeout_ms {
+            self.body_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = file.drain_timeout_ms {
+            self.drain_timeout = Duration::from_millis(ms);
+        }
+        let s = &mut self.store;
+        set(&mut s.event_bytes_max, file.event_bytes_max);
+        set(&mut s.events_per_append_max, file.events_per_append_max);
+        set(&mut s.append_bytes_max, file.append_bytes_max);
+        set(&mut s.tags_per_event_max, file.tags_per_event_max);
+        set(&mut s.tag_bytes_max, file.tag_bytes_max);
+        set(&mut s.type_bytes_max, file.type_bytes_max);
+        set(&mut s.query_items_max, file.query_items_max);
+        set(&mut s.query_item_values_max, file.query_item_values_max);
+        set(&mut s.queue_depth_max, file.queue_depth_max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_env_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("annals.toml");
+        std::fs::write(
+            &path,
+            r#"
+data_dir = "/srv/annals"
+grpc_listen = "off"
+durability = "d2"
+api_keys = [{ key = "k1", scopes = ["read"] }]
+[limits]
+tags_per_event_max = 4
+body_timeout_ms = 500
+"#,
+        )
+        .unwrap();
+        let mut config = Config::default();
+        config.apply_file(&path).unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/srv/annals"));
+        assert_eq!(config.grpc_listen, None);
+        assert_eq!(config.durability, Durability::SyncedLater);
+        assert_eq!(config.limits.store.tags_per_event_max, 4);
+        assert_eq!(config.limits.body_timeout, Duration::from_millis(500));
+        assert!(!config.api_keys.is_empty());
+        config
+            .apply_env([
+                ("ANNALS_DURABILITY".to_string(), "d3".to_string()),
+                ("ANNALS_HTTP_LISTEN".to_string(), "0.0.0.0:9000".to_string()),
+                ("UNRELATED".to_string(), "x".to_string()),
+            ])
+            .unwrap();
+        assert_eq!(config.durability, Durability::Synced);
+        assert!(config.exposed());
+    }
+
+    #[test]
+    fn bad_files_and_values_are_rejected_with_reasons() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("annals.toml");
+        std::fs::write(&path, "data_dri = \"x\"\n").unwrap();
+        let err = Config::default().apply_file(&path).unwrap_err();
+        assert!(err.contains("unknown field"), "{err}");
+        let err = Config::default()
+            .apply_env([("ANNALS_DURABILITY".to_string(), "d9".to_string())])
+            .unwrap_err();
+        assert!(err.contains("unknown durability"), "{err}");
+        let err = Config::default()
+            .apply_env([("ANNALS_TLS_CERT".to_string(), "c.pem".to_string())])
+            .unwrap_err();
+        assert!(err.contains("together"), "{err}");
+        assert!(parse_listen("nowhere").is_err());
+        assert_eq!(parse_listen("OFF").unwrap(), None);
+    }
+}

@@ -1,0 +1,615 @@
+//! gRPC: the UmaDB protocol (service `umadb.v1.DCB` from the `umadb-proto` crate, and its
+//! legacy name `umadb.UmaDBService`), so UmaDB's own clients work against Annals unchanged.
+//!
+//! Semantics follow UmaDB's server where the protocol leaves room: `start` is inclusive (the
+//! maximum when reading backwards); a read streams batches (default 100 events, at most 5,000)
+//! up to the head it saw when it began, and each batch carries that head (or, when a limit was
+//! given, the position of the batch's last event); errors carry an `ErrorResponse` in the
+//! status details, with a failed condition as `FAILED_PRECONDITION` / `INTEGRITY`.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use annals::{
+    AppendCondition, AppendError, Event, NewEvent, Query, QueryItem, ReadError, ReadOptions,
+    StoreError,
+};
+use bytes::Bytes;
+use futures_util::Stream;
+use prost::Message;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::{Code, Request, Response, Status};
+use umadb_proto::v1;
+use umadb_proto::v1::dcb_server::{Dcb, DcbServer};
+use umadb_proto::v1::error_response::ErrorType;
+
+use crate::auth::{Denied, Scopes};
+use crate::metrics::{Api, Op, Outcome};
+use crate::serve::Tls;
+use crate::wire;
+use crate::AppState;
+
+const BATCH_DEFAULT: u32 = 100;
+const BATCH_MAX: u32 = 5000;
+
+pub(crate) async fn serve(listener: TcpListener, tls: Option<Tls>, state: Arc<AppState>) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for name in ["", "umadb.v1.DCB", "umadb.UmaDBService"] {
+        reporter
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    let limits = state.config.limits.clone();
+    let dcb = DcbServer::new(Service {
+        state: state.clone(),
+    })
+    .max_decoding_message_size(limits.body_bytes_max)
+    .max_encoding_message_size(usize::MAX);
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .max_concurrent_streams(Some(256))
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(8 << 20));
+    if let Some(tls) = tls {
+        let identity = tonic::transport::Identity::from_pem(tls.cert_pem, tls.key_pem);
+        builder =
+            match builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity)) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("annals: grpc: TLS configuration failed: {e}");
+                    return;
+                }
+            };
+    }
+    let mut shutdown = state.shutdown.clone();
+    let incoming = incoming(listener, state.clone());
+    let signal = async move {
+        let _ = shutdown.changed().await;
+        for name in ["", "umadb.v1.DCB", "umadb.UmaDBService"] {
+            reporter
+                .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+    };
+    let result = builder
+        .add_service(health)
+        .add_service(Legacy(dcb.clone()))
+        .add_service(dcb)
+        .serve_with_incoming_shutdown(incoming, signal)
+        .await;
+    if let Err(e) = result {
+        eprintln!("annals: grpc server: {e}");
+    }
+}
+
+/// Accepted connections, closed at once beyond the connection limit.
+fn incoming(
+    listener: TcpListener,
+    state: Arc<AppState>,
+) -> impl Stream<Item = Result<Limited, io::Error>> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(
+        state.config.limits.connections_max,
+    ));
+    futures_util::stream::unfold(
+        (listener, permits, state),
+        |(listener, permits, state)| async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let Ok(permit) = permits.clone().try_acquire_owned() else {
+                            continue;
+                        };
+                        let _ = stream.set_nodelay(true);
+                        let conn = Limited {
+                            stream,
+                            _permit: permit,
+                            _gauge: state.metrics.connection(),
+                        };
+                        return Some((Ok(conn), (listener, permits, state)));
+                    }
+                    Err(e) => {
+                        eprintln!("annals: grpc accept: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// A connection that holds its place under the connection limit while it lives.
+pub(crate) struct Limited {
+    stream: TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _gauge: crate::metrics::Gauge,
+}
+
+impl Connected for Limited {
+    type ConnectInfo = TcpConnectInfo;
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// A status with UmaDB's structured `ErrorResponse` in its details, which its clients decode
+/// into typed errors.
+fn status(code: Code, error_type: ErrorType, message: impl Into<String>) -> Status {
+    let message = message.into();
+    let details = v1::ErrorResponse {
+        message: message.clone(),
+        error_type: error_type as i32,
+    };
+    Status::with_details(code, message, Bytes::from(details.encode_to_vec()))
+}
+
+fn invalid(message: impl Into<String>) -> Status {
+    status(Code::InvalidArgument, ErrorType::InvalidArgument, message)
+}
+
+fn store_status(e: &StoreError) -> Status {
+    match e {
+        StoreError::Poisoned { .. } | StoreError::Closed => {
+            status(Code::Unavailable, ErrorType::Io, e.to_string())
+        }
+        _ => status(Code::Internal, ErrorType::Internal, e.to_string()),
+    }
+}
+
+fn read_status(e: &ReadError) -> Status {
+    match e {
+        ReadError::Input(e) => invalid(e.to_string()),
+        ReadError::Store(e) => store_status(e),
+    }
+}
+
+fn outcome_of(status: &Status) -> Outcome {
+    match status.code() {
+        Code::FailedPrecondition => Outcome::Conflict,
+        Code::Internal | Code::Unavailable | Code::DataLoss | Code::Unknown => Outcome::ServerError,
+        _ => Outcome::ClientError,
+    }
+}
+
+fn to_query(query: Option<v1::Query>) -> Query {
+    match query {
+        None => Query::all(),
+        Some(q) => Query {
+            items: q
+                .items
+                .into_iter()
+                .map(|i| QueryItem {
+                    types: i.types,
+                    tags: i.tags,
+                })
+                .collect(),
+        },
+    }
+}
+
+fn to_sequenced(event: &Event) -> v1::SequencedEvent {
+    v1::SequencedEvent {
+        position: event.position(),
+        event: Some(v1::Event {
+            event_type: event.event_type().to_owned(),
+            tags: event.tags().map(str::to_owned).collect(),
+            data: event.data().to_vec(),
+            uuid: event.id().map(|id| id.to_string()).unwrap_or_default(),
+            metadata: wire::metadata_entries(event.metadata())
+                .into_iter()
+                .map(|(key, value)| v1::MetadataEntry { key, value })
+                .collect(),
+        }),
+        tracking_info: None,
+    }
+}
+
+fn to_new_event(index: usize, event: v1::Event) -> Result<NewEvent, Status> {
+    let id = if event.uuid.is_empty() {
+        None
+    } else {
+        Some(uuid::Uuid::parse_str(&event.uuid).map_err(|_| {
+            status(
+                Code::InvalidArgument,
+                ErrorType::Serialization,
+                format!("event {index}: invalid UUID {:?}", event.uuid),
+            )
+        })?)
+    };
+    let metadata = if event.metadata.is_empty() {
+        Bytes::new()
+    } else {
+        wire::metadata_from_entries(
+            event
+                .metadata
+                .iter()
+                .map(|m| (m.key.as_str(), m.value.as_str())),
+        )
+    };
+    Ok(NewEvent {
+        event_type: event.event_type,
+        tags: event.tags,
+        data: Bytes::from(event.data),
+        metadata,
+        id,
+    })
+}
+
+struct Service {
+    state: Arc<AppState>,
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+impl Service {
+    fn authorize(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        needed: Scopes,
+    ) -> Result<(), Status> {
+        let header = metadata.get("authorization").map(|v| v.as_bytes());
+        self.state
+            .config
+            .api_keys
+            .check(header, needed)
+            .map_err(|denied| {
+                self.state.metrics.auth_failure();
+                match denied {
+                    Denied::Unauthenticated => status(
+                        Code::Unauthenticated,
+                        ErrorType::Authentication,
+                        denied.message(),
+                    ),
+                    Denied::Forbidden(_) => status(
+                        Code::PermissionDenied,
+                        ErrorType::Authentication,
+                        denied.message(),
+                    ),
+                }
+            })
+    }
+
+    fn record<T>(&self, op: Op, started: Instant, result: &Result<T, Status>) {
+        let outcome = match result {
+            Ok(_) => Outcome::Ok,
+            Err(s) => outcome_of(s),
+        };
+        self.state
+            .metrics
+            .record(Api::Grpc, op, outcome, started.elapsed());
+    }
+
+    fn read_stream(&self, request: v1::ReadRequest) -> Result<BoxStream<v1::ReadResponse>, Status> {
+        #[allow(deprecated)]
+        if request.subscribe.unwrap_or(false) {
+            return Err(invalid(
+                "the `subscribe` argument of read is deprecated: call Subscribe instead",
+            ));
+        }
+        let backwards = request.backwards.unwrap_or(false);
+        let mut options = if backwards {
+            ReadOptions::backwards()
+        } else {
+            ReadOptions::forwards()
+        };
+        options.from = request.start;
+        options.limit = request.limit.map(u64::from);
+        let limited = request.limit.is_some();
+        let batch = request
+            .batch_size
+            .unwrap_or(BATCH_DEFAULT)
+            .clamp(1, BATCH_MAX) as usize;
+        let iter = self
+            .state
+            .store
+            .read(&to_query(request.query), options)
+            .map_err(|e| read_status(&e))?;
+        let head = Some(iter.head()).filter(|&h| h > 0);
+        let state = self.state.clone();
+        struct Reading {
+            iter: annals::ReadIter,
+            sent_any: bool,
+            done: bool,
+        }
+        let reading = Reading {
+            iter,
+            sent_any: false,
+            done: false,
+        };
+        let stream = futures_util::stream::unfold(reading, move |mut r| {
+            let state = state.clone();
+            async move {
+                if r.done {
+                    return None;
+                }
+                let mut events = Vec::with_capacity(batch.min(1024));
+                while events.len() < batch {
+                    match r.iter.next() {
+                        Some(Ok(event)) => events.push(to_sequenced(&event)),
+                        Some(Err(e)) => {
+                            r.done = true;
+                            return Some((Err(read_status(&e)), r));
+                        }
+                        None => {
+                            r.done = true;
+                            break;
+                        }
+                    }
+                }
+                if events.is_empty() && r.sent_any {
+                    return None;
+                }
+                r.sent_any = true;
+                state.metrics.events_read(events.len() as u64);
+                let batch_head = if limited {
+                    events.last().map(|e| e.position)
+                } else {
+                    head
+                };
+                Some((
+                    Ok(v1::ReadResponse {
+                        events,
+                        head: batch_head,
+                    }),
+                    r,
+                ))
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    fn subscribe_stream(
+        &self,
+        request: v1::SubscribeRequest,
+    ) -> Result<BoxStream<v1::SubscribeResponse>, Status> {
+        let limits = &self.state.config.limits;
+        if self.state.metrics.subscribers() >= limits.subscribers_max as i64 {
+            return Err(status(
+                Code::Unavailable,
+                ErrorType::Io,
+                format!(
+                    "the server already serves {} subscriptions (the limit)",
+                    limits.subscribers_max
+                ),
+            ));
+        }
+        let batch = request
+            .batch_size
+            .unwrap_or(BATCH_DEFAULT)
+            .clamp(1, BATCH_MAX) as usize;
+        let subscription = self
+            .state
+            .store
+            .subscribe(&to_query(request.query), request.after.unwrap_or(0))
+            .map_err(|e| read_status(&e))?;
+        struct Following {
+            subscription: annals::Subscription,
+            shutdown: tokio::sync::watch::Receiver<bool>,
+            state: Arc<AppState>,
+            _gauge: crate::metrics::Gauge,
+        }
+        let following = Following {
+            subscription,
+            shutdown: self.state.shutdown.clone(),
+            state: self.state.clone(),
+            _gauge: self.state.metrics.subscriber(),
+        };
+        let stream = futures_util::stream::unfold(following, move |mut f| async move {
+            if *f.shutdown.borrow() {
+                return None;
+            }
+            let batch = tokio::select! {
+                batch = f.subscription.next_batch(batch) => batch,
+                _ = f.shutdown.changed() => return None,
+            };
+            match batch {
+                Ok(events) if events.is_empty() => None,
+                Ok(events) => {
+                    f.state.metrics.events_read(events.len() as u64);
+                    let events = events.iter().map(to_sequenced).collect();
+                    Some((Ok(v1::SubscribeResponse { events }), f))
+                }
+                Err(e) => Some((Err(read_status(&e)), f)),
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn append_inner(&self, request: v1::AppendRequest) -> Result<u64, Status> {
+        let events = request
+            .events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| to_new_event(i, e))
+            .collect::<Result<Vec<_>, _>>()?;
+        let condition = request.condition.map(|c| AppendCondition {
+            fail_if_events_match: to_query(c.fail_if_events_match),
+            after: c.after,
+        });
+        if let Some(tracking) = &request.tracking_info {
+            if tracking.source.is_empty() {
+                return Err(invalid("tracking info needs a source name"));
+            }
+        }
+        let tracking = request
+            .tracking_info
+            .map(|t| annals::Tracking::new(t.source, t.position));
+        match self
+            .state
+            .append(&events, condition.as_ref(), tracking)
+            .await
+        {
+            Ok(position) => Ok(position),
+            Err(AppendError::ConditionFailed { position }) => Err(status(
+                Code::FailedPrecondition,
+                ErrorType::Integrity,
+                format!(
+                    "append condition failed: event at position {position} matches the condition"
+                ),
+            )),
+            Err(e @ AppendError::TrackingNotIncreasing { .. }) => Err(status(
+                Code::FailedPrecondition,
+                ErrorType::Integrity,
+                e.to_string(),
+            )),
+            Err(AppendError::Input(e)) => {
+                if matches!(e, annals::InputError::QueueFull { .. }) {
+                    Err(status(Code::Unavailable, ErrorType::Io, e.to_string()))
+                } else {
+                    Err(invalid(e.to_string()))
+                }
+            }
+            Err(AppendError::Store(e)) => Err(store_status(&e)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Dcb for Service {
+    type ReadStream = BoxStream<v1::ReadResponse>;
+    type SubscribeStream = BoxStream<v1::SubscribeResponse>;
+
+    async fn read(
+        &self,
+        request: Request<v1::ReadRequest>,
+    ) -> Result<Response<Self::ReadStream>, Status> {
+        let started = Instant::now();
+        let result = self
+            .authorize(request.metadata(), Scopes::READ)
+            .and_then(|()| self.read_stream(request.into_inner()));
+        self.record(Op::Read, started, &result);
+        result.map(Response::new)
+    }
+
+    async fn subscribe(
+        &self,
+        request: Request<v1::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let started = Instant::now();
+        let result = self
+            .authorize(request.metadata(), Scopes::READ)
+            .and_then(|()| self.subscribe_stream(request.into_inner()));
+        self.record(Op::Subscribe, started, &result);
+        result.map(Response::new)
+    }
+
+    async fn append(
+        &self,
+        request: Request<v1::AppendRequest>,
+    ) -> Result<Response<v1::AppendResponse>, Status> {
+        let started = Instant::now();
+        let result = match self.authorize(request.metadata(), Scopes::APPEND) {
+            Ok(()) => self.append_inner(request.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.record(Op::Append, started, &result);
+        result.map(|position| Response::new(v1::AppendResponse { position }))
+    }
+
+    async fn head(
+        &self,
+        request: Request<v1::HeadRequest>,
+    ) -> Result<Response<v1::HeadResponse>, Status> {
+        let started = Instant::now();
+        let result = self.authorize(request.metadata(), Scopes::READ).map(|()| {
+            let head = self.state.store.head();
+            v1::HeadResponse {
+                position: Some(head).filter(|&h| h > 0),
+            }
+        });
+        self.record(Op::Head, started, &result);
+        result.map(Response::new)
+    }
+
+    async fn get_tracking_info(
+        &self,
+        request: Request<v1::TrackingRequest>,
+    ) -> Result<Response<v1::TrackingResponse>, Status> {
+        let started = Instant::now();
+        let result =
+            self.authorize(request.metadata(), Scopes::READ)
+                .map(|()| v1::TrackingResponse {
+                    position: self.state.store.tracking(&request.get_ref().source),
+                });
+        self.record(Op::Tracking, started, &result);
+        result.map(Response::new)
+    }
+}
+
+/// The DCB service under its legacy name, `umadb.UmaDBService`: paths are rewritten to
+/// `umadb.v1.DCB` and handled by the same service.
+#[derive(Clone)]
+struct Legacy(DcbServer<Service>);
+
+impl tonic::server::NamedService for Legacy {
+    const NAME: &'static str = "umadb.UmaDBService";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Legacy {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = <DcbServer<Service> as tower::Service<http::Request<tonic::body::Body>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        <DcbServer<Service> as tower::Service<http::Request<tonic::body::Body>>>::poll_ready(
+            &mut self.0,
+            cx,
+        )
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        let path = request.uri().path();
+        if let Some(method) = path.strip_prefix("/umadb.UmaDBService/") {
+            let rewritten = format!("/umadb.v1.DCB/{method}");
+            let mut parts = request.uri().clone().into_parts();
+            if let Ok(pq) = rewritten.parse() {
+                parts.path_and_query = Some(pq);
+                if let Ok(uri) = http::Uri::from_parts(parts) {
+                    *request.uri_mut() = uri;
+                }
+            }
+        }
+        tower::Service::call(&mut self.0, request)
+    }
+}

@@ -1,0 +1,676 @@
+//! The HTTP API, base path `/v1` (BRIEF.md section 6), plus `/health` and `/metrics`.
+//!
+//! Every answer that is not a success carries `{"error": message, "kind": machine-readable
+//! kind}`. Reads answer a JSON array, or NDJSON when the client accepts
+//! `application/x-ndjson`; a read larger than one buffer is streamed chunk by chunk from the
+//! store's iterator, never collected whole.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use annals::{AppendError, Event, InputError, NewEvent, ReadError, ReadIter, StoreError};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+
+use crate::auth::Scopes;
+use crate::metrics::{Api, Op, Outcome};
+use crate::wire::{self, ApiError, AppendBody, WireReadOptions};
+use crate::AppState;
+
+/// A read answer is sent whole when it fits in this many bytes, streamed otherwise.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+/// Events per subscription batch.
+const SUBSCRIBE_BATCH: usize = 256;
+/// How often an idle SSE stream sends a comment, so dead clients are noticed.
+const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
+
+const JSON: &str = "application/json";
+const NDJSON: &str = "application/x-ndjson";
+const SSE: &str = "text/event-stream";
+
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/read", get(read))
+        .route("/v1/append", post(append))
+        .route("/v1/head", get(head))
+        .route("/v1/subscribe", get(subscribe))
+        .route("/v1/tracking", get(tracking))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, self.body()).into_response();
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+fn outcome_of(error: &ApiError) -> Outcome {
+    if error.status.is_server_error() {
+        Outcome::ServerError
+    } else {
+        Outcome::ClientError
+    }
+}
+
+fn authorize(state: &AppState, headers: &HeaderMap, needed: Scopes) -> Result<(), ApiError> {
+    state
+        .config
+        .api_keys
+        .check(headers.get(AUTHORIZATION).map(|v| v.as_bytes()), needed)
+        .map_err(|denied| {
+            state.metrics.auth_failure();
+            let status = match denied {
+                crate::auth::Denied::Unauthenticated => StatusCode::UNAUTHORIZED,
+                crate::auth::Denied::Forbidden(_) => StatusCode::FORBIDDEN,
+            };
+            let kind = if status == StatusCode::UNAUTHORIZED {
+                "unauthenticated"
+            } else {
+                "forbidden"
+            };
+            ApiError::new(status, kind, denied.message())
+        })
+}
+
+fn input_error(e: &InputError) -> ApiError {
+    let kind = match e {
+        InputError::NoEvents => "no_events",
+        InputError::TooManyEvents { .. } => "too_many_events",
+        InputError::EventTooLarge { .. } => "event_too_large",
+        InputError::AppendTooLarge { .. } => "append_too_large",
+        InputError::EmptyType { .. } | InputError::TypeTooLong { .. } => "invalid_type",
+        InputError::TooManyTags { .. } => "too_many_tags",
+        InputError::EmptyTag { .. }
+        | InputError::TagTooLong { .. }
+        | InputError::DuplicateTag { .. }
+        | InputError::ControlCharacter { .. } => "invalid_tag",
+        InputError::TooManyQueryItems { .. } | InputError::QueryItemTooLarge { .. } => {
+            "query_too_large"
+        }
+        InputError::IdConflict { .. } | InputError::DuplicateId { .. } => "id_conflict",
+        InputError::QueueFull { .. } => {
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", e.to_string())
+        }
+        InputError::InvalidReadOptions(_) => "invalid_read_options",
+        InputError::InvalidTrackingSource { .. } => "invalid_tracking",
+        _ => "invalid_input",
+    };
+    let status = if kind == "id_conflict" {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::BAD_REQUEST
+    };
+    ApiError::new(status, kind, e.to_string())
+}
+
+fn store_error(e: &StoreError) -> ApiError {
+    match e {
+        StoreError::Poisoned { .. } => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_poisoned",
+            e.to_string(),
+        ),
+        StoreError::Closed => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the store is closing; retry against the restarted server",
+        ),
+        _ => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "store_error",
+            e.to_string(),
+        ),
+    }
+}
+
+fn read_error(e: &ReadError) -> ApiError {
+    match e {
+        ReadError::Input(e) => input_error(e),
+        ReadError::Store(e) => store_error(e),
+    }
+}
+
+fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
+    let mut response = Response::new(body.into());
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
+    response
+}
+
+/// The `query` and `options` (read) or `after` (subscribe) parameters.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    query: Option<String>,
+    options: Option<String>,
+    after: Option<String>,
+}
+
+fn params(state: &AppState, request: &Request, allowed: &[&str]) -> Result<Params, ApiError> {
+    let Some(raw) = request.uri().query() else {
+        return Ok(Params::default());
+    };
+    let max = state.config.limits.query_param_bytes_max;
+    if raw.len() > max {
+        return Err(ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "query_too_large",
+            format!(
+                "the query string has {} bytes (the limit is {max})",
+                raw.len()
+            ),
+        ));
+    }
+    let params: Params = serde_urlencoded::from_str(raw)
+        .map_err(|e| ApiError::bad_request("invalid_parameter", format!("query string: {e}")))?;
+    for (name, present) in [
+        ("query", params.query.is_some()),
+        ("options", params.options.is_some()),
+        ("after", params.after.is_some()),
+    ] {
+        if present && !allowed.contains(&name) {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                format!(
+                    "unknown parameter `{name}`: expected {}",
+                    allowed.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(params)
+}
+
+fn accepts(headers: &HeaderMap, media: &str) -> bool {
+    headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|m| m.trim().starts_with(media)))
+}
+
+async fn read(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = read_inner(&state, &request);
+    let outcome = match &result {
+        Ok(_) => Outcome::Ok,
+        Err(e) => outcome_of(e),
+    };
+    state
+        .metrics
+        .record(Api::Http, Op::Read, outcome, started.elapsed());
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn read_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiError> {
+    authorize(state, request.headers(), Scopes::READ)?;
+    let params = params(state, request, &["query", "options"])?;
+    let query = wire::parse_query(params.query.as_deref())?;
+    let options: WireReadOptions = match params.options.as_deref() {
+        None => WireReadOptions::default(),
+        Some(t) if t.trim().is_empty() => WireReadOptions::default(),
+        Some(t) => wire::parse_param("options", t)?,
+    };
+    let iter = state
+        .store
+        .read(&query, options.into())
+        .map_err(|e| read_error(&e))?;
+    let ndjson = accepts(request.headers(), NDJSON);
+    let head = iter.head();
+    let mut encoder = ReadEncoder {
+        iter,
+        ndjson,
+        started: false,
+        done: false,
+        state: state.clone(),
+    };
+    let first = encoder.next_chunk().map_err(|e| read_error(&e))?;
+    let body = if encoder.done {
+        Body::from(first)
+    } else {
+        let rest = futures_util::stream::unfold(encoder, |mut encoder| async move {
+            if encoder.done {
+                return None;
+            }
+            // An error after the status is sent can only end the stream early; the client
+            // sees a truncated array.
+            let chunk = encoder.next_chunk().ok()?;
+            Some((Ok::<_, Infallible>(chunk), encoder))
+        });
+        Body::from_stream(futures_util::StreamExt::chain(
+            futures_util::stream::once(async move { Ok::<_, Infallible>(first) }),
+            rest,
+        ))
+    };
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(if ndjson { NDJSON } else { JSON }),
+    );
+    headers.insert("annals-head", HeaderValue::from(head));
+    Ok(response)
+}
+
+/// Turns a read iterator into chunks of a JSON array or of NDJSON.
+struct ReadEncoder {
+    iter: ReadIter,
+    ndjson: bool,
+    started: bool,
+    done: bool,
+    state: Arc<AppState>,
+}
+
+impl ReadEncoder {
+    fn next_chunk(&mut self) -> Result<Bytes, ReadError> {
+        let mut out = Vec::with_capacity(4096);
+        if !self.started && !self.ndjson {
+            out.push(b'[');
+        }
+        let mut events = 0;
+        while out.len() < READ_CHUNK_BYTES {
+            match self.iter.next() {
+                Some(Ok(event)) => {
+                    if self.ndjson {
+                        wire::write_event(&mut out, &event);
+                        out.push(b'\n');
+                    } else {
+                        if self.started {
+                            out.push(b',');
+                        }
+                        wire::write_event(&mut out, &event);
+                    }
+                    self.started = true;
+                    events += 1;
+                }
+                Some(Err(e)) => return Err(e),
+                None => {
+                    self.done = true;
+                    if !self.ndjson {
+                        out.push(b']');
+                    }
+                    break;
+                }
+            }
+        }
+        self.started = true;
+        self.state.metrics.events_read(events);
+        Ok(Bytes::from(out))
+    }
+}
+
+async fn append(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = append_inner(&state, request, started).await;
+    let outcome = match &result {
+        Ok((_, conflict)) if *conflict => Outcome::Conflict,
+        Ok(_) => Outcome::Ok,
+        Err(e) => outcome_of(e),
+    };
+    state
+        .metrics
+        .record(Api::Http, Op::Append, outcome, started.elapsed());
+    match result {
+        Ok((response, _)) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn append_inner(
+    state: &Arc<AppState>,
+    request: Request,
+    started: Instant,
+) -> Result<(Response, bool), ApiError> {
+    authorize(state, request.headers(), Scopes::APPEND)?;
+    if request.uri().query().is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_parameter",
+            "append takes no query parameters; send the events and condition in the body",
+        ));
+    }
+    let limits = &state.config.limits;
+    // The body is parsed as JSON whatever its Content-Type says: clients such as curl -d or
+    // k6 send JSON without declaring it, and a body that is not JSON fails to parse anyway.
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = |bytes: String| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "the request body has {bytes} bytes (the limit is {})",
+                limits.body_bytes_max
+            ),
+        )
+    };
+    if let Some(length) = declared {
+        if length > limits.body_bytes_max as u64 {
+            return Err(too_large(length.to_string()));
+        }
+    }
+    let body = tokio::time::timeout(
+        limits.body_timeout,
+        axum::body::to_bytes(request.into_body(), limits.body_bytes_max),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} ms",
+                limits.body_timeout.as_millis()
+            ),
+        )
+    })?
+    .map_err(|e| {
+        let text = e.to_string();
+        if text.contains("length limit") {
+            too_large(format!("more than {}", limits.body_bytes_max))
+        } else {
+            ApiError::bad_request("invalid_body", format!("reading the body: {text}"))
+        }
+    })?;
+    let parsed: AppendBody = serde_json::from_slice(&body).map_err(|e| {
+        let kind = if e.is_syntax() || e.is_eof() {
+            "malformed_json"
+        } else {
+            "invalid_body"
+        };
+        ApiError::bad_request(kind, format!("append body: {e}"))
+    })?;
+    let events: Vec<NewEvent> = parsed
+        .events
+        .into_iter()
+        .map(|e| e.into_new_event(&body))
+        .collect();
+    let tracking = parsed
+        .tracking
+        .map(|t| annals::Tracking::new(t.source, t.position));
+    let result = state
+        .append(&events, parsed.condition.as_ref(), tracking)
+        .await;
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(b"{\"durationInMicroseconds\":");
+    let conflict = match result {
+        Ok(position) => {
+            wire::write_u64(&mut out, started.elapsed().as_micros() as u64);
+            out.extend_from_slice(b",\"appendConditionFailed\":false,\"position\":");
+            wire::write_u64(&mut out, position);
+            false
+        }
+        Err(AppendError::ConditionFailed { position }) => {
+            wire::write_u64(&mut out, started.elapsed().as_micros() as u64);
+            out.extend_from_slice(b",\"appendConditionFailed\":true,\"conflictPosition\":");
+            wire::write_u64(&mut out, position);
+            true
+        }
+        Err(e @ AppendError::TrackingNotIncreasing { .. }) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "tracking_not_increasing",
+                e.to_string(),
+            ))
+        }
+        Err(AppendError::Input(e)) => return Err(input_error(&e)),
+        Err(AppendError::Store(e)) => return Err(store_error(&e)),
+    };
+    out.push(b'}');
+    Ok((json_response(StatusCode::OK, out), conflict))
+}
+
+async fn head(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let started = Instant::now();
+    let result = authorize(&state, &headers, Scopes::READ).map(|()| {
+        let mut out = Vec::with_capacity(32);
+        out.extend_from_slice(b"{\"head\":");
+        wire::write_u64(&mut out, state.store.head());
+        out.push(b'}');
+        json_response(StatusCode::OK, out)
+    });
+    let outcome = match &result {
+        Ok(_) => Outcome::Ok,
+        Err(e) => outcome_of(e),
+    };
+    state
+        .metrics
+        .record(Api::Http, Op::Head, outcome, started.elapsed());
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn tracking(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = (|| {
+        authorize(&state, request.headers(), Scopes::READ)?;
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct TrackingParams {
+            source: String,
+        }
+        let params: TrackingParams =
+            serde_urlencoded::from_str(request.uri().query().unwrap_or("")).map_err(|e| {
+                ApiError::bad_request(
+                    "invalid_parameter",
+                    format!("query string: {e} (expected source=<name>)"),
+                )
+            })?;
+        let position = state.store.tracking(&params.source);
+        Ok(json_response(
+            StatusCode::OK,
+            serde_json::json!({ "source": params.source, "position": position }).to_string(),
+        ))
+    })();
+    let outcome = match &result {
+        Ok(_) => Outcome::Ok,
+        Err(e) => outcome_of(e),
+    };
+    state
+        .metrics
+        .record(Api::Http, Op::Tracking, outcome, started.elapsed());
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn subscribe(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = subscribe_inner(&state, &request);
+    let outcome = match &result {
+        Ok(_) => Outcome::Ok,
+        Err(e) => outcome_of(e),
+    };
+    state
+        .metrics
+        .record(Api::Http, Op::Subscribe, outcome, started.elapsed());
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiError> {
+    authorize(state, request.headers(), Scopes::READ)?;
+    let params = params(state, request, &["query", "after"])?;
+    let query = wire::parse_query(params.query.as_deref())?;
+    let sse = accepts(request.headers(), SSE);
+    // An SSE client that reconnects says where it was.
+    let resume = request
+        .headers()
+        .get("last-event-id")
+        .filter(|_| sse)
+        .and_then(|v| v.to_str().ok());
+    let after = match resume.or(params.after.as_deref()) {
+        None => 0,
+        Some(text) => text.trim().parse::<u64>().map_err(|_| {
+            ApiError::bad_request(
+                "invalid_parameter",
+                format!(
+                    "parameter `after`: expected a position (an unsigned integer), got {text:?}"
+                ),
+            )
+        })?,
+    };
+    if state.metrics.subscribers() >= state.config.limits.subscribers_max as i64 {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_subscribers",
+            format!(
+                "the server already serves {} subscriptions (the limit)",
+                state.config.limits.subscribers_max
+            ),
+        ));
+    }
+    let subscription = state
+        .store
+        .subscribe(&query, after)
+        .map_err(|e| read_error(&e))?;
+    let follower = Follower {
+        subscription,
+        shutdown: state.shutdown.clone(),
+        state: state.clone(),
+        _gauge: state.metrics.subscriber(),
+        sse,
+    };
+    let body = Body::from_stream(futures_util::stream::unfold(follower, |mut f| async move {
+        let chunk = f.next_chunk().await?;
+        Some((Ok::<_, Infallible>(chunk), f))
+    }));
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(if sse { SSE } else { NDJSON }),
+    );
+    headers.insert("cache-control", HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// One subscriber's stream: batches of events as NDJSON lines or SSE messages.
+struct Follower {
+    subscription: annals::Subscription,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    state: Arc<AppState>,
+    _gauge: crate::metrics::Gauge,
+    sse: bool,
+}
+
+impl Follower {
+    /// The next chunk to send; `None` ends the stream (shutdown, closed or failed store).
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if *self.shutdown.borrow() {
+            return None;
+        }
+        let keepalive = tokio::time::sleep(SSE_KEEPALIVE);
+        tokio::pin!(keepalive);
+        let batch = tokio::select! {
+            batch = self.subscription.next_batch(SUBSCRIBE_BATCH) => batch.ok()?,
+            _ = self.shutdown.changed() => return None,
+            _ = &mut keepalive, if self.sse => return Some(Bytes::from_static(b": keepalive\n\n")),
+        };
+        if batch.is_empty() {
+            return None; // the store closed
+        }
+        self.state.metrics.events_read(batch.len() as u64);
+        Some(self.encode(&batch))
+    }
+
+    fn encode(&self, batch: &[Event]) -> Bytes {
+        let mut out = Vec::with_capacity(batch.len() * 256);
+        for event in batch {
+            if self.sse {
+                out.extend_from_slice(b"id: ");
+                wire::write_u64(&mut out, event.position());
+                out.extend_from_slice(b"\nevent: event\ndata: ");
+                wire::write_event(&mut out, event);
+                out.extend_from_slice(b"\n\n");
+            } else {
+                wire::write_event(&mut out, event);
+                out.push(b'\n');
+            }
+        }
+        Bytes::from(out)
+    }
+}
+
+async fn openapi(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers, Scopes::READ) {
+        return e.into_response();
+    }
+    json_response(StatusCode::OK, crate::openapi::document())
+}
+
+/// Liveness and readiness. Open without a key, so load balancers can probe it; it reveals
+/// only the head, the durability class and whether the store is poisoned.
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let stats = state.store.stats();
+    let body = serde_json::json!({
+        "status": if stats.poisoned.is_some() { "poisoned" } else { "ok" },
+        "head": stats.head,
+        "durability": stats.durability,
+        "reason": stats.poisoned,
+    });
+    let status = if stats.poisoned.is_some() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    json_response(status, body.to_string())
+}
+
+async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers, Scopes::ADMIN) {
+        return e.into_response();
+    }
+    let text = state.metrics.render(&state.store.stats());
+    let mut response = Response::new(Body::from(text));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no endpoint at {}; see /v1/openapi.json",
+            request.uri().path()
+        ),
+    )
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} is not allowed on {}; see /v1/openapi.json",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}

@@ -1,0 +1,196 @@
+//! The Annals server: HTTP (`/v1`, JSON and NDJSON, SSE subscriptions) and gRPC (the UmaDB
+//! protocol, `umadb.v1.DCB`) over one [`annals::Store`], with API keys, TLS, limits and
+//! Prometheus metrics.
+//!
+//! The HTTP and gRPC layers translate requests into store calls and answers back; they never
+//! see a file or an offset. Appends go through the store's callback API, so no runtime thread
+//! ever blocks on the writer or an fsync.
+
+pub mod auth;
+pub mod config;
+mod grpc;
+mod http;
+pub mod metrics;
+mod openapi;
+mod serve;
+mod wire;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use annals::{
+    AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Store, StoreError,
+    Tracking,
+};
+use tokio::sync::watch;
+
+pub use config::{Config, ServerLimits, TlsFiles};
+pub use metrics::Metrics;
+
+/// What the request handlers share.
+pub(crate) struct AppState {
+    pub store: Arc<Store>,
+    pub config: Config,
+    pub metrics: Arc<Metrics>,
+    /// Turns true when the server starts shutting down; ends subscriptions.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl AppState {
+    /// Appends without blocking the calling task's thread: the store answers through a
+    /// callback. A full queue is retried briefly (the writer drains it in batches), then
+    /// reported as [`InputError::QueueFull`].
+    /// `tracking`, when given, is recorded atomically with the events.
+    pub async fn append(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        tracking: Option<Tracking>,
+    ) -> Result<u64, AppendError> {
+        let options = AppendOptions {
+            tracking,
+            ..AppendOptions::default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let queued =
+                self.store
+                    .try_append_then(events, condition, options.clone(), move |result| {
+                        let _ = tx.send(result);
+                    });
+            match queued {
+                Ok(()) => return rx.await.unwrap_or(Err(StoreError::Closed.into())),
+                Err(AppendError::Input(InputError::QueueFull { .. }))
+                    if Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A running server: its bound addresses and the handle that stops it.
+pub struct Server {
+    pub http_addr: SocketAddr,
+    pub grpc_addr: Option<SocketAddr>,
+    pub store: Arc<Store>,
+    shutdown_tx: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    drain_timeout: Duration,
+}
+
+impl Server {
+    /// Opens the store and binds the listeners. Call from within a Tokio runtime.
+    pub async fn start(config: Config) -> Result<Server, String> {
+        let mut options = Options {
+            durability: config.durability,
+            ..Options::default()
+        };
+        options.limits = config.limits.store.clone();
+        let dir = config.data_dir.clone();
+        let store = tokio::task::spawn_blocking(move || Store::open(&dir, options))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| {
+                format!(
+                    "cannot open the store in {}: {e}",
+                    config.data_dir.display()
+                )
+            })?;
+        Self::start_with_store(config, Arc::new(store)).await
+    }
+
+    /// Serves an already opened store.
+    pub async fn start_with_store(config: Config, store: Arc<Store>) -> Result<Server, String> {
+        let tls = match &config.tls {
+            Some(files) => Some(serve::load_tls(files)?),
+            None => None,
+        };
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let metrics = Arc::new(Metrics::default());
+        let state = Arc::new(AppState {
+            store: store.clone(),
+            config: config.clone(),
+            metrics,
+            shutdown: shutdown_rx.clone(),
+        });
+        let http_listener = tokio::net::TcpListener::bind(config.http_listen)
+            .await
+            .map_err(|e| format!("cannot listen on {} (http): {e}", config.http_listen))?;
+        let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+        let mut tasks = Vec::new();
+        let router = http::router(state.clone());
+        tasks.push(tokio::spawn(serve::serve_http(
+            http_listener,
+            router,
+            tls.as_ref().map(|t| t.acceptor.clone()),
+            state.clone(),
+        )));
+        let mut grpc_addr = None;
+        if let Some(addr) = config.grpc_listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr} (grpc): {e}"))?;
+            grpc_addr = Some(listener.local_addr().map_err(|e| e.to_string())?);
+            tasks.push(tokio::spawn(grpc::serve(
+                listener,
+                tls.clone(),
+                state.clone(),
+            )));
+        }
+        Ok(Server {
+            http_addr,
+            grpc_addr,
+            store,
+            shutdown_tx,
+            tasks,
+            drain_timeout: config.limits.drain_timeout,
+        })
+    }
+
+    /// Stops accepting connections, lets in-flight requests finish (appends are answered after
+    /// their fsync), ends subscriptions, then closes the store: drains its queue, syncs and
+    /// writes the index checkpoint.
+    pub async fn shutdown(self) -> Result<(), String> {
+        let _ = self.shutdown_tx.send(true);
+        let drain = async {
+            for task in self.tasks {
+                let _ = task.await;
+            }
+        };
+        if tokio::time::timeout(self.drain_timeout + Duration::from_secs(1), drain)
+            .await
+            .is_err()
+        {
+            eprintln!("annals: shutdown: some connections did not finish in time; closing anyway");
+        }
+        let mut store = self.store;
+        // Handlers still holding the store drop it as they finish.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match Arc::try_unwrap(store) {
+                Ok(owned) => {
+                    return tokio::task::spawn_blocking(move || owned.close())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| format!("closing the store: {e}"));
+                }
+                Err(shared) if Instant::now() < deadline => {
+                    store = shared;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(_) => {
+                    return Err(
+                        "the store is still in use after shutdown; it closes (drains, \
+                                syncs, checkpoints) when its last user drops it"
+                            .into(),
+                    )
+                }
+            }
+        }
+    }
+}

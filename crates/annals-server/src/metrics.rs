@@ -1,0 +1,372 @@
+//! Request counters and latency histograms, and the Prometheus text rendering of them together
+//! with the store's own counters (appends, groups, fsync latency, queue depth, head).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use annals::{HistogramSnapshot, Log2Histogram, Stats};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Http,
+    Grpc,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Append,
+    Read,
+    Head,
+    Subscribe,
+    Tracking,
+}
+
+const APIS: [Api; 2] = [Api::Http, Api::Grpc];
+const OPS: [Op; 5] = [Op::Append, Op::Read, Op::Head, Op::Subscribe, Op::Tracking];
+
+impl Api {
+    fn name(self) -> &'static str {
+        match self {
+            Api::Http => "http",
+            Api::Grpc => "grpc",
+        }
+    }
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Append => "append",
+            Op::Read => "read",
+            Op::Head => "head",
+            Op::Subscribe => "subscribe",
+            Op::Tracking => "tracking",
+        }
+    }
+}
+
+#[derive(Default)]
+struct OpMetrics {
+    requests: AtomicU64,
+    client_errors: AtomicU64,
+    server_errors: AtomicU64,
+    conflicts: AtomicU64,
+    duration_us: Log2Histogram,
+}
+
+/// What the server counts; shared by the HTTP and gRPC front ends.
+#[derive(Default)]
+pub struct Metrics {
+    ops: [[OpMetrics; 5]; 2],
+    events_read: AtomicU64,
+    subscribers: AtomicI64,
+    connections: AtomicI64,
+    auth_failures: AtomicU64,
+}
+
+/// How a request ended, for the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Conflict,
+    ClientError,
+    ServerError,
+}
+
+impl Metrics {
+    fn op(&self, api: Api, op: Op) -> &OpMetrics {
+        &self.ops[api as usize][op as usize]
+    }
+
+    pub fn record(&self, api: Api, op: Op, outcome: Outcome, took: Duration) {
+        let m = self.op(api, op);
+        m.requests.fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Ok => {}
+            Outcome::Conflict => {
+                m.conflicts.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::ClientError => {
+                m.client_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::ServerError => {
+                m.server_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        m.duration_us.record(took.as_micros() as u64);
+    }
+
+    pub fn events_read(&self, n: u64) {
+        self.events_read.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn auth_failure(&self) {
+        self.auth_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn subscribers(&self) -> i64 {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+
+    /// Counts a subscriber for as long as the guard lives.
+    pub fn subscriber(self: &std::sync::Arc<Self>) -> Gauge {
+        Gauge::new(self.clone(), |m| &m.subscribers)
+    }
+
+    /// Counts a connection for as long as the guard lives.
+    pub fn connection(self: &std::sync::Arc<Self>) -> Gauge {
+        Gauge::new(self.clone(), |m| &m.connections)
+    }
+
+    /// The Prometheus text exposition of the server's and the store's counters.
+    pub fn render(&self, stats: &Stats) -> String {
+        let mut out = String::with_capacity(8192);
+        header(
+            &mut out,
+            "annals_requests_total",
+            "counter",
+            "Requests by API and operation.",
+        );
+        self.each(&mut out, "annals_requests_total", |m| &m.requests);
+        header(
+            &mut out,
+            "annals_request_client_errors_total",
+            "counter",
+            "Requests refused for bad input or missing authorization (4xx, gRPC client codes).",
+        );
+        self.each(&mut out, "annals_request_client_errors_total", |m| {
+            &m.client_errors
+        });
+        header(
+            &mut out,
+            "annals_request_server_errors_total",
+            "counter",
+            "Requests that failed in the server or the store (5xx, gRPC server codes).",
+        );
+        self.each(&mut out, "annals_request_server_errors_total", |m| {
+            &m.server_errors
+        });
+        header(
+            &mut out,
+            "annals_append_conditions_failed_requests_total",
+            "counter",
+            "Append requests whose condition failed.",
+        );
+        self.each(
+            &mut out,
+            "annals_append_conditions_failed_requests_total",
+            |m| &m.conflicts,
+        );
+        header(
+            &mut out,
+            "annals_request_duration_seconds",
+            "histogram",
+            "Time from a request's arrival to its answer (for streams: to the first response).",
+        );
+        for api in APIS {
+            for op in OPS {
+                let labels = format!("api=\"{}\",op=\"{}\"", api.name(), op.name());
+                histogram(
+                    &mut out,
+                    "annals_request_duration_seconds",
+                    &labels,
+                    &self.op(api, op).duration_us.snapshot(),
+                    1e-6,
+                );
+            }
+        }
+        counter(
+            &mut out,
+            "annals_events_read_total",
+            "Events sent to readers and subscribers.",
+            self.events_read.load(Ordering::Relaxed) as f64,
+        );
+        gauge(
+            &mut out,
+            "annals_subscribers",
+            "Live subscriptions (HTTP and gRPC).",
+            self.subscribers.load(Ordering::Relaxed) as f64,
+        );
+        gauge(
+            &mut out,
+            "annals_connections",
+            "Open client connections.",
+            self.connections.load(Ordering::Relaxed) as f64,
+        );
+        counter(
+            &mut out,
+            "annals_auth_failures_total",
+            "Requests refused for a missing, invalid or insufficient API key.",
+            self.auth_failures.load(Ordering::Relaxed) as f64,
+        );
+
+        // The store.
+        gauge(
+            &mut out,
+            "annals_head_position",
+            "Position of the last acknowledged event.",
+            stats.head as f64,
+        );
+        counter(
+            &mut out,
+            "annals_appends_total",
+            "Appends committed by the writer.",
+            stats.appends as f64,
+        );
+        counter(
+            &mut out,
+            "annals_events_appended_total",
+            "Events appended.",
+            stats.events_appended as f64,
+        );
+        counter(
+            &mut out,
+            "annals_append_conditions_failed_total",
+            "Appends refused by their condition.",
+            stats.conditions_failed as f64,
+        );
+        counter(
+            &mut out,
+            "annals_idempotent_retries_total",
+            "Appends answered with the position of an earlier identical append.",
+            stats.idempotent_retries as f64,
+        );
+        counter(
+            &mut out,
+            "annals_groups_total",
+            "Groups committed (one write, and in D3 one fdatasync, each).",
+            stats.groups as f64,
+        );
+        header(
+            &mut out,
+            "annals_group_appends",
+            "histogram",
+            "Appends per committed group (batch size).",
+        );
+        histogram(
+            &mut out,
+            "annals_group_appends",
+            "",
+            &stats.group_appends,
+            1.0,
+        );
+        counter(
+            &mut out,
+            "annals_fsyncs_total",
+            "fdatasync calls on the log.",
+            stats.fsyncs as f64,
+        );
+        header(
+            &mut out,
+            "annals_fsync_seconds",
+            "histogram",
+            "fdatasync latency.",
+        );
+        histogram(&mut out, "annals_fsync_seconds", "", &stats.fsync_us, 1e-6);
+        gauge(
+            &mut out,
+            "annals_queue_depth",
+            "Appends waiting for the writer.",
+            stats.queue_depth as f64,
+        );
+        gauge(
+            &mut out,
+            "annals_index_bytes",
+            "Bytes used by the in-memory indexes.",
+            stats.index_bytes as f64,
+        );
+        gauge(
+            &mut out,
+            "annals_segments",
+            "Segment files in the log.",
+            stats.segments as f64,
+        );
+        gauge(
+            &mut out,
+            "annals_poisoned",
+            "1 when a failed write or fsync stopped acknowledgements until reopen.",
+            if stats.poisoned.is_some() { 1.0 } else { 0.0 },
+        );
+        header(
+            &mut out,
+            "annals_durability_info",
+            "gauge",
+            "The store's durability class (label).",
+        );
+        let _ = writeln!(
+            out,
+            "annals_durability_info{{class=\"{}\"}} 1",
+            stats.durability
+        );
+        out
+    }
+
+    fn each(&self, out: &mut String, name: &str, field: impl Fn(&OpMetrics) -> &AtomicU64) {
+        for api in APIS {
+            for op in OPS {
+                let value = field(self.op(api, op)).load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "{name}{{api=\"{}\",op=\"{}\"}} {value}",
+                    api.name(),
+                    op.name()
+                );
+            }
+        }
+    }
+}
+
+/// Decrements its gauge when dropped.
+pub struct Gauge {
+    metrics: std::sync::Arc<Metrics>,
+    field: fn(&Metrics) -> &AtomicI64,
+}
+
+impl Gauge {
+    fn new(metrics: std::sync::Arc<Metrics>, field: fn(&Metrics) -> &AtomicI64) -> Self {
+        field(&metrics).fetch_add(1, Ordering::Relaxed);
+        Gauge { metrics, field }
+    }
+}
+
+impl Drop for Gauge {
+    fn drop(&mut self) {
+        (self.field)(&self.metrics).fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: f64) {
+    header(out, name, "counter", help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
+    header(out, name, "gauge", help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// Writes a histogram's buckets, `+Inf`, `_sum` and `_count`; bounds and the sum are scaled
+/// by `scale` (microseconds to seconds).
+fn histogram(out: &mut String, name: &str, labels: &str, h: &HistogramSnapshot, scale: f64) {
+    let sep = if labels.is_empty() { "" } else { "," };
+    for (bound, count) in &h.buckets {
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"{}\"}} {count}",
+            *bound as f64 * scale
+        );
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
+    let braces = if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    };
+    let _ = writeln!(out, "{name}_sum{braces} {}", h.sum as f64 * scale);
+    let _ = writeln!(out, "{name}_count{braces} {}", h.count);
+}

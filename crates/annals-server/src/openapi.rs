@@ -1,0 +1,213 @@
+//! The OpenAPI 3.1 document served at `/v1/openapi.json`. It describes what `http.rs` does;
+//! a test walks every path here against the running server.
+
+use serde_json::{json, Value};
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } }
+    })
+}
+
+fn auth_errors() -> Value {
+    json!({
+        "401": error_response("No API key, or one that is not configured (only when keys are configured)."),
+        "403": error_response("The API key lacks the scope this endpoint needs.")
+    })
+}
+
+fn merge(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+pub(crate) fn document() -> String {
+    let query_param = json!({
+        "name": "query", "in": "query", "required": false,
+        "description": "URL-encoded JSON Query. Absent, empty or {\"items\":[]} matches every event.",
+        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Query" } } }
+    });
+    let doc = json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Annals",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "A durable DCB event store. Positions start at 1 and are gapless; 0 means before everything. In the default durability class (D3) an append is answered only after the fdatasync that covers it."
+        },
+        "components": {
+            "securitySchemes": {
+                "apiKey": { "type": "http", "scheme": "bearer", "description": "An API key with the scopes read, append or admin (admin implies both others). Required only when keys are configured." }
+            },
+            "schemas": {
+                "Error": {
+                    "type": "object", "required": ["error", "kind"],
+                    "properties": {
+                        "error": { "type": "string", "description": "What is wrong, for people." },
+                        "kind": { "type": "string", "description": "A stable machine-readable kind, e.g. malformed_json, too_many_tags, body_too_large, unauthenticated, queue_full." }
+                    }
+                },
+                "QueryItem": {
+                    "type": "object", "additionalProperties": false,
+                    "description": "Matches an event whose type is one of types (any when empty) and that carries every tag in tags.",
+                    "properties": {
+                        "types": { "type": "array", "items": { "type": "string" } },
+                        "tags": { "type": "array", "items": { "type": "string" } }
+                    }
+                },
+                "Query": {
+                    "type": "object", "additionalProperties": false,
+                    "description": "Items OR-ed; no items matches every event.",
+                    "properties": { "items": { "type": "array", "items": { "$ref": "#/components/schemas/QueryItem" } } }
+                },
+                "ReadOptions": {
+                    "type": "object", "additionalProperties": false,
+                    "properties": {
+                        "from": { "type": "integer", "minimum": 0, "description": "Inclusive first position (forwards) or inclusive maximum (backwards)." },
+                        "after": { "type": "integer", "minimum": 0, "description": "Exclusive start (forwards) or exclusive maximum (backwards); not with from." },
+                        "limit": { "type": "integer", "minimum": 0 },
+                        "backwards": { "type": "boolean", "default": false }
+                    }
+                },
+                "NewEvent": {
+                    "type": "object", "additionalProperties": false, "required": ["type", "data"],
+                    "properties": {
+                        "type": { "type": "string", "minLength": 1 },
+                        "tags": { "type": "array", "items": { "type": "string", "minLength": 1 }, "uniqueItems": true },
+                        "data": { "type": "string", "description": "Stored as its UTF-8 bytes." },
+                        "id": { "type": "string", "format": "uuid", "description": "Makes a retry idempotent: the same events with the same ids return the original position." },
+                        "metadata": { "description": "Any JSON value, stored as its text." }
+                    }
+                },
+                "SequencedEvent": {
+                    "type": "object", "required": ["type", "tags", "data", "position", "appendedAt"],
+                    "properties": {
+                        "type": { "type": "string" },
+                        "tags": { "type": "array", "items": { "type": "string" } },
+                        "data": { "type": "string", "description": "The stored bytes as a UTF-8 string (base64 when dataEncoding says so)." },
+                        "position": { "type": "integer", "minimum": 1 },
+                        "dataEncoding": { "type": "string", "enum": ["base64"], "description": "Present only when the data is not UTF-8." },
+                        "id": { "type": "string", "format": "uuid" },
+                        "metadata": { "description": "The metadata given at append, when any." },
+                        "appendedAt": { "type": "integer", "description": "Microseconds since the Unix epoch." }
+                    }
+                },
+                "AppendCondition": {
+                    "type": "object", "additionalProperties": false, "required": ["failIfEventsMatch"],
+                    "description": "Fail if any event matching failIfEventsMatch has a position greater than after (0 when absent).",
+                    "properties": {
+                        "failIfEventsMatch": { "$ref": "#/components/schemas/Query" },
+                        "after": { "type": "integer", "minimum": 0 }
+                    }
+                },
+                "AppendRequest": {
+                    "type": "object", "additionalProperties": false, "required": ["events"],
+                    "properties": {
+                        "events": { "type": "array", "minItems": 1, "items": { "$ref": "#/components/schemas/NewEvent" } },
+                        "condition": { "$ref": "#/components/schemas/AppendCondition" },
+                        "tracking": {
+                            "type": "object", "additionalProperties": false, "required": ["source", "position"],
+                            "description": "A consumer position recorded atomically with the events; must exceed the one recorded for the source.",
+                            "properties": { "source": { "type": "string" }, "position": { "type": "integer", "minimum": 0 } }
+                        }
+                    }
+                },
+                "AppendResponse": {
+                    "type": "object", "required": ["durationInMicroseconds", "appendConditionFailed"],
+                    "properties": {
+                        "durationInMicroseconds": { "type": "integer" },
+                        "appendConditionFailed": { "type": "boolean" },
+                        "position": { "type": "integer", "description": "The last appended event's position (absent when the condition failed)." },
+                        "conflictPosition": { "type": "integer", "description": "The first event that made the condition fail (only when it failed)." }
+                    }
+                }
+            }
+        },
+        "security": [ {}, { "apiKey": [] } ],
+        "paths": {
+            "/v1/read": { "get": {
+                "summary": "Read the events matching a query (scope read).",
+                "description": "Answers a JSON array, or NDJSON (one event per line) when Accept includes application/x-ndjson. Large answers are streamed. The header annals-head gives the head the read saw.",
+                "parameters": [
+                    query_param,
+                    { "name": "options", "in": "query", "required": false,
+                      "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReadOptions" } } } }
+                ],
+                "responses": merge(json!({
+                    "200": { "description": "The matching events in position order (descending when backwards).",
+                             "headers": { "annals-head": { "schema": { "type": "integer" } } },
+                             "content": {
+                                 "application/json": { "schema": { "type": "array", "items": { "$ref": "#/components/schemas/SequencedEvent" } } },
+                                 "application/x-ndjson": { "schema": { "$ref": "#/components/schemas/SequencedEvent" } } } },
+                    "400": error_response("Malformed or oversize query or options."),
+                    "414": error_response("The query string exceeds the configured limit.")
+                }), auth_errors())
+            } },
+            "/v1/append": { "post": {
+                "summary": "Append events atomically, optionally under a condition (scope append).",
+                "description": "A failed condition is 200 with appendConditionFailed true and the first conflicting position. Nothing is half-appended.",
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendRequest" } } } },
+                "responses": merge(json!({
+                    "200": { "description": "Appended (durable in D3), or the condition failed.",
+                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendResponse" } } } },
+                    "400": error_response("Malformed JSON, unknown fields, wrong types, or a limit broken (events, tags, sizes)."),
+                    "408": error_response("The body did not arrive within the body timeout."),
+                    "409": error_response("An event id already stored with other content, or a tracking position not above the recorded one."),
+                    "413": error_response("The body exceeds the configured limit."),
+                    "503": error_response("The append queue stayed full, the store is poisoned by a failed write or fsync, or the server is shutting down.")
+                }), auth_errors())
+            } },
+            "/v1/head": { "get": {
+                "summary": "The position of the last acknowledged event, 0 when empty (scope read).",
+                "responses": merge(json!({
+                    "200": { "description": "The head.", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["head"], "properties": { "head": { "type": "integer" } } } } } }
+                }), auth_errors())
+            } },
+            "/v1/subscribe": { "get": {
+                "summary": "Follow the events matching a query: first those already stored after `after`, then new ones as they are acknowledged, without gap or duplicate (scope read).",
+                "description": "NDJSON by default; Server-Sent Events (id = position, event = event) when Accept includes text/event-stream, with Last-Event-ID honoured on reconnect and a comment every 15 s while idle. The stream ends when the server shuts down.",
+                "parameters": [
+                    query_param,
+                    { "name": "after", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0, "default": 0 } }
+                ],
+                "responses": merge(json!({
+                    "200": { "description": "A live stream of events.", "content": {
+                        "application/x-ndjson": { "schema": { "$ref": "#/components/schemas/SequencedEvent" } },
+                        "text/event-stream": { "schema": { "type": "string" } } } },
+                    "400": error_response("Malformed query or after."),
+                    "503": error_response("Too many subscriptions.")
+                }), auth_errors())
+            } },
+            "/v1/tracking": { "get": {
+                "summary": "The tracking position recorded for a source (scope read).",
+                "parameters": [ { "name": "source", "in": "query", "required": true, "schema": { "type": "string" } } ],
+                "responses": merge(json!({
+                    "200": { "description": "The position, null when none is recorded.", "content": { "application/json": { "schema": {
+                        "type": "object", "properties": { "source": { "type": "string" }, "position": { "type": ["integer", "null"] } } } } } },
+                    "400": error_response("Missing or unknown parameters.")
+                }), auth_errors())
+            } },
+            "/v1/openapi.json": { "get": {
+                "summary": "This document (scope read).",
+                "responses": merge(json!({ "200": { "description": "OpenAPI 3.1.", "content": { "application/json": {} } } }), auth_errors())
+            } },
+            "/health": { "get": {
+                "summary": "Liveness and readiness; open without a key.",
+                "security": [],
+                "responses": {
+                    "200": { "description": "Serving.", "content": { "application/json": { "schema": { "type": "object",
+                        "properties": { "status": { "const": "ok" }, "head": { "type": "integer" }, "durability": { "type": "string" } } } } } },
+                    "503": { "description": "The store is poisoned by a failed write or fsync; it acknowledges nothing until reopened." }
+                }
+            } },
+            "/metrics": { "get": {
+                "summary": "Prometheus text exposition: request counts and latencies, append and read counters, group sizes, fsync latency, queue depth, head, subscribers (scope admin).",
+                "responses": merge(json!({ "200": { "description": "Metrics.", "content": { "text/plain": {} } } }), auth_errors())
+            } }
+        }
+    });
+    doc.to_string()
+}

@@ -1,0 +1,387 @@
+//! The HTTP API's JSON: request bodies, parameters and the encoding of events and errors.
+//!
+//! Events are written straight into the response buffer (no intermediate value per event);
+//! event data in an append body is borrowed from the request bytes when it has no escapes.
+
+use std::borrow::Cow;
+
+use annals::{AppendCondition, Event, NewEvent, Query, ReadOptions};
+use base64::Engine;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+/// `POST /v1/append` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppendBody<'a> {
+    #[serde(borrow)]
+    pub events: Vec<WireEvent<'a>>,
+    #[serde(default)]
+    pub condition: Option<AppendCondition>,
+    /// A consumer position recorded atomically with the events (see `annals::Tracking`).
+    #[serde(default)]
+    pub tracking: Option<WireTracking>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireTracking {
+    pub source: String,
+    pub position: u64,
+}
+
+/// One event in an append body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    pub event_type: Cow<'a, str>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(borrow)]
+    pub data: Cow<'a, str>,
+    #[serde(default)]
+    pub id: Option<Uuid>,
+    /// Any JSON value, stored as its text.
+    #[serde(default, borrow)]
+    pub metadata: Option<&'a RawValue>,
+}
+
+impl WireEvent<'_> {
+    /// The event to append; `body` is the request body the strings were parsed from, so data
+    /// without escapes is shared rather than copied.
+    pub fn into_new_event(self, body: &Bytes) -> NewEvent {
+        NewEvent {
+            event_type: self.event_type.into_owned(),
+            tags: self.tags,
+            data: share_or_own(self.data, body),
+            metadata: self
+                .metadata
+                .map(|m| body.slice_ref(m.get().as_bytes()))
+                .unwrap_or_default(),
+            id: self.id,
+        }
+    }
+}
+
+fn share_or_own(text: Cow<'_, str>, body: &Bytes) -> Bytes {
+    match text {
+        Cow::Borrowed(s) => body.slice_ref(s.as_bytes()),
+        Cow::Owned(s) => Bytes::from(s.into_bytes()),
+    }
+}
+
+/// The `options` parameter of `GET /v1/read`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct WireReadOptions {
+    #[serde(default)]
+    pub from: Option<u64>,
+    #[serde(default)]
+    pub after: Option<u64>,
+    #[serde(default)]
+    pub limit: Option<u64>,
+    #[serde(default)]
+    pub backwards: bool,
+}
+
+impl From<WireReadOptions> for ReadOptions {
+    fn from(w: WireReadOptions) -> Self {
+        ReadOptions {
+            from: w.from,
+            after: w.after,
+            limit: w.limit,
+            backwards: w.backwards,
+        }
+    }
+}
+
+/// A client error: the HTTP status, a machine-readable kind and a message for people.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: http::StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: http::StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(kind: &'static str, message: impl Into<String>) -> Self {
+        Self::new(http::StatusCode::BAD_REQUEST, kind, message)
+    }
+
+    pub fn body(&self) -> String {
+        serde_json::json!({ "error": self.message, "kind": self.kind }).to_string()
+    }
+}
+
+/// Parses a JSON parameter (`query` or `options`) with a message that names it.
+pub fn parse_param<'a, T: Deserialize<'a>>(name: &str, text: &'a str) -> Result<T, ApiError> {
+    serde_json::from_str(text)
+        .map_err(|e| ApiError::bad_request("invalid_parameter", format!("parameter `{name}`: {e}")))
+}
+
+pub fn parse_query(text: Option<&str>) -> Result<Query, ApiError> {
+    match text {
+        None => Ok(Query::all()),
+        Some(t) if t.trim().is_empty() => Ok(Query::all()),
+        Some(t) => parse_param("query", t),
+    }
+}
+
+/// Appends one event as a JSON object: `{"type","tags","data","position"}`, then `id`,
+/// `metadata` and `appendedAt` (microseconds since the epoch) when present. Data that is not
+/// UTF-8 (possible through gRPC or the embedded API) is sent as base64 with
+/// `"dataEncoding":"base64"`.
+pub fn write_event(out: &mut Vec<u8>, event: &Event) {
+    out.extend_from_slice(b"{\"type\":");
+    write_str(out, event.event_type());
+    out.extend_from_slice(b",\"tags\":[");
+    for (i, tag) in event.tags().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, tag);
+    }
+    out.extend_from_slice(b"],\"data\":");
+    let base64_data = match std::str::from_utf8(event.data()) {
+        Ok(text) => {
+            write_str(out, text);
+            false
+        }
+        Err(_) => {
+            out.push(b'"');
+            out.extend_from_slice(
+                base64::engine::general_purpose::STANDARD
+                    .encode(event.data())
+                    .as_bytes(),
+            );
+            out.push(b'"');
+            true
+        }
+    };
+    out.extend_from_slice(b",\"position\":");
+    write_u64(out, event.position());
+    if base64_data {
+        out.extend_from_slice(b",\"dataEncoding\":\"base64\"");
+    }
+    if let Some(id) = event.id() {
+        out.extend_from_slice(b",\"id\":\"");
+        out.extend_from_slice(
+            id.hyphenated()
+                .encode_lower(&mut Uuid::encode_buffer())
+                .as_bytes(),
+        );
+        out.push(b'"');
+    }
+    let metadata = event.metadata();
+    if !metadata.is_empty() {
+        out.extend_from_slice(b",\"metadata\":");
+        write_metadata(out, metadata);
+    }
+    out.extend_from_slice(b",\"appendedAt\":");
+    write_u64(out, event.appended_at_us());
+    out.push(b'}');
+}
+
+/// Metadata is stored as JSON text by the HTTP and gRPC APIs; anything else (from the embedded
+/// API) is sent as a string.
+fn write_metadata(out: &mut Vec<u8>, metadata: &[u8]) {
+    if serde_json::from_slice::<serde::de::IgnoredAny>(metadata).is_ok() {
+        out.extend_from_slice(metadata);
+    } else {
+        write_str(out, &String::from_utf8_lossy(metadata));
+    }
+}
+
+/// Metadata given as key/value pairs (gRPC) is stored as the text of a JSON object, in order.
+pub fn metadata_from_entries<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> Bytes {
+    let mut out = Vec::with_capacity(64);
+    out.push(b'{');
+    for (i, (key, value)) in entries.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(&mut out, key);
+        out.push(b':');
+        write_str(&mut out, value);
+    }
+    out.push(b'}');
+    Bytes::from(out)
+}
+
+/// Stored metadata as key/value pairs (gRPC): the members of a JSON object, string values as
+/// they are and other values as JSON text; anything else as one `metadata` entry.
+pub fn metadata_entries(metadata: &[u8]) -> Vec<(String, String)> {
+    if metadata.is_empty() {
+        return Vec::new();
+    }
+    // Parsed in document order; duplicate keys are kept.
+    struct Pairs(Vec<(String, String)>);
+    impl<'de> Deserialize<'de> for Pairs {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Pairs;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Pairs, A::Error> {
+                    let mut pairs = Vec::new();
+                    while let Some((key, value)) = map.next_entry::<String, serde_json::Value>()? {
+                        let value = match value {
+                            serde_json::Value::String(s) => s,
+                            other => other.to_string(),
+                        };
+                        pairs.push((key, value));
+                    }
+                    Ok(Pairs(pairs))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+    match serde_json::from_slice::<Pairs>(metadata) {
+        Ok(Pairs(pairs)) => pairs,
+        Err(_) => vec![(
+            "metadata".to_string(),
+            String::from_utf8_lossy(metadata).into_owned(),
+        )],
+    }
+}
+
+pub fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// Writes `s` as a JSON string.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => {
+                out.extend_from_slice(&bytes[start..i]);
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[(b >> 4) as usize],
+                    HEX[(b & 15) as usize],
+                ]);
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(escape);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_round_trip_through_json() {
+        for s in [
+            "",
+            "plain",
+            "quote\" back\\slash",
+            "nl\n tab\t cr\r",
+            "\u{1}\u{1f}",
+            "ünï 🦀",
+        ] {
+            let mut out = Vec::new();
+            write_str(&mut out, s);
+            let back: String = serde_json::from_slice(&out).unwrap();
+            assert_eq!(back, s);
+        }
+        for n in [0, 7, 10, 12345, u64::MAX] {
+            let mut out = Vec::new();
+            write_u64(&mut out, n);
+            assert_eq!(String::from_utf8(out).unwrap(), n.to_string());
+        }
+    }
+
+    #[test]
+    fn metadata_pairs_round_trip() {
+        let pairs = [("a", "1"), ("b", "x\"y"), ("a", "2")];
+        let stored = metadata_from_entries(pairs.iter().copied());
+        let back = metadata_entries(&stored);
+        let expected: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(back, expected);
+        assert_eq!(
+            metadata_entries(br#"{"n":3,"o":{"p":true}}"#),
+            vec![
+                ("n".into(), "3".into()),
+                ("o".into(), r#"{"p":true}"#.into())
+            ]
+        );
+        assert_eq!(
+            metadata_entries(b"[1]"),
+            vec![("metadata".into(), "[1]".into())]
+        );
+        assert!(metadata_entries(b"").is_empty());
+    }
+
+    #[test]
+    fn append_body_borrows_plain_data_and_rejects_unknown_fields() {
+        let body = Bytes::from_static(
+            br#"{"events":[{"type":"T","tags":["a:1"],"data":"hello","metadata":{"k":"v"}},{"type":"U","data":"esc\"aped"}]}"#,
+        );
+        let parsed: AppendBody = serde_json::from_slice(&body).unwrap();
+        let mut events = parsed.events.into_iter().map(|e| e.into_new_event(&body));
+        let first = events.next().unwrap();
+        assert_eq!(&first.data[..], b"hello");
+        assert_eq!(&first.metadata[..], br#"{"k":"v"}"#);
+        let second = events.next().unwrap();
+        assert_eq!(&second.data[..], b"esc\"aped");
+
+        let err = serde_json::from_slice::<AppendBody>(br#"{"events":[],"extra":1}"#)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("unknown field `extra`"), "{err}");
+        let err = serde_json::from_slice::<AppendBody>(br#"{"events":[{"type":"T","data":{}}]}"#)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("invalid type"), "{err}");
+    }
+}
