@@ -1,0 +1,621 @@
+//! `annals serve` end to end over HTTP on loopback: the DCB semantics of BRIEF.md section 4,
+//! subscriptions that start while appends run, every kind of bad input, auth, the OpenAPI
+//! document, metrics and a clean SIGTERM.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{append_body, encode, request, ServerProcess, Stream};
+use serde_json::Value;
+
+fn positions(events: &[Value]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|e| e["position"].as_u64().unwrap())
+        .collect()
+}
+
+/// Goal: read, append, conditions, head and idempotency behave exactly as decided, edge cases
+/// included (empty store, `after` beyond head, match-all, backwards with `from`, limit).
+#[test]
+fn dcb_semantics_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    // Empty store.
+    assert_eq!(server.head(), 0);
+    assert!(server.read(r#"{"items":[]}"#, "{}").is_empty());
+    assert!(server.get("/v1/read").json().as_array().unwrap().is_empty());
+    // A condition on an empty store holds; `after` beyond the head is accepted.
+    let r = server.append(&append_body(
+        &[("CourseDefined", &["course:c1"], r#"{"capacity":2}"#)],
+        Some(r#"{"failIfEventsMatch":{"items":[{"tags":["course:c1"]}]},"after":99}"#),
+    ));
+    assert_eq!(r["appendConditionFailed"], false);
+    assert_eq!(r["position"], 1);
+    assert!(r["durationInMicroseconds"].as_u64().is_some());
+    // A multi-event append is one atomic step; positions are gapless.
+    let r = server.append(&append_body(
+        &[
+            ("StudentSubscribed", &["course:c1", "student:s1"], "{}"),
+            ("StudentSubscribed", &["course:c1", "student:s2"], "{}"),
+            ("CourseDefined", &["course:c2"], r#"{"capacity":5}"#),
+        ],
+        None,
+    ));
+    assert_eq!(r["position"], 4);
+    assert_eq!(server.head(), 4);
+    // Match-all, types, tags (all tags of an item), OR of items.
+    assert_eq!(
+        positions(&server.read(r#"{"items":[]}"#, "{}")),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(
+        positions(&server.read(r#"{"items":[{"types":["CourseDefined"]}]}"#, "{}")),
+        [1, 4]
+    );
+    assert_eq!(
+        positions(&server.read(r#"{"items":[{"tags":["course:c1","student:s2"]}]}"#, "{}")),
+        [3]
+    );
+    assert_eq!(
+        positions(&server.read(
+            r#"{"items":[{"types":["StudentSubscribed"],"tags":["student:s1"]},{"tags":["course:c2"]}]}"#,
+            "{}"
+        )),
+        [2, 4]
+    );
+    assert!(server
+        .read(r#"{"items":[{"tags":["nobody"]}]}"#, "{}")
+        .is_empty());
+    // from (inclusive), limit, backwards with from as the maximum, after beyond head.
+    assert_eq!(positions(&server.read("{}", r#"{"from":2}"#)), [2, 3, 4]);
+    assert_eq!(
+        positions(&server.read("{}", r#"{"from":2,"limit":2}"#)),
+        [2, 3]
+    );
+    assert_eq!(
+        positions(&server.read("{}", r#"{"backwards":true}"#)),
+        [4, 3, 2, 1]
+    );
+    assert_eq!(
+        positions(&server.read("{}", r#"{"backwards":true,"from":3,"limit":2}"#)),
+        [3, 2]
+    );
+    assert!(server.read("{}", r#"{"after":10}"#).is_empty());
+    assert!(server.read("{}", r#"{"from":10}"#).is_empty());
+    // The event shape: type, tags, data as a string, position.
+    let first = &server.read("{}", r#"{"limit":1}"#)[0];
+    assert_eq!(first["type"], "CourseDefined");
+    assert_eq!(first["tags"], serde_json::json!(["course:c1"]));
+    assert_eq!(first["data"], r#"{"capacity":2}"#);
+    assert_eq!(first["position"], 1);
+    // A failed condition is 200 with true and the first conflicting position; nothing is added.
+    let r = server.append(&append_body(
+        &[("StudentSubscribed", &["course:c1", "student:s3"], "{}")],
+        Some(r#"{"failIfEventsMatch":{"items":[{"tags":["course:c1"]}]},"after":1}"#),
+    ));
+    assert_eq!(r["appendConditionFailed"], true);
+    assert_eq!(r["conflictPosition"], 2);
+    assert!(r.get("position").is_none());
+    assert_eq!(server.head(), 4);
+    // After the last relevant event, the same condition holds.
+    let r = server.append(&append_body(
+        &[("StudentSubscribed", &["course:c1", "student:s3"], "{}")],
+        Some(r#"{"failIfEventsMatch":{"items":[{"tags":["course:c1"]}]},"after":3}"#),
+    ));
+    assert_eq!(r["position"], 5);
+    // An absent `after` means 0: any match fails.
+    let r = server.append(&append_body(
+        &[("X", &[], "")],
+        Some(r#"{"failIfEventsMatch":{"items":[{"types":["CourseDefined"]}]}}"#),
+    ));
+    assert_eq!(r["conflictPosition"], 1);
+    // Idempotent retry by id returns the original position.
+    let body = r#"{"events":[{"type":"Paid","tags":["invoice:7"],"data":"100","id":"8c0b6a3e-4d44-4b4a-9f0e-1c2d3e4f5a6b"}]}"#;
+    let first = server.append(body)["position"].as_u64().unwrap();
+    let again = server.append(body)["position"].as_u64().unwrap();
+    assert_eq!(first, again);
+    assert_eq!(server.head(), first);
+    // NDJSON on request, with the head the read saw.
+    let r = server.get_with("/v1/read", &[("accept", "application/x-ndjson")]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("application/x-ndjson"));
+    assert_eq!(r.header("annals-head"), Some(first.to_string().as_str()));
+    let lines: Vec<Value> = r
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(positions(&lines), (1..=first).collect::<Vec<_>>());
+    // Non-UTF-8 data cannot come over HTTP, but the tracking endpoint and head answer.
+    let r = server.get("/v1/tracking?source=nobody");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["position"], Value::Null);
+}
+
+/// Goal: a read far larger than one buffer streams (chunked) and arrives whole, as JSON and
+/// as NDJSON.
+#[test]
+fn large_reads_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    let data = "x".repeat(900);
+    let events: Vec<(&str, &[&str], &str)> =
+        (0..500).map(|_| ("Big", &[][..], data.as_str())).collect();
+    for _ in 0..4 {
+        server.append(&append_body(&events, None));
+    }
+    let r = server.get("/v1/read");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(
+        positions(r.json().as_array().unwrap()),
+        (1..=2000).collect::<Vec<_>>()
+    );
+    let r = server.get_with("/v1/read", &[("accept", "application/x-ndjson")]);
+    assert_eq!(r.text().lines().count(), 2000);
+}
+
+/// Goal: subscriptions that start while appends are running see every matching event exactly
+/// once, in order, across the switch from catching up to following; several at once; SSE
+/// resumes from Last-Event-ID.
+#[test]
+fn subscriptions_while_appending() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    const TOTAL: u64 = 400;
+    let addr = server.http;
+    let appender = std::thread::spawn(move || {
+        for i in 0..TOTAL {
+            let tag = if i % 2 == 0 {
+                "parity:even"
+            } else {
+                "parity:odd"
+            };
+            let r = request(
+                addr,
+                "POST",
+                "/v1/append",
+                &[],
+                append_body(&[("Tick", &[tag], &i.to_string())], None).as_bytes(),
+            );
+            assert_eq!(r.status, 200);
+        }
+    });
+    // Start subscribers while the appends run.
+    while server.head() < 50 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut all = Stream::open(addr, "/v1/subscribe", &[]);
+    assert_eq!(all.status, 200);
+    let even_query = encode(r#"{"items":[{"tags":["parity:even"]}]}"#);
+    let mut even = Stream::open(
+        addr,
+        &format!("/v1/subscribe?query={even_query}&after=10"),
+        &[],
+    );
+    let mut seen = Vec::new();
+    while seen.len() < TOTAL as usize {
+        let line = all.next_line().expect("the stream stays open");
+        let event: Value = serde_json::from_str(&line).unwrap();
+        seen.push(event["position"].as_u64().unwrap());
+    }
+    assert_eq!(seen, (1..=TOTAL).collect::<Vec<_>>());
+    let mut seen_even = Vec::new();
+    while seen_even.len() < (TOTAL as usize - 10) / 2 {
+        let event: Value = serde_json::from_str(&even.next_line().unwrap()).unwrap();
+        assert_eq!(event["tags"][0], "parity:even");
+        seen_even.push(event["position"].as_u64().unwrap());
+    }
+    assert_eq!(seen_even, (11..=TOTAL).step_by(2).collect::<Vec<_>>());
+    appender.join().unwrap();
+    // SSE: id is the position; Last-Event-ID resumes after it.
+    let mut sse = Stream::open(
+        addr,
+        "/v1/subscribe",
+        &[("accept", "text/event-stream"), ("last-event-id", "397")],
+    );
+    let mut ids = Vec::new();
+    while ids.len() < 3 {
+        let line = sse.next_line().unwrap();
+        if let Some(id) = line.strip_prefix("id: ") {
+            ids.push(id.parse::<u64>().unwrap());
+        }
+    }
+    assert_eq!(ids, [398, 399, 400]);
+    let metrics = server.get("/metrics").text();
+    let subscribers = metrics
+        .lines()
+        .find(|l| l.starts_with("annals_subscribers "))
+        .unwrap();
+    assert_eq!(subscribers, "annals_subscribers 3");
+}
+
+/// A server with small limits, so that each can be broken cheaply.
+fn limited_server(dir: &std::path::Path) -> ServerProcess {
+    let config = dir.join("annals.toml");
+    std::fs::write(
+        &config,
+        r#"
+[limits]
+body_bytes_max = 65536
+query_param_bytes_max = 4096
+event_bytes_max = 1024
+events_per_append_max = 10
+tags_per_event_max = 4
+tag_bytes_max = 32
+type_bytes_max = 32
+query_items_max = 8
+query_item_values_max = 8
+body_timeout_ms = 500
+header_timeout_ms = 500
+"#,
+    )
+    .unwrap();
+    ServerProcess::start(&dir.join("data"), &["--config", config.to_str().unwrap()])
+}
+
+/// Goal: every kind of bad input gets a 4xx with a JSON message that says what is wrong,
+/// changes nothing, and the server keeps serving.
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = limited_server(dir.path());
+    server.append(&append_body(&[("Seed", &["k:1"], "ok")], None));
+    let before = server.get("/v1/read").text();
+    let nested = format!("{}1{}", "[".repeat(5000), "]".repeat(5000));
+    let huge_query = format!(
+        r#"{{"items":[{}]}}"#,
+        vec![r#"{"tags":["a"]}"#; 9].join(",")
+    );
+    let long_query_string = format!("/v1/read?query={}", "%20".repeat(3000));
+    let many_events: Vec<(&str, &[&str], &str)> = (0..11).map(|_| ("E", &[][..], "")).collect();
+    let big_data = "x".repeat(2000);
+    let body_over_limit = append_body(&[("E", &[], &"y".repeat(70_000))], None);
+    // (what, method, path, body, status, kind, words the message must contain)
+    let cases: Vec<(&str, &str, String, String, u16, &str, &str)> = vec![
+        ("malformed JSON", "POST", "/v1/append".into(), r#"{"events":[{"type":"#.into(), 400, "malformed_json", "EOF"),
+        ("not JSON at all", "POST", "/v1/append".into(), "events=1".into(), 400, "malformed_json", "expected"),
+        ("unknown field", "POST", "/v1/append".into(), r#"{"events":[{"type":"E","data":"","color":"red"}]}"#.into(), 400, "invalid_body", "unknown field `color`"),
+        ("unknown top-level field", "POST", "/v1/append".into(), r#"{"events":[],"extra":true}"#.into(), 400, "invalid_body", "unknown field `extra`"),
+        ("wrong type for data", "POST", "/v1/append".into(), r#"{"events":[{"type":"E","data":5}]}"#.into(), 400, "invalid_body", "invalid type"),
+        ("wrong type for tags", "POST", "/v1/append".into(), r#"{"events":[{"type":"E","data":"","tags":"a"}]}"#.into(), 400, "invalid_body", "invalid type"),
+        ("missing data", "POST", "/v1/append".into(), r#"{"events":[{"type":"E"}]}"#.into(), 400, "invalid_body", "missing field `data`"),
+        ("no events", "POST", "/v1/append".into(), r#"{"events":[]}"#.into(), 400, "no_events", "at least one event"),
+        ("empty type", "POST", "/v1/append".into(), append_body(&[("", &[], "")], None), 400, "invalid_type", "empty type"),
+        ("type too long", "POST", "/v1/append".into(), append_body(&[(&"T".repeat(33), &[], "")], None), 400, "invalid_type", "limit is 32"),
+        ("too many events", "POST", "/v1/append".into(), append_body(&many_events, None), 400, "too_many_events", "limit is 10"),
+        ("too many tags", "POST", "/v1/append".into(), append_body(&[("E", &["a", "b", "c", "d", "e"], "")], None), 400, "too_many_tags", "limit is 4"),
+        ("duplicate tag", "POST", "/v1/append".into(), append_body(&[("E", &["a", "a"], "")], None), 400, "invalid_tag", "twice"),
+        ("empty tag", "POST", "/v1/append".into(), append_body(&[("E", &[""], "")], None), 400, "invalid_tag", "empty tag"),
+        ("tag too long", "POST", "/v1/append".into(), append_body(&[("E", &[&"t".repeat(33)], "")], None), 400, "invalid_tag", "limit is 32"),
+        ("control character in tag", "POST", "/v1/append".into(), append_body(&[("E", &["a\u{7}b"], "")], None), 400, "invalid_tag", "control character"),
+        ("event too large", "POST", "/v1/append".into(), append_body(&[("E", &[], &big_data)], None), 400, "event_too_large", "limit is 1024"),
+        ("body over the limit", "POST", "/v1/append".into(), body_over_limit, 413, "body_too_large", "limit is 65536"),
+        ("deeply nested condition", "POST", "/v1/append".into(), format!(r#"{{"events":[{{"type":"E","data":""}}],"condition":{{"failIfEventsMatch":{nested}}}}}"#), 400, "invalid_body", "invalid type"),
+        ("deeply nested events", "POST", "/v1/append".into(), format!(r#"{{"events":{nested}}}"#), 400, "invalid_body", "invalid type"),
+        ("deeply nested query", "GET", format!("/v1/read?query={}", encode(&format!(r#"{{"items":{}}}"#, "[".repeat(1000)))), String::new(), 400, "invalid_parameter", "parameter `query`"),
+        ("condition with a bad query", "POST", "/v1/append".into(), r#"{"events":[{"type":"E","data":""}],"condition":{"failIfEventsMatch":{"items":[{"tagz":["a"]}]}}}"#.into(), 400, "invalid_body", "unknown field `tagz`"),
+        ("condition with too many items", "POST", "/v1/append".into(), format!(r#"{{"events":[{{"type":"E","data":""}}],"condition":{{"failIfEventsMatch":{huge_query}}}}}"#), 400, "query_too_large", "limit is 8"),
+        ("bad id", "POST", "/v1/append".into(), r#"{"events":[{"type":"E","data":"","id":"not-a-uuid"}]}"#.into(), 400, "invalid_body", "UUID"),
+        ("query not JSON", "GET", "/v1/read?query=%7Bitems".into(), String::new(), 400, "invalid_parameter", "parameter `query`"),
+        ("query of the wrong shape", "GET", format!("/v1/read?query={}", encode(r#"{"items":{"tags":[]}}"#)), String::new(), 400, "invalid_parameter", "invalid type"),
+        ("query with too many items", "GET", format!("/v1/read?query={}", encode(&huge_query)), String::new(), 400, "query_too_large", "limit is 8"),
+        ("query with an invalid tag", "GET", format!("/v1/read?query={}", encode(r#"{"items":[{"tags":[""]}]}"#)), String::new(), 400, "invalid_tag", "empty tag"),
+        ("query string over the limit", "GET", long_query_string, String::new(), 414, "query_too_large", "limit is 4096"),
+        ("options with unknown field", "GET", format!("/v1/read?options={}", encode(r#"{"reverse":true}"#)), String::new(), 400, "invalid_parameter", "unknown field `reverse`"),
+        ("options with from and after", "GET", format!("/v1/read?options={}", encode(r#"{"from":1,"after":1}"#)), String::new(), 400, "invalid_read_options", "not both"),
+        ("negative limit", "GET", format!("/v1/read?options={}", encode(r#"{"limit":-1}"#)), String::new(), 400, "invalid_parameter", "invalid value"),
+        ("unknown read parameter", "GET", "/v1/read?colour=1".into(), String::new(), 400, "invalid_parameter", "unknown field `colour`"),
+        ("subscribe with a bad after", "GET", "/v1/subscribe?after=soon".into(), String::new(), 400, "invalid_parameter", "parameter `after`"),
+        ("append with query parameters", "POST", "/v1/append?x=1".into(), append_body(&[("E", &[], "")], None), 400, "invalid_parameter", "no query parameters"),
+        ("unknown endpoint", "GET", "/v1/nothing".into(), String::new(), 404, "not_found", "/v1/nothing"),
+        ("wrong method", "DELETE", "/v1/append".into(), String::new(), 405, "method_not_allowed", "DELETE"),
+    ];
+    for (what, method, path, body, status, kind, words) in &cases {
+        let r = request(server.http, method, path, &[], body.as_bytes());
+        assert_eq!(r.status, *status, "{what}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some("application/json"), "{what}");
+        assert_eq!(r.kind(), *kind, "{what}: {}", r.text());
+        let message = r.json()["error"].as_str().unwrap().to_string();
+        assert!(
+            message.contains(words),
+            "{what}: {message:?} lacks {words:?}"
+        );
+        assert_eq!(
+            server.get("/v1/read").text(),
+            before,
+            "{what} changed the store"
+        );
+    }
+    // A body that never finishes arrives too slowly: 408, nothing appended.
+    let mut slow = TcpStream::connect(server.http).unwrap();
+    slow.write_all(
+        b"POST /v1/append HTTP/1.1\r\nhost: t\r\ncontent-length: 1000\r\n\r\n{\"events\":[",
+    )
+    .unwrap();
+    let started = Instant::now();
+    let r = common::read_response(&mut std::io::BufReader::new(slow));
+    assert_eq!(r.status, 408, "{}", r.text());
+    assert_eq!(r.kind(), "body_timeout");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Headers that never finish: the connection is closed.
+    let mut stall = TcpStream::connect(server.http).unwrap();
+    stall
+        .write_all(b"GET /v1/head HTTP/1.1\r\nhost: t\r\n")
+        .unwrap();
+    stall
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = std::io::Read::read(&mut stall, &mut buf).unwrap_or(0);
+    assert!(
+        n == 0 || String::from_utf8_lossy(&buf[..n]).contains("408"),
+        "a stalled request is cut off"
+    );
+    // Abandoned connections mid-request and mid-stream.
+    for _ in 0..20 {
+        let mut gone = TcpStream::connect(server.http).unwrap();
+        let _ = gone.write_all(b"POST /v1/append HTTP/1.1\r\ncontent-length: 50\r\n\r\n{\"ev");
+        drop(gone);
+        let sub = Stream::open(server.http, "/v1/subscribe", &[]);
+        drop(sub);
+    }
+    assert_eq!(server.get("/v1/read").text(), before);
+    assert_eq!(server.get("/health").json()["status"], "ok");
+    server.append(&append_body(&[("After", &[], "still serving")], None));
+    assert_eq!(server.head(), 2);
+}
+
+/// Goal: with keys configured, every endpoint refuses a missing or wrong key (401) and a key
+/// without its scope (403), and serves the right one; /health stays open.
+#[test]
+fn api_keys_and_scopes_on_every_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(
+        &keys,
+        "reader-key-0000000001 read\nwriter-key-0000000002 append\nadmin-key-00000000003 admin\n",
+    )
+    .unwrap();
+    let server = ServerProcess::start(
+        &dir.path().join("data"),
+        &["--api-keys-file", keys.to_str().unwrap()],
+    );
+    let body = append_body(&[("E", &["k:1"], "x")], None);
+    // (method, path, body, the key with just the right scope, a key without it)
+    let endpoints: Vec<(&str, &str, &str, &str, &str)> = vec![
+        (
+            "GET",
+            "/v1/read",
+            "",
+            "reader-key-0000000001",
+            "writer-key-0000000002",
+        ),
+        (
+            "POST",
+            "/v1/append",
+            &body,
+            "writer-key-0000000002",
+            "reader-key-0000000001",
+        ),
+        (
+            "GET",
+            "/v1/head",
+            "",
+            "reader-key-0000000001",
+            "writer-key-0000000002",
+        ),
+        (
+            "GET",
+            "/v1/tracking?source=s",
+            "",
+            "reader-key-0000000001",
+            "writer-key-0000000002",
+        ),
+        (
+            "GET",
+            "/v1/openapi.json",
+            "",
+            "reader-key-0000000001",
+            "writer-key-0000000002",
+        ),
+        (
+            "GET",
+            "/metrics",
+            "",
+            "admin-key-00000000003",
+            "reader-key-0000000001",
+        ),
+    ];
+    for (method, path, body, good, lacking) in &endpoints {
+        let call = |key: Option<&str>| {
+            let auth = key.map(|k| format!("Bearer {k}"));
+            let headers: Vec<(&str, &str)> =
+                auth.iter().map(|a| ("authorization", a.as_str())).collect();
+            request(server.http, method, path, &headers, body.as_bytes())
+        };
+        let r = call(None);
+        assert_eq!(r.status, 401, "{path} without a key");
+        assert_eq!(r.kind(), "unauthenticated");
+        let r = call(Some("wrong-key-00000000000"));
+        assert_eq!(r.status, 401, "{path} with a wrong key");
+        let r = call(Some(lacking));
+        assert_eq!(r.status, 403, "{path} without the scope");
+        assert_eq!(r.kind(), "forbidden");
+        assert!(r.json()["error"].as_str().unwrap().contains("scope"));
+        let r = call(Some(good));
+        assert_eq!(r.status, 200, "{path} with the right key: {}", r.text());
+        let r = call(Some("admin-key-00000000003"));
+        assert_eq!(r.status, 200, "{path} with the admin key");
+    }
+    // Subscribe is a stream: check its status only.
+    let no_key = Stream::open(server.http, "/v1/subscribe", &[]);
+    assert_eq!(no_key.status, 401);
+    let ok = Stream::open(
+        server.http,
+        "/v1/subscribe",
+        &[("authorization", "Bearer reader-key-0000000001")],
+    );
+    assert_eq!(ok.status, 200);
+    assert_eq!(server.get("/health").status, 200, "health is open");
+    // Two appends went through (the writer's and the admin's).
+    let r = server.get_with(
+        "/v1/head",
+        &[("authorization", "Bearer admin-key-00000000003")],
+    );
+    assert_eq!(r.json()["head"], 2);
+}
+
+/// Goal: the OpenAPI document is valid JSON that lists every endpoint the server has, and each
+/// listed operation exists (no 404 or 405).
+#[test]
+fn openapi_describes_every_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    let doc = server.get("/v1/openapi.json").json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    let mut listed: Vec<&str> = paths.keys().map(String::as_str).collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            "/health",
+            "/metrics",
+            "/v1/append",
+            "/v1/head",
+            "/v1/openapi.json",
+            "/v1/read",
+            "/v1/subscribe",
+            "/v1/tracking"
+        ]
+    );
+    for (path, ops) in paths {
+        for (method, op) in ops.as_object().unwrap() {
+            assert!(
+                op["responses"].as_object().unwrap().contains_key("200"),
+                "{path}"
+            );
+            if path == "/v1/subscribe" {
+                assert_eq!(Stream::open(server.http, path, &[]).status, 200);
+                continue;
+            }
+            let path = if path == "/v1/tracking" {
+                "/v1/tracking?source=s"
+            } else {
+                path
+            };
+            let body = append_body(&[("E", &[], "")], None);
+            let r = request(
+                server.http,
+                &method.to_uppercase(),
+                path,
+                &[],
+                body.as_bytes(),
+            );
+            assert_eq!(r.status, 200, "{method} {path}: {}", r.text());
+        }
+    }
+    // Every schema reference resolves.
+    let text = doc.to_string();
+    for reference in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+        let name = reference.split('"').next().unwrap();
+        assert!(doc["components"]["schemas"].get(name).is_some(), "{name}");
+    }
+}
+
+/// Goal: /metrics carries what an operator needs, in Prometheus text format, with values that
+/// move with the traffic.
+#[test]
+fn metrics_in_prometheus_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    for i in 0..5 {
+        server.append(&append_body(&[("E", &["m:1"], &i.to_string())], None));
+    }
+    server.read("{}", "{}");
+    let r = server.get("/metrics");
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").unwrap().starts_with("text/plain"));
+    let text = r.text();
+    for needed in [
+        "annals_requests_total{api=\"http\",op=\"append\"} 5",
+        "annals_requests_total{api=\"http\",op=\"read\"} 1",
+        "annals_events_appended_total 5",
+        "annals_events_read_total 5",
+        "annals_head_position 5",
+        "annals_group_appends_bucket{le=\"+Inf\"}",
+        "annals_fsync_seconds_bucket{le=\"+Inf\"}",
+        "annals_fsync_seconds_count",
+        "annals_queue_depth 0",
+        "annals_subscribers 0",
+        "annals_request_duration_seconds_bucket{api=\"http\",op=\"append\",le=\"+Inf\"} 5",
+        "annals_durability_info{class=\"d3\"} 1",
+    ] {
+        assert!(text.contains(needed), "missing {needed:?} in\n{text}");
+    }
+    // Every sample line is `name{labels} value` with a numeric value.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let value = line.rsplit(' ').next().unwrap();
+        assert!(value.parse::<f64>().is_ok(), "{line}");
+    }
+}
+
+/// Goal: SIGTERM lets in-flight appends finish and be answered, syncs, and exits 0; every
+/// answered append is there after a restart, which finds a checkpoint.
+#[test]
+fn sigterm_drains_and_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(dir.path(), &[]);
+    let addr = server.http;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = append_body(&[("E", &[&format!("client:{c}")], &format!("{c}-{i}"))], None);
+                    let Ok(mut stream) = TcpStream::connect(addr) else { break };
+                    let head = format!(
+                        "POST /v1/append HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if stream.write_all(head.as_bytes()).and_then(|_| stream.write_all(body.as_bytes())).is_err() {
+                        break;
+                    }
+                    let mut text = String::new();
+                    let _ = std::io::Read::read_to_string(&mut stream, &mut text);
+                    if text.starts_with("HTTP/1.1 200") {
+                        acked.push(format!("{c}-{i}"));
+                    }
+                    i += 1;
+                }
+                acked
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let status = server.terminate();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(status.success(), "exit status {status:?}");
+    let acked: Vec<String> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    assert!(!acked.is_empty());
+    let server = ServerProcess::start(dir.path(), &[]);
+    let stored: std::collections::HashSet<String> = server
+        .read("{}", "{}")
+        .iter()
+        .map(|e| e["data"].as_str().unwrap().to_string())
+        .collect();
+    for a in &acked {
+        assert!(stored.contains(a), "acknowledged append {a} lost");
+    }
+}
