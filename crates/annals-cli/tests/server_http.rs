@@ -267,10 +267,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     server.append(&append_body(&[("Seed", &["k:1"], "ok")], None));
     let before = server.get("/v1/read").text();
     let nested = format!("{}1{}", "[".repeat(5000), "]".repeat(5000));
-    let huge_query = format!(
-        r#"{{"items":[{}]}}"#,
-        vec![r#"{"tags":["a"]}"#; 9].join(",")
-    );
+    let huge_query = format!(r#"{{"items":[{}]}}"#, [r#"{"tags":["a"]}"#; 9].join(","));
     let long_query_string = format!("/v1/read?query={}", "%20".repeat(3000));
     let many_events: Vec<(&str, &[&str], &str)> = (0..11).map(|_| ("E", &[][..], "")).collect();
     let big_data = "x".repeat(2000);

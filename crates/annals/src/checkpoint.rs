@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::error::StoreError;
 use crate::index::Index;
@@ -59,14 +59,16 @@ impl Sink<'_> {
     }
 }
 
-/// Writes a checkpoint of everything in `index` up to `mark.head`. The index lock is taken
-/// per list, never across I/O, so the writer keeps running.
+/// Writes a checkpoint of everything in `index` up to the published mark, which is read under
+/// the index lock together with the tracking positions (the writer prunes their history under
+/// that lock). The index lock is taken per list, never across I/O, so the writer keeps running.
+/// Returns the mark written.
 pub(crate) fn write(
     io: &dyn Io,
     dir: &Path,
     index: &RwLock<Index>,
-    mark: Mark,
-) -> Result<(), StoreError> {
+    published: &Mutex<Mark>,
+) -> Result<Mark, StoreError> {
     let temp = dir.join(TEMP_NAME);
     let err = |op, e| StoreError::io(op, dir.join(TEMP_NAME), 0, e);
     let file = io
@@ -79,29 +81,32 @@ pub(crate) fn write(
         offset: 0,
         crc: 0,
     };
+    let (mark, type_names, tag_names, ids, tracking) = {
+        let index = index.read();
+        let mark = *published.lock();
+        let head = mark.head;
+        let ids: Vec<(u128, (u64, u32))> = index
+            .ids
+            .iter()
+            .filter(|(_, &(p, _))| p <= head)
+            .map(|(&id, &entry)| (id, entry))
+            .collect();
+        let tracking: Vec<(Box<str>, u64)> = index
+            .tracking
+            .keys()
+            .filter_map(|source| Some((source.clone(), index.tracking(source, head)?)))
+            .collect();
+        (
+            mark,
+            index.type_names.clone(),
+            index.tag_names.clone(),
+            ids,
+            tracking,
+        )
+    };
     let head = mark.head;
     let n = head as usize;
     (|| -> std::io::Result<()> {
-        let (type_names, tag_names, ids, tracking) = {
-            let index = index.read();
-            let ids: Vec<(u128, (u64, u32))> = index
-                .ids
-                .iter()
-                .filter(|(_, &(p, _))| p <= head)
-                .map(|(&id, &entry)| (id, entry))
-                .collect();
-            let tracking: Vec<(Box<str>, u64)> = index
-                .tracking
-                .keys()
-                .filter_map(|source| Some((source.clone(), index.tracking(source, head)?)))
-                .collect();
-            (
-                index.type_names.clone(),
-                index.tag_names.clone(),
-                ids,
-                tracking,
-            )
-        };
         sink.put(MAGIC)?;
         sink.put(&VERSION.to_le_bytes())?;
         sink.put(&0u32.to_le_bytes())?;
@@ -174,7 +179,7 @@ pub(crate) fn write(
         .map_err(|e| err("rename checkpoint", e))?;
     io.sync_dir(dir)
         .map_err(|e| StoreError::io("sync directory", dir, 0, e))?;
-    Ok(())
+    Ok(mark)
 }
 
 /// Reads little-endian values from a byte slice without trusting any length.

@@ -113,8 +113,7 @@ impl Shared {
             return Ok(());
         }
         let _one_at_a_time = self.checkpoint_lock.lock();
-        let mark = *self.mark.lock();
-        checkpoint::write(self.io.as_ref(), &self.dir, &self.index, mark)?;
+        let mark = checkpoint::write(self.io.as_ref(), &self.dir, &self.index, &self.mark)?;
         self.checkpointed.fetch_max(mark.head, Ordering::Relaxed);
         Ok(())
     }
@@ -614,8 +613,10 @@ impl Store {
 
     /// The tracking position last recorded for `source` by an acknowledged append.
     pub fn tracking(&self, source: &str) -> Option<u64> {
-        let head = self.head();
-        self.shared.index.read().tracking(source, head)
+        let index = self.shared.index.read();
+        // Read the head under the lock: the writer prunes history against the head it saw
+        // under the write lock, and a head read before the lock could be older than that.
+        index.tracking(source, self.head())
     }
 
     pub fn stats(&self) -> Stats {

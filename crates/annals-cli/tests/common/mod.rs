@@ -50,9 +50,12 @@ impl ServerProcess {
         });
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("the server printed its listening line");
+            let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not print its listening line");
+            };
             if let Some(rest) = line.strip_prefix("annals: listening ") {
                 let mut http = None;
                 let mut grpc = None;

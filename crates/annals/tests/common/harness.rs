@@ -59,7 +59,10 @@ fn issue(
     // D3 store) are promised to survive a crash.
     let require_synced = store.durability() != Durability::Synced && rng.gen_bool(0.5);
     let promised = store.durability() == Durability::Synced || require_synced;
-    let options = AppendOptions { require_synced };
+    let options = AppendOptions {
+        require_synced,
+        ..AppendOptions::default()
+    };
     let _ = store.append_then(&events, Some(&condition), options, move |outcome| {
         if let Ok(position) = outcome {
             if promised {

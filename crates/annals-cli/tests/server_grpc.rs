@@ -1,0 +1,458 @@
+//! `annals serve` end to end over gRPC with UmaDB's own clients, unchanged: the Rust
+//! `umadb-client` crate here, the Python `umadb` package through tests/python.
+
+mod common;
+
+use std::time::Duration;
+
+use common::ServerProcess;
+use umadb_client::UmaDbClient;
+use umadb_dcb::{
+    DcbAppendCondition, DcbError, DcbEvent, DcbEventStoreSync, DcbQuery, DcbQueryItem, TrackingInfo,
+};
+
+fn event(event_type: &str, tags: &[&str], data: &str) -> DcbEvent {
+    DcbEvent {
+        event_type: event_type.to_string(),
+        tags: tags.iter().map(|t| t.to_string()).collect(),
+        data: data.as_bytes().to_vec(),
+        uuid: None,
+        metadata: Vec::new(),
+    }
+}
+
+fn tags(tags: &[&str]) -> DcbQuery {
+    DcbQuery {
+        items: vec![DcbQueryItem {
+            types: Vec::new(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+        }],
+    }
+}
+
+fn condition(query: DcbQuery, after: Option<u64>) -> Option<DcbAppendCondition> {
+    Some(DcbAppendCondition {
+        fail_if_events_match: query,
+        after,
+    })
+}
+
+/// Goal: the Rust umadb-client works against Annals unchanged for read (start, backwards,
+/// limit, queries), append with and without conditions, conflicts, subscribe, head, tracking
+/// and health.
+#[test]
+fn umadb_rust_client_covers_the_dcb_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    let client = UmaDbClient::new(server.grpc_url()).connect().unwrap();
+    assert_eq!(
+        client.check_health("umadb.v1.DCB").unwrap(),
+        umadb_client::ServingStatus::Serving
+    );
+    // Empty store.
+    assert_eq!(client.head().unwrap(), None);
+    let (events, head) = client.read_with_head(None, None, false, None).unwrap();
+    assert!(events.is_empty());
+    assert_eq!(head, None);
+    // Appends without and with a condition; `after` beyond the head is accepted.
+    assert_eq!(
+        client
+            .append(
+                vec![event("CourseDefined", &["course:c1"], "10")],
+                None,
+                None
+            )
+            .unwrap(),
+        1
+    );
+    let last = client
+        .append(
+            vec![
+                event("StudentSubscribed", &["course:c1", "student:s1"], ""),
+                event("StudentSubscribed", &["course:c1", "student:s2"], ""),
+                event("CourseDefined", &["course:c2"], "5"),
+            ],
+            condition(tags(&["course:c9"]), Some(100)),
+            None,
+        )
+        .unwrap();
+    assert_eq!(last, 4);
+    assert_eq!(client.head().unwrap(), Some(4));
+    // Reads: all, start (inclusive), backwards from start, limit, queries.
+    let positions = |events: Vec<umadb_dcb::DcbSequencedEvent>| -> Vec<u64> {
+        events.iter().map(|e| e.position).collect()
+    };
+    let (all, head) = client.read_with_head(None, None, false, None).unwrap();
+    assert_eq!(positions(all.clone()), [1, 2, 3, 4]);
+    assert_eq!(head, Some(4));
+    assert_eq!(all[1].event.event_type, "StudentSubscribed");
+    assert_eq!(all[1].event.tags, ["course:c1", "student:s1"]);
+    assert_eq!(all[0].event.data, b"10");
+    let read = |query: Option<DcbQuery>, start, backwards, limit| {
+        positions(
+            client
+                .read_with_head(query, start, backwards, limit)
+                .unwrap()
+                .0,
+        )
+    };
+    assert_eq!(read(None, Some(2), false, None), [2, 3, 4]);
+    assert_eq!(read(None, Some(3), true, None), [3, 2, 1]);
+    assert_eq!(read(None, Some(3), true, Some(2)), [3, 2]);
+    assert_eq!(read(None, None, true, Some(1)), [4]);
+    assert_eq!(read(None, None, false, Some(2)), [1, 2]);
+    assert_eq!(read(None, Some(10), false, None), Vec::<u64>::new());
+    assert_eq!(
+        read(Some(tags(&["course:c1"])), None, false, None),
+        [1, 2, 3]
+    );
+    assert_eq!(
+        read(Some(tags(&["course:c1", "student:s2"])), None, false, None),
+        [3]
+    );
+    let types = DcbQuery {
+        items: vec![DcbQueryItem {
+            types: vec!["CourseDefined".into()],
+            tags: Vec::new(),
+        }],
+    };
+    assert_eq!(read(Some(types), None, false, None), [1, 4]);
+    // With a limit, the head a read reports is its last event (as UmaDB's server does).
+    let (_, head) = client.read_with_head(None, None, false, Some(2)).unwrap();
+    assert_eq!(head, Some(2));
+    // A conflict is an IntegrityError naming the position; nothing is appended.
+    let err = client
+        .append(
+            vec![event("StudentSubscribed", &["course:c1", "student:s3"], "")],
+            condition(tags(&["course:c1"]), Some(1)),
+            None,
+        )
+        .unwrap_err();
+    match err {
+        DcbError::IntegrityError(message) => assert!(message.contains("position 2"), "{message}"),
+        other => panic!("expected an integrity error, got {other:?}"),
+    }
+    assert_eq!(client.head().unwrap(), Some(4));
+    assert_eq!(
+        client
+            .append(
+                vec![event("StudentSubscribed", &["course:c1", "student:s3"], "")],
+                condition(tags(&["course:c1"]), Some(3)),
+                None,
+            )
+            .unwrap(),
+        5
+    );
+    // Ids make retries idempotent; metadata travels both ways.
+    let mut paid = event("Paid", &["invoice:1"], "100");
+    paid.uuid = Some(uuid::Uuid::from_u128(0x1234));
+    paid.metadata = vec![
+        ("correlation".into(), "abc".into()),
+        ("user".into(), "ada".into()),
+    ];
+    let first = client.append(vec![paid.clone()], None, None).unwrap();
+    assert_eq!(
+        client.append(vec![paid.clone()], None, None).unwrap(),
+        first
+    );
+    let (stored, _) = client
+        .read_with_head(Some(tags(&["invoice:1"])), None, false, None)
+        .unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].event.uuid, paid.uuid);
+    assert_eq!(stored[0].event.metadata, paid.metadata);
+    // Tracking positions only increase, and are recorded with the append.
+    assert_eq!(client.get_tracking_info("projector").unwrap(), None);
+    client
+        .append(
+            vec![event("Projected", &[], "")],
+            None,
+            Some(TrackingInfo {
+                source: "projector".into(),
+                position: 5,
+            }),
+        )
+        .unwrap();
+    assert_eq!(client.get_tracking_info("projector").unwrap(), Some(5));
+    let err = client
+        .append(
+            vec![event("Projected", &[], "")],
+            None,
+            Some(TrackingInfo {
+                source: "projector".into(),
+                position: 5,
+            }),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, DcbError::IntegrityError(m) if m.contains("non-increasing tracking position")),
+        "{err:?}"
+    );
+    let head = client.head().unwrap().unwrap();
+    // Subscribe: catch up from `after`, then follow appends made meanwhile, with no gap.
+    let mut subscription = client.subscribe(None, Some(head - 2)).unwrap();
+    let url = server.grpc_url();
+    let appender = std::thread::spawn(move || {
+        let client = UmaDbClient::new(url).connect().unwrap();
+        for i in 0..50 {
+            client
+                .append(vec![event("Live", &["live:1"], &i.to_string())], None, None)
+                .unwrap();
+        }
+    });
+    let mut seen = Vec::new();
+    while seen.len() < 52 {
+        let e = subscription
+            .next_timeout(Duration::from_secs(20))
+            .expect("the subscription delivers")
+            .unwrap();
+        seen.push(e.position);
+    }
+    assert_eq!(seen, ((head - 1)..=(head + 50)).collect::<Vec<_>>());
+    appender.join().unwrap();
+    // A subscription with a query sees only its events.
+    let mut live = client.subscribe(Some(tags(&["live:1"])), None).unwrap();
+    let first_live = live.next_timeout(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(first_live.event.event_type, "Live");
+    assert_eq!(first_live.position, head + 1);
+}
+
+/// The tonic channel and a generic gRPC client for raw calls.
+async fn raw_client(url: String) -> tonic::client::Grpc<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    tonic::client::Grpc::new(channel)
+}
+
+async fn raw_head(
+    grpc: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    path: &'static str,
+    key: Option<&str>,
+) -> Result<umadb_proto::v1::HeadResponse, tonic::Status> {
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new(umadb_proto::v1::HeadRequest {});
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    }
+    let codec = tonic_prost::ProstCodec::<
+        umadb_proto::v1::HeadRequest,
+        umadb_proto::v1::HeadResponse,
+    >::default();
+    grpc.unary(request, http::uri::PathAndQuery::from_static(path), codec)
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Goal: the legacy service name answers like `umadb.v1.DCB`; with keys configured, calls
+/// without a key or with a wrong one are UNAUTHENTICATED and without the scope
+/// PERMISSION_DENIED, each with UmaDB's structured error details.
+#[test]
+fn legacy_service_name_and_auth_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start_with_env(
+        &dir.path().join("data"),
+        &[],
+        &[(
+            "ANNALS_API_KEYS",
+            "reader-key-0000000001=read;writer-key-0000000002=append,read",
+        )],
+    );
+    let url = server.grpc_url();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut grpc = raw_client(url.clone()).await;
+        for path in ["/umadb.v1.DCB/Head", "/umadb.UmaDBService/Head"] {
+            let head = raw_head(&mut grpc, path, Some("reader-key-0000000001"))
+                .await
+                .unwrap();
+            assert_eq!(head.position, None, "{path}");
+            let err = raw_head(&mut grpc, path, None).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{path}");
+            let err = raw_head(&mut grpc, path, Some("wrong-key-00000000000"))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{path}");
+            let details =
+                <umadb_proto::v1::ErrorResponse as prost::Message>::decode(err.details()).unwrap();
+            assert_eq!(
+                details.error_type,
+                umadb_proto::v1::error_response::ErrorType::Authentication as i32
+            );
+        }
+        let channel = tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut dcb = umadb_proto::v1::dcb_client::DcbClient::new(channel);
+        let append = |key: Option<&str>| {
+            let mut request = tonic::Request::new(umadb_proto::v1::AppendRequest {
+                events: vec![umadb_proto::v1::Event {
+                    event_type: "E".into(),
+                    tags: vec!["k:1".into()],
+                    data: b"x".to_vec(),
+                    uuid: String::new(),
+                    metadata: Vec::new(),
+                }],
+                condition: None,
+                tracking_info: None,
+            });
+            if let Some(key) = key {
+                request
+                    .metadata_mut()
+                    .insert("authorization", format!("Bearer {key}").parse().unwrap());
+            }
+            request
+        };
+        assert_eq!(
+            dcb.append(append(None)).await.unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert_eq!(
+            dcb.append(append(Some("reader-key-0000000001")))
+                .await
+                .unwrap_err()
+                .code(),
+            tonic::Code::PermissionDenied
+        );
+        let position = dcb
+            .append(append(Some("writer-key-0000000002")))
+            .await
+            .unwrap()
+            .into_inner()
+            .position;
+        assert_eq!(position, 1);
+        // Legacy Append through the generic client works too.
+        let mut read = tonic::Request::new(umadb_proto::v1::ReadRequest::default());
+        read.metadata_mut().insert(
+            "authorization",
+            "Bearer reader-key-0000000001".parse().unwrap(),
+        );
+        let mut stream = dcb.read(read).await.unwrap().into_inner();
+        let batch = stream.message().await.unwrap().unwrap();
+        assert_eq!(batch.events.len(), 1);
+        assert_eq!(batch.head, Some(1));
+        // Bad input over gRPC: INVALID_ARGUMENT with a message, nothing appended.
+        let mut bad = append(Some("writer-key-0000000002"));
+        bad.get_mut().events[0].tags = vec!["k:1".into(), "k:1".into()];
+        let err = dcb.append(bad).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("twice"), "{}", err.message());
+        let mut bad = append(Some("writer-key-0000000002"));
+        bad.get_mut().events[0].uuid = "not-a-uuid".into();
+        assert_eq!(
+            dcb.append(bad).await.unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let mut bad = append(Some("writer-key-0000000002"));
+        bad.get_mut().events.clear();
+        assert_eq!(
+            dcb.append(bad).await.unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let mut head = tonic::Request::new(umadb_proto::v1::HeadRequest {});
+        head.metadata_mut().insert(
+            "authorization",
+            "Bearer reader-key-0000000001".parse().unwrap(),
+        );
+        assert_eq!(dcb.head(head).await.unwrap().into_inner().position, Some(1));
+    });
+}
+
+/// Goal: with a certificate, gRPC and HTTP run over TLS, and the umadb client connects with
+/// the CA and an API key (which it refuses to send without TLS).
+#[test]
+fn tls_with_api_key_through_umadb_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let cert_path = dir.path().join("cert.pem");
+    let key_path = dir.path().join("key.pem");
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
+    let server = ServerProcess::start_with_env(
+        &dir.path().join("data"),
+        &[
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+        ],
+        &[("ANNALS_API_KEYS", "app-key-000000000001=read,append")],
+    );
+    let url = format!("https://{}", server.grpc.unwrap());
+    let client = UmaDbClient::new(url.clone())
+        .ca_path(cert_path.to_str().unwrap().to_string())
+        .api_key("app-key-000000000001".into())
+        .connect()
+        .unwrap();
+    assert_eq!(
+        client
+            .append(vec![event("Secure", &["t:1"], "s")], None, None)
+            .unwrap(),
+        1
+    );
+    assert_eq!(client.head().unwrap(), Some(1));
+    let wrong = UmaDbClient::new(url)
+        .ca_path(cert_path.to_str().unwrap().to_string())
+        .api_key("app-key-000000000002".into())
+        .connect()
+        .unwrap();
+    assert!(matches!(
+        wrong.head(),
+        Err(DcbError::AuthenticationError(_))
+    ));
+    // HTTPS on the HTTP port, checked with curl against the same CA.
+    let out = std::process::Command::new("curl")
+        .args(["-s", "--cacert", cert_path.to_str().unwrap()])
+        .args(["-H", "authorization: Bearer app-key-000000000001"])
+        .arg(format!("https://127.0.0.1:{}/v1/head", server.http.port()))
+        .output()
+        .expect("curl runs");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), r#"{"head":1}"#);
+    // Plain HTTP to the TLS port is refused.
+    let plain = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("http://127.0.0.1:{}/v1/head", server.http.port()))
+        .output()
+        .unwrap();
+    assert_ne!(String::from_utf8_lossy(&plain.stdout), "200");
+}
+
+/// Goal: UmaDB's Python client (the `umadb` package) works against Annals unchanged. The test
+/// command installs it (scripts/setup); elsewhere the test says how to.
+#[test]
+fn umadb_python_client() {
+    let python = std::env::var("ANNALS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_umadb = std::process::Command::new(&python)
+        .args(["-c", "import umadb, pytest"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_umadb {
+        assert!(
+            std::env::var_os("ANNALS_REQUIRE_PYTHON").is_none(),
+            "{python} lacks the umadb and pytest packages: run scripts/setup"
+        );
+        eprintln!("skipped: {python} lacks umadb/pytest (scripts/test installs them)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    let tests = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
+    let out = std::process::Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", tests])
+        .env("ANNALS_GRPC_URL", server.grpc_url())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pytest failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
