@@ -31,6 +31,11 @@ pub enum BenchCommand {
     ///
     /// Example: annals bench recover --dir /tmp/c --events 10000000
     Recover(RecoverArgs),
+    /// Load over HTTP or gRPC from concurrent connections against a server (its own, started
+    /// on --dir, unless --url is given): append, conditional append, read or mixed workloads.
+    ///
+    /// Example: annals bench http --connections 64 --workload conditional --seconds 10
+    Http(crate::bench_http::HttpArgs),
     /// The raw fdatasync rate of a directory (small write + fdatasync in a loop).
     ///
     /// Example: annals bench fsync --dir /tmp/f
@@ -102,6 +107,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Append(args) => append(args)?,
         BenchCommand::Read(args) => read(args)?,
         BenchCommand::Recover(args) => recover(args)?,
+        BenchCommand::Http(args) => crate::bench_http::run(args)?,
         BenchCommand::Fsync(args) => {
             std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
             let seconds = Duration::from_secs_f64(args.seconds);

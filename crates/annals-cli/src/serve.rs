@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// or ANNALS_API_KEYS=key=scope,scope;key2=scope
     #[arg(long, value_name = "FILE")]
     api_keys_file: Option<PathBuf>,
+    /// Threads serving the network. Env: ANNALS_WORKER_THREADS. Default: one fewer than the
+    /// cores (at least one), leaving a core to the store's writer.
+    #[arg(long, value_name = "N")]
+    worker_threads: Option<usize>,
     /// TLS certificate chain (PEM); serves HTTPS and gRPC over TLS. Env: ANNALS_TLS_CERT
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -63,6 +67,9 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     if let Some(keys) = args.api_keys_file {
         config.api_keys.load_file(&keys)?;
     }
+    if let Some(n) = args.worker_threads {
+        config.worker_threads = Some(n.max(1));
+    }
     if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(annals_server::TlsFiles { cert, key });
     }
@@ -72,6 +79,7 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let config = resolve(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.runtime_threads())
         .enable_all()
         .thread_name("annals-rt")
         .build()
@@ -81,6 +89,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
 
 async fn serve(config: Config) -> Result<(), String> {
     let keys = config.api_keys.len();
+    let threads = config.runtime_threads();
     let tls = config.tls.is_some();
     let exposed = config.exposed();
     let durability = config.durability;
@@ -106,7 +115,10 @@ async fn serve(config: Config) -> Result<(), String> {
             path.display()
         );
     }
-    println!("annals: http {scheme}://{}/v1", server.http_addr);
+    println!(
+        "annals: http {scheme}://{}/v1 ({threads} network threads)",
+        server.http_addr
+    );
     if let Some(grpc) = server.grpc_addr {
         println!("annals: grpc {scheme}://{grpc} (UmaDB protocol, service umadb.v1.DCB)");
     }

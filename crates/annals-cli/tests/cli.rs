@@ -131,3 +131,42 @@ fn bench_append_json_contract() {
     assert_eq!(last["events"], 400);
     assert!(last["fsyncs"].as_u64().unwrap() > 0);
 }
+
+/// Goal: `annals bench http` starts its own server, drives every workload over HTTP and gRPC,
+/// and prints the JSON contract as its last line: requests_per_sec, errors and latency_ms
+/// {p50, p90, p99, max} per operation, with the fsync floor of the same directory.
+#[test]
+fn bench_http_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    for (protocol, workload) in [("http", "mixed"), ("grpc", "mixed")] {
+        let stdout = stdout_of(
+            annals()
+                .args(["bench", "http", "--connections", "4", "--seconds", "0.5"])
+                .args([
+                    "--preload",
+                    "2000",
+                    "--protocol",
+                    protocol,
+                    "--workload",
+                    workload,
+                ])
+                .arg("--dir")
+                .arg(dir.path().join(protocol)),
+        );
+        let stdout = String::from_utf8(stdout).unwrap();
+        let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(last["protocol"], protocol);
+        assert_eq!(last["errors"], 0, "{last}");
+        assert_eq!(last["durability"], "d3");
+        assert!(last["requests_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(last["fsync_floor_per_sec"].as_f64().unwrap() > 0.0);
+        for op in ["append", "conditional_append", "read"] {
+            let o = &last["operations"][op];
+            assert!(o["requests"].as_u64().unwrap() > 0, "{op}: {last}");
+            for p in ["p50", "p90", "p99", "max"] {
+                assert!(o["latency_ms"][p].is_f64(), "{op}.latency_ms.{p}");
+            }
+        }
+        assert!(last["server_fsyncs"].as_f64().unwrap() > 0.0);
+    }
+}

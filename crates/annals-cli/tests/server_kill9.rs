@@ -40,9 +40,14 @@ fn client(addr: SocketAddr, id: usize, round: usize, stop: Arc<AtomicBool>) -> A
         let key = round as u64 * KEYS + rng.gen_range(0..KEYS);
         let nonce = format!("r{round}-c{id}-n{n}");
         n += 1;
-        let condition = format!(r#"{{"failIfEventsMatch":{{"items":[{{"tags":["key:{key}"]}}]}}}}"#);
+        let condition =
+            format!(r#"{{"failIfEventsMatch":{{"items":[{{"tags":["key:{key}"]}}]}}}}"#);
         let body = append_body(
-            &[("Claimed", &[&format!("key:{key}"), &format!("client:{id}")], &nonce)],
+            &[(
+                "Claimed",
+                &[&format!("key:{key}"), &format!("client:{id}")],
+                &nonce,
+            )],
             Some(&condition),
         );
         let head = format!(
@@ -105,10 +110,15 @@ fn kill9_under_conditional_load_loses_nothing() {
             assert_eq!(event["position"], i as u64 + 1, "positions are gapless");
             let key = event["tags"][0].as_str().unwrap().to_string();
             *by_key.entry(key).or_default() += 1;
-            *nonces.entry(event["data"].as_str().unwrap().to_string()).or_default() += 1;
+            *nonces
+                .entry(event["data"].as_str().unwrap().to_string())
+                .or_default() += 1;
         }
         for (key, count) in &by_key {
-            assert_eq!(*count, 1, "{key} claimed {count} times: a condition was violated");
+            assert_eq!(
+                *count, 1,
+                "{key} claimed {count} times: a condition was violated"
+            );
         }
         for (key, nonce) in &all_acked {
             assert_eq!(
@@ -121,7 +131,10 @@ fn kill9_under_conditional_load_loses_nothing() {
         assert_eq!(keys.len(), all_acked.len(), "two acks for one key");
         drop(server);
     }
-    eprintln!("{} acknowledged claims checked over 3 kills", all_acked.len());
+    eprintln!(
+        "{} acknowledged claims checked over 3 kills",
+        all_acked.len()
+    );
     assert!(
         all_acked.len() > 50,
         "the clients got too few answers ({}) for the test to mean much",

@@ -22,6 +22,19 @@ pub struct Config {
     pub api_keys: ApiKeys,
     pub tls: Option<TlsFiles>,
     pub limits: ServerLimits,
+    /// Threads of the network runtime; `None` means one fewer than the cores (at least one),
+    /// leaving a core to the store's writer and syncer threads. Measured on two cores: one
+    /// runtime thread serves 20-35% more appends than two, which fight the writer for the CPU.
+    pub worker_threads: Option<usize>,
+}
+
+impl Config {
+    /// The runtime threads to start (see [`Config::worker_threads`]).
+    pub fn runtime_threads(&self) -> usize {
+        self.worker_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+        })
+    }
 }
 
 /// A PEM certificate chain and its private key.
@@ -82,6 +95,7 @@ impl Default for Config {
             api_keys: ApiKeys::default(),
             tls: None,
             limits: ServerLimits::default(),
+            worker_threads: None,
         }
     }
 }
@@ -93,6 +107,7 @@ impl Default for Config {
 /// http_listen = "127.0.0.1:7400"
 /// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
 /// durability = "d3"
+/// worker_threads = 1                 # network threads; default: cores - 1
 /// api_keys_file = "/etc/annals/keys"
 /// [tls]
 /// cert = "/etc/annals/cert.pem"
@@ -113,6 +128,7 @@ pub struct ConfigFile {
     pub api_keys: Vec<KeyEntry>,
     pub api_keys_file: Option<PathBuf>,
     pub tls: Option<TlsFiles>,
+    pub worker_threads: Option<usize>,
     #[serde(default)]
     pub limits: LimitsFile,
 }
@@ -189,6 +205,9 @@ impl Config {
         if let Some(tls) = file.tls {
             self.tls = Some(tls);
         }
+        if let Some(n) = file.worker_threads {
+            self.worker_threads = Some(n.max(1));
+        }
         self.limits.apply(&file.limits);
         Ok(())
     }
@@ -210,6 +229,12 @@ impl Config {
                 "ANNALS_API_KEYS_FILE" => self.api_keys.load_file(Path::new(&value))?,
                 "ANNALS_TLS_CERT" => cert = Some(PathBuf::from(value)),
                 "ANNALS_TLS_KEY" => key = Some(PathBuf::from(value)),
+                "ANNALS_WORKER_THREADS" => {
+                    let n: usize = value
+                        .parse()
+                        .map_err(|_| format!("ANNALS_WORKER_THREADS: not a number: {value:?}"))?;
+                    self.worker_threads = Some(n.max(1));
+                }
                 _ => {}
             }
         }

@@ -1,0 +1,770 @@
+//! `annals bench http`: a load generator against a running server, over HTTP or gRPC.
+//!
+//! Each connection sends one request at a time and waits for its answer (like a k6 virtual
+//! user); latencies go into per-operation HDR histograms. Without `--url` the benchmark starts
+//! `annals serve` itself on `--dir` (a separate process on the same machine), measures the raw
+//! fdatasync rate of that directory in the same run, and reads the server's own counters
+//! (fsyncs, groups) from /metrics before and after.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum, Debug)]
+pub enum Workload {
+    /// Appends of one event, no condition.
+    Append,
+    /// Appends of one event with a condition on a tag of its own (checked, never failing).
+    Conditional,
+    /// Selective reads: the events of one tag among 10,000 (about ten each).
+    Read,
+    /// Half reads, a quarter appends, a quarter conditional appends (the seed's k6 mix).
+    Mixed,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum, Debug)]
+pub enum Protocol {
+    Http,
+    Grpc,
+}
+
+#[derive(clap::Args)]
+pub struct HttpArgs {
+    /// A running server's HTTP address (http://host:port). Without it, a server is started on
+    /// --dir for the run.
+    #[arg(long)]
+    url: Option<String>,
+    /// A running server's gRPC address, for --protocol grpc with --url.
+    #[arg(long)]
+    grpc_url: Option<String>,
+    /// Where the benchmark's own server keeps its data (emptied first).
+    #[arg(long, default_value = "/tmp/annals-bench-http")]
+    dir: PathBuf,
+    /// Durability class of the benchmark's own server.
+    #[arg(long, default_value = "d3")]
+    durability: String,
+    #[arg(long, value_enum, default_value = "conditional")]
+    workload: Workload,
+    #[arg(long, value_enum, default_value = "http")]
+    protocol: Protocol,
+    /// Concurrent connections, each with one request in flight.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Measured seconds per run (after one second of warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Runs; the figures are the median run's (by requests per second).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Bytes of data per appended event.
+    #[arg(long, default_value_t = 256)]
+    event_bytes: usize,
+    /// Events loaded before a read or mixed workload (tags account:0..10000).
+    #[arg(long, default_value_t = 100_000)]
+    preload: u64,
+    /// API key to send (Authorization: Bearer).
+    #[arg(long)]
+    api_key: Option<String>,
+}
+
+const READ_TAGS: u64 = 10_000;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Append,
+    Conditional,
+    Read,
+}
+
+const OPS: [Op; 3] = [Op::Append, Op::Conditional, Op::Read];
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Append => "append",
+            Op::Conditional => "conditional_append",
+            Op::Read => "read",
+        }
+    }
+}
+
+/// One connection's tallies.
+struct Tally {
+    latency_us: [Histogram<u64>; 3],
+    errors: [u64; 3],
+    conflicts: u64,
+    first_error: Option<String>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        let h = || Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+        Tally {
+            latency_us: [h(), h(), h()],
+            errors: [0; 3],
+            conflicts: 0,
+            first_error: None,
+        }
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        for i in 0..3 {
+            let _ = self.latency_us[i].add(&other.latency_us[i]);
+            self.errors[i] += other.errors[i];
+        }
+        self.conflicts += other.conflicts;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
+    }
+
+    fn error(&mut self, op: Op, message: String) {
+        self.errors[op as usize] += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(message);
+        }
+    }
+}
+
+/// The operation a connection does next.
+fn pick(workload: Workload, n: u64) -> Op {
+    match workload {
+        Workload::Append => Op::Append,
+        Workload::Conditional => Op::Conditional,
+        Workload::Read => Op::Read,
+        Workload::Mixed => match n % 4 {
+            0 | 2 => Op::Read,
+            1 => Op::Append,
+            _ => Op::Conditional,
+        },
+    }
+}
+
+/// A server started for the benchmark: killed on drop.
+struct OwnServer {
+    child: Child,
+    http: SocketAddr,
+    grpc: SocketAddr,
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        // SAFETY: signals our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(dir: &std::path::Path, durability: &str) -> Result<OwnServer, String> {
+    use std::io::BufRead;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .args(["--durability", durability])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let mut http = None;
+    let mut grpc = None;
+    for line in lines.by_ref() {
+        let line = line.map_err(|e| e.to_string())?;
+        if let Some(rest) = line.strip_prefix("annals: listening ") {
+            for part in rest.split_whitespace() {
+                if let Some(a) = part.strip_prefix("http=") {
+                    http = a.parse().ok();
+                }
+                if let Some(a) = part.strip_prefix("grpc=") {
+                    grpc = a.parse().ok();
+                }
+            }
+            break;
+        }
+    }
+    // Keep draining the server's output so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    match (http, grpc) {
+        (Some(http), Some(grpc)) => Ok(OwnServer { child, http, grpc }),
+        _ => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err("the server did not report its addresses".into())
+        }
+    }
+}
+
+fn host_port(url: &str) -> Result<SocketAddr, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or("only http:// URLs are supported by the load generator")?;
+    let host = rest.split('/').next().unwrap_or(rest);
+    use std::net::ToSocketAddrs;
+    host.to_socket_addrs()
+        .map_err(|e| format!("{url}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{url}: no address"))
+}
+
+struct Target {
+    /// Makes this run's condition keys differ from any earlier run's on the same server.
+    run_id: u64,
+    http: SocketAddr,
+    grpc: Option<SocketAddr>,
+    api_key: Option<String>,
+}
+
+fn event_json(tags: &[String], data: &str) -> String {
+    let tags: Vec<String> = tags.iter().map(|t| format!("\"{t}\"")).collect();
+    format!(
+        r#"{{"type":"BenchEvent","tags":[{}],"data":"{data}"}}"#,
+        tags.join(",")
+    )
+}
+
+fn body_for(
+    op: Op,
+    run_id: u64,
+    conn: usize,
+    n: u64,
+    data: &str,
+    rng_tag: u64,
+) -> (String, String) {
+    match op {
+        Op::Append => (
+            "/v1/append".into(),
+            format!(
+                r#"{{"events":[{}]}}"#,
+                event_json(&[format!("account:{rng_tag}")], data)
+            ),
+        ),
+        Op::Conditional => {
+            let key = format!("key:{run_id}-{conn}-{n}");
+            (
+                "/v1/append".into(),
+                format!(
+                    r#"{{"events":[{}],"condition":{{"failIfEventsMatch":{{"items":[{{"tags":["{key}"]}}]}}}}}}"#,
+                    event_json(&[key.clone(), format!("account:{rng_tag}")], data)
+                ),
+            )
+        }
+        Op::Read => {
+            let query = format!(
+                "%7B%22items%22%3A%5B%7B%22tags%22%3A%5B%22account%3A{rng_tag}%22%5D%7D%5D%7D"
+            );
+            (format!("/v1/read?query={query}"), String::new())
+        }
+    }
+}
+
+async fn http_connection(
+    target: Arc<Target>,
+    workload: Workload,
+    conn: usize,
+    data: Arc<String>,
+    warmup_until: Instant,
+    until: Instant,
+) -> Tally {
+    let mut tally = Tally::new();
+    let stream = match tokio::net::TcpStream::connect(target.http).await {
+        Ok(s) => s,
+        Err(e) => {
+            tally.error(Op::Append, format!("connect: {e}"));
+            return tally;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) =
+        match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                tally.error(Op::Append, format!("handshake: {e}"));
+                return tally;
+            }
+        };
+    tokio::spawn(connection);
+    let authorization = target.api_key.as_ref().map(|k| format!("Bearer {k}"));
+    let mut n = 0u64;
+    let mut seed = conn as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
+    loop {
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        // xorshift: a cheap per-connection random tag.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let op = pick(workload, n + conn as u64);
+        let (path, body) = body_for(op, target.run_id, conn, n, &data, seed % READ_TAGS);
+        n += 1;
+        let method = if op == Op::Read { "GET" } else { "POST" };
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "annals")
+            .header("content-type", "application/json");
+        if let Some(a) = &authorization {
+            request = request.header("authorization", a.as_str());
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .expect("a valid request");
+        let started = Instant::now();
+        let outcome = async {
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        }
+        .await;
+        let took = started.elapsed();
+        if started < warmup_until {
+            continue;
+        }
+        match outcome {
+            Ok((status, body)) if status.is_success() => {
+                if op != Op::Read && contains(&body, b"\"appendConditionFailed\":true") {
+                    tally.conflicts += 1;
+                }
+                let _ = tally.latency_us[op as usize].record(took.as_micros().max(1) as u64);
+            }
+            Ok((status, body)) => {
+                tally.error(op, format!("{status}: {}", String::from_utf8_lossy(&body)));
+            }
+            Err(e) => {
+                tally.error(op, e);
+                break;
+            }
+        }
+    }
+    tally
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A gRPC call's request body: the 5-byte length prefix and the encoded message.
+fn grpc_frame(message: &impl prost::Message) -> Bytes {
+    let mut out = Vec::with_capacity(5 + message.encoded_len());
+    out.push(0);
+    out.extend_from_slice(&(message.encoded_len() as u32).to_be_bytes());
+    message.encode(&mut out).expect("a Vec grows");
+    Bytes::from(out)
+}
+
+/// The gRPC status of an answer: from the trailers, or from the headers of a trailers-only
+/// answer.
+fn grpc_status(headers: &http::HeaderMap, trailers: Option<&http::HeaderMap>) -> (i32, String) {
+    let source = trailers
+        .filter(|t| t.contains_key("grpc-status"))
+        .unwrap_or(headers);
+    let code = source
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let message = source
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (code, message)
+}
+
+/// gRPC over one HTTP/2 connection, written directly on hyper (without a channel's buffer
+/// task), so that the load generator costs the shared cores as little as the HTTP one does.
+async fn grpc_connection(
+    target: Arc<Target>,
+    workload: Workload,
+    conn: usize,
+    data: Arc<String>,
+    warmup_until: Instant,
+    until: Instant,
+) -> Tally {
+    use umadb_proto::v1;
+    let mut tally = Tally::new();
+    let Some(addr) = target.grpc else {
+        tally.error(Op::Append, "no gRPC address".into());
+        return tally;
+    };
+    let stream = match tokio::net::TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(e) => {
+            tally.error(Op::Append, format!("connect: {e}"));
+            return tally;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let handshake = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .handshake(TokioIo::new(stream))
+        .await;
+    let (mut sender, connection) = match handshake {
+        Ok(pair) => pair,
+        Err(e) => {
+            tally.error(Op::Append, format!("handshake: {e}"));
+            return tally;
+        }
+    };
+    tokio::spawn(connection);
+    let authorization = target.api_key.as_ref().map(|k| format!("Bearer {k}"));
+    let mut n = 0u64;
+    let mut seed = conn as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
+    while Instant::now() < until {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let op = pick(workload, n + conn as u64);
+        let tag = format!("account:{}", seed % READ_TAGS);
+        let (path, body) = match op {
+            Op::Append | Op::Conditional => {
+                let mut tags = vec![tag];
+                let mut condition = None;
+                if op == Op::Conditional {
+                    let key = format!("key:{}-{conn}-{n}", target.run_id);
+                    tags.insert(0, key.clone());
+                    condition = Some(v1::AppendCondition {
+                        fail_if_events_match: Some(v1::Query {
+                            items: vec![v1::QueryItem {
+                                types: Vec::new(),
+                                tags: vec![key],
+                            }],
+                        }),
+                        after: None,
+                    });
+                }
+                let request = v1::AppendRequest {
+                    events: vec![v1::Event {
+                        event_type: "BenchEvent".into(),
+                        tags,
+                        data: data.as_bytes().to_vec(),
+                        uuid: String::new(),
+                        metadata: Vec::new(),
+                    }],
+                    condition,
+                    tracking_info: None,
+                };
+                ("/umadb.v1.DCB/Append", grpc_frame(&request))
+            }
+            Op::Read => {
+                let request = v1::ReadRequest {
+                    query: Some(v1::Query {
+                        items: vec![v1::QueryItem {
+                            types: Vec::new(),
+                            tags: vec![tag],
+                        }],
+                    }),
+                    ..Default::default()
+                };
+                ("/umadb.v1.DCB/Read", grpc_frame(&request))
+            }
+        };
+        n += 1;
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        if let Some(a) = &authorization {
+            request = request.header("authorization", a.as_str());
+        }
+        let request = request.body(Full::new(body)).expect("a valid request");
+        let started = Instant::now();
+        let outcome = async {
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (parts, body) = response.into_parts();
+            let collected = body.collect().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(grpc_status(&parts.headers, collected.trailers()))
+        }
+        .await;
+        let took = started.elapsed();
+        if started < warmup_until {
+            continue;
+        }
+        match outcome {
+            // 9 = FAILED_PRECONDITION: a failed condition, a correct answer.
+            Ok((0, _)) | Ok((9, _)) => {
+                if matches!(outcome, Ok((9, _))) {
+                    tally.conflicts += 1;
+                }
+                let _ = tally.latency_us[op as usize].record(took.as_micros().max(1) as u64);
+            }
+            Ok((code, message)) => tally.error(op, format!("grpc status {code}: {message}")),
+            Err(e) => {
+                tally.error(op, e);
+                break;
+            }
+        }
+    }
+    tally
+}
+
+/// Loads `events` events over HTTP in appends of 1,000, tags account:0..10000.
+async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String> {
+    let stream = tokio::net::TcpStream::connect(target.http)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let mut i = 0;
+    while i < events {
+        let batch: Vec<String> = (i..(i + 1000).min(events))
+            .map(|j| event_json(&[format!("account:{}", j % READ_TAGS)], data))
+            .collect();
+        i += batch.len() as u64;
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri("/v1/append")
+            .header("host", "annals");
+        if let Some(k) = &target.api_key {
+            request = request.header("authorization", format!("Bearer {k}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"events":[{}]}}"#,
+                batch.join(",")
+            ))))
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("preload failed: {}", response.status()));
+        }
+        let _ = response.into_body().collect().await;
+    }
+    Ok(())
+}
+
+/// Reads counters from /metrics (None when it cannot, e.g. without the admin scope).
+async fn server_counters(target: &Target) -> Option<(f64, f64, f64)> {
+    let stream = tokio::net::TcpStream::connect(target.http).await.ok()?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    let mut request = http::Request::builder()
+        .uri("/metrics")
+        .header("host", "annals");
+    if let Some(k) = &target.api_key {
+        request = request.header("authorization", format!("Bearer {k}"));
+    }
+    let response = sender
+        .send_request(request.body(Full::new(Bytes::new())).ok()?)
+        .await
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let text = response.into_body().collect().await.ok()?.to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    };
+    Some((
+        value("annals_fsyncs_total "),
+        value("annals_groups_total "),
+        value("annals_appends_total "),
+    ))
+}
+
+struct RunOutcome {
+    tally: Tally,
+    seconds: f64,
+    fsyncs: Option<f64>,
+    appends: Option<f64>,
+}
+
+async fn one_run(args: &HttpArgs, target: Arc<Target>, data: Arc<String>) -> RunOutcome {
+    let before = server_counters(&target).await;
+    let start = Instant::now();
+    let warmup_until = start + Duration::from_secs(1);
+    let until = warmup_until + Duration::from_secs_f64(args.seconds);
+    let mut tasks = Vec::new();
+    for conn in 0..args.connections {
+        let target = target.clone();
+        let data = data.clone();
+        let workload = args.workload;
+        tasks.push(match args.protocol {
+            Protocol::Http => tokio::spawn(http_connection(
+                target,
+                workload,
+                conn,
+                data,
+                warmup_until,
+                until,
+            )),
+            Protocol::Grpc => tokio::spawn(grpc_connection(
+                target,
+                workload,
+                conn,
+                data,
+                warmup_until,
+                until,
+            )),
+        });
+    }
+    let mut tally = Tally::new();
+    for task in tasks {
+        if let Ok(t) = task.await {
+            tally.merge(&t);
+        }
+    }
+    let seconds = args.seconds;
+    let after = server_counters(&target).await;
+    let (fsyncs, appends) = match (before, after) {
+        (Some(b), Some(a)) => (Some(a.0 - b.0), Some(a.2 - b.2)),
+        _ => (None, None),
+    };
+    RunOutcome {
+        tally,
+        seconds,
+        fsyncs,
+        appends,
+    }
+}
+
+fn ms(us: u64) -> f64 {
+    (us as f64 / 1000.0 * 1000.0).round() / 1000.0
+}
+
+pub fn run(args: HttpArgs) -> Result<Value, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut own = None;
+    let mut fsync_floor = None;
+    let run_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let target = match &args.url {
+        Some(url) => Target {
+            run_id,
+            http: host_port(url)?,
+            grpc: args.grpc_url.as_deref().map(host_port).transpose()?,
+            api_key: args.api_key.clone(),
+        },
+        None => {
+            if args.dir.exists() {
+                std::fs::remove_dir_all(&args.dir)
+                    .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+            }
+            std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+            fsync_floor = Some(crate::bench::fsync_floor(
+                &args.dir,
+                true,
+                Duration::from_secs(2),
+            )?);
+            let server = start_server(&args.dir.join("data"), &args.durability)?;
+            let target = Target {
+                run_id,
+                http: server.http,
+                grpc: Some(server.grpc),
+                api_key: args.api_key.clone(),
+            };
+            own = Some(server);
+            target
+        }
+    };
+    let target = Arc::new(target);
+    let data = Arc::new("x".repeat(args.event_bytes));
+    if matches!(args.workload, Workload::Read | Workload::Mixed) && args.preload > 0 {
+        runtime.block_on(preload(&target, args.preload, &data))?;
+    }
+    let mut outcomes = Vec::new();
+    for _ in 0..args.runs.max(1) {
+        outcomes.push(runtime.block_on(one_run(&args, target.clone(), data.clone())));
+    }
+    let rate = |o: &RunOutcome| -> f64 {
+        OPS.iter()
+            .map(|&op| o.tally.latency_us[op as usize].len() as f64)
+            .sum::<f64>()
+            / o.seconds
+    };
+    let rates: Vec<f64> = outcomes.iter().map(rate).collect();
+    outcomes.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    let median = &outcomes[outcomes.len() / 2];
+    let mut operations = serde_json::Map::new();
+    let mut errors = 0;
+    for op in OPS {
+        let h = &median.tally.latency_us[op as usize];
+        let e = median.tally.errors[op as usize];
+        errors += e;
+        if h.is_empty() && e == 0 {
+            continue;
+        }
+        operations.insert(
+            op.name().into(),
+            json!({
+                "requests": h.len(),
+                "requests_per_sec": (h.len() as f64 / median.seconds).round(),
+                "errors": e,
+                "latency_ms": {
+                    "p50": ms(h.value_at_quantile(0.50)),
+                    "p90": ms(h.value_at_quantile(0.90)),
+                    "p99": ms(h.value_at_quantile(0.99)),
+                    "p999": ms(h.value_at_quantile(0.999)),
+                    "max": ms(h.max()),
+                },
+            }),
+        );
+    }
+    let total = rate(median);
+    let result = json!({
+        "bench": "http",
+        "protocol": match args.protocol { Protocol::Http => "http", Protocol::Grpc => "grpc" },
+        "workload": format!("{:?}", args.workload).to_lowercase(),
+        "durability": if args.url.is_some() { "as configured on the server".to_string() } else { args.durability.to_lowercase() },
+        "connections": args.connections,
+        "event_bytes": args.event_bytes,
+        "seconds": median.seconds,
+        "runs": args.runs.max(1),
+        "requests_per_sec": total.round(),
+        "requests_per_sec_runs": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "errors": errors,
+        "first_error": median.tally.first_error,
+        "conflicts": median.tally.conflicts,
+        "operations": operations,
+        "server_fsyncs": median.fsyncs,
+        "appends_per_fsync": match (median.appends, median.fsyncs) {
+            (Some(a), Some(f)) if f > 0.0 => Some(((a / f) * 10.0).round() / 10.0),
+            _ => None,
+        },
+        "fsync_floor_per_sec": fsync_floor.map(|f| f.round()),
+        "ratio_to_fsync_floor": fsync_floor.map(|f| ((total / f) * 100.0).round() / 100.0),
+    });
+    drop(own);
+    Ok(result)
+}
