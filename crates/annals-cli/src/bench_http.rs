@@ -704,8 +704,15 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
         runtime.block_on(preload(&target, args.preload, &data))?;
     }
     let mut outcomes = Vec::new();
-    for _ in 0..args.runs.max(1) {
-        outcomes.push(runtime.block_on(one_run(&args, target.clone(), data.clone())));
+    for run in 0..args.runs.max(1) {
+        // Each run claims condition keys of its own, so no run meets another's events.
+        let target = Arc::new(Target {
+            run_id: target.run_id * 100 + run as u64,
+            http: target.http,
+            grpc: target.grpc,
+            api_key: target.api_key.clone(),
+        });
+        outcomes.push(runtime.block_on(one_run(&args, target, data.clone())));
     }
     let rate = |o: &RunOutcome| -> f64 {
         OPS.iter()

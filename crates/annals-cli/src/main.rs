@@ -2,7 +2,9 @@
 
 mod bench;
 mod bench_http;
+mod data;
 mod inspect;
+mod remote;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +25,32 @@ enum Command {
     ///
     /// Example: annals serve --data-dir ./data --http 127.0.0.1:7400
     Serve(serve::ServeArgs),
+    /// Append events: one from the arguments, or NDJSON lines from standard input.
+    ///
+    /// Examples:
+    ///   annals append --url http://127.0.0.1:7400 --type UserRegistered --tag user:ada --data '{"name":"Ada"}'
+    ///   annals append --dir ./data --type Claimed --tag user:ada \
+    ///       --condition '{"failIfEventsMatch":{"items":[{"tags":["user:ada"]}]}}'
+    ///   cat events.ndjson | annals append --url http://127.0.0.1:7400
+    Append(data::AppendArgs),
+    /// Read the events matching a query, as a table or NDJSON.
+    ///
+    /// Examples:
+    ///   annals read --url http://127.0.0.1:7400 --tag course:c1
+    ///   annals read --dir ./data --type OrderPlaced --backwards --limit 10 --format ndjson
+    Read(data::ReadArgs),
+    /// Follow the events matching a query as they are appended (Ctrl-C to stop).
+    ///
+    /// Example: annals tail --url http://127.0.0.1:7400 --tag account:42
+    Tail(data::TailArgs),
+    /// Write events as NDJSON (to a file or standard output), with progress and a summary.
+    ///
+    /// Example: annals export --url http://127.0.0.1:7400 -o backup.ndjson
+    Export(data::ExportArgs),
+    /// Append the events of an NDJSON file (as export writes it), in atomic batches.
+    ///
+    /// Example: annals import --dir ./restored backup.ndjson
+    Import(data::ImportArgs),
     /// Check every record of a closed store and compare its index checkpoint with the log.
     ///
     /// Example: annals verify ./data
@@ -40,6 +68,11 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Append(args) => data::append(args),
+        Command::Read(args) => data::read(args),
+        Command::Tail(args) => data::tail(args),
+        Command::Export(args) => data::export(args),
+        Command::Import(args) => data::import(args),
         Command::Verify(args) => inspect::verify(args),
         Command::Stats(args) => inspect::stats(args),
         Command::Bench(command) => bench::run(command),

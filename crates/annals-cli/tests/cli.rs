@@ -157,6 +157,7 @@ fn bench_http_json_contract() {
         let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
         assert_eq!(last["protocol"], protocol);
         assert_eq!(last["errors"], 0, "{last}");
+        assert_eq!(last["conflicts"], 0, "condition keys are unique: {last}");
         assert_eq!(last["durability"], "d3");
         assert!(last["requests_per_sec"].as_f64().unwrap() > 0.0);
         assert!(last["fsync_floor_per_sec"].as_f64().unwrap() > 0.0);

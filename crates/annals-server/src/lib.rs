@@ -13,7 +13,7 @@ mod http;
 pub mod metrics;
 mod openapi;
 mod serve;
-mod wire;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
