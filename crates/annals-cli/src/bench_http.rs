@@ -134,6 +134,14 @@ impl Tally {
     }
 }
 
+/// A cheap per-connection random number (xorshift64).
+fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
 /// The operation a connection does next.
 fn pick(workload: Workload, n: u64) -> Op {
     match workload {
@@ -305,12 +313,9 @@ async fn http_connection(
         if now >= until {
             break;
         }
-        // xorshift: a cheap per-connection random tag.
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
+        let rnd = xorshift(&mut seed);
         let op = pick(workload, n + conn as u64);
-        let (path, body) = body_for(op, target.run_id, conn, n, &data, seed % READ_TAGS);
+        let (path, body) = body_for(op, target.run_id, conn, n, &data, rnd % READ_TAGS);
         n += 1;
         let method = if op == Op::Read { "GET" } else { "POST" };
         let mut request = http::Request::builder()
@@ -434,11 +439,8 @@ async fn grpc_connection(
     let mut n = 0u64;
     let mut seed = conn as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
     while Instant::now() < until {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
         let op = pick(workload, n + conn as u64);
-        let tag = format!("account:{}", seed % READ_TAGS);
+        let tag = format!("account:{}", xorshift(&mut seed) % READ_TAGS);
         let (path, body) = match op {
             Op::Append | Op::Conditional => {
                 let mut tags = vec![tag];

@@ -237,21 +237,10 @@ impl Target {
         &mut self,
         query: &Query,
         options: ReadOptions,
-        mut each: impl FnMut(&[u8]) -> Result<bool, String>,
+        each: impl FnMut(&[u8]) -> Result<bool, String>,
     ) -> Result<(), String> {
         match self {
-            Target::Dir(store) => {
-                let mut line = Vec::with_capacity(512);
-                for event in store.read(query, options).map_err(|e| e.to_string())? {
-                    let event = event.map_err(|e| e.to_string())?;
-                    line.clear();
-                    wire::write_event(&mut line, &event);
-                    if !each(&line)? {
-                        break;
-                    }
-                }
-                Ok(())
-            }
+            Target::Dir(store) => each_line(store.read(query, options), each),
             Target::Url(remote) => {
                 let options = serde_json::to_string(&options).map_err(|e| e.to_string())?;
                 let query = serde_json::to_string(query).map_err(|e| e.to_string())?;
@@ -270,21 +259,10 @@ impl Target {
         &mut self,
         query: &Query,
         after: u64,
-        mut each: impl FnMut(&[u8]) -> Result<bool, String>,
+        each: impl FnMut(&[u8]) -> Result<bool, String>,
     ) -> Result<(), String> {
         match self {
-            Target::Dir(store) => {
-                let mut line = Vec::with_capacity(512);
-                for event in store.subscribe(query, after).map_err(|e| e.to_string())? {
-                    let event = event.map_err(|e| e.to_string())?;
-                    line.clear();
-                    wire::write_event(&mut line, &event);
-                    if !each(&line)? {
-                        break;
-                    }
-                }
-                Ok(())
-            }
+            Target::Dir(store) => each_line(store.subscribe(query, after), each),
             Target::Url(remote) => {
                 let query = serde_json::to_string(query).map_err(|e| e.to_string())?;
                 let path = format!("/v1/subscribe?query={}&after={after}", percent(&query));
@@ -292,6 +270,26 @@ impl Target {
             }
         }
     }
+}
+
+/// Hands each event of a read or subscription, as a JSON line, to `each` until it says stop.
+fn each_line<I>(
+    events: Result<I, annals::ReadError>,
+    mut each: impl FnMut(&[u8]) -> Result<bool, String>,
+) -> Result<(), String>
+where
+    I: Iterator<Item = Result<annals::Event, annals::ReadError>>,
+{
+    let mut line = Vec::with_capacity(512);
+    for event in events.map_err(|e| e.to_string())? {
+        let event = event.map_err(|e| e.to_string())?;
+        line.clear();
+        wire::write_event(&mut line, &event);
+        if !each(&line)? {
+            break;
+        }
+    }
+    Ok(())
 }
 
 fn percent(s: &str) -> String {

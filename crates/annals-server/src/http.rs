@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 use crate::auth::Scopes;
 use crate::metrics::{Api, Op, Outcome};
-use crate::wire::{self, ApiError, AppendBody, WireReadOptions};
+use crate::wire::{self, ApiError, AppendBody};
 use crate::AppState;
 
 /// A read answer is sent whole when it fits in this many bytes, streamed otherwise.
@@ -230,14 +230,15 @@ fn read_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiE
     authorize(state, request.headers(), Scopes::READ)?;
     let params = params(state, request, &["query", "options"])?;
     let query = wire::parse_query(params.query.as_deref())?;
-    let options: WireReadOptions = match params.options.as_deref() {
-        None => WireReadOptions::default(),
-        Some(t) if t.trim().is_empty() => WireReadOptions::default(),
+    // The options parse straight into the store's type, unknown fields refused.
+    let options: annals::ReadOptions = match params.options.as_deref() {
+        None => annals::ReadOptions::default(),
+        Some(t) if t.trim().is_empty() => annals::ReadOptions::default(),
         Some(t) => wire::parse_param("options", t)?,
     };
     let iter = state
         .store
-        .read(&query, options.into())
+        .read(&query, options)
         .map_err(|e| read_error(&e))?;
     let ndjson = accepts(request.headers(), NDJSON);
     let head = iter.head();

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use annals::{AppendCondition, Event, NewEvent, Query, ReadOptions};
+use annals::{AppendCondition, Event, NewEvent, Query};
 use base64::Engine;
 use bytes::Bytes;
 use serde::Deserialize;
@@ -70,31 +70,6 @@ fn share_or_own(text: Cow<'_, str>, body: &Bytes) -> Bytes {
     match text {
         Cow::Borrowed(s) => body.slice_ref(s.as_bytes()),
         Cow::Owned(s) => Bytes::from(s.into_bytes()),
-    }
-}
-
-/// The `options` parameter of `GET /v1/read`.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct WireReadOptions {
-    #[serde(default)]
-    pub from: Option<u64>,
-    #[serde(default)]
-    pub after: Option<u64>,
-    #[serde(default)]
-    pub limit: Option<u64>,
-    #[serde(default)]
-    pub backwards: bool,
-}
-
-impl From<WireReadOptions> for ReadOptions {
-    fn from(w: WireReadOptions) -> Self {
-        ReadOptions {
-            from: w.from,
-            after: w.after,
-            limit: w.limit,
-            backwards: w.backwards,
-        }
     }
 }
 

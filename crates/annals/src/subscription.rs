@@ -43,33 +43,15 @@ impl Subscription {
     pub fn next_timeout(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ReadError> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            if let Some(iter) = &mut self.current {
-                match iter.next() {
-                    Some(Ok(event)) => return Ok(Some(event)),
-                    Some(Err(e)) => return Err(e),
-                    None => {
-                        self.scanned = iter.head();
-                        self.current = None;
-                    }
-                }
-            }
             let listener = self.shared.head_changed.listen();
-            let head = self.shared.head();
-            if head > self.scanned {
-                let options = ReadOptions::forwards().after(self.scanned);
-                self.current = Some(ReadIter::new(
-                    self.shared.clone(),
-                    &self.query,
-                    options,
-                    head,
-                )?);
-                continue;
+            if let Some(event) = self.try_next()? {
+                return Ok(Some(event));
             }
             if self.shared.closed.load(Ordering::Acquire) {
                 return Ok(None);
             }
-            if let Some(e) = self.shared.poison_error() {
-                return Err(ReadError::Store(e));
+            if self.shared.head() > self.scanned {
+                continue;
             }
             match deadline {
                 None => listener.wait(),
@@ -87,13 +69,25 @@ impl Subscription {
     pub fn try_next_batch(&mut self, max: usize, out: &mut Vec<Event>) -> Result<usize, ReadError> {
         let mut moved = 0;
         while moved < max {
+            match self.try_next()? {
+                Some(event) => {
+                    out.push(event);
+                    moved += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(moved)
+    }
+
+    /// The next matching event that is already acknowledged, without waiting: the one step
+    /// both the blocking and the async paths take (read after the cursor up to the head seen
+    /// now; when that is exhausted, the cursor is the head).
+    fn try_next(&mut self) -> Result<Option<Event>, ReadError> {
+        loop {
             if let Some(iter) = &mut self.current {
                 match iter.next() {
-                    Some(Ok(event)) => {
-                        out.push(event);
-                        moved += 1;
-                        continue;
-                    }
+                    Some(Ok(event)) => return Ok(Some(event)),
                     Some(Err(e)) => return Err(e),
                     None => {
                         self.scanned = iter.head();
@@ -106,7 +100,7 @@ impl Subscription {
                 if let Some(e) = self.shared.poison_error() {
                     return Err(ReadError::Store(e));
                 }
-                break;
+                return Ok(None);
             }
             let options = ReadOptions::forwards().after(self.scanned);
             self.current = Some(ReadIter::new(
@@ -116,7 +110,6 @@ impl Subscription {
                 head,
             )?);
         }
-        Ok(moved)
     }
 
     /// The next batch of at most `max` matching events, waiting asynchronously (without
