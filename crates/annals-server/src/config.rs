@@ -300,7 +300,7 @@ mod tests {
 data_dir = "/srv/annals"
 grpc_listen = "off"
 durability = "d2"
-api_keys = [{ key = "k1", scopes = ["read"] }]
+api_keys = [{ key = "file-key-0123456789", scopes = ["read"] }]
 [limits]
 tags_per_event_max = 4
 body_timeout_ms = 500
