@@ -58,6 +58,10 @@ pub struct HttpArgs {
     /// Concurrent connections, each with one request in flight.
     #[arg(long, default_value_t = 64)]
     connections: usize,
+    /// gRPC only: concurrent streams per HTTP/2 connection (HTTP/1.1 cannot multiplex); the
+    /// concurrency is connections x streams.
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
     /// Measured seconds per run (after one second of warm-up).
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
@@ -402,15 +406,16 @@ fn grpc_status(headers: &http::HeaderMap, trailers: Option<&http::HeaderMap>) ->
 
 /// gRPC over one HTTP/2 connection, written directly on hyper (without a channel's buffer
 /// task), so that the load generator costs the shared cores as little as the HTTP one does.
+#[allow(clippy::too_many_arguments)]
 async fn grpc_connection(
     target: Arc<Target>,
     workload: Workload,
     conn: usize,
+    streams: usize,
     data: Arc<String>,
     warmup_until: Instant,
     until: Instant,
 ) -> Tally {
-    use umadb_proto::v1;
     let mut tally = Tally::new();
     let Some(addr) = target.grpc else {
         tally.error(Op::Append, "no gRPC address".into());
@@ -427,7 +432,7 @@ async fn grpc_connection(
     let handshake = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .handshake(TokioIo::new(stream))
         .await;
-    let (mut sender, connection) = match handshake {
+    let (sender, connection) = match handshake {
         Ok(pair) => pair,
         Err(e) => {
             tally.error(Op::Append, format!("handshake: {e}"));
@@ -435,6 +440,44 @@ async fn grpc_connection(
         }
     };
     tokio::spawn(connection);
+    // Several streams share the connection (HTTP/2 multiplexing), each one request at a time.
+    let streams: Vec<_> = (0..streams.max(1))
+        .map(|s| {
+            let id = conn * streams.max(1) + s;
+            tokio::spawn(grpc_requests(
+                sender.clone(),
+                addr,
+                target.clone(),
+                workload,
+                id,
+                data.clone(),
+                warmup_until,
+                until,
+            ))
+        })
+        .collect();
+    for stream in streams {
+        if let Ok(t) = stream.await {
+            tally.merge(&t);
+        }
+    }
+    tally
+}
+
+/// One stream's requests, one at a time, until `until`.
+#[allow(clippy::too_many_arguments)]
+async fn grpc_requests(
+    mut sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    addr: SocketAddr,
+    target: Arc<Target>,
+    workload: Workload,
+    conn: usize,
+    data: Arc<String>,
+    warmup_until: Instant,
+    until: Instant,
+) -> Tally {
+    use umadb_proto::v1;
+    let mut tally = Tally::new();
     let authorization = target.api_key.as_ref().map(|k| format!("Bearer {k}"));
     let mut n = 0u64;
     let mut seed = conn as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
@@ -631,6 +674,7 @@ async fn one_run(args: &HttpArgs, target: Arc<Target>, data: Arc<String>) -> Run
                 target,
                 workload,
                 conn,
+                args.streams,
                 data,
                 warmup_until,
                 until,
@@ -757,6 +801,8 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
         "workload": format!("{:?}", args.workload).to_lowercase(),
         "durability": if args.url.is_some() { "as configured on the server".to_string() } else { args.durability.to_lowercase() },
         "connections": args.connections,
+        "streams_per_connection": if args.protocol == Protocol::Grpc { args.streams.max(1) } else { 1 },
+        "concurrency": args.connections * if args.protocol == Protocol::Grpc { args.streams.max(1) } else { 1 },
         "event_bytes": args.event_bytes,
         "seconds": median.seconds,
         "runs": args.runs.max(1),

@@ -15,15 +15,42 @@ pub struct VerifyArgs {
 
 #[derive(clap::Args)]
 pub struct StatsArgs {
-    /// The data directory.
-    dir: PathBuf,
+    /// The data directory (or give --url for a running server).
+    #[arg(required_unless_present = "url")]
+    dir: Option<PathBuf>,
+    /// A running server: its head, durability, counters and fsync latency, from /metrics
+    /// (needs the admin scope when keys are configured).
+    #[arg(long, value_name = "URL", env = "ANNALS_URL", conflicts_with = "dir")]
+    url: Option<String>,
+    /// API key for --url. Env: ANNALS_API_KEY
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "ANNALS_API_KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
 }
 
 pub fn verify(args: VerifyArgs) -> Result<(), String> {
-    let report = annals::verify(&args.dir).map_err(|e| e.to_string())?;
+    // SAFETY: isatty only inspects the descriptor.
+    let tty = unsafe { libc::isatty(2) } == 1;
+    let started = std::time::Instant::now();
+    let report = annals::verify_with_progress(&args.dir, &mut |done, of| {
+        if tty {
+            eprint!(
+                "\rverifying: {done} of {of} segments checked ({:.1} s)   ",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if tty {
+        eprintln!();
+    }
     if args.json {
         println!(
             "{}",
@@ -48,9 +75,65 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
     }
 }
 
+/// Stats of a running server, from its Prometheus text.
+fn server_stats(url: &str, api_key: Option<&str>, json: bool) -> Result<(), String> {
+    let mut remote = crate::remote::Remote::connect(url, api_key)?;
+    let text = remote.call("GET", "/metrics", Vec::new())?;
+    let text = String::from_utf8_lossy(&text);
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    };
+    let durability = text
+        .lines()
+        .find_map(|l| l.strip_prefix("annals_durability_info{class=\""))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("unknown")
+        .to_string();
+    let fsyncs = value("annals_fsyncs_total ");
+    let fsync_seconds = value("annals_fsync_seconds_sum ");
+    let report = serde_json::json!({
+        "url": url,
+        "head": value("annals_head_position ") as u64,
+        "durability": durability,
+        "appends": value("annals_appends_total ") as u64,
+        "events_appended": value("annals_events_appended_total ") as u64,
+        "conditions_failed": value("annals_append_conditions_failed_total ") as u64,
+        "groups": value("annals_groups_total ") as u64,
+        "fsyncs": fsyncs as u64,
+        "fsync_us_mean": if fsyncs > 0.0 { fsync_seconds / fsyncs * 1e6 } else { 0.0 },
+        "queue_depth": value("annals_queue_depth ") as u64,
+        "subscribers": value("annals_subscribers ") as u64,
+        "connections": value("annals_connections ") as u64,
+        "index_bytes": value("annals_index_bytes ") as u64,
+        "segments": value("annals_segments ") as u64,
+        "poisoned": value("annals_poisoned ") > 0.0,
+    });
+    if json {
+        println!("{report}");
+    } else {
+        for (k, v) in report.as_object().into_iter().flatten() {
+            println!("{:<18} {}", format!("{k}:"), v);
+        }
+    }
+    Ok(())
+}
+
 pub fn stats(args: StatsArgs) -> Result<(), String> {
-    if !args.dir.join(annals::files::segment(1)).exists() {
-        return Err(format!("{} holds no Annals store", args.dir.display()));
+    if let Some(url) = &args.url {
+        return server_stats(url, args.api_key.as_deref(), args.json);
+    }
+    let dir = args.dir.clone().ok_or("give a data directory or --url")?;
+    if !dir.join(annals::files::segment(1)).exists() {
+        return Err(format!("{} holds no Annals store", dir.display()));
+    }
+    // SAFETY: isatty only inspects the descriptor.
+    if unsafe { libc::isatty(2) } == 1 {
+        eprintln!(
+            "opening {} (a store without a checkpoint is indexed first)...",
+            dir.display()
+        );
     }
     // Opening in D1 syncs nothing new; a closed store's stats do not depend on the class.
     let options = Options {
@@ -58,7 +141,7 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         checkpoint_on_close: false,
         ..Options::default()
     };
-    let store = Store::open(&args.dir, options).map_err(|e| e.to_string())?;
+    let store = Store::open(&dir, options).map_err(|e| e.to_string())?;
     let stats = store.stats();
     let report = store.open_report().clone();
     if args.json {

@@ -55,9 +55,12 @@ enum Command {
     ///
     /// Example: annals verify ./data
     Verify(inspect::VerifyArgs),
-    /// Print a store's head, segments, index size and durability class.
+    /// Print a store's head, segments, index size and durability class, or a running
+    /// server's (with --url).
     ///
-    /// Example: annals stats ./data --json
+    /// Examples:
+    ///   annals stats ./data --json
+    ///   annals stats --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     Stats(inspect::StatsArgs),
     /// Benchmarks; each prints one JSON object as its last line.
     #[command(subcommand)]

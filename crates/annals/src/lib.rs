@@ -53,7 +53,7 @@ pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
 pub use store::{AppendOptions, IndexSource, OpenReport, Stats, Store, Tracking};
 pub use subscription::Subscription;
-pub use verify::{verify, VerifyReport};
+pub use verify::{verify, verify_with_progress, VerifyReport};
 
 /// File names inside a data directory, for tools and tests.
 pub mod files {

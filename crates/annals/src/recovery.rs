@@ -205,6 +205,7 @@ pub(crate) fn scan(
     repair: bool,
     tail_window: u64,
     parallel: bool,
+    progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ScanResult, StoreError> {
     // Shard tags out only for a rebuild from nothing, where there is much to do.
     let mut pool = if parallel && index.len() == 0 && index.tag_count() == 0 {
@@ -217,7 +218,15 @@ pub(crate) fn scan(
     } else {
         None
     };
-    let result = scan_records(segments, from, index, repair, tail_window, &mut pool);
+    let result = scan_records(
+        segments,
+        from,
+        index,
+        repair,
+        tail_window,
+        &mut pool,
+        progress,
+    );
     if let (Ok(_), Some(pool)) = (&result, pool) {
         index.adopt_tags(pool.finish()?);
     }
@@ -231,6 +240,7 @@ fn scan_records(
     repair: bool,
     tail_window: u64,
     pool: &mut Option<ShardPool>,
+    progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ScanResult, StoreError> {
     let mut tail = from;
     let mut next_position = tail.head + 1;
@@ -340,6 +350,7 @@ fn scan_records(
         };
         if next_starts_here {
             seg_index += 1;
+            progress(seg_index, segments.len());
             offset = SEGMENT_HEADER_BYTES;
             continue;
         }

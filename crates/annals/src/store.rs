@@ -306,7 +306,15 @@ impl Store {
             + options.group_bytes_max
             + options.limits.append_bytes_max) as u64
             + 4096;
-        let scanned = recovery::scan(&segments, start_tail, &mut index, true, tail_window, true)?;
+        let scanned = recovery::scan(
+            &segments,
+            start_tail,
+            &mut index,
+            true,
+            tail_window,
+            true,
+            &mut |_, _| {},
+        )?;
         let tail = scanned.tail;
         // Segments past the tail hold nothing: remove them so the writer creates them afresh.
         if scanned.empty_after_tail > 0 {

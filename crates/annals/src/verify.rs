@@ -36,6 +36,14 @@ pub fn verify(dir: &Path) -> Result<VerifyReport, StoreError> {
     verify_with_io(&RealIo, dir, &mut |_, _| {})
 }
 
+/// [`verify`], telling `progress` (segments done, segments) as each segment is checked.
+pub fn verify_with_progress(
+    dir: &Path,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<VerifyReport, StoreError> {
+    verify_with_io(&RealIo, dir, progress)
+}
+
 /// Verifies through a given I/O layer; `progress` is told (segment, of segments) as it goes.
 pub(crate) fn verify_with_io(
     io: &dyn Io,
@@ -49,7 +57,7 @@ pub(crate) fn verify_with_io(
     let mut index = Index::default();
     let mut tail = Tail::default();
     let mut torn = None;
-    // Scan segment by segment so progress can be reported; the scan carries on across them.
+    // The scan reports each segment it finishes.
     let count = segments.len();
     if count > 0 {
         progress(0, count);
@@ -60,6 +68,7 @@ pub(crate) fn verify_with_io(
             false,
             u64::MAX / 4,
             true,
+            progress,
         )?;
         progress(count, count);
         tail = result.tail;
