@@ -256,3 +256,45 @@ fn every_command_has_help_with_an_example() {
         );
     }
 }
+
+/// Goal: `stats --url` reports a running server's head, class and counters (admin scope), and
+/// says why when the key lacks the scope.
+#[test]
+fn stats_of_a_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = "admin-key-0000000001=admin;reader-key-000000001=read";
+    let server = ServerProcess::start_with_env(dir.path(), &[], &[("ANNALS_API_KEYS", keys)]);
+    let url = format!("http://{}", server.http);
+    for i in 0..3 {
+        ok(&[
+            "append",
+            "--url",
+            &url,
+            "--api-key",
+            "admin-key-0000000001",
+            "--type",
+            "E",
+            "--data",
+            &i.to_string(),
+        ]);
+    }
+    let out = ok(&[
+        "stats",
+        "--url",
+        &url,
+        "--api-key",
+        "admin-key-0000000001",
+        "--json",
+    ]);
+    let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(stats["head"], 3);
+    assert_eq!(stats["durability"], "d3");
+    assert_eq!(stats["appends"], 3);
+    assert!(stats["fsyncs"].as_u64().unwrap() >= 1);
+    let (success, _, stderr) = run(&["stats", "--url", &url, "--api-key", "reader-key-000000001"]);
+    assert!(!success);
+    assert!(
+        stderr.contains("403") && stderr.contains("admin"),
+        "{stderr}"
+    );
+}
