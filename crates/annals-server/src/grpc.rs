@@ -7,7 +7,6 @@
 //! given, the position of the batch's last event); errors carry an `ErrorResponse` in the
 //! status details, with a failed condition as `FAILED_PRECONDITION` / `INTEGRITY`.
 
-use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,9 +19,8 @@ use annals::{
 use bytes::Bytes;
 use futures_util::Stream;
 use prost::Message;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tonic::{Code, Request, Response, Status};
 use umadb_proto::v1;
 use umadb_proto::v1::dcb_server::{Dcb, DcbServer};
@@ -30,148 +28,45 @@ use umadb_proto::v1::error_response::ErrorType;
 
 use crate::auth::{Denied, Scopes};
 use crate::metrics::{Api, Op, Outcome};
-use crate::serve::Tls;
 use crate::wire;
 use crate::AppState;
 
 const BATCH_DEFAULT: u32 = 100;
 const BATCH_MAX: u32 = 5000;
 
-pub(crate) async fn serve(listener: TcpListener, tls: Option<Tls>, state: Arc<AppState>) {
+/// Serves the DCB service (under both names) and gRPC health on `listener`, through the same
+/// accept loop, limits and graceful shutdown as HTTP (`serve.rs`): tonic's routes become one
+/// more axum router, and hyper answers HTTP/2 on it.
+pub(crate) async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, state: Arc<AppState>) {
     let (reporter, health) = tonic_health::server::health_reporter();
-    for name in ["", "umadb.v1.DCB", "umadb.UmaDBService"] {
+    for name in SERVICE_NAMES {
         reporter
             .set_service_status(name, tonic_health::ServingStatus::Serving)
             .await;
     }
-    let limits = state.config.limits.clone();
     let dcb = DcbServer::new(Service {
         state: state.clone(),
     })
-    .max_decoding_message_size(limits.body_bytes_max)
+    .max_decoding_message_size(state.config.limits.body_bytes_max)
     .max_encoding_message_size(usize::MAX);
-    let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .max_concurrent_streams(Some(256))
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(8 << 20));
-    if let Some(tls) = tls {
-        let identity = tonic::transport::Identity::from_pem(tls.cert_pem, tls.key_pem);
-        builder =
-            match builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity)) {
-                Ok(b) => b,
-                Err(e) => {
-                    eprintln!("annals: grpc: TLS configuration failed: {e}");
-                    return;
-                }
-            };
-    }
+    let router = tonic::service::Routes::new(health)
+        .add_service(Legacy(dcb.clone()))
+        .add_service(dcb)
+        .prepare()
+        .into_axum_router();
     let mut shutdown = state.shutdown.clone();
-    let incoming = incoming(listener, state.clone());
-    let signal = async move {
+    tokio::spawn(async move {
         let _ = shutdown.changed().await;
-        for name in ["", "umadb.v1.DCB", "umadb.UmaDBService"] {
+        for name in SERVICE_NAMES {
             reporter
                 .set_service_status(name, tonic_health::ServingStatus::NotServing)
                 .await;
         }
-    };
-    let result = builder
-        .add_service(health)
-        .add_service(Legacy(dcb.clone()))
-        .add_service(dcb)
-        .serve_with_incoming_shutdown(incoming, signal)
-        .await;
-    if let Err(e) = result {
-        eprintln!("annals: grpc server: {e}");
-    }
+    });
+    crate::serve::serve_http(listener, router, tls, state).await;
 }
 
-/// Accepted connections, closed at once beyond the connection limit.
-fn incoming(
-    listener: TcpListener,
-    state: Arc<AppState>,
-) -> impl Stream<Item = Result<Limited, io::Error>> {
-    let permits = Arc::new(tokio::sync::Semaphore::new(
-        state.config.limits.connections_max,
-    ));
-    futures_util::stream::unfold(
-        (listener, permits, state),
-        |(listener, permits, state)| async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        let Ok(permit) = permits.clone().try_acquire_owned() else {
-                            continue;
-                        };
-                        let _ = stream.set_nodelay(true);
-                        let conn = Limited {
-                            stream,
-                            _permit: permit,
-                            _gauge: state.metrics.connection(),
-                        };
-                        return Some((Ok(conn), (listener, permits, state)));
-                    }
-                    Err(e) => {
-                        eprintln!("annals: grpc accept: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        },
-    )
-}
-
-/// A connection that holds its place under the connection limit while it lives.
-pub(crate) struct Limited {
-    stream: TcpStream,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-    _gauge: crate::metrics::Gauge,
-}
-
-impl Connected for Limited {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl AsyncRead for Limited {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Limited {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-}
+const SERVICE_NAMES: [&str; 3] = ["", "umadb.v1.DCB", "umadb.UmaDBService"];
 
 /// A status with UmaDB's structured `ErrorResponse` in its details, which its clients decode
 /// into typed errors.

@@ -138,7 +138,7 @@ impl Server {
             grpc_addr = Some(listener.local_addr().map_err(|e| e.to_string())?);
             tasks.push(tokio::spawn(grpc::serve(
                 listener,
-                tls.clone(),
+                tls.as_ref().map(|t| t.acceptor.clone()),
                 state.clone(),
             )));
         }

@@ -16,12 +16,10 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::TlsFiles;
 use crate::AppState;
 
-/// TLS material, loaded once: the acceptor for HTTP and the PEM for tonic.
+/// TLS material, loaded once and shared by the HTTP and gRPC listeners.
 #[derive(Clone)]
 pub(crate) struct Tls {
     pub acceptor: TlsAcceptor,
-    pub cert_pem: Vec<u8>,
-    pub key_pem: Vec<u8>,
 }
 
 pub(crate) fn load_tls(files: &TlsFiles) -> Result<Tls, String> {
@@ -53,8 +51,6 @@ pub(crate) fn load_tls(files: &TlsFiles) -> Result<Tls, String> {
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Tls {
         acceptor: TlsAcceptor::from(Arc::new(config)),
-        cert_pem,
-        key_pem,
     })
 }
 
@@ -75,6 +71,10 @@ pub(crate) async fn serve_http(
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(256)
+        // Large windows, as gRPC clients use: fewer WINDOW_UPDATE frames per request.
+        .initial_stream_window_size(4 << 20)
+        .initial_connection_window_size(8 << 20)
+        .auto_date_header(false)
         .keep_alive_interval(Some(std::time::Duration::from_secs(20)));
     let builder = Arc::new(builder);
     let graceful = GracefulShutdown::new();
