@@ -6,8 +6,21 @@ use annals::{Durability, Options, Store};
 
 #[derive(clap::Args)]
 pub struct VerifyArgs {
-    /// The data directory.
-    dir: PathBuf,
+    /// The data directory of a closed store (or give --url for a running server).
+    #[arg(required_unless_present = "url")]
+    dir: Option<PathBuf>,
+    /// A running server: it checks its live log (CRCs, sequence, index against the log) up to
+    /// its current head while it keeps serving (needs the admin scope when keys are configured).
+    #[arg(long, value_name = "URL", env = "ANNALS_URL", conflicts_with = "dir")]
+    url: Option<String>,
+    /// API key for --url. Env: ANNALS_API_KEY
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "ANNALS_API_KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -35,11 +48,42 @@ pub struct StatsArgs {
     json: bool,
 }
 
+fn verify_server(url: &str, api_key: Option<&str>, json: bool) -> Result<(), String> {
+    let mut remote = crate::remote::Remote::connect(url, api_key)?;
+    let body = remote.call("GET", "/v1/admin/check", Vec::new())?;
+    let report: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+    if json {
+        println!("{report}");
+    } else {
+        println!(
+            "events:      {} (of head {})",
+            report["events"], report["head"]
+        );
+        println!(
+            "checked in:  {:.2} s",
+            report["seconds"].as_f64().unwrap_or(0.0)
+        );
+        println!(
+            "problem:     {}",
+            report["problem"].as_str().unwrap_or("none")
+        );
+    }
+    if report["ok"] == true {
+        Ok(())
+    } else {
+        Err("the live log is not clean (see above)".into())
+    }
+}
+
 pub fn verify(args: VerifyArgs) -> Result<(), String> {
+    if let Some(url) = &args.url {
+        return verify_server(url, args.api_key.as_deref(), args.json);
+    }
+    let dir = args.dir.clone().ok_or("give a data directory or --url")?;
     // SAFETY: isatty only inspects the descriptor.
     let tty = unsafe { libc::isatty(2) } == 1;
     let started = std::time::Instant::now();
-    let report = annals::verify_with_progress(&args.dir, &mut |done, of| {
+    let report = annals::verify_with_progress(&dir, &mut |done, of| {
         if tty {
             eprint!(
                 "\rverifying: {done} of {of} segments checked ({:.1} s)   ",

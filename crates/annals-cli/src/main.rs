@@ -51,9 +51,12 @@ enum Command {
     ///
     /// Example: annals import --dir ./restored backup.ndjson
     Import(data::ImportArgs),
-    /// Check every record of a closed store and compare its index checkpoint with the log.
+    /// Check every record of a closed store and compare its index checkpoint with the log, or
+    /// have a running server check its live log (with --url).
     ///
-    /// Example: annals verify ./data
+    /// Examples:
+    ///   annals verify ./data
+    ///   annals verify --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     Verify(inspect::VerifyArgs),
     /// Print a store's head, segments, index size and durability class, or a running
     /// server's (with --url).

@@ -291,6 +291,18 @@ fn stats_of_a_running_server() {
     assert_eq!(stats["durability"], "d3");
     assert_eq!(stats["appends"], 3);
     assert!(stats["fsyncs"].as_u64().unwrap() >= 1);
+    // verify --url: the server checks its live log while it serves.
+    let out = ok(&[
+        "verify",
+        "--url",
+        &url,
+        "--api-key",
+        "admin-key-0000000001",
+        "--json",
+    ]);
+    let check: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(check["ok"], true, "{check}");
+    assert_eq!(check["events"], 3);
     let (success, _, stderr) = run(&["stats", "--url", &url, "--api-key", "reader-key-000000001"]);
     assert!(!success);
     assert!(

@@ -483,6 +483,7 @@ fn openapi_describes_every_endpoint() {
         [
             "/health",
             "/metrics",
+            "/v1/admin/check",
             "/v1/append",
             "/v1/head",
             "/v1/openapi.json",

@@ -43,6 +43,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/head", get(head))
         .route("/v1/subscribe", get(subscribe))
         .route("/v1/tracking", get(tracking))
+        .route("/v1/admin/check", get(check))
         .route("/v1/openapi.json", get(openapi))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -612,6 +613,37 @@ impl Follower {
             }
         }
         Bytes::from(out)
+    }
+}
+
+/// Checks the live log (every record's CRC and sequence, the index against the log) up to the
+/// current head, on a blocking thread; appends go on meanwhile. Admin scope.
+async fn check(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers, Scopes::ADMIN) {
+        return e.into_response();
+    }
+    let store = state.store.clone();
+    match tokio::task::spawn_blocking(move || store.check(&mut |_, _| {})).await {
+        Ok(Ok(report)) => {
+            let body = serde_json::json!({
+                "ok": report.problem.is_none(),
+                "head": report.head,
+                "events": report.events,
+                "problem": report.problem,
+                "seconds": report.seconds,
+            });
+            json_response(StatusCode::OK, body.to_string())
+        }
+        Ok(Err(e)) => json_response(
+            StatusCode::OK,
+            serde_json::json!({ "ok": false, "problem": e.to_string() }).to_string(),
+        ),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "check_failed",
+            e.to_string(),
+        )
+        .into_response(),
     }
 }
 

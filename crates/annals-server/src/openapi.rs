@@ -190,6 +190,15 @@ pub(crate) fn document() -> String {
                     "400": error_response("Missing or unknown parameters.")
                 }), auth_errors())
             } },
+            "/v1/admin/check": { "get": {
+                "summary": "Check the live log up to the current head without stopping the server: every record's CRC and sequence, and the index against the log (scope admin).",
+                "responses": merge(json!({
+                    "200": { "description": "The result; ok is false with the first problem found.", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["ok"], "properties": {
+                            "ok": { "type": "boolean" }, "head": { "type": "integer" }, "events": { "type": "integer" },
+                            "problem": { "type": ["string", "null"] }, "seconds": { "type": "number" } } } } } }
+                }), auth_errors())
+            } },
             "/v1/openapi.json": { "get": {
                 "summary": "This document (scope read).",
                 "responses": merge(json!({ "200": { "description": "OpenAPI 3.1.", "content": { "application/json": {} } } }), auth_errors())

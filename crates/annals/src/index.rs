@@ -299,6 +299,51 @@ impl Index {
         self.ids.get(&id).copied()
     }
 
+    /// Checks that the index holds the event at `position` as the log does: its type, and the
+    /// position in the postings of each of its tags. Why not, when it does not.
+    pub(crate) fn check_event<'a>(
+        &self,
+        position: u64,
+        event_type: &str,
+        tags: impl Iterator<Item = &'a str>,
+    ) -> Result<(), String> {
+        let at = usize::try_from(position - 1).map_err(|e| e.to_string())?;
+        let type_id = self
+            .event_types
+            .get(at)
+            .ok_or_else(|| format!("the index has no event at position {position}"))?;
+        let indexed = self
+            .type_names
+            .get(*type_id as usize)
+            .map(|n| n.as_bytes())
+            .unwrap_or(&[]);
+        if indexed != event_type.as_bytes() {
+            return Err(format!(
+                "position {position}: the log says type {event_type:?}, the index {:?}",
+                String::from_utf8_lossy(indexed)
+            ));
+        }
+        if self.type_postings[*type_id as usize]
+            .binary_search(&position)
+            .is_err()
+        {
+            return Err(format!(
+                "position {position} is missing from its type's postings"
+            ));
+        }
+        for tag in tags {
+            let found = self.tag_ids.get(tag.as_bytes()).is_some_and(|&id| {
+                self.tag_postings[id as usize]
+                    .binary_search(&position)
+                    .is_ok()
+            });
+            if !found {
+                return Err(format!("position {position}: tag {tag:?} is not indexed"));
+            }
+        }
+        Ok(())
+    }
+
     /// Records that the append ending at `at` set `source` to `value`. `published` is the
     /// published head: entries hidden behind a newer published one are dropped.
     pub(crate) fn set_tracking(&mut self, source: &str, at: u64, value: u64, published: u64) {

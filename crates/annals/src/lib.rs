@@ -51,7 +51,7 @@ pub use limits::Limits;
 pub use options::{Durability, Options};
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
-pub use store::{AppendOptions, IndexSource, OpenReport, Stats, Store, Tracking};
+pub use store::{AppendOptions, IndexSource, LiveCheck, OpenReport, Stats, Store, Tracking};
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};
 

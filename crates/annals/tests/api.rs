@@ -692,3 +692,24 @@ fn tracking_is_visible_only_when_acknowledged() {
     writer.join().unwrap();
     assert_eq!(store.tracking("feed"), Some(300));
 }
+
+/// Goal: `Store::check` verifies a live store (records, sequence, index against the log) while
+/// appends go on, and reports every event up to the head it started from.
+#[test]
+fn live_check_while_appending() {
+    let store = Arc::new(sim_store(small_options()));
+    append_numbered(&store, 0..500, |i| format!("t:{}", i % 7));
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || append_numbered(&store, 500..1500, |i| format!("t:{}", i % 7)))
+    };
+    let mut calls = 0;
+    let report = store.check(&mut |_, _| calls += 1).unwrap();
+    assert_eq!(report.problem, None);
+    assert!(report.head >= 500);
+    assert_eq!(report.events, report.head);
+    assert!(calls >= 1);
+    writer.join().unwrap();
+    let report = store.check(&mut |_, _| {}).unwrap();
+    assert_eq!((report.events, report.problem), (1500, None));
+}
