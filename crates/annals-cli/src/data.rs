@@ -33,6 +33,9 @@ pub struct Where {
         hide_env_values = true
     )]
     api_key: Option<String>,
+    /// For https:// URLs: the CA certificate (PEM) to trust instead of the system's roots.
+    #[arg(long, value_name = "FILE", env = "ANNALS_CA_CERT")]
+    ca_cert: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -171,7 +174,9 @@ impl Target {
             (Some(dir), None) => Store::open(dir, Options::default())
                 .map(Target::Dir)
                 .map_err(|e| format!("cannot open {}: {e}", dir.display())),
-            (None, Some(url)) => Remote::connect(url, at.api_key.as_deref()).map(Target::Url),
+            (None, Some(url)) => {
+                Remote::connect(url, at.api_key.as_deref(), at.ca_cert.as_deref()).map(Target::Url)
+            }
             _ => Err("say where the events are: --dir DIR or --url URL".into()),
         }
     }

@@ -21,6 +21,9 @@ pub struct VerifyArgs {
         hide_env_values = true
     )]
     api_key: Option<String>,
+    /// For https:// URLs: the CA certificate (PEM) to trust instead of the system's roots.
+    #[arg(long, value_name = "FILE", env = "ANNALS_CA_CERT")]
+    ca_cert: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -43,13 +46,18 @@ pub struct StatsArgs {
         hide_env_values = true
     )]
     api_key: Option<String>,
+    /// For https:// URLs: the CA certificate (PEM) to trust instead of the system's roots.
+    #[arg(long, value_name = "FILE", env = "ANNALS_CA_CERT")]
+    ca_cert: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
 }
 
-fn verify_server(url: &str, api_key: Option<&str>, json: bool) -> Result<(), String> {
-    let mut remote = crate::remote::Remote::connect(url, api_key)?;
+fn verify_server(args: &VerifyArgs, url: &str) -> Result<(), String> {
+    let json = args.json;
+    let mut remote =
+        crate::remote::Remote::connect(url, args.api_key.as_deref(), args.ca_cert.as_deref())?;
     let body = remote.call("GET", "/v1/admin/check", Vec::new())?;
     let report: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
     if json {
@@ -77,7 +85,7 @@ fn verify_server(url: &str, api_key: Option<&str>, json: bool) -> Result<(), Str
 
 pub fn verify(args: VerifyArgs) -> Result<(), String> {
     if let Some(url) = &args.url {
-        return verify_server(url, args.api_key.as_deref(), args.json);
+        return verify_server(&args, url);
     }
     let dir = args.dir.clone().ok_or("give a data directory or --url")?;
     // SAFETY: isatty only inspects the descriptor.
@@ -120,8 +128,10 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
 }
 
 /// Stats of a running server, from its Prometheus text.
-fn server_stats(url: &str, api_key: Option<&str>, json: bool) -> Result<(), String> {
-    let mut remote = crate::remote::Remote::connect(url, api_key)?;
+fn server_stats(args: &StatsArgs, url: &str) -> Result<(), String> {
+    let json = args.json;
+    let mut remote =
+        crate::remote::Remote::connect(url, args.api_key.as_deref(), args.ca_cert.as_deref())?;
     let text = remote.call("GET", "/metrics", Vec::new())?;
     let text = String::from_utf8_lossy(&text);
     let value = |name: &str| -> f64 {
@@ -166,7 +176,7 @@ fn server_stats(url: &str, api_key: Option<&str>, json: bool) -> Result<(), Stri
 
 pub fn stats(args: StatsArgs) -> Result<(), String> {
     if let Some(url) = &args.url {
-        return server_stats(url, args.api_key.as_deref(), args.json);
+        return server_stats(&args, url);
     }
     let dir = args.dir.clone().ok_or("give a data directory or --url")?;
     if !dir.join(annals::files::segment(1)).exists() {

@@ -16,11 +16,55 @@ pub struct Remote {
     authorization: Option<String>,
 }
 
+/// The TLS client configuration: the given CA certificate (PEM), or the system's roots.
+fn tls_config(
+    ca_cert: Option<&std::path::Path>,
+) -> Result<tokio_rustls::rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_cert {
+        Some(path) => {
+            for cert in CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+            {
+                let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    Ok(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+}
+
 impl Remote {
-    pub fn connect(url: &str, api_key: Option<&str>) -> Result<Remote, String> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| {
-            format!("{url}: only http:// URLs are supported by the command line client")
-        })?;
+    /// Connects to `url` (http:// or https://; for https, `ca_cert` names the CA to trust,
+    /// else the system's roots are used).
+    pub fn connect(
+        url: &str,
+        api_key: Option<&str>,
+        ca_cert: Option<&std::path::Path>,
+    ) -> Result<Remote, String> {
+        let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+            (Some(rest), _) => (true, rest),
+            (None, Some(rest)) => (false, rest),
+            _ => return Err(format!("{url}: expected an http:// or https:// URL")),
+        };
         let authority = rest
             .trim_end_matches('/')
             .trim_end_matches("/v1")
@@ -34,16 +78,48 @@ impl Remote {
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
+        let host = authority
+            .rsplit_once(':')
+            .map_or(authority.as_str(), |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let connector = if tls {
+            Some(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+                tls_config(ca_cert)?,
+            )))
+        } else {
+            None
+        };
         let sender = runtime.block_on(async {
             let stream = tokio::net::TcpStream::connect(addr)
                 .await
                 .map_err(|e| format!("cannot connect to {url}: {e}"))?;
             let _ = stream.set_nodelay(true);
-            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| format!("{url}: {e}"))?;
-            tokio::spawn(connection);
-            Ok::<_, String>(sender)
+            match connector {
+                None => {
+                    let (sender, connection) =
+                        hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                            .await
+                            .map_err(|e| format!("{url}: {e}"))?;
+                    tokio::spawn(connection);
+                    Ok::<_, String>(sender)
+                }
+                Some(connector) => {
+                    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host)
+                        .map_err(|e| format!("{url}: {e}"))?;
+                    let stream = connector
+                        .connect(name, stream)
+                        .await
+                        .map_err(|e| format!("TLS with {url}: {e}"))?;
+                    let (sender, connection) =
+                        hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                            .await
+                            .map_err(|e| format!("{url}: {e}"))?;
+                    tokio::spawn(connection);
+                    Ok(sender)
+                }
+            }
         })?;
         Ok(Remote {
             runtime,
