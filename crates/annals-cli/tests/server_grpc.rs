@@ -419,10 +419,19 @@ fn tls_with_api_key_through_umadb_client() {
     let https = format!("https://127.0.0.1:{}", server.http.port());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
         .args(["read", "--url", &https, "--api-key", "app-key-000000000001"])
-        .args(["--ca-cert", cert_path.to_str().unwrap(), "--format", "ndjson"])
+        .args([
+            "--ca-cert",
+            cert_path.to_str().unwrap(),
+            "--format",
+            "ndjson",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(line["type"], "Secure");
     // Without the CA, the server's self-signed certificate is refused.
