@@ -26,6 +26,7 @@
 //! ```
 
 mod checkpoint;
+pub mod decide;
 mod error;
 mod event;
 mod histogram;

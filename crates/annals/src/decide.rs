@@ -1,0 +1,274 @@
+//! Decision models: the application layer of DCB.
+//!
+//! A command is decided by reading the events that matter, folding them into state, and
+//! appending with a condition that fails if anything read has changed. A [`Projection`] is a
+//! query, an initial state and a fold; projections compose as tuples, and a decision builds the
+//! states of all of them with ONE read over the union of their queries ([`Store::decide`]).
+//! [`Store::decide_and_append`] runs the whole loop with bounded retries and backoff.
+//!
+//! ```
+//! use annals::decide::{Projection, Retry};
+//! use annals::{NewEvent, Options, Query, QueryItem, Store};
+//!
+//! let store = Store::open_in_memory(Options::default()).unwrap();
+//! // "Is the username taken?" as a projection.
+//! let taken = |name: &str| {
+//!     Projection::new(
+//!         Query::item(QueryItem::tags([format!("username:{name}")])),
+//!         false,
+//!         |taken: &mut bool, event| *taken = event.event_type() == "UsernameClaimed",
+//!     )
+//! };
+//! let claim = |name: &str| {
+//!     store.decide_and_append(&taken(name), Retry::default(), |taken| {
+//!         if *taken {
+//!             return Err("taken");
+//!         }
+//!         Ok(vec![NewEvent::new("UsernameClaimed", "").tag(format!("username:{name}"))])
+//!     })
+//! };
+//! assert!(claim("ada").is_ok());
+//! assert!(claim("ada").is_err());
+//! ```
+
+use std::time::Duration;
+
+use crate::error::{AppendError, ReadError};
+use crate::event::{Event, NewEvent};
+use crate::query::{AppendCondition, Query, ReadOptions};
+use crate::store::Store;
+
+/// Something that folds the events of a query into a state: one [`Projection`], or a tuple of
+/// them (whose state is the tuple of their states).
+pub trait Project {
+    type State;
+    /// The events this projection needs (for a tuple, the union of its members' queries).
+    fn query(&self) -> Query;
+    fn initial(&self) -> Self::State;
+    /// Folds one event in; for a tuple, only into the members whose query it matches.
+    fn apply(&self, state: &mut Self::State, event: &Event);
+    /// True when only the latest matching event matters (a sequence number, a current
+    /// value): the decision then reads one event, backwards, instead of all of them.
+    fn only_last(&self) -> bool {
+        false
+    }
+}
+
+/// A query, an initial state and a fold.
+pub struct Projection<S, F> {
+    query: Query,
+    initial: S,
+    fold: F,
+    only_last: bool,
+}
+
+impl<S: Clone, F: Fn(&mut S, &Event)> Projection<S, F> {
+    pub fn new(query: Query, initial: S, fold: F) -> Self {
+        Projection {
+            query,
+            initial,
+            fold,
+            only_last: false,
+        }
+    }
+
+    /// A projection whose state depends only on the latest matching event (see
+    /// [`Project::only_last`]). Alone it reads one event; inside a tuple it folds all of them
+    /// (still correct, since the fold keeps the latest).
+    pub fn last(query: Query, initial: S, fold: F) -> Self {
+        Projection {
+            only_last: true,
+            ..Self::new(query, initial, fold)
+        }
+    }
+}
+
+impl<S: Clone, F: Fn(&mut S, &Event)> Project for Projection<S, F> {
+    type State = S;
+
+    fn query(&self) -> Query {
+        self.query.clone()
+    }
+
+    fn initial(&self) -> S {
+        self.initial.clone()
+    }
+
+    fn apply(&self, state: &mut S, event: &Event) {
+        if self.query.matches(event.event_type(), event.tags()) {
+            (self.fold)(state, event);
+        }
+    }
+
+    fn only_last(&self) -> bool {
+        self.only_last
+    }
+}
+
+/// The union of queries: an event matches if it matches any. A query that matches everything
+/// makes the union match everything.
+fn union(queries: &[Query]) -> Query {
+    if queries.iter().any(Query::matches_all) {
+        return Query::all();
+    }
+    let mut items = Vec::new();
+    for q in queries {
+        for item in &q.items {
+            if !items.contains(item) {
+                items.push(item.clone());
+            }
+        }
+    }
+    Query { items }
+}
+
+macro_rules! tuple_project {
+    ($($name:ident $index:tt),+) => {
+        impl<$($name: Project),+> Project for ($($name,)+) {
+            type State = ($($name::State,)+);
+
+            fn query(&self) -> Query {
+                union(&[$(self.$index.query()),+])
+            }
+
+            fn initial(&self) -> Self::State {
+                ($(self.$index.initial(),)+)
+            }
+
+            fn apply(&self, state: &mut Self::State, event: &Event) {
+                $(self.$index.apply(&mut state.$index, event);)+
+            }
+        }
+    };
+}
+
+tuple_project!(A 0, B 1);
+tuple_project!(A 0, B 1, C 2);
+tuple_project!(A 0, B 1, C 2, D 3);
+tuple_project!(A 0, B 1, C 2, D 3, E 4);
+
+/// The states a decision is made on, and the condition that protects them: the union query,
+/// after the head the read saw. An append with it fails if any event that would have changed
+/// the states was appended since.
+#[derive(Debug, Clone)]
+pub struct Decision<S> {
+    pub state: S,
+    pub condition: AppendCondition,
+    /// Events folded in.
+    pub events_read: u64,
+}
+
+/// Bounded retries with exponential backoff and jitter, for decisions whose condition failed.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    /// Attempts in all (the first one included).
+    pub attempts: u32,
+    /// The wait after the first conflict; doubled after each one.
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: 10,
+            backoff: Duration::from_micros(200),
+            backoff_max: Duration::from_millis(50),
+        }
+    }
+}
+
+/// A decided and appended command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decided {
+    /// The position of the last appended event.
+    pub position: u64,
+    /// Attempts it took (1 when the first condition held).
+    pub attempts: u32,
+}
+
+/// Why [`Store::decide_and_append`] did not append.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError<E> {
+    /// The command refused, given the state (a business rule).
+    #[error("rejected: {0}")]
+    Rejected(E),
+    /// Every attempt met a concurrent change.
+    #[error("the decision's events kept changing: {attempts} attempts, each conflicting")]
+    TooManyConflicts { attempts: u32 },
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Append(AppendError),
+}
+
+impl Store {
+    /// Builds the state of `projection` (one read over its query) and the condition that
+    /// protects it.
+    pub fn decide<P: Project>(&self, projection: &P) -> Result<Decision<P::State>, ReadError> {
+        let query = projection.query();
+        let mut state = projection.initial();
+        let options = if projection.only_last() {
+            ReadOptions::backwards().limit(1)
+        } else {
+            ReadOptions::forwards()
+        };
+        let mut iter = self.read(&query, options)?;
+        let head = iter.head();
+        let mut events_read = 0;
+        for event in iter.by_ref() {
+            projection.apply(&mut state, &event?);
+            events_read += 1;
+        }
+        Ok(Decision {
+            state,
+            condition: AppendCondition::new(query, Some(head)),
+            events_read,
+        })
+    }
+
+    /// Decides and appends: builds the state, asks `command` for the events to append (or a
+    /// refusal), appends them under the decision's condition, and when the condition fails
+    /// (someone changed what was read) decides again, up to `retry.attempts` times.
+    pub fn decide_and_append<P, E>(
+        &self,
+        projection: &P,
+        retry: Retry,
+        mut command: impl FnMut(&P::State) -> Result<Vec<NewEvent>, E>,
+    ) -> Result<Decided, DecideError<E>>
+    where
+        P: Project,
+    {
+        let mut backoff = retry.backoff;
+        let attempts = retry.attempts.max(1);
+        for attempt in 1..=attempts {
+            let decision = self.decide(projection)?;
+            let events = command(&decision.state).map_err(DecideError::Rejected)?;
+            match self.append(&events, Some(&decision.condition)) {
+                Ok(position) => {
+                    return Ok(Decided {
+                        position,
+                        attempts: attempt,
+                    })
+                }
+                Err(AppendError::ConditionFailed { .. }) if attempt < attempts => {
+                    // Jitter keeps retrying deciders from colliding again in step.
+                    let jitter = backoff.mul_f64(0.5 + pseudo_random(attempt) * 0.5);
+                    std::thread::sleep(jitter);
+                    backoff = (backoff * 2).min(retry.backoff_max);
+                }
+                Err(AppendError::ConditionFailed { .. }) => break,
+                Err(e) => return Err(DecideError::Append(e)),
+            }
+        }
+        Err(DecideError::TooManyConflicts { attempts })
+    }
+}
+
+/// A number in [0, 1) that differs between threads and attempts, without a random generator.
+fn pseudo_random(attempt: u32) -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(attempt);
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}

@@ -1,0 +1,233 @@
+//! Decision models under concurrency: course capacity with a per-student limit, and gapless
+//! invoice numbers, each decided by many threads at once through `Store::decide_and_append`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use annals::decide::{DecideError, Projection, Retry};
+use annals::{NewEvent, Options, Query, QueryItem, ReadOptions, Store};
+
+fn store(dir: &std::path::Path) -> Arc<Store> {
+    Arc::new(Store::open(dir, Options::default()).unwrap())
+}
+
+fn tagged(tag: String) -> Query {
+    Query::item(QueryItem::tags([tag]))
+}
+
+/// Seats taken in a course: (defined capacity, subscriptions).
+fn course_seats(course: u32) -> impl annals::decide::Project<State = (Option<u32>, u32)> {
+    Projection::new(
+        tagged(format!("course:{course}")),
+        (None, 0u32),
+        |state: &mut (Option<u32>, u32), event| match event.event_type() {
+            "CourseDefined" => {
+                state.0 = std::str::from_utf8(event.data())
+                    .ok()
+                    .and_then(|d| d.parse().ok())
+            }
+            "StudentSubscribed" => state.1 += 1,
+            _ => {}
+        },
+    )
+}
+
+/// Courses a student has joined.
+fn student_courses(student: u32) -> impl annals::decide::Project<State = u32> {
+    Projection::new(
+        Query::item(
+            QueryItem::types(["StudentSubscribed"]).and_tags([format!("student:{student}")]),
+        ),
+        0u32,
+        |n: &mut u32, _| *n += 1,
+    )
+}
+
+/// Goal: 32 threads enrol students into courses of 10 seats, each student into at most 3
+/// courses; afterwards no course is over capacity, no student over the limit, and every
+/// successful enrolment is exactly one event.
+#[test]
+fn course_subscriptions_under_concurrency() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    const COURSES: u32 = 8;
+    const STUDENTS: u32 = 60;
+    for c in 0..COURSES {
+        store
+            .append(
+                &[NewEvent::new("CourseDefined", "10").tag(format!("course:{c}"))],
+                None,
+            )
+            .unwrap();
+    }
+    let threads: Vec<_> = (0..32u32)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut ok = 0u32;
+                for i in 0..20u32 {
+                    let student = (t * 7 + i * 13) % STUDENTS;
+                    let course = (t + i * 3) % COURSES;
+                    let decision = (course_seats(course), student_courses(student));
+                    let result = store.decide_and_append(
+                        &decision,
+                        Retry {
+                            attempts: 50,
+                            ..Retry::default()
+                        },
+                        |((capacity, taken), joined)| {
+                            let capacity = capacity.ok_or("no such course")?;
+                            if *taken >= capacity {
+                                return Err("course full");
+                            }
+                            if *joined >= 3 {
+                                return Err("student at the limit");
+                            }
+                            Ok(vec![NewEvent::new("StudentSubscribed", "")
+                                .tag(format!("course:{course}"))
+                                .tag(format!("student:{student}"))])
+                        },
+                    );
+                    match result {
+                        Ok(_) => ok += 1,
+                        Err(DecideError::Rejected(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let successes: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let mut per_course: HashMap<String, u32> = HashMap::new();
+    let mut per_student: HashMap<String, u32> = HashMap::new();
+    let mut events = 0;
+    for event in store
+        .read(
+            &Query::item(QueryItem::types(["StudentSubscribed"])),
+            ReadOptions::forwards(),
+        )
+        .unwrap()
+    {
+        let event = event.unwrap();
+        events += 1;
+        let tags: Vec<&str> = event.tags().collect();
+        *per_course.entry(tags[0].to_string()).or_default() += 1;
+        *per_student.entry(tags[1].to_string()).or_default() += 1;
+    }
+    assert_eq!(events, successes, "each success is exactly one event");
+    assert!(per_course.values().all(|&n| n <= 10), "{per_course:?}");
+    assert!(per_student.values().all(|&n| n <= 3), "{per_student:?}");
+    assert!(
+        successes >= 60,
+        "too few enrolments ({successes}) to mean much"
+    );
+}
+
+/// Goal: 16 threads each take 500 invoice numbers; the result is exactly 1..=8000.
+#[test]
+fn gapless_invoice_numbers_under_concurrency() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let last_number = || {
+        Projection::last(
+            Query::item(QueryItem::types(["InvoiceCreated"])),
+            0u64,
+            |n: &mut u64, event| *n = std::str::from_utf8(event.data()).unwrap().parse().unwrap(),
+        )
+    };
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut attempts = 0;
+                for _ in 0..500 {
+                    let decided = store
+                        .decide_and_append(
+                            &last_number(),
+                            Retry {
+                                attempts: 1000,
+                                ..Retry::default()
+                            },
+                            |last| {
+                                Ok::<_, ()>(vec![NewEvent::new(
+                                    "InvoiceCreated",
+                                    (last + 1).to_string(),
+                                )])
+                            },
+                        )
+                        .unwrap();
+                    attempts += decided.attempts;
+                }
+                attempts
+            })
+        })
+        .collect();
+    let attempts: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let numbers: Vec<u64> = store
+        .read(&Query::all(), ReadOptions::forwards())
+        .unwrap()
+        .map(|e| {
+            std::str::from_utf8(e.unwrap().data())
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(numbers, (1..=8000).collect::<Vec<_>>());
+    assert!(attempts >= 8000);
+}
+
+/// Goal: a decision over two projections reads once (the union of their queries) and each
+/// projection sees only its own events.
+#[test]
+fn composed_projections_fold_only_their_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    store
+        .append(&[NewEvent::new("CourseDefined", "2").tag("course:1")], None)
+        .unwrap();
+    store
+        .append(
+            &[NewEvent::new("StudentSubscribed", "")
+                .tag("course:1")
+                .tag("student:1")],
+            None,
+        )
+        .unwrap();
+    store
+        .append(
+            &[NewEvent::new("StudentSubscribed", "")
+                .tag("course:2")
+                .tag("student:1")],
+            None,
+        )
+        .unwrap();
+    store
+        .append(&[NewEvent::new("Unrelated", "")], None)
+        .unwrap();
+    let decision = store
+        .decide(&(course_seats(1), student_courses(1)))
+        .unwrap();
+    assert_eq!(decision.state, ((Some(2), 1), 2));
+    assert_eq!(decision.events_read, 3, "one read over the union");
+    assert_eq!(decision.condition.after, Some(4));
+    // The condition fails once anything either projection reads changes, and only then.
+    store
+        .append(&[NewEvent::new("Unrelated", "")], None)
+        .unwrap();
+    assert!(store
+        .append(&[NewEvent::new("X", "")], Some(&decision.condition))
+        .is_ok());
+    store
+        .append(
+            &[NewEvent::new("StudentSubscribed", "")
+                .tag("course:3")
+                .tag("student:1")],
+            None,
+        )
+        .unwrap();
+    assert!(store
+        .append(&[NewEvent::new("X", "")], Some(&decision.condition))
+        .is_err());
+}
