@@ -36,6 +36,11 @@ pub enum BenchCommand {
     ///
     /// Example: annals bench http --connections 64 --workload conditional --seconds 10
     Http(crate::bench_http::HttpArgs),
+    /// The course-subscription decision (two projections, one read, one conditional append)
+    /// from N clients, embedded; decisions per second beside the fsync floor.
+    ///
+    /// Example: annals bench decide --clients 64 --courses 1000 --seconds 5
+    Decide(crate::bench_decide::DecideArgs),
     /// The raw fdatasync rate of a directory (small write + fdatasync in a loop).
     ///
     /// Example: annals bench fsync --dir /tmp/f
@@ -108,6 +113,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Read(args) => read(args)?,
         BenchCommand::Recover(args) => recover(args)?,
         BenchCommand::Http(args) => crate::bench_http::run(args)?,
+        BenchCommand::Decide(args) => crate::bench_decide::run(args)?,
         BenchCommand::Fsync(args) => {
             std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
             let seconds = Duration::from_secs_f64(args.seconds);

@@ -1,6 +1,7 @@
 //! The `annals` command: inspect a store and measure it.
 
 mod bench;
+mod bench_decide;
 mod bench_http;
 mod data;
 mod inspect;

@@ -171,3 +171,32 @@ fn bench_http_json_contract() {
         assert!(last["server_fsyncs"].as_f64().unwrap() > 0.0);
     }
 }
+
+/// Goal: `annals bench decide` runs the course-subscription decision and prints the JSON
+/// contract as its last line: decisions_per_sec, retries, latency_us {p50, p99} and
+/// fsync_floor_per_sec.
+#[test]
+fn bench_decide_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = stdout_of(
+        annals()
+            .args(["bench", "decide", "--clients", "4", "--seconds", "0.5"])
+            .args(["--courses", "20", "--students", "200"])
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    let stdout = String::from_utf8(stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for field in [
+        "decisions_per_sec",
+        "retries",
+        "fsync_floor_per_sec",
+        "accepted",
+        "rejected",
+    ] {
+        assert!(last[field].is_number(), "missing {field} in {last}");
+    }
+    assert!(last["latency_us"]["p50"].is_u64() && last["latency_us"]["p99"].is_u64());
+    assert!(last["accepted"].as_u64().unwrap() > 0);
+    assert_eq!(last["durability"], "d3");
+}
