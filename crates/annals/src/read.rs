@@ -293,23 +293,28 @@ impl ReadIter {
         let (number, offset) = split_location(location);
         let segment = self.segment(number)?;
         let offset = u64::from(offset);
-        let fixed = segment.bytes(offset, 4)?;
-        let len = fixed
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .map(u32::from_le_bytes)
+        let len = segment
+            .peek(offset, 4, |b| {
+                b.get(..4)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_le_bytes)
+            })?
             .ok_or_else(|| corrupt(&segment, offset, "short entry"))?;
         let entry = segment.bytes(offset, len as usize)?;
-        let layout = EntryLayout::parse(&entry)
+        // Entries reached through the index were checked when they were indexed (written by
+        // this process from `&str`, or scanned at open), so the UTF-8 check is not repeated;
+        // the accessors of `Event` stay safe on any bytes.
+        let layout = EntryLayout::parse_checked(&entry, false)
             .ok_or_else(|| corrupt(&segment, offset, "malformed entry"))?;
         let record_start = offset
             .checked_sub(u64::from(layout.record_offset))
             .ok_or_else(|| corrupt(&segment, offset, "bad record offset"))?;
-        let at = segment.bytes(record_start + 40, 8)?;
-        let appended_at_us = at
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
+        let appended_at_us = segment
+            .peek(record_start + 40, 8, |b| {
+                b.get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+            })?
             .unwrap_or(0);
         Ok(Event::new(position, appended_at_us, entry, layout))
     }

@@ -180,6 +180,23 @@ impl Segment {
         })
     }
 
+    /// Hands `f` the `len` bytes at `offset` (fewer at the end of the segment), borrowed from
+    /// the map when there is one: for small fixed fields, without the reference counting of
+    /// [`Segment::bytes`].
+    pub(crate) fn peek<T>(
+        &self,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, StoreError> {
+        if let Some(map) = &self.map {
+            let end = ((offset + len as u64).min(self.size) as usize).min(map.len());
+            let start = (offset as usize).min(end);
+            return Ok(f(&map[start..end]));
+        }
+        Ok(f(&self.bytes(offset, len)?))
+    }
+
     /// `len` bytes at `offset` (fewer at the end of the segment): a slice of the map when there
     /// is one, otherwise a fresh read.
     pub(crate) fn bytes(&self, offset: u64, len: usize) -> Result<Bytes, StoreError> {
