@@ -133,3 +133,160 @@ mod idempotency {
         assert_eq!(store.head(), 1);
     }
 }
+
+#[path = "../examples/opt_in_token/main.rs"]
+mod opt_in_token;
+
+#[path = "../examples/product_price/main.rs"]
+mod product_price;
+
+#[path = "../examples/aggregate/main.rs"]
+mod aggregate;
+
+mod opt_in {
+    use super::opt_in_token::{confirm, issue};
+    use super::*;
+
+    #[test]
+    fn an_issued_token_confirms_once() {
+        let store = given(&[]);
+        issue(&store, "ada@example.com", "t1").unwrap();
+        confirm(&store, "t1").unwrap();
+        assert_eq!(types(&events_after(&store, 1)), ["SignUpConfirmed"]);
+        let err = confirm(&store, "t1").unwrap_err();
+        assert!(err.to_string().contains("already used"));
+        assert_eq!(store.head(), 2);
+    }
+
+    #[test]
+    fn an_unknown_token_is_refused() {
+        let store = given(&[]);
+        assert!(confirm(&store, "nope")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown"));
+        assert_eq!(store.head(), 0);
+    }
+
+    #[test]
+    fn racing_confirmations_confirm_once() {
+        let store = Arc::new(given(&[]));
+        issue(&store, "ada@example.com", "t2").unwrap();
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || confirm(&store, "t2").is_ok())
+            })
+            .collect();
+        let ok = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|&b| b)
+            .count();
+        assert_eq!(ok, 1);
+        assert_eq!(store.head(), 2);
+    }
+}
+
+mod price {
+    use super::product_price::{change_price, order};
+    use super::*;
+
+    const GRACE: u64 = 60_000_000;
+
+    fn price_changes() -> Store {
+        let store = given(&[]);
+        change_price(&store, "p1", 100).unwrap();
+        change_price(&store, "p1", 120).unwrap();
+        store
+    }
+
+    fn changed_at(store: &Store) -> u64 {
+        events_after(store, 1)[0].appended_at_us()
+    }
+
+    #[test]
+    fn the_current_price_is_accepted() {
+        let store = price_changes();
+        let now = changed_at(&store) + 10 * GRACE;
+        order(&store, "p1", 120, now, GRACE).unwrap();
+        assert_eq!(types(&events_after(&store, 2)), ["OrderPlaced"]);
+    }
+
+    #[test]
+    fn the_previous_price_is_honoured_within_the_grace_period() {
+        let store = price_changes();
+        order(&store, "p1", 100, changed_at(&store) + GRACE / 2, GRACE).unwrap();
+        assert_eq!(store.head(), 3);
+    }
+
+    #[test]
+    fn the_previous_price_is_refused_after_the_grace_period() {
+        let store = price_changes();
+        let err = order(&store, "p1", 100, changed_at(&store) + 2 * GRACE, GRACE).unwrap_err();
+        assert!(err.to_string().contains("not valid"));
+        assert_eq!(store.head(), 2);
+    }
+
+    #[test]
+    fn an_older_or_invented_price_is_refused() {
+        let store = price_changes();
+        change_price(&store, "p1", 130).unwrap();
+        let now = events_after(&store, 2)[0].appended_at_us();
+        assert!(
+            order(&store, "p1", 100, now, GRACE).is_err(),
+            "two changes ago"
+        );
+        assert!(order(&store, "p1", 1, now, GRACE).is_err());
+        assert!(
+            order(&store, "p2", 100, now, GRACE).is_err(),
+            "no such product"
+        );
+    }
+}
+
+mod account {
+    use super::aggregate::{balance, deposit, open, withdraw, Account};
+    use super::*;
+
+    #[test]
+    fn deposits_and_withdrawals_keep_the_balance_non_negative() {
+        let store = given(&[]);
+        open(&store, "a").unwrap();
+        deposit(&store, "a", 100).unwrap();
+        withdraw(&store, "a", 70).unwrap();
+        assert!(withdraw(&store, "a", 70)
+            .unwrap_err()
+            .to_string()
+            .contains("insufficient"));
+        assert_eq!(
+            balance(&store, "a"),
+            Account {
+                opened: true,
+                balance: 30
+            }
+        );
+        assert!(deposit(&store, "nobody", 5).is_err());
+        assert!(open(&store, "a").is_err());
+    }
+
+    #[test]
+    fn racing_withdrawals_never_overdraw() {
+        let store = Arc::new(given(&[]));
+        open(&store, "b").unwrap();
+        deposit(&store, "b", 100).unwrap();
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || withdraw(&store, "b", 30).is_ok())
+            })
+            .collect();
+        let ok = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|&b| b)
+            .count();
+        assert_eq!(ok, 3, "100 covers three withdrawals of 30");
+        assert_eq!(balance(&store, "b").balance, 10);
+    }
+}
