@@ -15,27 +15,15 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::remote::Remote;
+use crate::remote::{Remote, RemoteArgs};
 
 #[derive(clap::Args)]
 pub struct Where {
     /// A data directory; the store is opened by this command (not while a server holds it).
-    #[arg(long, value_name = "DIR", conflicts_with = "url")]
+    #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
-    /// A running server, e.g. http://127.0.0.1:7400. Env: ANNALS_URL
-    #[arg(long, value_name = "URL", env = "ANNALS_URL")]
-    url: Option<String>,
-    /// API key for the server (sent as a bearer token). Env: ANNALS_API_KEY
-    #[arg(
-        long,
-        value_name = "KEY",
-        env = "ANNALS_API_KEY",
-        hide_env_values = true
-    )]
-    api_key: Option<String>,
-    /// For https:// URLs: the CA certificate (PEM) to trust instead of the system's roots.
-    #[arg(long, value_name = "FILE", env = "ANNALS_CA_CERT")]
-    ca_cert: Option<PathBuf>,
+    #[command(flatten)]
+    server: RemoteArgs,
 }
 
 #[derive(clap::Args)]
@@ -170,14 +158,14 @@ enum Target {
 
 impl Target {
     fn open(at: &Where) -> Result<Target, String> {
-        match (&at.dir, &at.url) {
-            (Some(dir), None) => Store::open(dir, Options::default())
+        if let Some(remote) = at.server.connect() {
+            return remote.map(Target::Url);
+        }
+        match &at.dir {
+            Some(dir) => Store::open(dir, Options::default())
                 .map(Target::Dir)
                 .map_err(|e| format!("cannot open {}: {e}", dir.display())),
-            (None, Some(url)) => {
-                Remote::connect(url, at.api_key.as_deref(), at.ca_cert.as_deref()).map(Target::Url)
-            }
-            _ => Err("say where the events are: --dir DIR or --url URL".into()),
+            None => Err("say where the events are: --dir DIR or --url URL".into()),
         }
     }
 

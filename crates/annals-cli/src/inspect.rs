@@ -9,21 +9,8 @@ pub struct VerifyArgs {
     /// The data directory of a closed store (or give --url for a running server).
     #[arg(required_unless_present = "url")]
     dir: Option<PathBuf>,
-    /// A running server: it checks its live log (CRCs, sequence, index against the log) up to
-    /// its current head while it keeps serving (needs the admin scope when keys are configured).
-    #[arg(long, value_name = "URL", env = "ANNALS_URL", conflicts_with = "dir")]
-    url: Option<String>,
-    /// API key for --url. Env: ANNALS_API_KEY
-    #[arg(
-        long,
-        value_name = "KEY",
-        env = "ANNALS_API_KEY",
-        hide_env_values = true
-    )]
-    api_key: Option<String>,
-    /// For https:// URLs: the CA certificate (PEM) to trust instead of the system's roots.
-    #[arg(long, value_name = "FILE", env = "ANNALS_CA_CERT")]
-    ca_cert: Option<PathBuf>,
+    #[command(flatten)]
+    server: crate::remote::RemoteArgs,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -34,30 +21,16 @@ pub struct StatsArgs {
     /// The data directory (or give --url for a running server).
     #[arg(required_unless_present = "url")]
     dir: Option<PathBuf>,
-    /// A running server: its head, durability, counters and fsync latency, from /metrics
-    /// (needs the admin scope when keys are configured).
-    #[arg(long, value_name = "URL", env = "ANNALS_URL", conflicts_with = "dir")]
-    url: Option<String>,
-    /// API key for --url. Env: ANNALS_API_KEY
-    #[arg(
-        long,
-        value_name = "KEY",
-        env = "ANNALS_API_KEY",
-        hide_env_values = true
-    )]
-    api_key: Option<String>,
-    /// For https:// URLs: the CA certificate (PEM) to trust instead of the system's roots.
-    #[arg(long, value_name = "FILE", env = "ANNALS_CA_CERT")]
-    ca_cert: Option<PathBuf>,
+    #[command(flatten)]
+    server: crate::remote::RemoteArgs,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
 }
 
-fn verify_server(args: &VerifyArgs, url: &str) -> Result<(), String> {
-    let json = args.json;
-    let mut remote =
-        crate::remote::Remote::connect(url, args.api_key.as_deref(), args.ca_cert.as_deref())?;
+/// `verify --url`: the server checks its live log (CRCs, sequence, index against the log) up
+/// to its current head while it keeps serving (admin scope).
+fn verify_server(mut remote: crate::remote::Remote, json: bool) -> Result<(), String> {
     let body = remote.call("GET", "/v1/admin/check", Vec::new())?;
     let report: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
     if json {
@@ -84,8 +57,8 @@ fn verify_server(args: &VerifyArgs, url: &str) -> Result<(), String> {
 }
 
 pub fn verify(args: VerifyArgs) -> Result<(), String> {
-    if let Some(url) = &args.url {
-        return verify_server(&args, url);
+    if let Some(remote) = args.server.connect() {
+        return verify_server(remote?, args.json);
     }
     let dir = args.dir.clone().ok_or("give a data directory or --url")?;
     // SAFETY: isatty only inspects the descriptor.
@@ -128,10 +101,9 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
 }
 
 /// Stats of a running server, from its Prometheus text.
-fn server_stats(args: &StatsArgs, url: &str) -> Result<(), String> {
-    let json = args.json;
-    let mut remote =
-        crate::remote::Remote::connect(url, args.api_key.as_deref(), args.ca_cert.as_deref())?;
+/// `stats --url`: a running server's head, durability, counters and fsync latency, from
+/// /metrics (admin scope).
+fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Result<(), String> {
     let text = remote.call("GET", "/metrics", Vec::new())?;
     let text = String::from_utf8_lossy(&text);
     let value = |name: &str| -> f64 {
@@ -175,8 +147,9 @@ fn server_stats(args: &StatsArgs, url: &str) -> Result<(), String> {
 }
 
 pub fn stats(args: StatsArgs) -> Result<(), String> {
-    if let Some(url) = &args.url {
-        return server_stats(&args, url);
+    if let Some(remote) = args.server.connect() {
+        let url = args.server.url.clone().unwrap_or_default();
+        return server_stats(remote?, &url, args.json);
     }
     let dir = args.dir.clone().ok_or("give a data directory or --url")?;
     if !dir.join(annals::files::segment(1)).exists() {

@@ -33,12 +33,14 @@ enum Command {
     ///   annals append --dir ./data --type Claimed --tag user:ada \
     ///       --condition '{"failIfEventsMatch":{"items":[{"tags":["user:ada"]}]}}'
     ///   cat events.ndjson | annals append --url http://127.0.0.1:7400
+    #[command(verbatim_doc_comment)]
     Append(data::AppendArgs),
     /// Read the events matching a query, as a table or NDJSON.
     ///
     /// Examples:
     ///   annals read --url http://127.0.0.1:7400 --tag course:c1
     ///   annals read --dir ./data --type OrderPlaced --backwards --limit 10 --format ndjson
+    #[command(verbatim_doc_comment)]
     Read(data::ReadArgs),
     /// Follow the events matching a query as they are appended (Ctrl-C to stop).
     ///
@@ -58,6 +60,7 @@ enum Command {
     /// Examples:
     ///   annals verify ./data
     ///   annals verify --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
+    #[command(verbatim_doc_comment)]
     Verify(inspect::VerifyArgs),
     /// Print a store's head, segments, index size and durability class, or a running
     /// server's (with --url).
@@ -65,6 +68,7 @@ enum Command {
     /// Examples:
     ///   annals stats ./data --json
     ///   annals stats --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
+    #[command(verbatim_doc_comment)]
     Stats(inspect::StatsArgs),
     /// Benchmarks; each prints one JSON object as its last line.
     #[command(subcommand)]

@@ -9,6 +9,39 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
+/// Where a running server is and how to reach it: shared by every command that can work
+/// against one.
+#[derive(clap::Args)]
+pub struct RemoteArgs {
+    /// A running server, e.g. http://127.0.0.1:7400 (or https://). Env: ANNALS_URL
+    #[arg(long, value_name = "URL", env = "ANNALS_URL", conflicts_with = "dir")]
+    pub url: Option<String>,
+    /// API key for the server (sent as a bearer token). Env: ANNALS_API_KEY
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "ANNALS_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+    /// For https:// URLs: the CA certificate (PEM) to trust instead of the system's roots.
+    /// Env: ANNALS_CA_CERT
+    #[arg(long, value_name = "FILE", env = "ANNALS_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
+}
+
+impl RemoteArgs {
+    /// Connects when a URL was given.
+    pub fn connect(&self) -> Option<Result<Remote, String>> {
+        let url = self.url.as_deref()?;
+        Some(Remote::connect(
+            url,
+            self.api_key.as_deref(),
+            self.ca_cert.as_deref(),
+        ))
+    }
+}
+
 pub struct Remote {
     runtime: tokio::runtime::Runtime,
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
