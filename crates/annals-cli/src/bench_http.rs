@@ -100,6 +100,15 @@ impl Op {
     }
 }
 
+/// How a request was answered.
+#[derive(PartialEq, Eq)]
+enum Answer {
+    Ok,
+    /// The append's condition failed: a correct answer, counted apart.
+    Conflict,
+    Failed(String),
+}
+
 /// One connection's tallies.
 struct Tally {
     latency_us: [Histogram<u64>; 3],
@@ -128,6 +137,38 @@ impl Tally {
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
         }
+    }
+
+    /// Counts one answer (after the warm-up): its latency, or its error. `Err` means the
+    /// connection broke; returns false then, so the connection stops.
+    fn settle(
+        &mut self,
+        op: Op,
+        started: Instant,
+        warmup_until: Instant,
+        answer: Result<Answer, String>,
+    ) -> bool {
+        let took = started.elapsed();
+        let counted = started >= warmup_until;
+        match answer {
+            Ok(Answer::Failed(message)) if counted => self.error(op, message),
+            Ok(Answer::Failed(_)) => {}
+            Ok(ok) => {
+                if counted {
+                    if ok == Answer::Conflict {
+                        self.conflicts += 1;
+                    }
+                    let _ = self.latency_us[op as usize].record(took.as_micros().max(1) as u64);
+                }
+            }
+            Err(e) => {
+                if counted {
+                    self.error(op, e);
+                }
+                return false;
+            }
+        }
+        true
     }
 
     fn error(&mut self, op: Op, message: String) {
@@ -283,6 +324,21 @@ fn body_for(
     }
 }
 
+/// An HTTP/1.1 connection to `addr`, its driver spawned.
+async fn http1_sender(
+    addr: SocketAddr,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
 async fn http_connection(
     target: Arc<Target>,
     workload: Workload,
@@ -292,23 +348,13 @@ async fn http_connection(
     until: Instant,
 ) -> Tally {
     let mut tally = Tally::new();
-    let stream = match tokio::net::TcpStream::connect(target.http).await {
-        Ok(s) => s,
+    let mut sender = match http1_sender(target.http).await {
+        Ok(sender) => sender,
         Err(e) => {
-            tally.error(Op::Append, format!("connect: {e}"));
+            tally.error(Op::Append, e);
             return tally;
         }
     };
-    let _ = stream.set_nodelay(true);
-    let (mut sender, connection) =
-        match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
-            Ok(pair) => pair,
-            Err(e) => {
-                tally.error(Op::Append, format!("handshake: {e}"));
-                return tally;
-            }
-        };
-    tokio::spawn(connection);
     let authorization = target.api_key.as_ref().map(|k| format!("Bearer {k}"));
     let mut n = 0u64;
     let mut seed = conn as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
@@ -349,24 +395,17 @@ async fn http_connection(
             Ok::<_, String>((status, body))
         }
         .await;
-        let took = started.elapsed();
-        if started < warmup_until {
-            continue;
-        }
-        match outcome {
-            Ok((status, body)) if status.is_success() => {
-                if op != Op::Read && contains(&body, b"\"appendConditionFailed\":true") {
-                    tally.conflicts += 1;
-                }
-                let _ = tally.latency_us[op as usize].record(took.as_micros().max(1) as u64);
+        let answer = outcome.map(|(status, body)| {
+            if !status.is_success() {
+                Answer::Failed(format!("{status}: {}", String::from_utf8_lossy(&body)))
+            } else if op != Op::Read && contains(&body, b"\"appendConditionFailed\":true") {
+                Answer::Conflict
+            } else {
+                Answer::Ok
             }
-            Ok((status, body)) => {
-                tally.error(op, format!("{status}: {}", String::from_utf8_lossy(&body)));
-            }
-            Err(e) => {
-                tally.error(op, e);
-                break;
-            }
+        });
+        if !tally.settle(op, started, warmup_until, answer) {
+            break;
         }
     }
     tally
@@ -548,23 +587,14 @@ async fn grpc_requests(
             Ok::<_, String>(grpc_status(&parts.headers, collected.trailers()))
         }
         .await;
-        let took = started.elapsed();
-        if started < warmup_until {
-            continue;
-        }
-        match outcome {
-            // 9 = FAILED_PRECONDITION: a failed condition, a correct answer.
-            Ok((0, _)) | Ok((9, _)) => {
-                if matches!(outcome, Ok((9, _))) {
-                    tally.conflicts += 1;
-                }
-                let _ = tally.latency_us[op as usize].record(took.as_micros().max(1) as u64);
-            }
-            Ok((code, message)) => tally.error(op, format!("grpc status {code}: {message}")),
-            Err(e) => {
-                tally.error(op, e);
-                break;
-            }
+        let answer = outcome.map(|(code, message)| match code {
+            0 => Answer::Ok,
+            // FAILED_PRECONDITION: a failed condition, a correct answer.
+            9 => Answer::Conflict,
+            _ => Answer::Failed(format!("grpc status {code}: {message}")),
+        });
+        if !tally.settle(op, started, warmup_until, answer) {
+            break;
         }
     }
     tally
@@ -572,13 +602,7 @@ async fn grpc_requests(
 
 /// Loads `events` events over HTTP in appends of 1,000, tags account:0..10000.
 async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String> {
-    let stream = tokio::net::TcpStream::connect(target.http)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
+    let mut sender = http1_sender(target.http).await?;
     let mut i = 0;
     while i < events {
         let batch: Vec<String> = (i..(i + 1000).min(events))
@@ -610,13 +634,10 @@ async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String>
     Ok(())
 }
 
-/// Reads counters from /metrics (None when it cannot, e.g. without the admin scope).
-async fn server_counters(target: &Target) -> Option<(f64, f64, f64)> {
-    let stream = tokio::net::TcpStream::connect(target.http).await.ok()?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .ok()?;
-    tokio::spawn(connection);
+/// The server's (fsyncs, appends) from /metrics (None when it cannot be read, e.g. without
+/// the admin scope).
+async fn server_counters(target: &Target) -> Option<(f64, f64)> {
+    let mut sender = http1_sender(target.http).await.ok()?;
     let mut request = http::Request::builder()
         .uri("/metrics")
         .header("host", "annals");
@@ -632,15 +653,9 @@ async fn server_counters(target: &Target) -> Option<(f64, f64, f64)> {
     }
     let text = response.into_body().collect().await.ok()?.to_bytes();
     let text = String::from_utf8_lossy(&text);
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
-    };
     Some((
-        value("annals_fsyncs_total "),
-        value("annals_groups_total "),
-        value("annals_appends_total "),
+        crate::remote::metric(&text, "annals_fsyncs_total"),
+        crate::remote::metric(&text, "annals_appends_total"),
     ))
 }
 
@@ -690,7 +705,7 @@ async fn one_run(args: &HttpArgs, target: Arc<Target>, data: Arc<String>) -> Run
     let seconds = args.seconds;
     let after = server_counters(&target).await;
     let (fsyncs, appends) = match (before, after) {
-        (Some(b), Some(a)) => (Some(a.0 - b.0), Some(a.2 - b.2)),
+        (Some(b), Some(a)) => (Some(a.0 - b.0), Some(a.1 - b.1)),
         _ => (None, None),
     };
     RunOutcome {

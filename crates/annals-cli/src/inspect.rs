@@ -106,35 +106,31 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
 fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Result<(), String> {
     let text = remote.call("GET", "/metrics", Vec::new())?;
     let text = String::from_utf8_lossy(&text);
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0.0)
-    };
+    let value = |name: &str| crate::remote::metric(&text, name);
     let durability = text
         .lines()
         .find_map(|l| l.strip_prefix("annals_durability_info{class=\""))
         .and_then(|rest| rest.split('"').next())
         .unwrap_or("unknown")
         .to_string();
-    let fsyncs = value("annals_fsyncs_total ");
-    let fsync_seconds = value("annals_fsync_seconds_sum ");
+    let fsyncs = value("annals_fsyncs_total");
+    let fsync_seconds = value("annals_fsync_seconds_sum");
     let report = serde_json::json!({
         "url": url,
-        "head": value("annals_head_position ") as u64,
+        "head": value("annals_head_position") as u64,
         "durability": durability,
-        "appends": value("annals_appends_total ") as u64,
-        "events_appended": value("annals_events_appended_total ") as u64,
-        "conditions_failed": value("annals_append_conditions_failed_total ") as u64,
-        "groups": value("annals_groups_total ") as u64,
+        "appends": value("annals_appends_total") as u64,
+        "events_appended": value("annals_events_appended_total") as u64,
+        "conditions_failed": value("annals_append_conditions_failed_total") as u64,
+        "groups": value("annals_groups_total") as u64,
         "fsyncs": fsyncs as u64,
         "fsync_us_mean": if fsyncs > 0.0 { fsync_seconds / fsyncs * 1e6 } else { 0.0 },
-        "queue_depth": value("annals_queue_depth ") as u64,
-        "subscribers": value("annals_subscribers ") as u64,
-        "connections": value("annals_connections ") as u64,
-        "index_bytes": value("annals_index_bytes ") as u64,
-        "segments": value("annals_segments ") as u64,
-        "poisoned": value("annals_poisoned ") > 0.0,
+        "queue_depth": value("annals_queue_depth") as u64,
+        "subscribers": value("annals_subscribers") as u64,
+        "connections": value("annals_connections") as u64,
+        "index_bytes": value("annals_index_bytes") as u64,
+        "segments": value("annals_segments") as u64,
+        "poisoned": value("annals_poisoned") > 0.0,
     });
     if json {
         println!("{report}");

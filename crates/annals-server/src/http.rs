@@ -67,6 +67,23 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Counts a request (by its outcome and time) and turns its result into the answer.
+fn finish(
+    state: &AppState,
+    op: Op,
+    started: Instant,
+    result: Result<Response, ApiError>,
+) -> Response {
+    let outcome = match &result {
+        Ok(_) => Outcome::Ok,
+        Err(e) => outcome_of(e),
+    };
+    state
+        .metrics
+        .record(Api::Http, op, outcome, started.elapsed());
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
 fn outcome_of(error: &ApiError) -> Outcome {
     if error.status.is_server_error() {
         Outcome::ServerError
@@ -217,14 +234,7 @@ fn accepts(headers: &HeaderMap, media: &str) -> bool {
 async fn read(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
     let result = read_inner(&state, &request);
-    let outcome = match &result {
-        Ok(_) => Outcome::Ok,
-        Err(e) => outcome_of(e),
-    };
-    state
-        .metrics
-        .record(Api::Http, Op::Read, outcome, started.elapsed());
-    result.unwrap_or_else(IntoResponse::into_response)
+    finish(&state, Op::Read, started, result)
 }
 
 fn read_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiError> {
@@ -457,14 +467,7 @@ async fn head(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respons
         out.push(b'}');
         json_response(StatusCode::OK, out)
     });
-    let outcome = match &result {
-        Ok(_) => Outcome::Ok,
-        Err(e) => outcome_of(e),
-    };
-    state
-        .metrics
-        .record(Api::Http, Op::Head, outcome, started.elapsed());
-    result.unwrap_or_else(IntoResponse::into_response)
+    finish(&state, Op::Head, started, result)
 }
 
 async fn tracking(State(state): State<Arc<AppState>>, request: Request) -> Response {
@@ -489,27 +492,13 @@ async fn tracking(State(state): State<Arc<AppState>>, request: Request) -> Respo
             serde_json::json!({ "source": params.source, "position": position }).to_string(),
         ))
     })();
-    let outcome = match &result {
-        Ok(_) => Outcome::Ok,
-        Err(e) => outcome_of(e),
-    };
-    state
-        .metrics
-        .record(Api::Http, Op::Tracking, outcome, started.elapsed());
-    result.unwrap_or_else(IntoResponse::into_response)
+    finish(&state, Op::Tracking, started, result)
 }
 
 async fn subscribe(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
     let result = subscribe_inner(&state, &request);
-    let outcome = match &result {
-        Ok(_) => Outcome::Ok,
-        Err(e) => outcome_of(e),
-    };
-    state
-        .metrics
-        .record(Api::Http, Op::Subscribe, outcome, started.elapsed());
-    result.unwrap_or_else(IntoResponse::into_response)
+    finish(&state, Op::Subscribe, started, result)
 }
 
 fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiError> {

@@ -165,6 +165,15 @@ impl Shared {
     }
 }
 
+/// A read error where only store errors can occur (a read of everything has no input to
+/// refuse).
+fn store_error(e: ReadError) -> StoreError {
+    match e {
+        ReadError::Store(e) => e,
+        ReadError::Input(e) => StoreError::InvalidOption(e.to_string()),
+    }
+}
+
 /// How the index was obtained when the store was opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IndexSource {
@@ -643,10 +652,7 @@ impl Store {
             ReadOptions::forwards(),
             self.head(),
         )
-        .map_err(|e| match e {
-            ReadError::Store(e) => e,
-            ReadError::Input(e) => StoreError::InvalidOption(e.to_string()),
-        })?;
+        .map_err(store_error)?;
         let head = iter.head();
         let mut checked = 0u64;
         let mut pending: Vec<Event> = Vec::with_capacity(4096);
@@ -659,10 +665,7 @@ impl Store {
             Ok(())
         };
         for event in iter {
-            let event = event.map_err(|e| match e {
-                ReadError::Store(e) => e,
-                ReadError::Input(e) => StoreError::InvalidOption(e.to_string()),
-            })?;
+            let event = event.map_err(store_error)?;
             checked += 1;
             if event.position() != checked {
                 problem = Some(format!(

@@ -27,6 +27,26 @@ fn events_after(store: &Store, after: u64) -> Vec<Event> {
         .unwrap()
 }
 
+/// Runs `command` on 16 threads at once (each given its index) and collects the outcomes.
+fn race<T: Send + 'static>(
+    store: &Arc<Store>,
+    command: impl Fn(&Store, usize) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let command = Arc::new(command);
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let (store, command) = (store.clone(), command.clone());
+            std::thread::spawn(move || command(&store, i))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// How many of a race's outcomes succeeded.
+fn successes(outcomes: &[bool]) -> usize {
+    outcomes.iter().filter(|&&ok| ok).count()
+}
+
 fn types(events: &[Event]) -> Vec<&str> {
     events.iter().map(|e| e.event_type()).collect()
 }
@@ -73,19 +93,10 @@ mod username {
     #[test]
     fn racing_claims_for_one_name_give_one_owner() {
         let store = Arc::new(given(&[]));
-        let threads: Vec<_> = (0..16)
-            .map(|i| {
-                let store = store.clone();
-                std::thread::spawn(move || register(&store, &format!("acct{i}"), "popular").is_ok())
-            })
-            .collect();
-        let winners = threads
-            .into_iter()
-            .filter(|_| true)
-            .map(|t| t.join().unwrap())
-            .filter(|&ok| ok)
-            .count();
-        assert_eq!(winners, 1);
+        let outcomes = race(&store, |store, i| {
+            register(store, &format!("acct{i}"), "popular").is_ok()
+        });
+        assert_eq!(successes(&outcomes), 1);
         assert_eq!(store.head(), 1);
     }
 }
@@ -116,13 +127,9 @@ mod idempotency {
     #[test]
     fn racing_copies_of_one_request_record_it_once() {
         let store = Arc::new(given(&[]));
-        let threads: Vec<_> = (0..16)
-            .map(|i| {
-                let store = store.clone();
-                std::thread::spawn(move || place_order(&store, "t-9", &format!("o-{i}")).unwrap())
-            })
-            .collect();
-        let outcomes: Vec<Placed> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let outcomes = race(&store, |store, i| {
+            place_order(store, "t-9", &format!("o-{i}")).unwrap()
+        });
         assert_eq!(
             outcomes
                 .iter()
@@ -172,18 +179,8 @@ mod opt_in {
     fn racing_confirmations_confirm_once() {
         let store = Arc::new(given(&[]));
         issue(&store, "ada@example.com", "t2").unwrap();
-        let threads: Vec<_> = (0..16)
-            .map(|_| {
-                let store = store.clone();
-                std::thread::spawn(move || confirm(&store, "t2").is_ok())
-            })
-            .collect();
-        let ok = threads
-            .into_iter()
-            .map(|t| t.join().unwrap())
-            .filter(|&b| b)
-            .count();
-        assert_eq!(ok, 1);
+        let outcomes = race(&store, |store, _| confirm(store, "t2").is_ok());
+        assert_eq!(successes(&outcomes), 1);
         assert_eq!(store.head(), 2);
     }
 }
@@ -275,18 +272,12 @@ mod account {
         let store = Arc::new(given(&[]));
         open(&store, "b").unwrap();
         deposit(&store, "b", 100).unwrap();
-        let threads: Vec<_> = (0..16)
-            .map(|_| {
-                let store = store.clone();
-                std::thread::spawn(move || withdraw(&store, "b", 30).is_ok())
-            })
-            .collect();
-        let ok = threads
-            .into_iter()
-            .map(|t| t.join().unwrap())
-            .filter(|&b| b)
-            .count();
-        assert_eq!(ok, 3, "100 covers three withdrawals of 30");
+        let outcomes = race(&store, |store, _| withdraw(store, "b", 30).is_ok());
+        assert_eq!(
+            successes(&outcomes),
+            3,
+            "100 covers three withdrawals of 30"
+        );
         assert_eq!(balance(&store, "b").balance, 10);
     }
 }
