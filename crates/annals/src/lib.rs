@@ -36,6 +36,7 @@ mod limits;
 mod options;
 mod query;
 mod read;
+pub mod readmodel;
 mod record;
 mod recovery;
 mod segment;

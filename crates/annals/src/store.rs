@@ -71,6 +71,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     /// One checkpoint at a time.
     checkpoint_lock: Mutex<()>,
+    /// Names of the read models and reactors running on this store: one runner per name.
+    pub(crate) runners: Mutex<std::collections::HashSet<String>>,
     /// The head of the last checkpoint written, and whether a background one is running.
     pub(crate) checkpointed: AtomicU64,
     pub(crate) checkpointing: AtomicBool,
@@ -377,6 +379,7 @@ impl Store {
             closed: AtomicBool::new(false),
             counters: Counters::default(),
             checkpoint_lock: Mutex::new(()),
+            runners: Mutex::new(Default::default()),
             checkpointed: AtomicU64::new(tail.head),
             checkpointing: AtomicBool::new(false),
             background_checkpoint: Mutex::new(None),
@@ -795,6 +798,33 @@ impl Store {
     }
 
     /// The data directory.
+    pub(crate) fn io(&self) -> Arc<dyn Io> {
+        self.shared.io.clone()
+    }
+
+    /// The log is durable through this position (a lower bound).
+    pub(crate) fn synced(&self) -> u64 {
+        self.shared.synced.load(Ordering::Acquire)
+    }
+
+    /// Claims `name` for a read-model runner; false when one of that name is running.
+    pub(crate) fn claim_runner(&self, name: &str) -> bool {
+        self.shared.runners.lock().insert(name.to_owned())
+    }
+
+    pub(crate) fn release_runner(&self, name: &str) {
+        self.shared.runners.lock().remove(name);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Why the store is poisoned, if it is.
+    pub(crate) fn poison_reason(&self) -> Option<StoreError> {
+        self.shared.poison_error()
+    }
+
     pub fn dir(&self) -> &Path {
         &self.shared.dir
     }

@@ -1,0 +1,1140 @@
+//! Read models: named projections kept up to date outside any request.
+//!
+//! A runner owns one model and follows the store through a [`Subscription`] on the model's
+//! query, so catching up after a restart and following live appends are one path. Two kinds:
+//!
+//! - A [`ReadModel`] folds events into state held in memory. Its runner saves the state and the
+//!   position it reflects together in one checkpoint file (written aside, synced, renamed), so a
+//!   restart resumes exactly where the last checkpoint stopped and folds the rest again. A
+//!   checkpoint that does not fit any more (another model version, another query, or a log
+//!   that no longer holds the event it was taken at) is discarded and the model rebuilt.
+//! - A [`Reactor`] turns events into new events appended to the store (an effect). Its
+//!   checkpoint is the store's tracking position for its name, written in the same record as
+//!   the effects, so a crash can neither lose an effect nor write one twice.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use annals::readmodel::{Folded, ReadModelRunner, RunnerOptions};
+//! use annals::{NewEvent, Options, Query, QueryItem, Store};
+//!
+//! let store = Arc::new(Store::open_in_memory(Options::default()).unwrap());
+//! let seats = Folded::new(
+//!     "seats-taken",
+//!     Query::item(QueryItem::types(["StudentEnrolled"])),
+//!     0u64,
+//!     |taken: &mut u64, _event| *taken += 1,
+//! );
+//! let runner = ReadModelRunner::start(&store, seats, RunnerOptions::default()).unwrap();
+//! let position = store
+//!     .append(&[NewEvent::new("StudentEnrolled", "").tag("course:c1")], None)
+//!     .unwrap();
+//! assert!(runner.wait_for(position, Duration::from_secs(5)));
+//! assert_eq!(runner.read(|model| *model.state()), 1);
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Condvar, Mutex};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{AppendError, ReadError, StoreError};
+use crate::event::{Event, NewEvent};
+use crate::io::{read_exact_at, Io, OpenMode};
+use crate::options::Durability;
+use crate::query::{Query, ReadOptions};
+use crate::store::{AppendOptions, Store, Tracking};
+use crate::subscription::Subscription;
+
+/// The directory, inside a store's data directory, that holds read-model checkpoints.
+pub const CHECKPOINT_DIR: &str = "readmodels";
+const EXTENSION: &str = ".model";
+const MAGIC: &[u8; 8] = b"ANNALSRM";
+const VERSION: u32 = 1;
+/// Longest read-model name, in bytes.
+pub const NAME_MAX: usize = 64;
+
+/// State folded from the events of a query, kept up to date by a [`ReadModelRunner`].
+pub trait ReadModel: Send + 'static {
+    /// A stable name: 1 to 64 ASCII letters, digits, '-', '_' or '.'. It names the checkpoint.
+    fn name(&self) -> &str;
+    fn query(&self) -> Query;
+    /// Raise it when the fold changes meaning: a checkpoint of another version is discarded
+    /// and the model rebuilt from the first event.
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&mut self, event: &Event);
+    /// Back to the state before any event.
+    fn reset(&mut self);
+    /// The state as bytes, for the checkpoint.
+    fn save(&self, out: &mut Vec<u8>);
+    /// The state from the bytes [`ReadModel::save`] wrote.
+    fn load(&mut self, bytes: &[u8]) -> Result<(), String>;
+}
+
+/// A read model made of a name, a query, an initial state and a fold; the state is
+/// checkpointed as JSON.
+pub struct Folded<S, F> {
+    name: String,
+    query: Query,
+    version: u32,
+    initial: S,
+    state: S,
+    fold: F,
+}
+
+impl<S, F> Folded<S, F>
+where
+    S: Clone + Serialize + DeserializeOwned + Send + 'static,
+    F: FnMut(&mut S, &Event) + Send + 'static,
+{
+    pub fn new(name: impl Into<String>, query: Query, initial: S, fold: F) -> Self {
+        Folded {
+            name: name.into(),
+            query,
+            version: 1,
+            state: initial.clone(),
+            initial,
+            fold,
+        }
+    }
+
+    /// See [`ReadModel::version`].
+    pub fn version(mut self, version: u32) -> Self {
+        self.version = version;
+        self
+    }
+
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+}
+
+impl<S, F> ReadModel for Folded<S, F>
+where
+    S: Clone + Serialize + DeserializeOwned + Send + 'static,
+    F: FnMut(&mut S, &Event) + Send + 'static,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn query(&self) -> Query {
+        self.query.clone()
+    }
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn apply(&mut self, event: &Event) {
+        (self.fold)(&mut self.state, event)
+    }
+
+    fn reset(&mut self) {
+        self.state = self.initial.clone();
+    }
+
+    fn save(&self, out: &mut Vec<u8>) {
+        // Serializing plain data into a Vec cannot fail; a state that refuses to serialize is
+        // a programming error in the state type.
+        serde_json::to_writer(out, &self.state).expect("read-model state serializes as JSON");
+    }
+
+    fn load(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.state = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// Turns events into effects appended to the store, each exactly once (see the module
+/// documentation). `react` must depend only on the event (and on what it reads from the
+/// store): after a crash, events after the last effect are reacted to again.
+pub trait Reactor: Send + 'static {
+    /// A stable name: it is the tracking source in the store (1 to 64 bytes as for
+    /// [`ReadModel::name`]).
+    fn name(&self) -> &str;
+    fn query(&self) -> Query;
+    /// Pushes the effects of `event` (none is fine) onto `effects`.
+    fn react(&mut self, event: &Event, effects: &mut Vec<NewEvent>);
+}
+
+/// Why a runner could not start or do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadModelError {
+    #[error(
+        "invalid read-model name {0:?}: use 1 to {NAME_MAX} ASCII letters, digits, '-', '_' or '.'"
+    )]
+    InvalidName(String),
+    #[error("read model {0:?} is already running on this store")]
+    AlreadyRunning(String),
+    #[error("read model {0:?}: a reactor's effects are in the store and cannot be rebuilt")]
+    CannotRebuild(String),
+    #[error("read model {name:?}: damaged checkpoint {path}: {reason}")]
+    Damaged {
+        name: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Append(#[from] AppendError),
+}
+
+/// Checks a read-model name (see [`ReadModel::name`]).
+pub fn validate_name(name: &str) -> Result<(), ReadModelError> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_MAX
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ReadModelError::InvalidName(name.to_owned()))
+    }
+}
+
+/// How a runner batches and checkpoints.
+#[derive(Debug, Clone)]
+pub struct RunnerOptions {
+    /// Most events folded per step (the model's lock is held for one step).
+    pub batch_max: usize,
+    /// Write a checkpoint after this many events have been folded since the last one...
+    pub checkpoint_events: u64,
+    /// ...or when this much time has passed with something new folded.
+    pub checkpoint_interval: Duration,
+    /// How often an idle runner looks for a stop or rebuild request.
+    pub poll: Duration,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        RunnerOptions {
+            batch_max: 1024,
+            checkpoint_events: 50_000,
+            checkpoint_interval: Duration::from_secs(1),
+            poll: Duration::from_millis(50),
+        }
+    }
+}
+
+/// What a runner keeps up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunnerKind {
+    /// A [`ReadModel`]: state in memory, checkpoint file.
+    State,
+    /// A [`Reactor`]: effects appended to the store, checkpoint = tracking position.
+    Effects,
+}
+
+/// A runner's progress, for status commands and metrics.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadModelStatus {
+    pub name: String,
+    pub kind: RunnerKind,
+    pub running: bool,
+    /// Every matching event at or below this position has been folded (or reacted to).
+    pub position: u64,
+    /// The position the durable checkpoint holds: a restart resumes after it.
+    pub checkpoint_position: u64,
+    /// The store's head when the status was taken.
+    pub head: u64,
+    /// Store positions still to be scanned: head - position.
+    pub lag: u64,
+    /// Events folded (or reacted to) by this runner since it started.
+    pub events_applied: u64,
+    /// Checkpoints written (for a reactor: appends of effects) since it started.
+    pub checkpoints: u64,
+    /// Effects appended since it started (reactors only).
+    pub effects_appended: u64,
+    pub rebuilds: u64,
+    /// Where the runner started: after this position.
+    pub resumed_from: u64,
+    /// Why the runner last started from scratch, if it did.
+    pub rebuilt_because: Option<String>,
+    /// The last error; a runner with an error keeps retrying unless the store is poisoned or
+    /// closed.
+    pub error: Option<String>,
+}
+
+/// The checkpoint files of read models in one directory.
+#[derive(Clone)]
+pub(crate) struct Checkpoints {
+    io: Arc<dyn Io>,
+    dir: PathBuf,
+}
+
+/// One read model's checkpoint as found on disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SavedCheckpoint {
+    pub name: String,
+    pub model_version: u32,
+    /// A hash of the model's query: a checkpoint of another query does not fit.
+    pub query_hash: u32,
+    pub position: u64,
+    /// When the event at `position` was appended: a log that lost events and refilled them
+    /// has another one there.
+    pub position_appended_at_us: u64,
+    pub saved_at_us: u64,
+    #[serde(skip)]
+    pub state: Vec<u8>,
+    pub state_bytes: usize,
+}
+
+impl Checkpoints {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}{EXTENSION}"))
+    }
+
+    fn load(&self, name: &str) -> Result<Option<SavedCheckpoint>, ReadModelError> {
+        let path = self.path(name);
+        let file = match self.io.open(&path, OpenMode::Existing) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io("open read-model checkpoint", &path, 0, e).into()),
+        };
+        let len = file
+            .len()
+            .map_err(|e| StoreError::io("read read-model checkpoint", &path, 0, e))?;
+        let mut bytes = vec![0; len as usize];
+        read_exact_at(file.as_ref(), &mut bytes, 0)
+            .map_err(|e| StoreError::io("read read-model checkpoint", &path, 0, e))?;
+        decode(&bytes)
+            .map(Some)
+            .map_err(|reason| ReadModelError::Damaged {
+                name: name.to_owned(),
+                path,
+                reason,
+            })
+    }
+
+    fn save(&self, saved: &SavedCheckpoint) -> Result<(), StoreError> {
+        let path = self.path(&saved.name);
+        let temp = self.dir.join(format!("{}{EXTENSION}.tmp", saved.name));
+        let bytes = encode(saved);
+        self.io
+            .create_dir_all(&self.dir)
+            .map_err(|e| StoreError::io("create read-model directory", &self.dir, 0, e))?;
+        let file = self
+            .io
+            .open(&temp, OpenMode::Create)
+            .map_err(|e| StoreError::io("create read-model checkpoint", &temp, 0, e))?;
+        file.set_len(0)
+            .and_then(|()| file.write_at(&bytes, 0))
+            .and_then(|()| file.sync_data())
+            .map_err(|e| StoreError::io("write read-model checkpoint", &temp, 0, e))?;
+        drop(file);
+        self.io
+            .rename(&temp, &path)
+            .map_err(|e| StoreError::io("rename read-model checkpoint", &path, 0, e))?;
+        self.io
+            .sync_dir(&self.dir)
+            .map_err(|e| StoreError::io("sync read-model directory", &self.dir, 0, e))
+    }
+
+    fn remove(&self, name: &str) -> Result<(), StoreError> {
+        let path = self.path(name);
+        match self.io.remove(&path) {
+            Ok(()) => self
+                .io
+                .sync_dir(&self.dir)
+                .map_err(|e| StoreError::io("sync read-model directory", &self.dir, 0, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::io("remove read-model checkpoint", &path, 0, e)),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<String>, StoreError> {
+        let names = match self.io.list(&self.dir) {
+            Ok(names) => names,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(StoreError::io("list read-model directory", &self.dir, 0, e)),
+        };
+        let mut models: Vec<String> = names
+            .iter()
+            .filter_map(|n| n.strip_suffix(EXTENSION))
+            .filter(|n| validate_name(n).is_ok())
+            .map(str::to_owned)
+            .collect();
+        models.sort();
+        Ok(models)
+    }
+}
+
+/// Layout (little-endian): magic "ANNALSRM", format version u32, model version u32, query hash
+/// u32, name length u32, name, position u64, appended-at of that position u64, saved-at u64,
+/// state length u64, state, CRC32C of everything before it.
+fn encode(saved: &SavedCheckpoint) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + saved.name.len() + saved.state.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&saved.model_version.to_le_bytes());
+    out.extend_from_slice(&saved.query_hash.to_le_bytes());
+    out.extend_from_slice(&(saved.name.len() as u32).to_le_bytes());
+    out.extend_from_slice(saved.name.as_bytes());
+    out.extend_from_slice(&saved.position.to_le_bytes());
+    out.extend_from_slice(&saved.position_appended_at_us.to_le_bytes());
+    out.extend_from_slice(&saved.saved_at_us.to_le_bytes());
+    out.extend_from_slice(&(saved.state.len() as u64).to_le_bytes());
+    out.extend_from_slice(&saved.state);
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn decode(bytes: &[u8]) -> Result<SavedCheckpoint, String> {
+    if bytes.len() < 4 {
+        return Err("too short".into());
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32c::crc32c(body).to_le_bytes() != crc {
+        return Err("CRC mismatch".into());
+    }
+    let mut cursor = body;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        if cursor.len() < n {
+            return Err("truncated".into());
+        }
+        let (head, rest) = cursor.split_at(n);
+        cursor = rest;
+        Ok(head)
+    };
+    if take(8)? != MAGIC {
+        return Err("not a read-model checkpoint".into());
+    }
+    let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
+    let format = u32_at(take(4)?);
+    if format != VERSION {
+        return Err(format!("unknown format version {format}"));
+    }
+    let model_version = u32_at(take(4)?);
+    let query_hash = u32_at(take(4)?);
+    let name_len = u32_at(take(4)?) as usize;
+    let name = String::from_utf8(take(name_len)?.to_vec()).map_err(|_| "name is not UTF-8")?;
+    let position = u64_at(take(8)?);
+    let position_appended_at_us = u64_at(take(8)?);
+    let saved_at_us = u64_at(take(8)?);
+    let state_len = u64_at(take(8)?) as usize;
+    let state = take(state_len)?.to_vec();
+    if !cursor.is_empty() {
+        return Err("trailing bytes".into());
+    }
+    Ok(SavedCheckpoint {
+        name,
+        model_version,
+        query_hash,
+        position,
+        position_appended_at_us,
+        saved_at_us,
+        state_bytes: state.len(),
+        state,
+    })
+}
+
+fn query_hash(query: &Query) -> u32 {
+    crc32c::crc32c(&serde_json::to_vec(query).expect("queries serialize"))
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// When the event at `position` (any type) was appended; 0 for position 0 or beyond the head.
+fn appended_at(store: &Store, position: u64) -> Result<u64, ReadError> {
+    if position == 0 {
+        return Ok(0);
+    }
+    let mut events = store.read(
+        &Query::all(),
+        ReadOptions::forwards().from(position).limit(1),
+    )?;
+    match events.next().transpose()? {
+        Some(event) if event.position() == position => Ok(event.appended_at_us()),
+        _ => Ok(0),
+    }
+}
+
+/// The checkpoints in a data directory (see [`CHECKPOINT_DIR`]), for tools. Reads files only;
+/// works while another process has the store open.
+pub fn list_checkpoints(data_dir: &Path) -> Result<Vec<SavedCheckpoint>, ReadModelError> {
+    let checkpoints = Checkpoints {
+        io: Arc::new(crate::io::RealIo),
+        dir: data_dir.join(CHECKPOINT_DIR),
+    };
+    let mut out = Vec::new();
+    for name in checkpoints.list()? {
+        if let Some(mut saved) = checkpoints.load(&name)? {
+            saved.state.clear();
+            out.push(saved);
+        }
+    }
+    Ok(out)
+}
+
+/// Removes a read model's checkpoint from a data directory, so that its next start rebuilds
+/// it from the first event. Returns whether there was one.
+pub fn remove_checkpoint(data_dir: &Path, name: &str) -> Result<bool, ReadModelError> {
+    validate_name(name)?;
+    let checkpoints = Checkpoints {
+        io: Arc::new(crate::io::RealIo),
+        dir: data_dir.join(CHECKPOINT_DIR),
+    };
+    let existed = checkpoints.load(name).map(|s| s.is_some()).unwrap_or(true);
+    checkpoints.remove(name)?;
+    Ok(existed)
+}
+
+/// What the generic runner loop drives: a read model or a reactor.
+trait Driver: Send + 'static {
+    /// Where to resume: after this position. `rebuild` asks to start from scratch.
+    fn start(&mut self, store: &Store, rebuild: bool) -> Result<Start, ReadModelError>;
+    /// Folds or reacts to one batch; `position` is where the subscription stands after it.
+    fn apply(
+        &mut self,
+        store: &Store,
+        events: &[Event],
+        position: u64,
+    ) -> Result<(), ReadModelError>;
+    /// Called when caught up or after each batch: writes a checkpoint if one is due (`force`:
+    /// whenever there is something new).
+    fn checkpoint(&mut self, store: &Store, force: bool) -> Result<(), ReadModelError>;
+    fn position(&self) -> u64;
+    fn checkpoint_position(&self) -> u64;
+    /// Checkpoints written (for a reactor: appends of effects) and effects appended.
+    fn counters(&self) -> (u64, u64);
+}
+
+struct Start {
+    after: u64,
+    rebuilt_because: Option<String>,
+}
+
+struct Shared {
+    status: Mutex<ReadModelStatus>,
+    progressed: Condvar,
+    stop: AtomicBool,
+    rebuild: AtomicBool,
+}
+
+/// Runs a driver on its own thread.
+struct Runner {
+    shared: Arc<Shared>,
+    store: Arc<Store>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Runner {
+    fn start<D: Driver>(
+        store: &Arc<Store>,
+        name: &str,
+        kind: RunnerKind,
+        query: Query,
+        mut driver: D,
+        options: RunnerOptions,
+    ) -> Result<Runner, ReadModelError> {
+        validate_name(name)?;
+        query
+            .validate(&store.options().limits)
+            .map_err(ReadError::from)?;
+        if !store.claim_runner(name) {
+            return Err(ReadModelError::AlreadyRunning(name.to_owned()));
+        }
+        let claim = Claim { store, name };
+        let start = driver.start(store, false)?;
+        let shared = Arc::new(Shared {
+            status: Mutex::new(ReadModelStatus {
+                name: name.to_owned(),
+                kind,
+                running: true,
+                position: driver.position(),
+                checkpoint_position: driver.checkpoint_position(),
+                head: store.head(),
+                lag: store.head().saturating_sub(driver.position()),
+                events_applied: 0,
+                checkpoints: 0,
+                effects_appended: 0,
+                rebuilds: 0,
+                resumed_from: start.after,
+                rebuilt_because: start.rebuilt_because,
+                error: None,
+            }),
+            progressed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            rebuild: AtomicBool::new(false),
+        });
+        let thread = {
+            let shared = shared.clone();
+            let store = store.clone();
+            std::thread::Builder::new()
+                .name(format!("annals-model-{name}"))
+                .spawn(move || run(&store, &shared, driver, query, start.after, options))
+                .map_err(|e| StoreError::io("start read-model thread", PathBuf::new(), 0, e))?
+        };
+        std::mem::forget(claim);
+        Ok(Runner {
+            shared,
+            store: store.clone(),
+            thread: Some(thread),
+        })
+    }
+
+    fn status(&self) -> ReadModelStatus {
+        let mut status = self.shared.status.lock().clone();
+        status.head = self.store.head();
+        status.lag = status.head.saturating_sub(status.position);
+        status
+    }
+
+    fn wait_for(&self, position: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut status = self.shared.status.lock();
+        while status.position < position {
+            if !status.running
+                || self
+                    .shared
+                    .progressed
+                    .wait_until(&mut status, deadline)
+                    .timed_out()
+            {
+                return status.position >= position;
+            }
+        }
+        true
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+            let name = self.shared.status.lock().name.clone();
+            self.store.release_runner(&name);
+        }
+    }
+}
+
+/// Releases a runner's name if starting it fails half-way.
+struct Claim<'a> {
+    store: &'a Store,
+    name: &'a str,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.store.release_runner(self.name);
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run<D: Driver>(
+    store: &Store,
+    shared: &Shared,
+    mut driver: D,
+    query: Query,
+    after: u64,
+    options: RunnerOptions,
+) {
+    let mut subscription = store.subscribe(&query, after);
+    let mut batch = Vec::with_capacity(options.batch_max);
+    let mut failures = 0u32;
+    let finish = |error: Option<String>| {
+        let mut status = shared.status.lock();
+        status.running = false;
+        if error.is_some() {
+            status.error = error;
+        }
+        shared.progressed.notify_all();
+    };
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            let error = driver.checkpoint(store, true).err().map(|e| e.to_string());
+            let mut status = shared.status.lock();
+            status.checkpoint_position = driver.checkpoint_position();
+            drop(status);
+            return finish(error);
+        }
+        if shared.rebuild.swap(false, Ordering::AcqRel) {
+            match driver.start(store, true) {
+                Ok(start) => {
+                    subscription = store.subscribe(&query, start.after);
+                    let mut status = shared.status.lock();
+                    status.rebuilds += 1;
+                    status.position = driver.position();
+                    status.checkpoint_position = driver.checkpoint_position();
+                    status.resumed_from = start.after;
+                    status.rebuilt_because = start.rebuilt_because;
+                    status.error = None;
+                }
+                Err(e) => shared.status.lock().error = Some(e.to_string()),
+            }
+        }
+        let sub = match &mut subscription {
+            Ok(sub) => sub,
+            Err(e) => return finish(Some(e.to_string())),
+        };
+        batch.clear();
+        let step = sub
+            .try_next_batch(options.batch_max, &mut batch)
+            .and_then(|n| {
+                if n == 0 {
+                    // Caught up: a good moment for a checkpoint, then wait for the head to move.
+                    if let Err(e) = driver.checkpoint(store, false) {
+                        shared.status.lock().error = Some(e.to_string());
+                    }
+                    if let Some(event) = sub.next_timeout(Some(options.poll))? {
+                        batch.push(event);
+                    }
+                }
+                Ok(())
+            });
+        if let Err(e) = step {
+            // A poisoned or closed store does not come back; stop with the reason.
+            return finish(Some(e.to_string()));
+        }
+        let position = batch
+            .last()
+            .map_or(0, Event::position)
+            .max(Subscription::position(sub));
+        if position <= driver.position() && batch.is_empty() {
+            if store.is_closed() {
+                return finish(None);
+            }
+            continue;
+        }
+        match driver
+            .apply(store, &batch, position)
+            .and_then(|()| driver.checkpoint(store, false))
+        {
+            Ok(()) => {
+                failures = 0;
+                let mut status = shared.status.lock();
+                status.events_applied += batch.len() as u64;
+                status.position = driver.position();
+                status.checkpoint_position = driver.checkpoint_position();
+                status.error = None;
+                shared.progressed.notify_all();
+            }
+            Err(e) => {
+                let fatal = matches!(
+                    &e,
+                    ReadModelError::Append(AppendError::Store(_)) | ReadModelError::Store(_)
+                ) && store.poison_reason().is_some();
+                shared.status.lock().error = Some(e.to_string());
+                if fatal || store.is_closed() {
+                    return finish(Some(e.to_string()));
+                }
+                // Retry the same events: resume after what the driver holds.
+                failures = failures.saturating_add(1);
+                std::thread::sleep(Duration::from_millis(10 << failures.min(6)));
+                subscription = store.subscribe(&query, driver.position());
+            }
+        }
+        let (checkpoints, effects) = driver.counters();
+        let mut status = shared.status.lock();
+        status.checkpoints = checkpoints;
+        status.effects_appended = effects;
+        status.checkpoint_position = driver.checkpoint_position();
+    }
+}
+
+/// Runs a [`ReadModel`]; readers take its lock briefly through [`ReadModelRunner::read`].
+pub struct ReadModelRunner<M: ReadModel> {
+    model: Arc<Mutex<M>>,
+    runner: Runner,
+}
+
+struct StateDriver<M: ReadModel> {
+    model: Arc<Mutex<M>>,
+    checkpoints: Checkpoints,
+    name: String,
+    version: u32,
+    query_hash: u32,
+    position: u64,
+    saved: u64,
+    folded_since_save: u64,
+    last_save: Instant,
+    options: RunnerOptions,
+    durable_checkpoints: bool,
+    checkpoints_written: u64,
+    scratch: Vec<u8>,
+}
+
+impl<M: ReadModel> Driver for StateDriver<M> {
+    fn start(&mut self, store: &Store, rebuild: bool) -> Result<Start, ReadModelError> {
+        let mut model = self.model.lock();
+        let reason = if rebuild {
+            Some("a rebuild was asked for".to_owned())
+        } else {
+            match self.checkpoints.load(&self.name) {
+                Ok(None) => Some("no checkpoint".to_owned()),
+                Err(ReadModelError::Damaged { reason, .. }) => {
+                    Some(format!("the checkpoint is damaged ({reason})"))
+                }
+                Err(e) => return Err(e),
+                Ok(Some(saved)) => {
+                    if saved.model_version != self.version {
+                        Some(format!(
+                            "the checkpoint is of model version {}, this is {}",
+                            saved.model_version, self.version
+                        ))
+                    } else if saved.query_hash != self.query_hash {
+                        Some("the checkpoint is of another query".to_owned())
+                    } else if saved.position > store.head() {
+                        Some(format!(
+                            "the checkpoint is at {} beyond the store's head {}",
+                            saved.position,
+                            store.head()
+                        ))
+                    } else if appended_at(store, saved.position)? != saved.position_appended_at_us {
+                        Some("the log no longer holds the event the checkpoint was taken at".into())
+                    } else {
+                        match model.load(&saved.state) {
+                            Ok(()) => {
+                                self.position = saved.position;
+                                self.saved = saved.position;
+                                self.folded_since_save = 0;
+                                self.last_save = Instant::now();
+                                return Ok(Start {
+                                    after: saved.position,
+                                    rebuilt_because: None,
+                                });
+                            }
+                            Err(e) => Some(format!("the checkpoint's state does not load ({e})")),
+                        }
+                    }
+                }
+            }
+        };
+        model.reset();
+        self.checkpoints.remove(&self.name)?;
+        self.position = 0;
+        self.saved = 0;
+        self.folded_since_save = 0;
+        self.last_save = Instant::now();
+        Ok(Start {
+            after: 0,
+            rebuilt_because: reason,
+        })
+    }
+
+    fn apply(
+        &mut self,
+        _store: &Store,
+        events: &[Event],
+        position: u64,
+    ) -> Result<(), ReadModelError> {
+        let mut model = self.model.lock();
+        for event in events {
+            model.apply(event);
+        }
+        self.folded_since_save += events.len() as u64;
+        self.position = position;
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, store: &Store, force: bool) -> Result<(), ReadModelError> {
+        if self.position == self.saved {
+            return Ok(());
+        }
+        let due = force
+            || self.folded_since_save >= self.options.checkpoint_events
+            || self.last_save.elapsed() >= self.options.checkpoint_interval;
+        // A checkpoint must not hold an event the log could still lose: in D2 wait until the
+        // background commit has synced it.
+        if !due || (self.durable_checkpoints && store.synced() < self.position) {
+            return Ok(());
+        }
+        let position_appended_at_us = appended_at(store, self.position)?;
+        self.scratch.clear();
+        let position = {
+            let model = self.model.lock();
+            model.save(&mut self.scratch);
+            self.position
+        };
+        let saved = SavedCheckpoint {
+            name: self.name.clone(),
+            model_version: self.version,
+            query_hash: self.query_hash,
+            position,
+            position_appended_at_us,
+            saved_at_us: now_us(),
+            state: std::mem::take(&mut self.scratch),
+            state_bytes: 0,
+        };
+        let written = self.checkpoints.save(&saved);
+        self.scratch = saved.state;
+        written?;
+        self.saved = position;
+        self.checkpoints_written += 1;
+        self.folded_since_save = 0;
+        self.last_save = Instant::now();
+        Ok(())
+    }
+
+    fn position(&self) -> u64 {
+        self.position
+    }
+
+    fn checkpoint_position(&self) -> u64 {
+        self.saved
+    }
+
+    fn counters(&self) -> (u64, u64) {
+        (self.checkpoints_written, 0)
+    }
+}
+
+impl<M: ReadModel> ReadModelRunner<M> {
+    /// Loads the model's checkpoint (or rebuilds it from the first event when there is none or
+    /// it does not fit) and follows the store on a thread of its own. Checkpoints live in the
+    /// store's data directory, under [`CHECKPOINT_DIR`].
+    pub fn start(
+        store: &Arc<Store>,
+        model: M,
+        options: RunnerOptions,
+    ) -> Result<Self, ReadModelError> {
+        let name = model.name().to_owned();
+        validate_name(&name)?;
+        let query = model.query();
+        let driver = StateDriver {
+            name: name.clone(),
+            version: model.version(),
+            query_hash: query_hash(&query),
+            model: Arc::new(Mutex::new(model)),
+            checkpoints: Checkpoints {
+                io: store.io(),
+                dir: store.dir().join(CHECKPOINT_DIR),
+            },
+            position: 0,
+            saved: 0,
+            folded_since_save: 0,
+            last_save: Instant::now(),
+            options: options.clone(),
+            durable_checkpoints: matches!(
+                store.durability(),
+                Durability::Synced | Durability::SyncedLater
+            ),
+            checkpoints_written: 0,
+            scratch: Vec::new(),
+        };
+        let model = driver.model.clone();
+        let runner = Runner::start(store, &name, RunnerKind::State, query, driver, options)?;
+        Ok(ReadModelRunner { model, runner })
+    }
+
+    /// Reads the model under its lock (held only for `f`; the runner waits meanwhile).
+    pub fn read<T>(&self, f: impl FnOnce(&M) -> T) -> T {
+        f(&self.model.lock())
+    }
+
+    pub fn status(&self) -> ReadModelStatus {
+        self.runner.status()
+    }
+
+    /// Waits until the model reflects every matching event at or below `position` (for
+    /// read-your-writes after an append). False when `timeout` passed first or the runner
+    /// stopped.
+    pub fn wait_for(&self, position: u64, timeout: Duration) -> bool {
+        self.runner.wait_for(position, timeout)
+    }
+
+    /// Asks the runner to discard the checkpoint and the state and fold again from the first
+    /// event; it happens on the runner's thread, between batches.
+    pub fn rebuild(&self) {
+        self.runner.shared.rebuild.store(true, Ordering::Release);
+    }
+
+    /// Writes a last checkpoint and stops the thread.
+    pub fn stop(mut self) -> ReadModelStatus {
+        self.runner.stop();
+        self.runner.status()
+    }
+}
+
+/// Runs a [`Reactor`]: appends its effects with the reactor's tracking position.
+pub struct ReactorRunner {
+    runner: Runner,
+}
+
+struct EffectDriver<R: Reactor> {
+    reactor: R,
+    name: String,
+    position: u64,
+    recorded: u64,
+    effects: Vec<NewEvent>,
+    effects_appended: u64,
+    appends: u64,
+}
+
+impl<R: Reactor> EffectDriver<R> {
+    /// Appends `effects` with the tracking position `upto`, in D3 whatever the store's class
+    /// (but a memory-only store).
+    fn flush(&mut self, store: &Store, upto: u64) -> Result<(), ReadModelError> {
+        if self.effects.is_empty() {
+            return Ok(());
+        }
+        let options = AppendOptions {
+            require_synced: store.durability() != Durability::Memory,
+            tracking: Some(Tracking::new(self.name.clone(), upto)),
+        };
+        match store.append_with(&self.effects, None, options) {
+            Ok(_) => {
+                self.effects_appended += self.effects.len() as u64;
+                self.appends += 1;
+                self.recorded = upto;
+                self.effects.clear();
+                Ok(())
+            }
+            Err(AppendError::TrackingNotIncreasing { recorded, .. }) => {
+                // Only one runner of a name runs on a store, but a client can append with
+                // the same tracking source: what it recorded stands, these effects are
+                // dropped, and the reactor continues after it.
+                self.effects.clear();
+                self.recorded = recorded;
+                self.position = self.position.max(recorded);
+                Ok(())
+            }
+            Err(e) => {
+                self.effects.clear();
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl<R: Reactor> Driver for EffectDriver<R> {
+    fn start(&mut self, store: &Store, rebuild: bool) -> Result<Start, ReadModelError> {
+        if rebuild {
+            return Err(ReadModelError::CannotRebuild(self.name.clone()));
+        }
+        self.recorded = store.tracking(&self.name).unwrap_or(0);
+        self.position = self.recorded;
+        Ok(Start {
+            after: self.recorded,
+            rebuilt_because: (self.recorded == 0).then(|| "no tracking position yet".into()),
+        })
+    }
+
+    fn apply(
+        &mut self,
+        store: &Store,
+        events: &[Event],
+        position: u64,
+    ) -> Result<(), ReadModelError> {
+        let limits = &store.options().limits;
+        let events_max = limits.events_per_append_max.max(1);
+        let bytes_max = limits.append_bytes_max / 2;
+        let mut bytes = 0usize;
+        for event in events {
+            if event.position() <= self.recorded {
+                continue;
+            }
+            let before = self.effects.len();
+            self.reactor.react(event, &mut self.effects);
+            let added: usize = self.effects[before..].iter().map(approximate_size).sum();
+            // Keep each append within the store's limits: flush what earlier events produced
+            // (tracked at the event before this one) and carry this event's effects on.
+            if before > 0 && (self.effects.len() > events_max || bytes + added > bytes_max) {
+                let carried = self.effects.split_off(before);
+                self.flush(store, event.position() - 1)?;
+                if event.position() <= self.recorded {
+                    // Another runner of this name has reacted to it already.
+                    continue;
+                }
+                self.effects = carried;
+                bytes = 0;
+            }
+            bytes += added;
+        }
+        if let Some(last) = events.last() {
+            self.flush(store, last.position().max(self.recorded))?;
+        }
+        self.position = self.position.max(position);
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, _store: &Store, _force: bool) -> Result<(), ReadModelError> {
+        // The tracking position is written with each append of effects.
+        Ok(())
+    }
+
+    fn position(&self) -> u64 {
+        self.position
+    }
+
+    fn checkpoint_position(&self) -> u64 {
+        self.recorded
+    }
+
+    fn counters(&self) -> (u64, u64) {
+        (self.appends, self.effects_appended)
+    }
+}
+
+fn approximate_size(event: &NewEvent) -> usize {
+    64 + event.event_type.len()
+        + event.data.len()
+        + event.metadata.len()
+        + event.tags.iter().map(|t| t.len() + 4).sum::<usize>()
+}
+
+impl ReactorRunner {
+    /// Resumes after the reactor's tracking position in the store and follows the store on a
+    /// thread of its own.
+    pub fn start<R: Reactor>(
+        store: &Arc<Store>,
+        reactor: R,
+        options: RunnerOptions,
+    ) -> Result<Self, ReadModelError> {
+        let name = reactor.name().to_owned();
+        validate_name(&name)?;
+        let query = reactor.query();
+        let driver = EffectDriver {
+            reactor,
+            name: name.clone(),
+            position: 0,
+            recorded: 0,
+            effects: Vec::new(),
+            effects_appended: 0,
+            appends: 0,
+        };
+        let runner = Runner::start(store, &name, RunnerKind::Effects, query, driver, options)?;
+        Ok(ReactorRunner { runner })
+    }
+
+    pub fn status(&self) -> ReadModelStatus {
+        self.runner.status()
+    }
+
+    /// See [`ReadModelRunner::wait_for`].
+    pub fn wait_for(&self, position: u64, timeout: Duration) -> bool {
+        self.runner.wait_for(position, timeout)
+    }
+
+    pub fn stop(mut self) -> ReadModelStatus {
+        self.runner.stop();
+        self.runner.status()
+    }
+}
