@@ -285,7 +285,8 @@ where
     Ok(())
 }
 
-fn percent(s: &str) -> String {
+/// Percent-encodes everything but unreserved characters (for query values and path segments).
+pub(crate) fn percent(s: &str) -> String {
     let mut out = String::with_capacity(s.len() * 2);
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {

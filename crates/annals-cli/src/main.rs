@@ -5,6 +5,7 @@ mod bench_decide;
 mod bench_http;
 mod data;
 mod inspect;
+mod readmodel;
 mod remote;
 mod serve;
 
@@ -70,6 +71,9 @@ enum Command {
     ///   annals stats --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     #[command(verbatim_doc_comment)]
     Stats(inspect::StatsArgs),
+    /// Read models: status and lag, counts, rebuilds.
+    #[command(subcommand)]
+    Readmodel(readmodel::ReadModelCommand),
     /// Benchmarks; each prints one JSON object as its last line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -86,6 +90,7 @@ fn main() {
         Command::Import(args) => data::import(args),
         Command::Verify(args) => inspect::verify(args),
         Command::Stats(args) => inspect::stats(args),
+        Command::Readmodel(command) => readmodel::run(command),
         Command::Bench(command) => bench::run(command),
     };
     if let Err(message) = result {

@@ -9,6 +9,7 @@ use annals::{Durability, Limits};
 use serde::Deserialize;
 
 use crate::auth::{ApiKeys, Scopes};
+use crate::readmodels::ReadModelSpec;
 
 /// Everything `annals serve` needs to run.
 #[derive(Debug, Clone)]
@@ -26,6 +27,8 @@ pub struct Config {
     /// leaving a core to the store's writer and syncer threads. Measured on two cores: one
     /// runtime thread serves 20-35% more appends than two, which fight the writer for the CPU.
     pub worker_threads: Option<usize>,
+    /// Read models the server keeps up to date (see [`crate::readmodels`]).
+    pub read_models: Vec<ReadModelSpec>,
 }
 
 impl Config {
@@ -96,6 +99,7 @@ impl Default for Config {
             tls: None,
             limits: ServerLimits::default(),
             worker_threads: None,
+            read_models: Vec::new(),
         }
     }
 }
@@ -115,6 +119,10 @@ impl Default for Config {
 /// [limits]
 /// body_bytes_max = 16777216
 /// event_bytes_max = 1048576
+/// [[read_models]]
+/// name = "seats-by-course"
+/// types = ["StudentEnrolled"]
+/// group_by = "course:"
 /// ```
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -131,6 +139,8 @@ pub struct ConfigFile {
     pub worker_threads: Option<usize>,
     #[serde(default)]
     pub limits: LimitsFile,
+    #[serde(default)]
+    pub read_models: Vec<ReadModelSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,6 +219,18 @@ impl Config {
             self.worker_threads = Some(n.max(1));
         }
         self.limits.apply(&file.limits);
+        for spec in file.read_models {
+            spec.validate()
+                .map_err(|e| format!("config file {}: {e}", path.display()))?;
+            if self.read_models.iter().any(|s| s.name == spec.name) {
+                return Err(format!(
+                    "config file {}: read model {:?} is declared twice",
+                    path.display(),
+                    spec.name
+                ));
+            }
+            self.read_models.push(spec);
+        }
         Ok(())
     }
 

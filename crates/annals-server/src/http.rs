@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use annals::{AppendError, Event, InputError, NewEvent, ReadError, ReadIter, StoreError};
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -44,6 +44,12 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/subscribe", get(subscribe))
         .route("/v1/tracking", get(tracking))
         .route("/v1/admin/check", get(check))
+        .route("/v1/readmodels", get(read_models))
+        .route("/v1/readmodels/{name}", get(read_model))
+        .route(
+            "/v1/admin/readmodels/{name}/rebuild",
+            post(rebuild_read_model),
+        )
         .route("/v1/openapi.json", get(openapi))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -636,6 +642,118 @@ async fn check(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respon
     }
 }
 
+/// Every read model's status: position, checkpoint, head, lag, counters.
+async fn read_models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let started = Instant::now();
+    let result = authorize(&state, &headers, Scopes::READ).map(|()| {
+        let body = serde_json::json!({ "readModels": state.read_models.statuses() });
+        json_response(StatusCode::OK, body.to_string())
+    });
+    finish(&state, Op::ReadModel, started, result)
+}
+
+/// Longest wait a client may ask for with `waitMs`.
+const READ_MODEL_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// One read model: its status, total and number of keys; with `key`, that key's count; with
+/// `minPosition`, waits (up to `waitMs`) until the model has reached that position, for
+/// reading one's own writes, and answers 504 with the status if it has not.
+async fn read_model(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    uri: http::Uri,
+) -> Response {
+    let started = Instant::now();
+    let result = read_model_inner(&state, &name, &headers, uri.query().unwrap_or("")).await;
+    finish(&state, Op::ReadModel, started, result)
+}
+
+async fn read_model_inner(
+    state: &AppState,
+    name: &str,
+    headers: &HeaderMap,
+    query: &str,
+) -> Result<Response, ApiError> {
+    authorize(state, headers, Scopes::READ)?;
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct ModelParams {
+        key: Option<String>,
+        min_position: Option<u64>,
+        wait_ms: Option<u64>,
+    }
+    let params: ModelParams = serde_urlencoded::from_str(query).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_parameter",
+            format!("query string: {e} (expected key, minPosition, waitMs)"),
+        )
+    })?;
+    let unknown = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_read_model",
+            format!("no read model named {name:?}; GET /v1/readmodels lists them"),
+        )
+    };
+    let mut reached = true;
+    if let Some(wanted) = params.min_position {
+        let wait = Duration::from_millis(params.wait_ms.unwrap_or(0)).min(READ_MODEL_WAIT_MAX);
+        let deadline = Instant::now() + wait;
+        let mut shutdown = state.shutdown.clone();
+        loop {
+            let position = state.read_models.position(name).ok_or_else(unknown)?;
+            if position >= wanted {
+                break;
+            }
+            let stopping = *shutdown.borrow();
+            if Instant::now() >= deadline || stopping {
+                reached = false;
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+    let view = state
+        .read_models
+        .get(name, params.key.as_deref())
+        .ok_or_else(unknown)?;
+    let status = if reached {
+        StatusCode::OK
+    } else {
+        StatusCode::GATEWAY_TIMEOUT
+    };
+    Ok(json_response(
+        status,
+        serde_json::to_string(&view).expect("a view serializes"),
+    ))
+}
+
+/// Asks a read model to fold again from the first event (admin scope); answers 202 at once.
+async fn rebuild_read_model(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let started = Instant::now();
+    let result = authorize(&state, &headers, Scopes::ADMIN).and_then(|()| {
+        if state.read_models.rebuild(&name) {
+            let body = serde_json::json!({ "name": name, "rebuilding": true });
+            Ok(json_response(StatusCode::ACCEPTED, body.to_string()))
+        } else {
+            Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_read_model",
+                format!("no read model named {name:?}; GET /v1/readmodels lists them"),
+            ))
+        }
+    });
+    finish(&state, Op::ReadModel, started, result)
+}
+
 async fn openapi(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     if let Err(e) = authorize(&state, &headers, Scopes::READ) {
         return e.into_response();
@@ -665,7 +783,8 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     if let Err(e) = authorize(&state, &headers, Scopes::ADMIN) {
         return e.into_response();
     }
-    let text = state.metrics.render(&state.store.stats());
+    let mut text = state.metrics.render(&state.store.stats());
+    crate::metrics::render_read_models(&mut text, &state.read_models.statuses());
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
         CONTENT_TYPE,

@@ -12,6 +12,7 @@ mod grpc;
 mod http;
 pub mod metrics;
 mod openapi;
+pub mod readmodels;
 mod serve;
 pub mod wire;
 
@@ -27,12 +28,14 @@ use tokio::sync::watch;
 
 pub use config::{Config, ServerLimits, TlsFiles};
 pub use metrics::Metrics;
+pub use readmodels::{HostedModels, ReadModelSpec};
 
 /// What the request handlers share.
 pub(crate) struct AppState {
     pub store: Arc<Store>,
     pub config: Config,
     pub metrics: Arc<Metrics>,
+    pub read_models: Arc<HostedModels>,
     /// Turns true when the server starts shutting down; ends subscriptions.
     pub shutdown: watch::Receiver<bool>,
 }
@@ -78,6 +81,7 @@ pub struct Server {
     pub http_addr: SocketAddr,
     pub grpc_addr: Option<SocketAddr>,
     pub store: Arc<Store>,
+    read_models: Arc<HostedModels>,
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     drain_timeout: Duration,
@@ -112,10 +116,18 @@ impl Server {
         };
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let metrics = Arc::new(Metrics::default());
+        let read_models = {
+            let (store, specs) = (store.clone(), config.read_models.clone());
+            tokio::task::spawn_blocking(move || HostedModels::start(&store, &specs))
+                .await
+                .map_err(|e| e.to_string())??
+        };
+        let read_models = Arc::new(read_models);
         let state = Arc::new(AppState {
             store: store.clone(),
             config: config.clone(),
             metrics,
+            read_models: read_models.clone(),
             shutdown: shutdown_rx.clone(),
         });
         let http_listener = tokio::net::TcpListener::bind(config.http_listen)
@@ -146,6 +158,7 @@ impl Server {
             http_addr,
             grpc_addr,
             store,
+            read_models,
             shutdown_tx,
             tasks,
             drain_timeout: config.limits.drain_timeout,
@@ -167,6 +180,15 @@ impl Server {
             .is_err()
         {
             eprintln!("annals: shutdown: some connections did not finish in time; closing anyway");
+        }
+        // Read models write a last checkpoint and let go of the store.
+        let models = self.read_models.clone();
+        if let Ok(stopped) = tokio::task::spawn_blocking(move || models.stop()).await {
+            for (name, error) in stopped {
+                if let Some(error) = error {
+                    eprintln!("annals: shutdown: read model {name}: {error}");
+                }
+            }
         }
         let mut store = self.store;
         // Handlers still holding the store drop it as they finish.

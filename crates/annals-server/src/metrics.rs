@@ -20,10 +20,18 @@ pub enum Op {
     Head,
     Subscribe,
     Tracking,
+    ReadModel,
 }
 
 const APIS: [Api; 2] = [Api::Http, Api::Grpc];
-const OPS: [Op; 5] = [Op::Append, Op::Read, Op::Head, Op::Subscribe, Op::Tracking];
+const OPS: [Op; 6] = [
+    Op::Append,
+    Op::Read,
+    Op::Head,
+    Op::Subscribe,
+    Op::Tracking,
+    Op::ReadModel,
+];
 
 impl Api {
     fn name(self) -> &'static str {
@@ -42,6 +50,7 @@ impl Op {
             Op::Head => "head",
             Op::Subscribe => "subscribe",
             Op::Tracking => "tracking",
+            Op::ReadModel => "readmodel",
         }
     }
 }
@@ -58,7 +67,7 @@ struct OpMetrics {
 /// What the server counts; shared by the HTTP and gRPC front ends.
 #[derive(Default)]
 pub struct Metrics {
-    ops: [[OpMetrics; 5]; 2],
+    ops: [[OpMetrics; OPS.len()]; APIS.len()],
     events_read: AtomicU64,
     subscribers: AtomicI64,
     connections: AtomicI64,
@@ -369,4 +378,64 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &HistogramSnapshot, 
     };
     let _ = writeln!(out, "{name}_sum{braces} {}", h.sum as f64 * scale);
     let _ = writeln!(out, "{name}_count{braces} {}", h.count);
+}
+
+/// The read models' gauges and counters, labelled by name.
+pub fn render_read_models(out: &mut String, models: &[crate::readmodels::ModelView]) {
+    type Field = fn(&crate::readmodels::ModelView) -> u64;
+    let series: [(&str, &str, &str, Field); 7] = [
+        (
+            "annals_readmodel_position",
+            "gauge",
+            "Every matching event at or below this position is folded.",
+            |m| m.status.position,
+        ),
+        (
+            "annals_readmodel_checkpoint_position",
+            "gauge",
+            "The position of the read model's durable checkpoint.",
+            |m| m.status.checkpoint_position,
+        ),
+        (
+            "annals_readmodel_lag",
+            "gauge",
+            "Store positions the read model has still to scan (head - position).",
+            |m| m.status.lag,
+        ),
+        (
+            "annals_readmodel_events_applied_total",
+            "counter",
+            "Events folded since the server started.",
+            |m| m.status.events_applied,
+        ),
+        (
+            "annals_readmodel_checkpoints_total",
+            "counter",
+            "Checkpoints written since the server started.",
+            |m| m.status.checkpoints,
+        ),
+        (
+            "annals_readmodel_rebuilds_total",
+            "counter",
+            "Rebuilds asked for since the server started.",
+            |m| m.status.rebuilds,
+        ),
+        (
+            "annals_readmodel_failing",
+            "gauge",
+            "1 while the read model's last step failed (see its status for the error).",
+            |m| u64::from(m.status.error.is_some()),
+        ),
+    ];
+    for (name, kind, help, field) in series {
+        header(out, name, kind, help);
+        for model in models {
+            let _ = writeln!(
+                out,
+                "{name}{{name=\"{}\"}} {}",
+                model.status.name,
+                field(model)
+            );
+        }
+    }
 }

@@ -42,6 +42,31 @@ pub(crate) fn document() -> String {
                 "apiKey": { "type": "http", "scheme": "bearer", "description": "An API key with the scopes read, append or admin (admin implies both others). Required only when keys are configured." }
             },
             "schemas": {
+                "ReadModel": {
+                    "type": "object",
+                    "required": ["name", "kind", "running", "position", "checkpointPosition", "head", "lag"],
+                    "properties": {
+                        "name": { "type": "string" },
+                        "kind": { "enum": ["state", "effects"] },
+                        "running": { "type": "boolean" },
+                        "position": { "type": "integer", "description": "Every matching event at or below it is folded." },
+                        "checkpointPosition": { "type": "integer", "description": "Where the durable checkpoint stands; a restart resumes after it." },
+                        "head": { "type": "integer" },
+                        "lag": { "type": "integer", "description": "head - position." },
+                        "eventsApplied": { "type": "integer" },
+                        "checkpoints": { "type": "integer" },
+                        "effectsAppended": { "type": "integer" },
+                        "rebuilds": { "type": "integer" },
+                        "resumedFrom": { "type": "integer" },
+                        "rebuiltBecause": { "type": ["string", "null"] },
+                        "error": { "type": ["string", "null"] },
+                        "groupBy": { "type": ["string", "null"] },
+                        "total": { "type": "integer", "description": "Events counted." },
+                        "keyCount": { "type": "integer" },
+                        "key": { "type": "string" },
+                        "count": { "type": "integer", "description": "Events counted under key (0 when none)." }
+                    }
+                },
                 "Error": {
                     "type": "object", "required": ["error", "kind"],
                     "properties": {
@@ -197,6 +222,36 @@ pub(crate) fn document() -> String {
                         "type": "object", "required": ["ok"], "properties": {
                             "ok": { "type": "boolean" }, "head": { "type": "integer" }, "events": { "type": "integer" },
                             "problem": { "type": ["string", "null"] }, "seconds": { "type": "number" } } } } } }
+                }), auth_errors())
+            } },
+            "/v1/readmodels": { "get": {
+                "summary": "Every read model the server keeps (declared under [[read_models]] in the configuration file) with its position, checkpoint, lag and counters (scope read).",
+                "responses": merge(json!({
+                    "200": { "description": "The read models.", "content": { "application/json": { "schema": {
+                        "type": "object", "properties": { "readModels": { "type": "array", "items": { "$ref": "#/components/schemas/ReadModel" } } } } } } }
+                }), auth_errors())
+            } },
+            "/v1/readmodels/{name}": { "get": {
+                "summary": "One read model: status, total and number of keys; with key, that key's count; with minPosition, waits up to waitMs (at most 10 s) until the model has folded that position, to read one's own writes (scope read).",
+                "parameters": [
+                    { "name": "name", "in": "path", "required": true, "schema": { "type": "string" } },
+                    { "name": "key", "in": "query", "required": false, "schema": { "type": "string" } },
+                    { "name": "minPosition", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 } },
+                    { "name": "waitMs", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 } }
+                ],
+                "responses": merge(json!({
+                    "200": { "description": "The read model.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReadModel" } } } },
+                    "400": error_response("Unknown or invalid parameters."),
+                    "404": error_response("No read model of that name."),
+                    "504": { "description": "minPosition was not reached within waitMs; the body is the model as it stands.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReadModel" } } } }
+                }), auth_errors())
+            } },
+            "/v1/admin/readmodels/{name}/rebuild": { "post": {
+                "summary": "Discard a read model's checkpoint and state and fold again from the first event, in the background (scope admin).",
+                "parameters": [ { "name": "name", "in": "path", "required": true, "schema": { "type": "string" } } ],
+                "responses": merge(json!({
+                    "202": { "description": "The rebuild is under way; GET /v1/readmodels/{name} shows its progress." },
+                    "404": error_response("No read model of that name.")
                 }), auth_errors())
             } },
             "/v1/openapi.json": { "get": {
