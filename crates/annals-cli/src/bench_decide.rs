@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use annals::decide::{DecideError, Project, Projection, Retry};
-use annals::{Durability, NewEvent, Query, QueryItem, Store};
+use annals::decide::{DecideError, Retry};
+use annals::{Durability, Store};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -40,34 +40,10 @@ pub struct DecideArgs {
     durability: String,
 }
 
-/// (capacity, students subscribed) of one course.
-fn course(course: u32) -> impl Project<State = (u32, u32)> {
-    Projection::new(
-        Query::item(QueryItem::tags([format!("course:{course}")])),
-        (0u32, 0u32),
-        |s: &mut (u32, u32), e| match e.event_type() {
-            "CourseDefined" => {
-                s.0 = std::str::from_utf8(e.data())
-                    .ok()
-                    .and_then(|d| d.parse().ok())
-                    .unwrap_or(0)
-            }
-            "StudentSubscribed" => s.1 += 1,
-            _ => {}
-        },
-    )
-}
-
-/// Courses one student has joined.
-fn student(student: u32) -> impl Project<State = u32> {
-    Projection::new(
-        Query::item(
-            QueryItem::types(["StudentSubscribed"]).and_tags([format!("student:{student}")]),
-        ),
-        0u32,
-        |n: &mut u32, _| *n += 1,
-    )
-}
+/// The course-subscription decision, exactly as the example and its tests have it.
+#[path = "../../annals/examples/course_subscriptions/main.rs"]
+#[allow(dead_code)]
+mod course_subscriptions;
 
 struct RunOutcome {
     decisions_per_sec: f64,
@@ -88,13 +64,10 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
         ..annals::Options::default()
     };
     let store = Arc::new(Store::open(&dir, options).map_err(|e| e.to_string())?);
-    let defined: Vec<NewEvent> = (0..args.courses)
-        .map(|c| {
-            NewEvent::new("CourseDefined", args.capacity.to_string()).tag(format!("course:{c}"))
-        })
-        .collect();
-    for chunk in defined.chunks(1000) {
-        store.append(chunk, None).map_err(|e| e.to_string())?;
+    let course_ids: Arc<Vec<String>> = Arc::new((0..args.courses).map(|c| c.to_string()).collect());
+    for id in course_ids.iter() {
+        course_subscriptions::define_course(&store, id, args.capacity)
+            .map_err(|e| e.to_string())?;
     }
     let fsyncs_before = store.stats().fsyncs;
     let accepted = Arc::new(AtomicU64::new(0));
@@ -117,6 +90,7 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
                 until.clone(),
             );
             let (courses, students) = (args.courses, args.students);
+            let courses_ids = course_ids.clone();
             std::thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(c as u64);
                 let mut local = Histogram::<u64>::new(3).expect("histogram");
@@ -128,23 +102,15 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
                 while Instant::now() < until {
                     let (co, st) = (rng.gen_range(0..courses), rng.gen_range(0..students));
                     let started = Instant::now();
-                    let result = store.decide_and_append(
-                        &(course(co), student(st)),
-                        Retry {
-                            attempts: 100,
-                            ..Retry::default()
-                        },
-                        |((capacity, taken), joined)| {
-                            if taken >= capacity {
-                                return Err("course full");
-                            }
-                            if *joined >= 3 {
-                                return Err("student at the limit");
-                            }
-                            Ok(vec![NewEvent::new("StudentSubscribed", "")
-                                .tag(format!("course:{co}"))
-                                .tag(format!("student:{st}"))])
-                        },
+                    let retry = Retry {
+                        attempts: 100,
+                        ..Retry::default()
+                    };
+                    let result = course_subscriptions::subscribe_with(
+                        &store,
+                        &courses_ids[co as usize],
+                        &st.to_string(),
+                        retry,
                     );
                     local
                         .record(started.elapsed().as_micros().max(1) as u64)

@@ -4,44 +4,22 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use annals::decide::{DecideError, Projection, Retry};
+use annals::decide::{DecideError, Retry};
 use annals::{NewEvent, Options, Query, QueryItem, ReadOptions, Store};
 
 fn store(dir: &std::path::Path) -> Arc<Store> {
     Arc::new(Store::open(dir, Options::default()).unwrap())
 }
 
-fn tagged(tag: String) -> Query {
-    Query::item(QueryItem::tags([tag]))
-}
+#[path = "../examples/course_subscriptions/main.rs"]
+#[allow(dead_code)]
+mod course_subscriptions;
 
-/// Seats taken in a course: (defined capacity, subscriptions).
-fn course_seats(course: u32) -> impl annals::decide::Project<State = (Option<u32>, u32)> {
-    Projection::new(
-        tagged(format!("course:{course}")),
-        (None, 0u32),
-        |state: &mut (Option<u32>, u32), event| match event.event_type() {
-            "CourseDefined" => {
-                state.0 = std::str::from_utf8(event.data())
-                    .ok()
-                    .and_then(|d| d.parse().ok())
-            }
-            "StudentSubscribed" => state.1 += 1,
-            _ => {}
-        },
-    )
-}
+#[path = "../examples/invoice_numbers/main.rs"]
+#[allow(dead_code)]
+mod invoice_numbers;
 
-/// Courses a student has joined.
-fn student_courses(student: u32) -> impl annals::decide::Project<State = u32> {
-    Projection::new(
-        Query::item(
-            QueryItem::types(["StudentSubscribed"]).and_tags([format!("student:{student}")]),
-        ),
-        0u32,
-        |n: &mut u32, _| *n += 1,
-    )
-}
+use course_subscriptions::{course, student_courses, subscribe_with, Course, Refusal};
 
 /// Goal: 32 threads enrol students into courses of 10 seats, each student into at most 3
 /// courses; afterwards no course is over capacity, no student over the limit, and every
@@ -53,12 +31,7 @@ fn course_subscriptions_under_concurrency() {
     const COURSES: u32 = 8;
     const STUDENTS: u32 = 60;
     for c in 0..COURSES {
-        store
-            .append(
-                &[NewEvent::new("CourseDefined", "10").tag(format!("course:{c}"))],
-                None,
-            )
-            .unwrap();
+        course_subscriptions::define_course(&store, &c.to_string(), 10).unwrap();
     }
     let threads: Vec<_> = (0..32u32)
         .map(|t| {
@@ -68,29 +41,17 @@ fn course_subscriptions_under_concurrency() {
                 for i in 0..20u32 {
                     let student = (t * 7 + i * 13) % STUDENTS;
                     let course = (t + i * 3) % COURSES;
-                    let decision = (course_seats(course), student_courses(student));
-                    let result = store.decide_and_append(
-                        &decision,
-                        Retry {
-                            attempts: 50,
-                            ..Retry::default()
-                        },
-                        |((capacity, taken), joined)| {
-                            let capacity = capacity.ok_or("no such course")?;
-                            if *taken >= capacity {
-                                return Err("course full");
-                            }
-                            if *joined >= 3 {
-                                return Err("student at the limit");
-                            }
-                            Ok(vec![NewEvent::new("StudentSubscribed", "")
-                                .tag(format!("course:{course}"))
-                                .tag(format!("student:{student}"))])
-                        },
-                    );
-                    match result {
+                    let retry = Retry {
+                        attempts: 50,
+                        ..Retry::default()
+                    };
+                    match subscribe_with(&store, &course.to_string(), &student.to_string(), retry) {
                         Ok(_) => ok += 1,
-                        Err(DecideError::Rejected(_)) => {}
+                        Err(DecideError::Rejected(
+                            Refusal::CourseFull { .. }
+                            | Refusal::StudentAtLimit
+                            | Refusal::AlreadySubscribed,
+                        )) => {}
                         Err(e) => panic!("{e}"),
                     }
                 }
@@ -129,35 +90,19 @@ fn course_subscriptions_under_concurrency() {
 fn gapless_invoice_numbers_under_concurrency() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
-    let last_number = || {
-        Projection::last(
-            Query::item(QueryItem::types(["InvoiceCreated"])),
-            0u64,
-            |n: &mut u64, event| *n = std::str::from_utf8(event.data()).unwrap().parse().unwrap(),
-        )
-    };
     let threads: Vec<_> = (0..16)
-        .map(|_| {
+        .map(|t| {
             let store = store.clone();
             std::thread::spawn(move || {
                 let mut attempts = 0;
                 for _ in 0..500 {
-                    let decided = store
-                        .decide_and_append(
-                            &last_number(),
-                            Retry {
-                                attempts: 1000,
-                                ..Retry::default()
-                            },
-                            |last| {
-                                Ok::<_, ()>(vec![NewEvent::new(
-                                    "InvoiceCreated",
-                                    (last + 1).to_string(),
-                                )])
-                            },
-                        )
-                        .unwrap();
-                    attempts += decided.attempts;
+                    let retry = Retry {
+                        attempts: 1000,
+                        ..Retry::default()
+                    };
+                    let created =
+                        invoice_numbers::create_invoice(&store, &format!("c{t}"), retry).unwrap();
+                    attempts += created.decided.attempts;
                 }
                 attempts
             })
@@ -206,10 +151,17 @@ fn composed_projections_fold_only_their_events() {
     store
         .append(&[NewEvent::new("Unrelated", "")], None)
         .unwrap();
-    let decision = store
-        .decide(&(course_seats(1), student_courses(1)))
-        .unwrap();
-    assert_eq!(decision.state, ((Some(2), 1), 2));
+    let decision = store.decide(&(course("1"), student_courses("1"))).unwrap();
+    assert_eq!(
+        decision.state,
+        (
+            Course {
+                capacity: Some(2),
+                subscribed: 1
+            },
+            vec!["1".to_owned(), "2".to_owned()]
+        )
+    );
     assert_eq!(decision.events_read, 3, "one read over the union");
     assert_eq!(decision.condition.after, Some(4));
     // The condition fails once anything either projection reads changes, and only then.

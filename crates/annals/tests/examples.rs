@@ -281,3 +281,245 @@ mod account {
         assert_eq!(balance(&store, "b").balance, 10);
     }
 }
+
+#[path = "../examples/course_subscriptions/main.rs"]
+mod course_subscriptions;
+
+#[path = "../examples/invoice_numbers/main.rs"]
+mod invoice_numbers;
+
+mod courses {
+    use super::course_subscriptions::{
+        change_capacity, define_course, subscribe, unsubscribe, Refusal,
+    };
+    use super::*;
+    use annals::decide::DecideError;
+
+    fn defined(course: &str, capacity: u32) -> NewEvent {
+        NewEvent::new("CourseDefined", capacity.to_string()).tag(format!("course:{course}"))
+    }
+
+    fn subscribed(course: &str, student: &str) -> NewEvent {
+        NewEvent::new("StudentSubscribed", "")
+            .tag(format!("course:{course}"))
+            .tag(format!("student:{student}"))
+    }
+
+    fn refusal(outcome: super::course_subscriptions::Outcome) -> Refusal {
+        match outcome {
+            Err(DecideError::Rejected(r)) => r,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_course_is_defined_once() {
+        let store = given(&[]);
+        define_course(&store, "c1", 10).unwrap();
+        assert_eq!(types(&events_after(&store, 0)), ["CourseDefined"]);
+        assert_eq!(
+            refusal(define_course(&store, "c1", 5)),
+            Refusal::CourseExists
+        );
+        assert_eq!(events_after(&store, 1).len(), 0);
+    }
+
+    #[test]
+    fn a_student_joins_a_course_with_a_free_seat() {
+        let store = given(&[defined("c1", 2), subscribed("c1", "ada")]);
+        subscribe(&store, "c1", "bob").unwrap();
+        let new = events_after(&store, 2);
+        assert_eq!(types(&new), ["StudentSubscribed"]);
+        assert_eq!(
+            new[0].tags().collect::<Vec<_>>(),
+            ["course:c1", "student:bob"]
+        );
+    }
+
+    #[test]
+    fn a_course_that_does_not_exist_is_refused() {
+        let store = given(&[defined("c1", 2)]);
+        assert_eq!(
+            refusal(subscribe(&store, "c2", "ada")),
+            Refusal::NoSuchCourse
+        );
+    }
+
+    #[test]
+    fn a_full_course_is_refused() {
+        let store = given(&[
+            defined("c1", 2),
+            subscribed("c1", "ada"),
+            subscribed("c1", "bob"),
+        ]);
+        assert_eq!(
+            refusal(subscribe(&store, "c1", "cy")),
+            Refusal::CourseFull { capacity: 2 }
+        );
+        assert!(events_after(&store, 3).is_empty());
+    }
+
+    #[test]
+    fn joining_twice_is_refused() {
+        let store = given(&[defined("c1", 5), subscribed("c1", "ada")]);
+        assert_eq!(
+            refusal(subscribe(&store, "c1", "ada")),
+            Refusal::AlreadySubscribed
+        );
+    }
+
+    #[test]
+    fn a_fourth_course_is_refused() {
+        let store = given(&[
+            defined("c1", 5),
+            defined("c2", 5),
+            defined("c3", 5),
+            defined("c4", 5),
+            subscribed("c1", "ada"),
+            subscribed("c2", "ada"),
+            subscribed("c3", "ada"),
+        ]);
+        assert_eq!(
+            refusal(subscribe(&store, "c4", "ada")),
+            Refusal::StudentAtLimit
+        );
+        // Leaving one course makes room for another.
+        unsubscribe(&store, "c2", "ada").unwrap();
+        subscribe(&store, "c4", "ada").unwrap();
+        assert_eq!(
+            types(&events_after(&store, 7)),
+            ["StudentUnsubscribed", "StudentSubscribed"]
+        );
+    }
+
+    #[test]
+    fn leaving_frees_a_seat_and_leaving_twice_is_refused() {
+        let store = given(&[defined("c1", 1), subscribed("c1", "ada")]);
+        assert!(subscribe(&store, "c1", "bob").is_err());
+        unsubscribe(&store, "c1", "ada").unwrap();
+        assert_eq!(
+            refusal(unsubscribe(&store, "c1", "ada")),
+            Refusal::NotSubscribed
+        );
+        subscribe(&store, "c1", "bob").unwrap();
+    }
+
+    #[test]
+    fn capacity_changes_but_not_below_the_subscribed() {
+        let store = given(&[
+            defined("c1", 3),
+            subscribed("c1", "ada"),
+            subscribed("c1", "bob"),
+        ]);
+        assert_eq!(
+            refusal(change_capacity(&store, "c1", 1)),
+            Refusal::CapacityBelowSubscriptions { subscribed: 2 }
+        );
+        change_capacity(&store, "c1", 2).unwrap();
+        assert_eq!(
+            refusal(subscribe(&store, "c1", "cy")),
+            Refusal::CourseFull { capacity: 2 }
+        );
+        change_capacity(&store, "c1", 4).unwrap();
+        subscribe(&store, "c1", "cy").unwrap();
+        assert_eq!(
+            refusal(change_capacity(&store, "c9", 4)),
+            Refusal::NoSuchCourse
+        );
+    }
+
+    #[test]
+    fn racing_for_the_last_seats() {
+        let store = Arc::new(given(&[defined("c1", 5)]));
+        let outcomes = race(&store, |store, i| {
+            subscribe(store, "c1", &format!("s{i}")).is_ok()
+        });
+        assert_eq!(successes(&outcomes), 5);
+        assert_eq!(events_after(&store, 1).len(), 5);
+    }
+
+    #[test]
+    fn one_student_racing_past_the_limit() {
+        let store = Arc::new(given(
+            &(0..16)
+                .map(|c| defined(&format!("c{c}"), 10))
+                .collect::<Vec<_>>(),
+        ));
+        let outcomes = race(&store, |store, i| {
+            subscribe(store, &format!("c{i}"), "ada").is_ok()
+        });
+        assert_eq!(successes(&outcomes), 3);
+    }
+}
+
+mod invoices {
+    use super::invoice_numbers::create_invoice;
+    use super::*;
+    use annals::decide::Retry;
+
+    fn invoice(number: u64) -> NewEvent {
+        NewEvent::new("InvoiceCreated", number.to_string()).tag(format!("invoice:{number}"))
+    }
+
+    #[test]
+    fn the_first_invoice_is_number_one() {
+        let store = given(&[NewEvent::new("CustomerRegistered", "")]);
+        let created = create_invoice(&store, "c1", Retry::default()).unwrap();
+        assert_eq!(created.number, 1);
+        let new = events_after(&store, 1);
+        assert_eq!(types(&new), ["InvoiceCreated"]);
+        assert_eq!(new[0].data(), b"1");
+        assert_eq!(
+            new[0].tags().collect::<Vec<_>>(),
+            ["invoice:1", "customer:c1"]
+        );
+    }
+
+    #[test]
+    fn the_next_invoice_follows_the_last() {
+        let store = given(&[invoice(1), invoice(2), NewEvent::new("Other", "9")]);
+        assert_eq!(
+            create_invoice(&store, "c1", Retry::default())
+                .unwrap()
+                .number,
+            3
+        );
+    }
+
+    #[test]
+    fn a_condition_that_fails_is_decided_again() {
+        // A creator that read 2 as the last number meets invoice 3 appended meanwhile.
+        let store = given(&[invoice(1), invoice(2)]);
+        let stale = store
+            .decide(&super::invoice_numbers::last_number())
+            .unwrap();
+        assert_eq!(stale.state, 2);
+        create_invoice(&store, "c1", Retry::default()).unwrap();
+        assert!(store.append(&[invoice(3)], Some(&stale.condition)).is_err());
+        assert_eq!(
+            create_invoice(&store, "c2", Retry::default())
+                .unwrap()
+                .number,
+            4
+        );
+    }
+
+    #[test]
+    fn racing_creators_take_distinct_numbers() {
+        let store = Arc::new(given(&[]));
+        let mut numbers = race(&store, |store, i| {
+            create_invoice(
+                store,
+                &format!("c{i}"),
+                Retry {
+                    attempts: 100,
+                    ..Retry::default()
+                },
+            )
+            .unwrap()
+            .number
+        });
+        numbers.sort_unstable();
+        assert_eq!(numbers, (1..=16).collect::<Vec<_>>());
+    }
+}
