@@ -57,6 +57,11 @@ pub use store::{AppendOptions, IndexSource, LiveCheck, OpenReport, Stats, Store,
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};
 
+/// docs/GUIDE.md, whose examples run as doc tests so the guide stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/GUIDE.md")]
+pub struct Guide;
+
 /// File names inside a data directory, for tools and tests.
 pub mod files {
     pub use crate::checkpoint::FILE_NAME as CHECKPOINT;
