@@ -19,7 +19,7 @@ pub struct DecideArgs {
     /// Where the store lives (emptied first).
     #[arg(long, default_value = "/tmp/annals-bench-decide")]
     dir: PathBuf,
-    /// Concurrent clients (threads), each deciding one command at a time.
+    /// Concurrent clients, each deciding one command at a time.
     #[arg(long, default_value_t = 1)]
     clients: usize,
     /// Courses, each with room for --capacity students.
@@ -38,6 +38,20 @@ pub struct DecideArgs {
     runs: usize,
     #[arg(long, default_value = "d3")]
     durability: String,
+    /// How clients run: `tasks` (async tasks awaiting `decide_and_append_async` on
+    /// --runtime-threads threads, as in an async service) or `threads` (one OS thread each,
+    /// blocking in `decide_and_append`).
+    #[arg(long, value_enum, default_value = "tasks")]
+    mode: Mode,
+    /// Threads of the async runtime in `tasks` mode.
+    #[arg(long, default_value_t = 1)]
+    runtime_threads: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    Threads,
+    Tasks,
 }
 
 /// The course-subscription decision, exactly as the example and its tests have it.
@@ -70,27 +84,92 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
             .map_err(|e| e.to_string())?;
     }
     let fsyncs_before = store.stats().fsyncs;
-    let accepted = Arc::new(AtomicU64::new(0));
-    let rejected = Arc::new(AtomicU64::new(0));
-    let retries = Arc::new(AtomicU64::new(0));
-    let histogram = Arc::new(Mutex::new(
-        Histogram::<u64>::new(3).map_err(|e| e.to_string())?,
-    ));
+    let tally = Arc::new(Tally::new()?);
+    let seconds = match args.mode {
+        Mode::Threads => run_threads(args, &store, &course_ids, &tally)?,
+        Mode::Tasks => run_tasks(args, &store, &course_ids, &tally)?,
+    };
+    let fsyncs = store.stats().fsyncs - fsyncs_before;
+    let (a, r) = (
+        tally.accepted.load(Ordering::Relaxed),
+        tally.rejected.load(Ordering::Relaxed),
+    );
+    let latency_us = std::mem::replace(
+        &mut *tally.latency_us.lock().map_err(|e| e.to_string())?,
+        Histogram::new(3).map_err(|e| e.to_string())?,
+    );
+    Ok(RunOutcome {
+        decisions_per_sec: (a + r) as f64 / seconds,
+        accepted: a,
+        rejected: r,
+        retries: tally.retries.load(Ordering::Relaxed),
+        latency_us,
+        fsyncs,
+    })
+}
+
+/// Outcomes counted by every client.
+struct Tally {
+    accepted: AtomicU64,
+    rejected: AtomicU64,
+    retries: AtomicU64,
+    latency_us: Mutex<Histogram<u64>>,
+}
+
+impl Tally {
+    fn new() -> Result<Tally, String> {
+        Ok(Tally {
+            accepted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            latency_us: Mutex::new(Histogram::new(3).map_err(|e| e.to_string())?),
+        })
+    }
+
+    fn count(&self, outcome: course_subscriptions::Outcome) {
+        match outcome {
+            Ok(d) => {
+                self.accepted.fetch_add(1, Ordering::Relaxed);
+                self.retries
+                    .fetch_add(u64::from(d.attempts - 1), Ordering::Relaxed);
+            }
+            Err(DecideError::Rejected(_)) => {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => panic!("decision failed: {e}"),
+        }
+    }
+
+    fn merge(&self, local: Histogram<u64>) {
+        self.latency_us.lock().expect("histogram").add(local).ok();
+    }
+}
+
+const RETRY: Retry = Retry {
+    attempts: 100,
+    backoff: Duration::from_micros(200),
+    backoff_max: Duration::from_millis(50),
+};
+
+/// One OS thread per client, each blocking in `subscribe_with`. Returns the seconds measured.
+fn run_threads(
+    args: &DecideArgs,
+    store: &Arc<Store>,
+    course_ids: &Arc<Vec<String>>,
+    tally: &Arc<Tally>,
+) -> Result<f64, String> {
     let barrier = Arc::new(std::sync::Barrier::new(args.clients + 1));
     let until = Arc::new(Mutex::new(None::<Instant>));
     let threads: Vec<_> = (0..args.clients)
         .map(|c| {
-            let (store, accepted, rejected, retries, histogram, barrier, until) = (
+            let (store, tally, barrier, until, course_ids) = (
                 store.clone(),
-                accepted.clone(),
-                rejected.clone(),
-                retries.clone(),
-                histogram.clone(),
+                tally.clone(),
                 barrier.clone(),
                 until.clone(),
+                course_ids.clone(),
             );
-            let (courses, students) = (args.courses, args.students);
-            let courses_ids = course_ids.clone();
+            let students = args.students;
             std::thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(c as u64);
                 let mut local = Histogram::<u64>::new(3).expect("histogram");
@@ -100,33 +179,17 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
                     .expect("deadline")
                     .expect("set before the start");
                 while Instant::now() < until {
-                    let (co, st) = (rng.gen_range(0..courses), rng.gen_range(0..students));
+                    let course = &course_ids[rng.gen_range(0..course_ids.len())];
+                    let student = rng.gen_range(0..students).to_string();
                     let started = Instant::now();
-                    let retry = Retry {
-                        attempts: 100,
-                        ..Retry::default()
-                    };
-                    let result = course_subscriptions::subscribe_with(
-                        &store,
-                        &courses_ids[co as usize],
-                        &st.to_string(),
-                        retry,
-                    );
+                    let outcome =
+                        course_subscriptions::subscribe_with(&store, course, &student, RETRY);
                     local
                         .record(started.elapsed().as_micros().max(1) as u64)
                         .ok();
-                    match result {
-                        Ok(d) => {
-                            accepted.fetch_add(1, Ordering::Relaxed);
-                            retries.fetch_add(u64::from(d.attempts - 1), Ordering::Relaxed);
-                        }
-                        Err(DecideError::Rejected(_)) => {
-                            rejected.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => panic!("decision failed: {e}"),
-                    }
+                    tally.count(outcome);
                 }
-                histogram.lock().expect("histogram").add(local).ok();
+                tally.merge(local);
             })
         })
         .collect();
@@ -137,24 +200,59 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
     for t in threads {
         t.join().map_err(|_| "a client panicked")?;
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let fsyncs = store.stats().fsyncs - fsyncs_before;
-    let (a, r) = (
-        accepted.load(Ordering::Relaxed),
-        rejected.load(Ordering::Relaxed),
-    );
-    let latency_us = std::mem::replace(
-        &mut *histogram.lock().map_err(|e| e.to_string())?,
-        Histogram::new(3).map_err(|e| e.to_string())?,
-    );
-    Ok(RunOutcome {
-        decisions_per_sec: (a + r) as f64 / seconds,
-        accepted: a,
-        rejected: r,
-        retries: retries.load(Ordering::Relaxed),
-        latency_us,
-        fsyncs,
-    })
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// One async task per client on a runtime of `--runtime-threads` threads, each awaiting
+/// `subscribe_async`: a waiting decision holds no thread. Returns the seconds measured.
+fn run_tasks(
+    args: &DecideArgs,
+    store: &Arc<Store>,
+    course_ids: &Arc<Vec<String>>,
+    tally: &Arc<Tally>,
+) -> Result<f64, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.runtime_threads.max(1))
+        .enable_time()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let until = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let started = Instant::now();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..args.clients)
+            .map(|c| {
+                let (store, tally, course_ids) = (store.clone(), tally.clone(), course_ids.clone());
+                let students = args.students;
+                tokio::spawn(async move {
+                    let mut rng = StdRng::seed_from_u64(c as u64);
+                    let mut local = Histogram::<u64>::new(3).expect("histogram");
+                    while Instant::now() < until {
+                        let course = &course_ids[rng.gen_range(0..course_ids.len())];
+                        let student = rng.gen_range(0..students).to_string();
+                        let started = Instant::now();
+                        let outcome = course_subscriptions::subscribe_async(
+                            &store,
+                            course,
+                            &student,
+                            RETRY,
+                            tokio::time::sleep,
+                        )
+                        .await;
+                        local
+                            .record(started.elapsed().as_micros().max(1) as u64)
+                            .ok();
+                        tally.count(outcome);
+                    }
+                    tally.merge(local);
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.map_err(|e| format!("a client failed: {e}"))?;
+        }
+        Ok::<(), String>(())
+    })?;
+    Ok(started.elapsed().as_secs_f64())
 }
 
 pub fn run(args: DecideArgs) -> Result<Value, String> {
@@ -175,6 +273,10 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
         "bench": "decide",
         "workload": "course subscription: two projections, one read, one conditional append",
         "clients": args.clients,
+        "mode": match args.mode {
+            Mode::Threads => "threads: one OS thread per client".to_owned(),
+            Mode::Tasks => format!("tasks: async clients on {} runtime thread(s)", args.runtime_threads.max(1)),
+        },
         "courses": args.courses,
         "students": args.students,
         "durability": durability.label(),

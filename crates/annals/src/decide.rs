@@ -33,7 +33,7 @@
 
 use std::time::Duration;
 
-use crate::error::{AppendError, ReadError};
+use crate::error::{AppendError, InputError, ReadError};
 use crate::event::{Event, NewEvent};
 use crate::query::{AppendCondition, Query, ReadOptions};
 use crate::store::Store;
@@ -239,9 +239,8 @@ impl Store {
     where
         P: Project,
     {
-        let mut backoff = retry.backoff;
-        let attempts = retry.attempts.max(1);
-        for attempt in 1..=attempts {
+        let mut backoff = Backoff::new(retry);
+        for attempt in 1..=backoff.attempts {
             let decision = self.decide(projection)?;
             let events = command(&decision.state).map_err(DecideError::Rejected)?;
             match self.append(&events, Some(&decision.condition)) {
@@ -251,17 +250,105 @@ impl Store {
                         attempts: attempt,
                     })
                 }
-                Err(AppendError::ConditionFailed { .. }) if attempt < attempts => {
-                    // Jitter keeps retrying deciders from colliding again in step.
-                    let jitter = backoff.mul_f64(0.5 + pseudo_random(attempt) * 0.5);
-                    std::thread::sleep(jitter);
-                    backoff = (backoff * 2).min(retry.backoff_max);
-                }
-                Err(AppendError::ConditionFailed { .. }) => break,
-                Err(e) => return Err(DecideError::Append(e)),
+                Err(e) => match backoff.after_failure(e, attempt)? {
+                    Some(wait) => std::thread::sleep(wait),
+                    None => break,
+                },
             }
         }
-        Err(DecideError::TooManyConflicts { attempts })
+        Err(DecideError::TooManyConflicts {
+            attempts: backoff.attempts,
+        })
+    }
+
+    /// [`Store::decide_and_append`] for async code: the append is awaited instead of blocking
+    /// the thread, so many decisions can be in flight on a few threads (the read and the fold
+    /// run on the calling task: they do no I/O). Runtime-agnostic: `sleep` is the runtime's
+    /// timer, used for the backoff, e.g. `tokio::time::sleep`. A full append queue is backed
+    /// off from like a conflict.
+    pub async fn decide_and_append_async<P, E, S, F>(
+        &self,
+        projection: &P,
+        retry: Retry,
+        mut command: impl FnMut(&P::State) -> Result<Vec<NewEvent>, E>,
+        mut sleep: S,
+    ) -> Result<Decided, DecideError<E>>
+    where
+        P: Project,
+        S: FnMut(Duration) -> F,
+        F: std::future::Future<Output = ()>,
+    {
+        let mut backoff = Backoff::new(retry);
+        let mut attempt = 0;
+        while attempt < backoff.attempts {
+            attempt += 1;
+            let Decision {
+                state, condition, ..
+            } = self.decide(projection)?;
+            let events = command(&state).map_err(DecideError::Rejected)?;
+            // Only the condition is held across the await, so the future is Send whenever
+            // the projection is Sync.
+            drop(state);
+            let appended = self
+                .append_async(&events, Some(&condition), Default::default())
+                .await;
+            match appended {
+                Ok(position) => {
+                    return Ok(Decided {
+                        position,
+                        attempts: attempt,
+                    })
+                }
+                Err(AppendError::Input(InputError::QueueFull { .. })) => {
+                    // Not an attempt: nothing was decided against a changed state.
+                    attempt -= 1;
+                    sleep(retry.backoff).await;
+                }
+                Err(e) => match backoff.after_failure(e, attempt)? {
+                    Some(wait) => sleep(wait).await,
+                    None => break,
+                },
+            }
+        }
+        Err(DecideError::TooManyConflicts {
+            attempts: backoff.attempts,
+        })
+    }
+}
+
+/// The retry policy's state: how many attempts, and the next wait.
+struct Backoff {
+    attempts: u32,
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(retry: Retry) -> Self {
+        Backoff {
+            attempts: retry.attempts.max(1),
+            next: retry.backoff,
+            max: retry.backoff_max,
+        }
+    }
+
+    /// After a failed append: the wait before the next attempt (a failed condition with
+    /// attempts left), `None` when the attempts are used up, or the error to give up with.
+    fn after_failure<E>(
+        &mut self,
+        error: AppendError,
+        attempt: u32,
+    ) -> Result<Option<Duration>, DecideError<E>> {
+        match error {
+            AppendError::ConditionFailed { .. } if attempt < self.attempts => {
+                // Jitter keeps retrying deciders from colliding again in step.
+                let wait = self.next.mul_f64(0.5 + pseudo_random(attempt) * 0.5);
+                self.next = (self.next * 2).min(self.max);
+                Ok(Some(wait))
+            }
+            AppendError::ConditionFailed { .. } => Ok(None),
+            e => Err(DecideError::Append(e)),
+        }
     }
 }
 

@@ -288,6 +288,19 @@ impl Index {
         }
     }
 
+    /// Starts loading the cache line of `position`'s location (see [`Segment::prefetch`]).
+    ///
+    /// [`Segment::prefetch`]: crate::segment::Segment::prefetch
+    #[inline]
+    pub(crate) fn prefetch_location(&self, position: u64) {
+        if let Some(slot) = position
+            .checked_sub(1)
+            .and_then(|i| self.locations.get(i as usize))
+        {
+            crate::segment::prefetch(slot);
+        }
+    }
+
     pub(crate) fn location_of(&self, position: u64) -> Option<u64> {
         self.locations
             .get(usize::try_from(position.checked_sub(1)?).ok()?)

@@ -17,6 +17,8 @@ use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
 use crate::store::Shared;
 
 const CHUNK: usize = 512;
+/// How many events ahead an indexed read prefetches entries.
+const PREFETCH_AHEAD: usize = 8;
 const SCAN_WINDOW: usize = 4 << 20;
 
 /// An iterator over the events a read matches, in read order.
@@ -263,6 +265,9 @@ impl ReadIter {
                 return Ok(None);
             };
             if let Some((position, location)) = queue.pop_front() {
+                if let Some(&(_, ahead)) = queue.get(PREFETCH_AHEAD - 1) {
+                    self.prefetch_entry(ahead);
+                }
                 return self.fetch(position, location).map(Some);
             }
             if window.is_empty() {
@@ -272,18 +277,45 @@ impl ReadIter {
             let want = (self.remaining.min(CHUNK as u64)) as usize;
             let index = self.shared.index.read();
             let chunk = index.collect(resolved, *window, want, positions);
+            // The locations of scattered events miss the cache one by one: start all the loads
+            // first, then read them.
+            for &p in positions.iter() {
+                index.prefetch_location(p);
+            }
             for &p in positions.iter() {
                 if let Some(location) = index.location_of(p) {
                     queue.push_back((p, location));
                 }
             }
             drop(index);
+            let mut ahead = [0u64; PREFETCH_AHEAD];
+            let mut count = 0;
+            for (slot, &(_, location)) in ahead.iter_mut().zip(queue.iter()) {
+                *slot = location;
+                count += 1;
+            }
             match chunk.resume {
                 Some(next) => window.start = next,
                 None => window.start = 0,
             }
             if queue.is_empty() && window.start == 0 {
                 return Ok(None);
+            }
+            for &location in &ahead[..count] {
+                self.prefetch_entry(location);
+            }
+        }
+    }
+
+    /// Starts loading the entry at `location` into the cache (see [`Segment::prefetch`]).
+    fn prefetch_entry(&mut self, location: u64) {
+        let (number, offset) = split_location(location);
+        match &self.segment {
+            Some(segment) if segment.number == number => segment.prefetch(u64::from(offset)),
+            _ => {
+                if let Ok(segment) = self.segment(number) {
+                    segment.prefetch(u64::from(offset));
+                }
             }
         }
     }

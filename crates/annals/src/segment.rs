@@ -183,6 +183,20 @@ impl Segment {
     /// Hands `f` the `len` bytes at `offset` (fewer at the end of the segment), borrowed from
     /// the map when there is one: for small fixed fields, without the reference counting of
     /// [`Segment::bytes`].
+    /// Asks the CPU to start loading the cache line at `offset` of the map (and the one before
+    /// it, where a record's header usually sits): an indexed read issues this a few events
+    /// ahead, so the cache misses of scattered events overlap instead of following each other.
+    #[inline]
+    pub(crate) fn prefetch(&self, offset: u64) {
+        if let Some(map) = &self.map {
+            let offset = offset as usize;
+            if offset < map.len() {
+                prefetch(map.as_ptr().wrapping_add(offset));
+                prefetch(map.as_ptr().wrapping_add(offset.saturating_sub(64)));
+            }
+        }
+    }
+
     pub(crate) fn peek<T>(
         &self,
         offset: u64,
@@ -229,4 +243,17 @@ impl Segment {
 pub(crate) enum SegmentOpenError {
     Io(StoreError),
     BadHeader { path: PathBuf, reason: &'static str },
+}
+
+/// A hint to load the cache line holding `address`; nothing on targets without one.
+#[inline(always)]
+pub(crate) fn prefetch<T>(address: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and never changes memory, whatever the
+    // address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(address.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = address;
 }

@@ -262,6 +262,13 @@ impl Tracking {
     }
 }
 
+/// Where the store's callback leaves an async append's outcome.
+#[derive(Default)]
+struct AsyncReply {
+    result: Mutex<Option<Result<u64, AppendError>>>,
+    ready: event_listener::Event,
+}
+
 /// A durable DCB event store. See the crate documentation for a tour.
 pub struct Store {
     shared: Arc<Shared>,
@@ -549,6 +556,31 @@ impl Store {
             ReplyTo::Callback(Box::new(done)),
             false,
         )
+    }
+
+    /// Appends without blocking the calling thread: the future resolves when the append is
+    /// acknowledged (in D3, durable). Works on any async runtime. Like
+    /// [`Store::try_append_then`], it fails with [`InputError::QueueFull`] rather than wait
+    /// when the append queue is full; back off and try again.
+    pub async fn append_async(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+    ) -> Result<u64, AppendError> {
+        let slot = Arc::new(AsyncReply::default());
+        let filled = slot.clone();
+        self.try_append_then(events, condition, options, move |result| {
+            *filled.result.lock() = Some(result);
+            filled.ready.notify(usize::MAX);
+        })?;
+        loop {
+            let listener = slot.ready.listen();
+            if let Some(result) = slot.result.lock().take() {
+                return result;
+            }
+            listener.await;
+        }
     }
 
     fn submit(

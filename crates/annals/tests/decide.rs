@@ -183,3 +183,73 @@ fn composed_projections_fold_only_their_events() {
         .append(&[NewEvent::new("X", "")], Some(&decision.condition))
         .is_err());
 }
+
+/// Goal: the async decision loop keeps the same guarantees with many decisions in flight on
+/// one thread: 200 tasks enrol into 4 courses of 10 seats, each student into at most 3; no
+/// course over capacity, no student over the limit, every success exactly one event.
+#[test]
+fn async_decisions_on_one_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    for c in 0..4 {
+        course_subscriptions::define_course(&store, &c.to_string(), 10).unwrap();
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let successes: u32 = runtime.block_on(async {
+        let tasks: Vec<_> = (0..200u32)
+            .map(|t| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let retry = Retry {
+                        attempts: 100,
+                        ..Retry::default()
+                    };
+                    let course = (t % 4).to_string();
+                    let student = (t % 15).to_string();
+                    let outcome = course_subscriptions::subscribe_async(
+                        &store,
+                        &course,
+                        &student,
+                        retry,
+                        tokio::time::sleep,
+                    )
+                    .await;
+                    match outcome {
+                        Ok(_) => 1,
+                        Err(DecideError::Rejected(_)) => 0,
+                        Err(e) => panic!("{e}"),
+                    }
+                })
+            })
+            .collect();
+        let mut sum = 0;
+        for task in tasks {
+            sum += task.await.unwrap();
+        }
+        sum
+    });
+    let mut per_course: HashMap<String, u32> = HashMap::new();
+    let mut per_student: HashMap<String, u32> = HashMap::new();
+    let mut events = 0;
+    for event in store
+        .read(
+            &Query::item(QueryItem::types(["StudentSubscribed"])),
+            ReadOptions::forwards(),
+        )
+        .unwrap()
+    {
+        let event = event.unwrap();
+        events += 1;
+        let tags: Vec<&str> = event.tags().collect();
+        *per_course.entry(tags[0].to_string()).or_default() += 1;
+        *per_student.entry(tags[1].to_string()).or_default() += 1;
+    }
+    assert_eq!(events, successes);
+    assert!(per_course.values().all(|&n| n <= 10), "{per_course:?}");
+    assert!(per_student.values().all(|&n| n <= 3), "{per_student:?}");
+    // 15 students x 3 courses could take 45 seats; there are 40, and nearly all fill.
+    assert!(successes >= 35, "too few enrolments: {per_course:?}");
+}

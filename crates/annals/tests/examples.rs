@@ -429,6 +429,25 @@ mod courses {
     }
 
     #[test]
+    fn the_async_command_decides_alike() {
+        use super::course_subscriptions::subscribe_async;
+        let store = given(&[defined("c1", 1)]);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let retry = annals::decide::Retry::default();
+        runtime.block_on(async {
+            subscribe_async(&store, "c1", "ada", retry, tokio::time::sleep)
+                .await
+                .unwrap();
+            let full = subscribe_async(&store, "c1", "bob", retry, tokio::time::sleep).await;
+            assert_eq!(refusal(full), Refusal::CourseFull { capacity: 1 });
+        });
+        assert_eq!(types(&events_after(&store, 1)), ["StudentSubscribed"]);
+    }
+
+    #[test]
     fn racing_for_the_last_seats() {
         let store = Arc::new(given(&[defined("c1", 5)]));
         let outcomes = race(&store, |store, i| {

@@ -141,21 +141,52 @@ pub fn subscribe(store: &Store, course_id: &str, student: &str) -> Outcome {
 /// [`subscribe`] with a chosen retry policy.
 pub fn subscribe_with(store: &Store, course_id: &str, student: &str, retry: Retry) -> Outcome {
     let decision = (course(course_id), student_courses(student));
-    store.decide_and_append(&decision, retry, |(course, joined)| {
-        let capacity = course.capacity.ok_or(Refusal::NoSuchCourse)?;
-        if joined.iter().any(|c| c == course_id) {
-            return Err(Refusal::AlreadySubscribed);
-        }
-        if course.subscribed >= capacity {
-            return Err(Refusal::CourseFull { capacity });
-        }
-        if joined.len() >= STUDENT_COURSE_LIMIT {
-            return Err(Refusal::StudentAtLimit);
-        }
-        Ok(vec![NewEvent::new("StudentSubscribed", "")
-            .tag(course_tag(course_id))
-            .tag(student_tag(student))])
-    })
+    store.decide_and_append(&decision, retry, |state| rule(state, course_id, student))
+}
+
+/// The subscription rule, on the two projections' states.
+fn rule(
+    (course, joined): &(Course, Vec<String>),
+    course_id: &str,
+    student: &str,
+) -> Result<Vec<NewEvent>, Refusal> {
+    let capacity = course.capacity.ok_or(Refusal::NoSuchCourse)?;
+    if joined.iter().any(|c| c == course_id) {
+        return Err(Refusal::AlreadySubscribed);
+    }
+    if course.subscribed >= capacity {
+        return Err(Refusal::CourseFull { capacity });
+    }
+    if joined.len() >= STUDENT_COURSE_LIMIT {
+        return Err(Refusal::StudentAtLimit);
+    }
+    Ok(vec![NewEvent::new("StudentSubscribed", "")
+        .tag(course_tag(course_id))
+        .tag(student_tag(student))])
+}
+
+/// [`subscribe_with`] for async code: `sleep` is the runtime's timer (for the backoff), e.g.
+/// `tokio::time::sleep`.
+pub async fn subscribe_async<S, F>(
+    store: &Store,
+    course_id: &str,
+    student: &str,
+    retry: Retry,
+    sleep: S,
+) -> Outcome
+where
+    S: FnMut(std::time::Duration) -> F,
+    F: std::future::Future<Output = ()>,
+{
+    let decision = (course(course_id), student_courses(student));
+    store
+        .decide_and_append_async(
+            &decision,
+            retry,
+            |state| rule(state, course_id, student),
+            sleep,
+        )
+        .await
 }
 
 pub fn unsubscribe(store: &Store, course_id: &str, student: &str) -> Outcome {
