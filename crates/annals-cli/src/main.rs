@@ -4,6 +4,7 @@ mod bench;
 mod bench_decide;
 mod bench_http;
 mod data;
+mod exchange;
 mod inspect;
 mod readmodel;
 mod remote;
@@ -71,6 +72,9 @@ enum Command {
     ///   annals stats --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     #[command(verbatim_doc_comment)]
     Stats(inspect::StatsArgs),
+    /// The matching engine: benchmarks.
+    #[command(subcommand)]
+    Exchange(exchange::ExchangeCommand),
     /// Read models: status and lag, counts, rebuilds.
     #[command(subcommand)]
     Readmodel(readmodel::ReadModelCommand),
@@ -91,6 +95,7 @@ fn main() {
         Command::Verify(args) => inspect::verify(args),
         Command::Stats(args) => inspect::stats(args),
         Command::Readmodel(command) => readmodel::run(command),
+        Command::Exchange(command) => exchange::run(command),
         Command::Bench(command) => bench::run(command),
     };
     if let Err(message) = result {

@@ -418,39 +418,8 @@ impl Engine {
         self.done.insert(node.id, Done::Cancelled);
     }
 
-    /// Puts an order at the back of its price level (creating the level if needed).
+    /// A new resting order: a node, the back of its price level, its account's list, the maps.
     fn rest(&mut self, mut node: Node) {
-        let book = &mut self.books[node.symbol as usize];
-        let r = rank(node.side, node.price);
-        let ladder = book.ladder_mut(node.side);
-        let level_at = match ladder.ranks.binary_search_by_key(&r, |&(rank, _)| rank) {
-            Ok(i) => ladder.ranks[i].1,
-            Err(i) => {
-                let level = Level {
-                    price: node.price,
-                    total: 0,
-                    count: 0,
-                    head: NIL,
-                    tail: NIL,
-                };
-                let at = match self.free_levels.pop() {
-                    Some(at) => {
-                        self.levels[at as usize] = level;
-                        at
-                    }
-                    None => {
-                        self.levels.push(level);
-                        (self.levels.len() - 1) as u32
-                    }
-                };
-                ladder.ranks.insert(i, (r, at));
-                at
-            }
-        };
-        let level = &self.levels[level_at as usize];
-        node.level = level_at;
-        node.prev = level.tail;
-        node.next = NIL;
         let account = self.accounts.entry(node.account).or_insert((NIL, NIL));
         node.account_prev = account.1;
         node.account_next = NIL;
@@ -470,38 +439,73 @@ impl Engine {
             self.nodes[account.1 as usize].account_next = at;
         }
         account.1 = at;
+        self.live.insert(node.id, at);
+        self.clients.insert((node.account, node.client_id), node.id);
+        self.attach(at);
+    }
+
+    /// Puts a node at the back of the level of its price (creating the level if needed).
+    fn attach(&mut self, at: u32) {
+        let node = self.nodes[at as usize];
+        let ladder = self.books[node.symbol as usize].ladder_mut(node.side);
+        let r = rank(node.side, node.price);
+        let level_at = match ladder.ranks.binary_search_by_key(&r, |&(rank, _)| rank) {
+            Ok(i) => ladder.ranks[i].1,
+            Err(i) => {
+                let level = Level {
+                    price: node.price,
+                    total: 0,
+                    count: 0,
+                    head: NIL,
+                    tail: NIL,
+                };
+                let level_at = match self.free_levels.pop() {
+                    Some(level_at) => {
+                        self.levels[level_at as usize] = level;
+                        level_at
+                    }
+                    None => {
+                        self.levels.push(level);
+                        (self.levels.len() - 1) as u32
+                    }
+                };
+                ladder.ranks.insert(i, (r, level_at));
+                level_at
+            }
+        };
         let level = &mut self.levels[level_at as usize];
-        if level.tail == NIL {
+        let tail = level.tail;
+        if tail == NIL {
             level.head = at;
         } else {
-            self.nodes[level.tail as usize].next = at;
+            self.nodes[tail as usize].next = at;
         }
         level.tail = at;
         level.count += 1;
         level.total += node.leaves;
-        self.live.insert(node.id, at);
-        self.clients.insert((node.account, node.client_id), node.id);
+        let node = &mut self.nodes[at as usize];
+        node.level = level_at;
+        node.prev = tail;
+        node.next = NIL;
     }
 
-    /// Takes a resting order out of its level, its account's list and the maps, and frees its
-    /// node; removes the level if it empties.
-    fn unlink(&mut self, at: u32) {
+    /// Takes a node out of its level's queue (removing the level if it empties); the order
+    /// stays known (maps, account list).
+    fn detach(&mut self, at: u32) {
         let node = self.nodes[at as usize];
         let level_at = node.level;
-        {
-            let level = &mut self.levels[level_at as usize];
-            level.total -= node.leaves;
-            level.count -= 1;
-            if node.prev == NIL {
-                level.head = node.next;
-            } else {
-                self.nodes[node.prev as usize].next = node.next;
-            }
-            if node.next == NIL {
-                level.tail = node.prev;
-            } else {
-                self.nodes[node.next as usize].prev = node.prev;
-            }
+        let level = &mut self.levels[level_at as usize];
+        level.total -= node.leaves;
+        level.count -= 1;
+        if node.prev == NIL {
+            level.head = node.next;
+        } else {
+            self.nodes[node.prev as usize].next = node.next;
+        }
+        if node.next == NIL {
+            self.levels[level_at as usize].tail = node.prev;
+        } else {
+            self.nodes[node.next as usize].prev = node.prev;
         }
         if self.levels[level_at as usize].count == 0 {
             let ladder = self.books[node.symbol as usize].ladder_mut(node.side);
@@ -513,6 +517,11 @@ impl Engine {
             }
             self.free_levels.push(level_at);
         }
+    }
+
+    /// Forgets a detached order: out of its account's list and the maps, its node freed.
+    fn forget(&mut self, at: u32) {
+        let node = self.nodes[at as usize];
         let mut emptied = false;
         if let Some(account) = self.accounts.get_mut(&node.account) {
             if node.account_prev == NIL {
@@ -533,6 +542,12 @@ impl Engine {
         self.live.remove(&node.id);
         self.clients.remove(&(node.account, node.client_id));
         self.free_nodes.push(at);
+    }
+
+    /// Takes a resting order out of the book for good.
+    fn unlink(&mut self, at: u32) {
+        self.detach(at);
+        self.forget(at);
     }
 
     /// Why a command naming `id` cannot touch it, when it is not live.
@@ -594,8 +609,9 @@ impl Engine {
         }
         out.push(Report::Amended { id, price, qty });
         // Out of the queue, then in again as a taker at the new price: it may trade, and what
-        // is left goes to the back of its level.
-        self.unlink(at);
+        // is left goes to the back of its level. The order keeps its node, its place in its
+        // account's list and its map entries.
+        self.detach(at);
         let taken = self.take(
             time,
             node.symbol,
@@ -609,16 +625,19 @@ impl Engine {
         );
         match taken {
             Taken::Filled => {
+                self.forget(at);
                 self.done.insert(id, Done::Filled);
             }
             Taken::Cancelled => {
+                self.forget(at);
                 self.done.insert(id, Done::Cancelled);
             }
-            Taken::Open(leaves) => self.rest(Node {
-                price,
-                leaves,
-                ..node
-            }),
+            Taken::Open(leaves) => {
+                let node = &mut self.nodes[at as usize];
+                node.price = price;
+                node.leaves = leaves;
+                self.attach(at);
+            }
         }
     }
 

@@ -20,6 +20,7 @@
 //! ```
 
 mod engine;
+pub mod scenario;
 mod types;
 
 pub use engine::Engine;

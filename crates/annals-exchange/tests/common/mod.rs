@@ -20,6 +20,8 @@ struct Resting {
     stp: Stp,
     /// Arrival in the queue: lower goes first at a price.
     seq: u64,
+    /// When the order was placed: cancel-all goes in this order.
+    placed: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +138,7 @@ impl Reference {
                     .live
                     .iter()
                     .filter(|o| o.account == account && symbol.is_none_or(|s| s == o.symbol))
-                    .map(|o| (o.seq, o.id))
+                    .map(|o| (o.placed, o.id))
                     .collect();
                 mine.sort();
                 for (_, id) in mine {
@@ -236,6 +238,7 @@ impl Reference {
                         post_only: p.kind == Kind::PostOnly,
                         stp: p.stp,
                         seq: self.seq,
+                        placed: self.seq,
                     });
                 }
                 _ => {
