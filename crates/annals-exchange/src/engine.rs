@@ -144,7 +144,9 @@ impl Engine {
         }
     }
 
-    /// Reserves room for `orders` live orders, so that a run of that size allocates nothing.
+    /// Reserves room for `orders` live orders at once, so that a book of that size allocates
+    /// nothing more. Size it to the live orders expected, not to the messages: a larger table
+    /// only spreads the same orders over more cache lines.
     pub fn reserve(&mut self, orders: usize) {
         self.nodes.reserve(orders);
         self.levels.reserve(orders.min(1 << 20));

@@ -56,7 +56,14 @@ pub fn generate(name: &str, messages: usize, seed: u64) -> Result<Scenario, Stri
     }
 }
 
-fn limit(id: OrderId, account: AccountId, side: Side, kind: Kind, price: Price, qty: Qty) -> Command {
+fn limit(
+    id: OrderId,
+    account: AccountId,
+    side: Side,
+    kind: Kind,
+    price: Price,
+    qty: Qty,
+) -> Command {
     Command::Place(Place {
         id,
         client_id: id,
@@ -77,13 +84,24 @@ fn seed50k(messages: usize, seed: u64) -> Scenario {
     let mid = 100_000;
     let out = (1..=messages as u64)
         .map(|id| {
-            let side = if rng.chance(50) { Side::Buy } else { Side::Sell };
+            let side = if rng.chance(50) {
+                Side::Buy
+            } else {
+                Side::Sell
+            };
             let offset = 1 + rng.below(500);
             let price = match side {
                 Side::Buy => mid - offset,
                 Side::Sell => mid + offset,
             };
-            limit(id, 1 + rng.below(1000), side, Kind::Limit, price, 1 + rng.below(100))
+            limit(
+                id,
+                1 + rng.below(1000),
+                side,
+                Kind::Limit,
+                price,
+                1 + rng.below(100),
+            )
         })
         .collect();
     Scenario {
@@ -110,14 +128,25 @@ fn normal(messages: usize, seed: u64) -> Scenario {
     let make = |rng: &mut Rng, mid: u64, live: &mut Vec<OrderId>, next_id: &mut u64| {
         let id = *next_id;
         *next_id += 1;
-        let side = if rng.chance(50) { Side::Buy } else { Side::Sell };
+        let side = if rng.chance(50) {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
         let offset = 1 + rng.below(250);
         let price = match side {
             Side::Buy => mid - offset,
             Side::Sell => mid + offset,
         };
         live.push(id);
-        limit(id, 1 + rng.below(accounts), side, Kind::Limit, price, 1 + rng.below(50))
+        limit(
+            id,
+            1 + rng.below(accounts),
+            side,
+            Kind::Limit,
+            price,
+            1 + rng.below(50),
+        )
     };
     let mut warmup = Vec::new();
     for _ in 0..4000 {
@@ -138,12 +167,23 @@ fn normal(messages: usize, seed: u64) -> Scenario {
         } else if roll < 12 {
             let id = next_id;
             next_id += 1;
-            let side = if rng.chance(50) { Side::Buy } else { Side::Sell };
+            let side = if rng.chance(50) {
+                Side::Buy
+            } else {
+                Side::Sell
+            };
             let price = match side {
                 Side::Buy => mid + rng.below(3),
                 Side::Sell => mid - rng.below(3),
             };
-            limit(id, 1 + rng.below(accounts), side, Kind::Ioc, price, 1 + rng.below(30))
+            limit(
+                id,
+                1 + rng.below(accounts),
+                side,
+                Kind::Ioc,
+                price,
+                1 + rng.below(30),
+            )
         } else {
             let at = rng.below(live.len() as u64) as usize;
             let id = live[at];
