@@ -200,3 +200,55 @@ fn bench_decide_json_contract() {
     assert!(last["accepted"].as_u64().unwrap() > 0);
     assert_eq!(last["durability"], "d3");
 }
+
+/// Goal: `annals exchange bench` ends with one JSON line holding the fields the issue names,
+/// its runs agree on the state hash (the same seed gives the same books), and a journaled mode
+/// that is not built yet is refused rather than faked.
+#[test]
+fn exchange_bench_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |seed: &str| {
+        let stdout = stdout_of(
+            annals()
+                .args(["exchange", "bench", "--scenario", "normal"])
+                .args(["--messages", "20000", "--runs", "2", "--seed", seed])
+                .arg("--dir")
+                .arg(dir.path()),
+        );
+        let stdout = String::from_utf8(stdout).unwrap();
+        serde_json::from_str::<serde_json::Value>(stdout.lines().last().unwrap()).unwrap()
+    };
+    let last = run("1");
+    for field in [
+        "messages_per_sec",
+        "orders_per_sec",
+        "trades",
+        "trade_ratio",
+        "resting_orders",
+        "fsyncs",
+        "fsync_floor_per_sec",
+    ] {
+        assert!(last[field].is_number(), "missing {field} in {last}");
+    }
+    for field in ["p50", "p90", "p99", "p999", "max"] {
+        assert!(last["latency_ns"][field].is_u64(), "latency_ns.{field}");
+    }
+    assert_eq!(last["scenario"], "normal");
+    assert_eq!(last["messages"], 20000);
+    assert_eq!(last["durability"], "d0");
+    assert!(last["trades"].as_u64().unwrap() > 0);
+    assert!(last["resting_orders"].as_u64().unwrap() >= 1000);
+    let ratio = last["trade_ratio"].as_f64().unwrap();
+    assert!((0.02..=0.06).contains(&ratio), "trade ratio {ratio}");
+    // Deterministic: the same seed, the same state; another seed, another.
+    assert_eq!(run("1")["state_hash"], last["state_hash"]);
+    assert_ne!(run("2")["state_hash"], last["state_hash"]);
+    let refused = annals()
+        .args(["exchange", "bench", "--durability", "d3", "--messages", "10"])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("only d0"));
+}
