@@ -244,7 +244,14 @@ fn exchange_bench_json_contract() {
     assert_eq!(run("1")["state_hash"], last["state_hash"]);
     assert_ne!(run("2")["state_hash"], last["state_hash"]);
     let refused = annals()
-        .args(["exchange", "bench", "--durability", "d3", "--messages", "10"])
+        .args([
+            "exchange",
+            "bench",
+            "--durability",
+            "d3",
+            "--messages",
+            "10",
+        ])
         .arg("--dir")
         .arg(dir.path())
         .output()
