@@ -314,18 +314,11 @@ impl Engine {
                 let next = maker.next;
                 if maker.account == account && stp != Stp::Allow {
                     match stp {
-                        Stp::CancelNewest => {
-                            out.push(Report::Cancelled {
-                                id,
-                                qty: remaining,
-                                leaves: 0,
-                                reason: CancelReason::SelfTrade,
-                            });
-                            return Taken::Cancelled;
-                        }
                         Stp::CancelOldest => self.cancel_resting(at, CancelReason::SelfTrade, out),
-                        Stp::CancelBoth => {
-                            self.cancel_resting(at, CancelReason::SelfTrade, out);
+                        Stp::CancelNewest | Stp::CancelBoth => {
+                            if stp == Stp::CancelBoth {
+                                self.cancel_resting(at, CancelReason::SelfTrade, out);
+                            }
                             out.push(Report::Cancelled {
                                 id,
                                 qty: remaining,

@@ -39,6 +39,15 @@ fn limit(id: OrderId, account: AccountId, side: Side, price: Price, qty: Qty) ->
     place(id, account, side, Kind::Limit, price, qty)
 }
 
+fn amend(id: OrderId, account: AccountId, price: Price, qty: Qty) -> Command {
+    Command::Amend {
+        id,
+        account,
+        price,
+        qty,
+    }
+}
+
 use Side::{Buy, Sell};
 
 impl Bench {
@@ -144,12 +153,7 @@ fn amend_into_a_cross_trades_at_the_makers_price_buying() {
     let mut b = bench();
     b.run(limit(1, 1, Sell, 105, 5));
     b.run(limit(2, 2, Buy, 100, 5));
-    let trades = b.trades(Command::Amend {
-        id: 2,
-        account: 2,
-        price: 107,
-        qty: 5,
-    });
+    let trades = b.trades(amend(2, 2, 107, 5));
     assert_eq!(trades, [(1, 2, 105, 5)]);
     assert!(b.engine.order(2).is_none());
 }
@@ -159,12 +163,7 @@ fn amend_into_a_cross_trades_at_the_makers_price_selling() {
     let mut b = bench();
     b.run(limit(1, 1, Buy, 95, 5));
     b.run(limit(2, 2, Sell, 100, 8));
-    let trades = b.trades(Command::Amend {
-        id: 2,
-        account: 2,
-        price: 90,
-        qty: 8,
-    });
+    let trades = b.trades(amend(2, 2, 90, 8));
     assert_eq!(trades, [(1, 2, 95, 5)]);
     // The rest of the amended order rests at its new price.
     assert_eq!(b.queue(Sell), [(2, 90, 3)]);
@@ -177,33 +176,13 @@ fn repricing_one_of_two_keeps_the_others_priority() {
     b.run(limit(2, 2, Sell, 100, 5));
     b.run(limit(3, 3, Sell, 100, 5));
     // 1 moves away and back: it loses its place; 2 and 3 keep theirs.
-    b.run(Command::Amend {
-        id: 1,
-        account: 1,
-        price: 101,
-        qty: 5,
-    });
-    b.run(Command::Amend {
-        id: 1,
-        account: 1,
-        price: 100,
-        qty: 5,
-    });
+    b.run(amend(1, 1, 101, 5));
+    b.run(amend(1, 1, 100, 5));
     assert_eq!(b.queue(Sell), [(2, 100, 5), (3, 100, 5), (1, 100, 5)]);
     // A decrease in place keeps priority; an increase loses it.
-    b.run(Command::Amend {
-        id: 2,
-        account: 2,
-        price: 100,
-        qty: 4,
-    });
+    b.run(amend(2, 2, 100, 4));
     assert_eq!(b.queue(Sell)[0], (2, 100, 4));
-    b.run(Command::Amend {
-        id: 3,
-        account: 3,
-        price: 100,
-        qty: 6,
-    });
+    b.run(amend(3, 3, 100, 6));
     assert_eq!(b.queue(Sell), [(2, 100, 4), (1, 100, 5), (3, 100, 6)]);
 }
 
@@ -213,12 +192,7 @@ fn cancel_and_amend_of_a_partially_filled_order() {
     b.run(limit(1, 1, Sell, 100, 10));
     b.run(limit(2, 2, Buy, 100, 4));
     assert_eq!(b.engine.order(1).unwrap().leaves, 6);
-    let out = b.run(Command::Amend {
-        id: 1,
-        account: 1,
-        price: 100,
-        qty: 3,
-    });
+    let out = b.run(amend(1, 1, 100, 3));
     assert_eq!(
         out,
         [Report::Amended {
@@ -247,12 +221,6 @@ fn cancel_and_amend_of_done_or_unknown_orders_are_refused() {
     b.run(limit(2, 2, Buy, 100, 5)); // fills 1 and 2
     b.run(limit(3, 3, Sell, 110, 5));
     b.run(Command::Cancel { id: 3, account: 3 });
-    let amend = |id, account| Command::Amend {
-        id,
-        account,
-        price: 120,
-        qty: 1,
-    };
     for (id, account, reason) in [
         (1, 1, Reject::AlreadyFilled),
         (2, 2, Reject::AlreadyFilled),
@@ -263,7 +231,7 @@ fn cancel_and_amend_of_done_or_unknown_orders_are_refused() {
             rejected(&b.run(Command::Cancel { id, account })),
             Some(reason)
         );
-        assert_eq!(rejected(&b.run(amend(id, account))), Some(reason));
+        assert_eq!(rejected(&b.run(amend(id, account, 120, 1))), Some(reason));
     }
     b.run(limit(4, 4, Sell, 110, 5));
     assert_eq!(
@@ -405,12 +373,7 @@ fn post_only_rests_or_is_refused() {
         [Report::Accepted { id: 3 }]
     );
     // Amending it into a cross is refused and leaves it as it was.
-    let amend = Command::Amend {
-        id: 3,
-        account: 2,
-        price: 100,
-        qty: 1,
-    };
+    let amend = amend(3, 2, 100, 1);
     assert_eq!(rejected(&b.run(amend)), Some(Reject::WouldTake));
     assert_eq!(b.queue(Buy), [(3, 99, 1)]);
 }

@@ -737,12 +737,9 @@ fn run<D: Driver>(
                 shared.progressed.notify_all();
             }
             Err(e) => {
-                let fatal = matches!(
-                    &e,
-                    ReadModelError::Append(AppendError::Store(_)) | ReadModelError::Store(_)
-                ) && store.poison_reason().is_some();
                 shared.status.lock().error = Some(e.to_string());
-                if fatal || store.is_closed() {
+                // A poisoned or closed store fails every step from now on.
+                if store.poison_reason().is_some() || store.is_closed() {
                     return finish(Some(e.to_string()));
                 }
                 // Retry the same events: resume after what the driver holds.

@@ -21,6 +21,27 @@ mod invoice_numbers;
 
 use course_subscriptions::{course, student_courses, subscribe_with, Course, Refusal};
 
+/// The subscriptions in the store: how many, and how many per course and per student.
+fn subscriptions(store: &Store) -> (u32, HashMap<String, u32>, HashMap<String, u32>) {
+    let mut per_course: HashMap<String, u32> = HashMap::new();
+    let mut per_student: HashMap<String, u32> = HashMap::new();
+    let mut events = 0;
+    for event in store
+        .read(
+            &Query::item(QueryItem::types(["StudentSubscribed"])),
+            ReadOptions::forwards(),
+        )
+        .unwrap()
+    {
+        let event = event.unwrap();
+        events += 1;
+        let tags: Vec<&str> = event.tags().collect();
+        *per_course.entry(tags[0].to_string()).or_default() += 1;
+        *per_student.entry(tags[1].to_string()).or_default() += 1;
+    }
+    (events, per_course, per_student)
+}
+
 /// Goal: 32 threads enrol students into courses of 10 seats, each student into at most 3
 /// courses; afterwards no course is over capacity, no student over the limit, and every
 /// successful enrolment is exactly one event.
@@ -60,22 +81,7 @@ fn course_subscriptions_under_concurrency() {
         })
         .collect();
     let successes: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-    let mut per_course: HashMap<String, u32> = HashMap::new();
-    let mut per_student: HashMap<String, u32> = HashMap::new();
-    let mut events = 0;
-    for event in store
-        .read(
-            &Query::item(QueryItem::types(["StudentSubscribed"])),
-            ReadOptions::forwards(),
-        )
-        .unwrap()
-    {
-        let event = event.unwrap();
-        events += 1;
-        let tags: Vec<&str> = event.tags().collect();
-        *per_course.entry(tags[0].to_string()).or_default() += 1;
-        *per_student.entry(tags[1].to_string()).or_default() += 1;
-    }
+    let (events, per_course, per_student) = subscriptions(&store);
     assert_eq!(events, successes, "each success is exactly one event");
     assert!(per_course.values().all(|&n| n <= 10), "{per_course:?}");
     assert!(per_student.values().all(|&n| n <= 3), "{per_student:?}");
@@ -231,22 +237,7 @@ fn async_decisions_on_one_thread() {
         }
         sum
     });
-    let mut per_course: HashMap<String, u32> = HashMap::new();
-    let mut per_student: HashMap<String, u32> = HashMap::new();
-    let mut events = 0;
-    for event in store
-        .read(
-            &Query::item(QueryItem::types(["StudentSubscribed"])),
-            ReadOptions::forwards(),
-        )
-        .unwrap()
-    {
-        let event = event.unwrap();
-        events += 1;
-        let tags: Vec<&str> = event.tags().collect();
-        *per_course.entry(tags[0].to_string()).or_default() += 1;
-        *per_student.entry(tags[1].to_string()).or_default() += 1;
-    }
+    let (events, per_course, per_student) = subscriptions(&store);
     assert_eq!(events, successes);
     assert!(per_course.values().all(|&n| n <= 10), "{per_course:?}");
     assert!(per_student.values().all(|&n| n <= 3), "{per_student:?}");

@@ -1,6 +1,8 @@
 //! Read models and reactors: catch-up and live, checkpoints, resume, rebuild, exactly-once
 //! effects.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -298,20 +300,7 @@ fn check_receipts(store: &Store, per_event: usize) {
         .unwrap()
         .map(|e| e.unwrap().position())
         .collect();
-    let mut receipts: BTreeMap<u64, usize> = BTreeMap::new();
-    for event in store
-        .read(
-            &Query::item(QueryItem::types(["ReceiptIssued"])),
-            ReadOptions::forwards(),
-        )
-        .unwrap()
-    {
-        let event = event.unwrap();
-        let of: u64 = event.tags().next().unwrap()["enrolment:".len()..]
-            .parse()
-            .unwrap();
-        *receipts.entry(of).or_default() += 1;
-    }
+    let receipts = common::receipts_per_enrolment(store);
     assert_eq!(receipts.len(), enrolments.len());
     for position in enrolments {
         assert_eq!(

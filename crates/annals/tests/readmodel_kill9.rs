@@ -1,4 +1,5 @@
 //! A read model and a reactor killed mid-run (kill -9) and restarted.
+mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -95,20 +96,7 @@ fn read_model_survives_kill9() {
         "the restarted model differs from a fold from scratch"
     );
 
-    let mut receipts: BTreeMap<u64, u32> = BTreeMap::new();
-    for event in store
-        .read(
-            &Query::item(QueryItem::types(["ReceiptIssued"])),
-            ReadOptions::forwards(),
-        )
-        .unwrap()
-    {
-        let event = event.unwrap();
-        let of: u64 = event.tags().next().unwrap()["enrolment:".len()..]
-            .parse()
-            .unwrap();
-        *receipts.entry(of).or_default() += 1;
-    }
+    let receipts = common::receipts_per_enrolment(&store);
     let missing: Vec<_> = enrolments
         .iter()
         .filter(|p| !receipts.contains_key(p))

@@ -309,3 +309,23 @@ pub fn check_recovered(store: &Store, ledger: &Ledger) -> Result<(), String> {
 }
 
 pub mod harness;
+
+/// Receipts (`ReceiptIssued`, tagged `enrolment:<position>`, as the read-model tests'
+/// reactors write them) counted per enrolment position.
+pub fn receipts_per_enrolment(store: &Store) -> std::collections::BTreeMap<u64, usize> {
+    let mut receipts = std::collections::BTreeMap::new();
+    for event in store
+        .read(
+            &Query::item(QueryItem::types(["ReceiptIssued"])),
+            ReadOptions::forwards(),
+        )
+        .unwrap()
+    {
+        let event = event.unwrap();
+        let of: u64 = event.tags().next().unwrap()["enrolment:".len()..]
+            .parse()
+            .unwrap();
+        *receipts.entry(of).or_default() += 1;
+    }
+    receipts
+}
