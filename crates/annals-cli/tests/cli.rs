@@ -243,12 +243,39 @@ fn exchange_bench_json_contract() {
     // Deterministic: the same seed, the same state; another seed, another.
     assert_eq!(run("1")["state_hash"], last["state_hash"]);
     assert_ne!(run("2")["state_hash"], last["state_hash"]);
+    // The journaled modes end in the same books; their acknowledgements are timed, their
+    // fsyncs counted, and the journal replays to the live state.
+    let journaled = |mode: &str, messages: &str| {
+        let stdout = stdout_of(
+            annals()
+                .args(["exchange", "bench", "--scenario", "normal", "--seed", "1"])
+                .args(["--messages", messages, "--runs", "1", "--durability", mode])
+                .arg("--dir")
+                .arg(dir.path()),
+        );
+        let stdout = String::from_utf8(stdout).unwrap();
+        serde_json::from_str::<serde_json::Value>(stdout.lines().last().unwrap()).unwrap()
+    };
+    for mode in ["d3-pipelined", "d2-critical"] {
+        let result = journaled(mode, "20000");
+        assert_eq!(result["durability"], mode);
+        assert_eq!(result["state_hash"], last["state_hash"], "{mode}");
+        assert_eq!(result["replay"]["state_hash_matches"], true, "{result}");
+        assert!(result["fsyncs"].as_u64().unwrap() > 0, "{result}");
+        for field in ["p50", "p99", "max"] {
+            assert!(result["ack_latency_us"][field].is_number(), "{result}");
+        }
+    }
+    let per_order = journaled("d3-per-order", "300");
+    // One fsync per command (the warm-up is synced before the measured run).
+    assert!(per_order["fsyncs"].as_u64().unwrap() >= 300, "{per_order}");
+    assert!(per_order["commands_per_fsync"].as_f64().unwrap() <= 1.0);
     let refused = annals()
         .args([
             "exchange",
             "bench",
             "--durability",
-            "d3",
+            "d9",
             "--messages",
             "10",
         ])
@@ -257,5 +284,23 @@ fn exchange_bench_json_contract() {
         .output()
         .unwrap();
     assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("only d0"));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("unknown exchange durability"));
+    // The four modes side by side with the seed documents' figures.
+    let stdout = stdout_of(
+        annals()
+            .args(["exchange", "bench", "--compare-seed", "--messages", "2000"])
+            .args(["--runs", "1"])
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    let stdout = String::from_utf8(stdout).unwrap();
+    let table: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(table["scenario"], "seed50k");
+    let rows = table["rows"].as_array().unwrap();
+    let modes: Vec<_> = rows
+        .iter()
+        .map(|r| r["ours"]["durability"].clone())
+        .collect();
+    assert_eq!(modes, ["d0", "d3-per-order", "d2-critical", "d3-pipelined"]);
+    assert!(stdout.contains("production_safe"), "{stdout}");
 }

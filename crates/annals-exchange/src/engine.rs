@@ -12,6 +12,10 @@ use std::collections::HashMap;
 
 use crate::types::*;
 
+use crate::wire::stp_code;
+
+mod snapshot;
+
 type Map<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 const NIL: u32 = u32::MAX;
@@ -95,8 +99,59 @@ impl Book {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Done {
-    Filled,
-    Cancelled,
+    Filled = 1,
+    Cancelled = 2,
+}
+
+/// Ids per page of the done set: two bits each.
+const DONE_PAGE_IDS: u64 = 512;
+const DONE_PAGE_WORDS: usize = (DONE_PAGE_IDS as usize * 2) / 64;
+
+/// How each finished order ended, for the reason a later cancel or amend naming it is refused.
+/// Two bits per id in pages of 512 consecutive ids: ids handed out in sequence fill pages
+/// densely, and the table of pages grows by one entry per 512 orders, so it never rehashes
+/// a large table in the middle of a burst (a map of every done order did: a 13 ms stall).
+#[derive(Debug, Clone, Default)]
+struct DoneSet {
+    pages: Map<u64, Box<[u64; DONE_PAGE_WORDS]>>,
+    count: u64,
+}
+
+impl DoneSet {
+    fn slot(id: OrderId) -> (u64, usize, u32) {
+        let page = id / DONE_PAGE_IDS;
+        let bit = (id % DONE_PAGE_IDS) * 2;
+        (page, (bit / 64) as usize, (bit % 64) as u32)
+    }
+
+    fn get(&self, id: OrderId) -> Option<Done> {
+        let (page, word, shift) = Self::slot(id);
+        let bits = (self.pages.get(&page)?[word] >> shift) & 3;
+        match bits {
+            1 => Some(Done::Filled),
+            2 => Some(Done::Cancelled),
+            _ => None,
+        }
+    }
+
+    fn insert(&mut self, id: OrderId, done: Done) {
+        let (page, word, shift) = Self::slot(id);
+        let words = self
+            .pages
+            .entry(page)
+            .or_insert_with(|| Box::new([0; DONE_PAGE_WORDS]));
+        if (words[word] >> shift) & 3 == 0 {
+            self.count += 1;
+        }
+        words[word] = (words[word] & !(3 << shift)) | ((done as u64) << shift);
+    }
+
+    /// Pages in key order (for snapshots and hashes that must not depend on the table).
+    fn sorted_pages(&self) -> Vec<(u64, &[u64; DONE_PAGE_WORDS])> {
+        let mut pages: Vec<_> = self.pages.iter().map(|(&k, v)| (k, &**v)).collect();
+        pages.sort_unstable_by_key(|&(k, _)| k);
+        pages
+    }
 }
 
 /// How a taker's pass through the book ended.
@@ -118,7 +173,7 @@ pub struct Engine {
     clients: Map<(AccountId, u64), OrderId>,
     /// Each account's live orders: (first, last) of a list through the nodes.
     accounts: Map<AccountId, (u32, u32)>,
-    done: Map<OrderId, Done>,
+    done: DoneSet,
 }
 
 impl Engine {
@@ -140,7 +195,7 @@ impl Engine {
             live: Map::default(),
             clients: Map::default(),
             accounts: Map::default(),
-            done: Map::default(),
+            done: DoneSet::default(),
         }
     }
 
@@ -152,11 +207,30 @@ impl Engine {
         self.levels.reserve(orders.min(1 << 20));
         self.live.reserve(orders);
         self.clients.reserve(orders);
-        self.done.reserve(orders);
     }
 
     pub fn symbols(&self) -> usize {
         self.books.len()
+    }
+
+    /// The rules of every symbol, by symbol id.
+    pub fn specs(&self) -> Vec<SymbolSpec> {
+        self.books.iter().map(|b| b.spec).collect()
+    }
+
+    /// Adds a symbol with an empty book; returns its id.
+    pub fn add_symbol(&mut self, spec: SymbolSpec) -> SymbolId {
+        self.books.push(Book {
+            spec,
+            bids: Ladder::default(),
+            asks: Ladder::default(),
+        });
+        (self.books.len() - 1) as SymbolId
+    }
+
+    /// How many orders have finished (filled or cancelled) since the beginning.
+    pub fn done_orders(&self) -> u64 {
+        self.done.count
     }
 
     /// Applies one command at `time`, appending what happened to `out`.
@@ -182,7 +256,7 @@ impl Engine {
             return reject(out, Reject::UnknownSymbol);
         };
         let spec = book.spec;
-        if self.live.contains_key(&p.id) || self.done.contains_key(&p.id) {
+        if self.live.contains_key(&p.id) || self.done.get(p.id).is_some() {
             return reject(out, Reject::DuplicateOrderId);
         }
         if self.clients.contains_key(&(p.account, p.client_id)) {
@@ -414,7 +488,14 @@ impl Engine {
     }
 
     /// A new resting order: a node, the back of its price level, its account's list, the maps.
-    fn rest(&mut self, mut node: Node) {
+    fn rest(&mut self, node: Node) {
+        let at = self.enlist(node);
+        self.attach(at);
+    }
+
+    /// A new order's node, at the end of its account's list and in the maps (not yet in a
+    /// level).
+    fn enlist(&mut self, mut node: Node) -> u32 {
         let account = self.accounts.entry(node.account).or_insert((NIL, NIL));
         node.account_prev = account.1;
         node.account_next = NIL;
@@ -436,7 +517,7 @@ impl Engine {
         account.1 = at;
         self.live.insert(node.id, at);
         self.clients.insert((node.account, node.client_id), node.id);
-        self.attach(at);
+        at
     }
 
     /// Puts a node at the back of the level of its price (creating the level if needed).
@@ -547,7 +628,7 @@ impl Engine {
 
     /// Why a command naming `id` cannot touch it, when it is not live.
     fn not_live(&self, id: OrderId) -> Reject {
-        match self.done.get(&id) {
+        match self.done.get(id) {
             Some(Done::Filled) => Reject::AlreadyFilled,
             Some(Done::Cancelled) => Reject::AlreadyCancelled,
             None => Reject::UnknownOrder,
@@ -719,10 +800,35 @@ impl Engine {
         out
     }
 
-    /// A hash of every book (each order's id, account, client id, price and quantity, in
-    /// priority order): two engines that applied the same commands have the same hash.
+    /// A hash of everything that decides what the engine does next: every book (each order's
+    /// id, account, client id, price and quantity, in priority order), each account's orders in
+    /// placement order (cancel-all reports follow it) and how every finished order ended. Two
+    /// engines that applied the same commands have the same hash.
     pub fn state_hash(&self) -> u64 {
         let mut hash = Fnv::default();
+        let mut accounts: Vec<_> = self
+            .accounts
+            .iter()
+            .map(|(&a, &(first, _))| (a, first))
+            .collect();
+        accounts.sort_unstable();
+        for (account, first) in accounts {
+            hash.word(account);
+            let mut at = first;
+            while at != NIL {
+                let node = &self.nodes[at as usize];
+                hash.word(node.id);
+                hash.word(u64::from(node.post_only) | (stp_code(node.stp) as u64) << 8);
+                at = node.account_next;
+            }
+        }
+        hash.word(self.done.count);
+        for (page, words) in self.done.sorted_pages() {
+            hash.word(page);
+            for &word in words {
+                hash.word(word);
+            }
+        }
         for (symbol, book) in self.books.iter().enumerate() {
             hash.word(symbol as u64);
             for ladder in [&book.bids, &book.asks] {

@@ -19,9 +19,15 @@
 //! assert_eq!(engine.bbo(0).ask, Some((101, 2)));
 //! ```
 
+pub mod codec;
 mod engine;
+mod journal;
+pub mod recovery;
 pub mod scenario;
 mod types;
+mod wire;
 
 pub use engine::Engine;
+pub use journal::{ExchangeError, Mode, Released, Sequencer, SequencerOptions};
+pub use recovery::{recover, Recovered, Snapshot, Snapshots};
 pub use types::*;

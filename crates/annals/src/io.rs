@@ -89,6 +89,44 @@ pub fn read_exact_at(file: &dyn IoFile, mut buf: &mut [u8], mut offset: u64) -> 
     Ok(())
 }
 
+/// Replaces `dir/name` with `bytes` so that a crash leaves the old file or the new one whole,
+/// never a mix: written aside (`name.tmp`), synced, renamed, then the directory synced.
+/// Creates `dir` when missing. For files kept beside a log (checkpoints, snapshots).
+pub fn write_file_durably(io: &dyn Io, dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    io.create_dir_all(dir)?;
+    let temp = dir.join(format!("{name}.tmp"));
+    let file = io.open(&temp, OpenMode::Create)?;
+    file.set_len(0)?;
+    file.write_at(bytes, 0)?;
+    file.sync_data()?;
+    drop(file);
+    io.rename(&temp, &dir.join(name))?;
+    io.sync_dir(dir)
+}
+
+/// The whole content of a file, or `None` when it does not exist.
+pub fn read_file(io: &dyn Io, path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let file = match io.open(path, OpenMode::Existing) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = usize::try_from(file.len()?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "file too large"))?;
+    let mut bytes = vec![0; len];
+    read_exact_at(file.as_ref(), &mut bytes, 0)?;
+    Ok(Some(bytes))
+}
+
+/// Removes `dir/name` and syncs the directory; a missing file is not an error.
+pub fn remove_file_durably(io: &dyn Io, dir: &Path, name: &str) -> io::Result<()> {
+    match io.remove(&dir.join(name)) {
+        Ok(()) => io.sync_dir(dir),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The operating system's file system.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RealIo;

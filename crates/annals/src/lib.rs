@@ -25,6 +25,7 @@
 //! assert_eq!(events[0].event_type(), "UserRegistered");
 //! ```
 
+mod batch;
 mod checkpoint;
 pub mod decide;
 mod error;
@@ -46,6 +47,7 @@ mod subscription;
 mod verify;
 mod writer;
 
+pub use batch::{EventBatch, EventWriter};
 pub use error::{AppendError, InputError, ReadError, StoreError};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};

@@ -45,7 +45,7 @@ use serde::Serialize;
 
 use crate::error::{AppendError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
-use crate::io::{read_exact_at, Io, OpenMode};
+use crate::io::{read_file, remove_file_durably, write_file_durably, Io};
 use crate::options::Durability;
 use crate::query::{Query, ReadOptions};
 use crate::store::{AppendOptions, Store, Tracking};
@@ -303,17 +303,11 @@ impl Checkpoints {
 
     fn load(&self, name: &str) -> Result<Option<SavedCheckpoint>, ReadModelError> {
         let path = self.path(name);
-        let file = match self.io.open(&path, OpenMode::Existing) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(StoreError::io("open read-model checkpoint", &path, 0, e).into()),
+        let Some(bytes) = read_file(self.io.as_ref(), &path)
+            .map_err(|e| StoreError::io("read read-model checkpoint", &path, 0, e))?
+        else {
+            return Ok(None);
         };
-        let len = file
-            .len()
-            .map_err(|e| StoreError::io("read read-model checkpoint", &path, 0, e))?;
-        let mut bytes = vec![0; len as usize];
-        read_exact_at(file.as_ref(), &mut bytes, 0)
-            .map_err(|e| StoreError::io("read read-model checkpoint", &path, 0, e))?;
         decode(&bytes)
             .map(Some)
             .map_err(|reason| ReadModelError::Damaged {
@@ -324,39 +318,15 @@ impl Checkpoints {
     }
 
     fn save(&self, saved: &SavedCheckpoint) -> Result<(), StoreError> {
-        let path = self.path(&saved.name);
-        let temp = self.dir.join(format!("{}{EXTENSION}.tmp", saved.name));
-        let bytes = encode(saved);
-        self.io
-            .create_dir_all(&self.dir)
-            .map_err(|e| StoreError::io("create read-model directory", &self.dir, 0, e))?;
-        let file = self
-            .io
-            .open(&temp, OpenMode::Create)
-            .map_err(|e| StoreError::io("create read-model checkpoint", &temp, 0, e))?;
-        file.set_len(0)
-            .and_then(|()| file.write_at(&bytes, 0))
-            .and_then(|()| file.sync_data())
-            .map_err(|e| StoreError::io("write read-model checkpoint", &temp, 0, e))?;
-        drop(file);
-        self.io
-            .rename(&temp, &path)
-            .map_err(|e| StoreError::io("rename read-model checkpoint", &path, 0, e))?;
-        self.io
-            .sync_dir(&self.dir)
-            .map_err(|e| StoreError::io("sync read-model directory", &self.dir, 0, e))
+        let name = format!("{}{EXTENSION}", saved.name);
+        write_file_durably(self.io.as_ref(), &self.dir, &name, &encode(saved)).map_err(|e| {
+            StoreError::io("write read-model checkpoint", self.path(&saved.name), 0, e)
+        })
     }
 
     fn remove(&self, name: &str) -> Result<(), StoreError> {
-        let path = self.path(name);
-        match self.io.remove(&path) {
-            Ok(()) => self
-                .io
-                .sync_dir(&self.dir)
-                .map_err(|e| StoreError::io("sync read-model directory", &self.dir, 0, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(StoreError::io("remove read-model checkpoint", &path, 0, e)),
-        }
+        remove_file_durably(self.io.as_ref(), &self.dir, &format!("{name}{EXTENSION}"))
+            .map_err(|e| StoreError::io("remove read-model checkpoint", self.path(name), 0, e))
     }
 
     fn list(&self) -> Result<Vec<String>, StoreError> {

@@ -90,7 +90,11 @@ pub fn decode_trailer(trailer: &[u8]) -> Option<(&str, u64)> {
 }
 
 fn has_control(s: &str) -> bool {
-    s.chars().any(char::is_control)
+    if s.is_ascii() {
+        s.bytes().any(|b| b < 0x20 || b == 0x7f)
+    } else {
+        s.chars().any(char::is_control)
+    }
 }
 
 /// Validates `events` against `limits` and encodes them as a record body, with the tracking
@@ -157,24 +161,13 @@ pub fn encode_append_tracked(
 }
 
 /// Checks one event and returns its encoded length.
-fn validate_event(index: usize, event: &NewEvent, limits: &Limits) -> Result<usize, InputError> {
+pub(crate) fn validate_event(
+    index: usize,
+    event: &NewEvent,
+    limits: &Limits,
+) -> Result<usize, InputError> {
+    validate_type(index, &event.event_type, limits)?;
     let type_len = event.event_type.len();
-    if type_len == 0 {
-        return Err(InputError::EmptyType { index });
-    }
-    if type_len > limits.type_bytes_max {
-        return Err(InputError::TypeTooLong {
-            index,
-            bytes: type_len,
-            max: limits.type_bytes_max,
-        });
-    }
-    if has_control(&event.event_type) {
-        return Err(InputError::ControlCharacter {
-            what: "event type",
-            value: event.event_type.clone(),
-        });
-    }
     if event.tags.len() > limits.tags_per_event_max {
         return Err(InputError::TooManyTags {
             index,
@@ -205,6 +198,32 @@ fn validate_event(index: usize, event: &NewEvent, limits: &Limits) -> Result<usi
     Ok(ENTRY_FIXED_BYTES + id_len + type_len + tags_len + payload)
 }
 
+/// Checks an event type against the limits.
+pub(crate) fn validate_type(
+    index: usize,
+    event_type: &str,
+    limits: &Limits,
+) -> Result<(), InputError> {
+    let type_len = event_type.len();
+    if type_len == 0 {
+        return Err(InputError::EmptyType { index });
+    }
+    if type_len > limits.type_bytes_max {
+        return Err(InputError::TypeTooLong {
+            index,
+            bytes: type_len,
+            max: limits.type_bytes_max,
+        });
+    }
+    if has_control(event_type) {
+        return Err(InputError::ControlCharacter {
+            what: "event type",
+            value: event_type.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// Checks one tag against the limits (shared by appends and queries).
 pub fn validate_tag(index: usize, tag: &str, limits: &Limits) -> Result<(), InputError> {
     if tag.is_empty() {
@@ -226,7 +245,7 @@ pub fn validate_tag(index: usize, tag: &str, limits: &Limits) -> Result<(), Inpu
     Ok(())
 }
 
-fn encode_entry(body: &mut Vec<u8>, event: &NewEvent) {
+pub(crate) fn encode_entry(body: &mut Vec<u8>, event: &NewEvent) {
     let start = body.len();
     let record_offset = (HEADER_BYTES + start) as u32;
     body.extend_from_slice(&0u32.to_le_bytes()); // entry_len, patched below

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Sender, TrySendError};
 use parking_lot::{Mutex, RwLock};
 
+use crate::batch::EventBatch;
 use crate::checkpoint::{self, Mark};
 use crate::error::{AppendError, InputError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
@@ -19,7 +20,7 @@ use crate::io::{DirLock, Io, RealIo};
 use crate::options::{Durability, Options};
 use crate::query::{AppendCondition, Query, ReadOptions};
 use crate::read::ReadIter;
-use crate::record::encode_append_tracked;
+use crate::record::{encode_append_tracked, EncodedAppend};
 use crate::recovery::{self, Tail};
 use crate::segment::Segment;
 use crate::sim::SimIo;
@@ -594,13 +595,91 @@ impl Store {
         if let Some(e) = self.shared.poison_error() {
             return Err(e.into());
         }
-        let sender = self.sender.as_ref().ok_or(StoreError::Closed)?;
         let limits = &self.shared.options.limits;
         let tracking = options
             .tracking
             .as_ref()
             .map(|t| (t.source.as_str(), t.position));
         let append = encode_append_tracked(events, tracking, limits)?;
+        self.submit_encoded(append, condition, options, reply, wait_when_full)
+    }
+
+    /// An empty [`EventBatch`] checked against this store's limits.
+    pub fn batch(&self) -> EventBatch {
+        EventBatch::new(&self.shared.options.limits)
+    }
+
+    /// [`Store::batch`] with room for `bytes` of encoded events.
+    pub fn batch_with_capacity(&self, bytes: usize) -> EventBatch {
+        EventBatch::with_capacity(&self.shared.options.limits, bytes)
+    }
+
+    /// Appends the events of `batch` atomically if `condition` holds, as [`Store::append`].
+    pub fn append_batch(
+        &self,
+        batch: EventBatch,
+        condition: Option<&AppendCondition>,
+    ) -> Result<u64, AppendError> {
+        let completion = Completion::for_this_thread();
+        self.submit_batch(
+            batch,
+            condition,
+            AppendOptions::default(),
+            ReplyTo::Blocking(completion.clone()),
+            true,
+        )?;
+        completion.wait()
+    }
+
+    /// Queues the events of `batch` and returns at once, as [`Store::append_then`]: `done` is
+    /// called with the outcome on one of the store's threads. Waits while the queue is full.
+    pub fn append_batch_then(
+        &self,
+        batch: EventBatch,
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.submit_batch(
+            batch,
+            condition,
+            options,
+            ReplyTo::Callback(Box::new(done)),
+            true,
+        )
+    }
+
+    fn submit_batch(
+        &self,
+        batch: EventBatch,
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        reply: ReplyTo,
+        wait_when_full: bool,
+    ) -> Result<(), AppendError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e.into());
+        }
+        if options.tracking.is_some() {
+            return Err(StoreError::InvalidOption(
+                "an event batch carries no tracking position; append NewEvents for that".into(),
+            )
+            .into());
+        }
+        let append = batch.into_append()?;
+        self.submit_encoded(append, condition, options, reply, wait_when_full)
+    }
+
+    fn submit_encoded(
+        &self,
+        append: EncodedAppend,
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        reply: ReplyTo,
+        wait_when_full: bool,
+    ) -> Result<(), AppendError> {
+        let sender = self.sender.as_ref().ok_or(StoreError::Closed)?;
+        let limits = &self.shared.options.limits;
         let condition = match condition {
             Some(c) => {
                 c.fail_if_events_match.validate(limits)?;
@@ -829,13 +908,14 @@ impl Store {
         Ok(())
     }
 
-    /// The data directory.
-    pub(crate) fn io(&self) -> Arc<dyn Io> {
+    /// The store's I/O layer, for companions that keep files beside the log (read-model
+    /// checkpoints, exchange snapshots), so that they too run on the simulated disk in tests.
+    pub fn io(&self) -> Arc<dyn Io> {
         self.shared.io.clone()
     }
 
     /// The log is durable through this position (a lower bound).
-    pub(crate) fn synced(&self) -> u64 {
+    pub fn synced(&self) -> u64 {
         self.shared.synced.load(Ordering::Acquire)
     }
 

@@ -1,0 +1,366 @@
+//! [`EventBatch`]: events encoded into their record body as they are added, for callers that
+//! append at high rates and must not allocate per event (a journal, an importer).
+//!
+//! `Store::append` takes `&[NewEvent]`, whose type and tags are owned strings: convenient, but
+//! three or four allocations per event. A batch writes each event's type, tags and data
+//! straight into one growing buffer, in the record layout (see `record.rs`), checking each
+//! against the store's limits as it goes; appending it moves that buffer to the writer.
+//!
+//! ```
+//! use annals::{Options, Store};
+//!
+//! let store = Store::open_in_memory(Options::default()).unwrap();
+//! let mut batch = store.batch();
+//! for order in 1..=3u64 {
+//!     let mut event = batch.event("OrderPlaced").unwrap();
+//!     event.tag_fmt(format_args!("order:{order}")).unwrap();
+//!     event.tag("symbol:ABC").unwrap();
+//!     event.finish(&order.to_le_bytes()).unwrap();
+//! }
+//! assert_eq!(store.append_batch(batch, None).unwrap(), 3);
+//! ```
+
+use std::fmt::{self, Write as _};
+
+use crate::error::InputError;
+use crate::event::NewEvent;
+use crate::limits::Limits;
+use crate::record::{self, EncodedAppend, ENTRY_FIXED_BYTES, HEADER_BYTES};
+
+/// Events encoded for one append (one record): see the module documentation.
+#[derive(Debug, Clone)]
+pub struct EventBatch {
+    body: Vec<u8>,
+    count: u32,
+    has_ids: bool,
+    limits: Limits,
+}
+
+impl EventBatch {
+    /// An empty batch checked against `limits` (those of the store it will be appended to;
+    /// [`crate::Store::batch`] takes them from the store).
+    pub fn new(limits: &Limits) -> EventBatch {
+        EventBatch::with_capacity(limits, 0)
+    }
+
+    /// An empty batch with room for `bytes` of encoded events.
+    pub fn with_capacity(limits: &Limits, bytes: usize) -> EventBatch {
+        EventBatch {
+            body: Vec::with_capacity(bytes),
+            count: 0,
+            has_ids: false,
+            limits: limits.clone(),
+        }
+    }
+
+    /// Events in the batch.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The bytes the batch will take in the log (its record header included).
+    pub fn encoded_bytes(&self) -> usize {
+        HEADER_BYTES + self.body.len()
+    }
+
+    /// Whether one more event of `bytes` encoded bytes fits in the append limits.
+    pub fn has_room(&self, events: usize, bytes: usize) -> bool {
+        self.len() + events <= self.limits.events_per_append_max
+            && self.encoded_bytes() + bytes <= self.limits.append_bytes_max
+    }
+
+    /// Empties the batch, keeping its buffer.
+    pub fn clear(&mut self) {
+        self.body.clear();
+        self.count = 0;
+        self.has_ids = false;
+    }
+
+    /// Adds a [`NewEvent`] (checked as [`crate::Store::append`] checks it).
+    pub fn push(&mut self, event: &NewEvent) -> Result<(), InputError> {
+        let index = self.len();
+        let bytes = record::validate_event(index, event, &self.limits)?;
+        self.check_room(bytes)?;
+        if let Some(id) = event.id {
+            let duplicate = record::Entries::new(&self.body, self.count)
+                .trusted()
+                .any(|(_, entry, layout)| layout.id(entry) == Some(id));
+            if duplicate {
+                return Err(InputError::DuplicateId { id });
+            }
+            self.has_ids = true;
+        }
+        record::encode_entry(&mut self.body, event);
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Starts an event of `event_type`: add its tags, then [`EventWriter::finish`] it with its
+    /// data. An event dropped before it is finished leaves the batch as it was.
+    pub fn event(&mut self, event_type: &str) -> Result<EventWriter<'_>, InputError> {
+        let index = self.len();
+        record::validate_type(index, event_type, &self.limits)?;
+        self.check_room(ENTRY_FIXED_BYTES + event_type.len())?;
+        let start = self.body.len();
+        let record_offset = (HEADER_BYTES + start) as u32;
+        self.body.extend_from_slice(&0u32.to_le_bytes()); // entry_len
+        self.body.extend_from_slice(&record_offset.to_le_bytes());
+        self.body
+            .extend_from_slice(&(event_type.len() as u16).to_le_bytes());
+        self.body.extend_from_slice(&0u16.to_le_bytes()); // tag_count
+        self.body.extend_from_slice(&0u32.to_le_bytes()); // data_len
+        self.body.extend_from_slice(&0u32.to_le_bytes()); // metadata_len
+        self.body.extend_from_slice(&[0, 0, 0, 0]); // flags, reserved
+        self.body.extend_from_slice(event_type.as_bytes());
+        Ok(EventWriter {
+            batch: self,
+            start,
+            tags_start: start + ENTRY_FIXED_BYTES + event_type.len(),
+            tag_count: 0,
+            finished: false,
+        })
+    }
+
+    fn check_room(&self, bytes: usize) -> Result<(), InputError> {
+        if self.len() >= self.limits.events_per_append_max {
+            return Err(InputError::TooManyEvents {
+                count: self.len() + 1,
+                max: self.limits.events_per_append_max,
+            });
+        }
+        let total = self.encoded_bytes() + bytes;
+        if total > self.limits.append_bytes_max {
+            return Err(InputError::AppendTooLarge {
+                bytes: total,
+                max: self.limits.append_bytes_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// The encoded append, its CRC computed here (in the caller's thread).
+    pub(crate) fn into_append(self) -> Result<EncodedAppend, InputError> {
+        if self.count == 0 {
+            return Err(InputError::NoEvents);
+        }
+        Ok(EncodedAppend {
+            body_crc: crc32c::crc32c(&self.body),
+            body: self.body,
+            event_count: self.count,
+            has_ids: self.has_ids,
+            trailer_len: 0,
+        })
+    }
+}
+
+/// One event being written into an [`EventBatch`].
+pub struct EventWriter<'a> {
+    batch: &'a mut EventBatch,
+    start: usize,
+    tags_start: usize,
+    tag_count: u16,
+    finished: bool,
+}
+
+impl EventWriter<'_> {
+    /// Adds a tag.
+    pub fn tag(&mut self, tag: &str) -> Result<(), InputError> {
+        self.tag_fmt(format_args!("{tag}"))
+    }
+
+    /// Adds a tag formatted in place, without an intermediate string:
+    /// `event.tag_fmt(format_args!("order:{id}"))`.
+    pub fn tag_fmt(&mut self, tag: fmt::Arguments<'_>) -> Result<(), InputError> {
+        let index = self.batch.len();
+        let limits = &self.batch.limits;
+        if usize::from(self.tag_count) >= limits.tags_per_event_max {
+            return Err(InputError::TooManyTags {
+                index,
+                count: usize::from(self.tag_count) + 1,
+                max: limits.tags_per_event_max,
+            });
+        }
+        let at = self.batch.body.len();
+        self.batch.body.extend_from_slice(&0u16.to_le_bytes());
+        let mut sink = Sink(&mut self.batch.body);
+        // Writing into a Vec cannot fail; a Display impl that fails leaves a short tag, which
+        // the checks below still judge.
+        let _ = sink.write_fmt(tag);
+        let end = self.batch.body.len();
+        let outcome = self.check_tag(index, at + 2, end);
+        match outcome {
+            Ok(()) => {
+                let len = (end - at - 2) as u16;
+                self.batch.body[at..at + 2].copy_from_slice(&len.to_le_bytes());
+                self.tag_count += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.batch.body.truncate(at);
+                Err(e)
+            }
+        }
+    }
+
+    fn check_tag(&self, index: usize, from: usize, to: usize) -> Result<(), InputError> {
+        let body = &self.batch.body;
+        let limits = &self.batch.limits;
+        // The bytes came from a `fmt::Write` of `str`s, so they are UTF-8.
+        let tag = std::str::from_utf8(&body[from..to]).unwrap_or_default();
+        if to - from > limits.tag_bytes_max {
+            return Err(InputError::TagTooLong {
+                index,
+                bytes: to - from,
+                max: limits.tag_bytes_max,
+            });
+        }
+        record::validate_tag(index, tag, limits)?;
+        let mut earlier = &body[self.tags_start..from - 2];
+        while let Some((name, rest)) = record::split_tag(earlier) {
+            if name == tag.as_bytes() {
+                return Err(InputError::DuplicateTag {
+                    index,
+                    tag: tag.to_owned(),
+                });
+            }
+            earlier = rest;
+        }
+        Ok(())
+    }
+
+    /// Ends the event with `data` (and no metadata).
+    pub fn finish(self, data: &[u8]) -> Result<(), InputError> {
+        self.finish_with(|body| body.extend_from_slice(data))
+    }
+
+    /// Ends the event with data that `write` appends to the buffer it is given (encode straight
+    /// into the record, without a copy).
+    pub fn finish_with(mut self, write: impl FnOnce(&mut Vec<u8>)) -> Result<(), InputError> {
+        let index = self.batch.len();
+        let data_start = self.batch.body.len();
+        write(&mut self.batch.body);
+        let body = &mut self.batch.body;
+        let data_len = body.len() - data_start;
+        if data_len > self.batch.limits.event_bytes_max {
+            return Err(InputError::EventTooLarge {
+                index,
+                bytes: data_len,
+                max: self.batch.limits.event_bytes_max,
+            });
+        }
+        let total = HEADER_BYTES + body.len();
+        if total > self.batch.limits.append_bytes_max {
+            return Err(InputError::AppendTooLarge {
+                bytes: total,
+                max: self.batch.limits.append_bytes_max,
+            });
+        }
+        let start = self.start;
+        let entry_len = (body.len() - start) as u32;
+        body[start..start + 4].copy_from_slice(&entry_len.to_le_bytes());
+        body[start + 10..start + 12].copy_from_slice(&self.tag_count.to_le_bytes());
+        body[start + 12..start + 16].copy_from_slice(&(data_len as u32).to_le_bytes());
+        self.batch.count += 1;
+        self.finished = true;
+        Ok(())
+    }
+}
+
+impl Drop for EventWriter<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.batch.body.truncate(self.start);
+        }
+    }
+}
+
+struct Sink<'a>(&'a mut Vec<u8>);
+
+impl fmt::Write for Sink<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_as_append_does() {
+        let limits = Limits::default();
+        let events = vec![
+            NewEvent::new("A", &b"one"[..]).tags(["x:1", "y"]),
+            NewEvent::new("B", &b""[..]),
+        ];
+        let expected = record::encode_append_tracked(&events, None, &limits).unwrap();
+        let mut batch = EventBatch::new(&limits);
+        let mut a = batch.event("A").unwrap();
+        a.tag_fmt(format_args!("x:{}", 1)).unwrap();
+        a.tag("y").unwrap();
+        a.finish(b"one").unwrap();
+        batch.event("B").unwrap().finish(b"").unwrap();
+        let mut pushed = EventBatch::new(&limits);
+        for event in &events {
+            pushed.push(event).unwrap();
+        }
+        for batch in [batch, pushed] {
+            let got = batch.into_append().unwrap();
+            assert_eq!(got.body, expected.body);
+            assert_eq!(got.body_crc, expected.body_crc);
+            assert_eq!(got.event_count, 2);
+        }
+    }
+
+    #[test]
+    fn refusals_leave_the_batch_as_it_was() {
+        let limits = Limits {
+            tags_per_event_max: 2,
+            tag_bytes_max: 8,
+            event_bytes_max: 4,
+            events_per_append_max: 2,
+            ..Limits::default()
+        };
+        let mut batch = EventBatch::new(&limits);
+        batch.event("A").unwrap().finish(b"ok").unwrap();
+        let before = batch.clone().into_append().unwrap().body;
+        assert!(matches!(batch.event(""), Err(InputError::EmptyType { .. })));
+        {
+            let mut e = batch.event("B").unwrap();
+            assert!(matches!(e.tag(""), Err(InputError::EmptyTag { .. })));
+            assert!(matches!(
+                e.tag("far-too-long"),
+                Err(InputError::TagTooLong { .. })
+            ));
+            assert!(matches!(
+                e.tag("a\u{7}"),
+                Err(InputError::ControlCharacter { .. })
+            ));
+            e.tag("t").unwrap();
+            assert!(matches!(e.tag("t"), Err(InputError::DuplicateTag { .. })));
+            e.tag("u").unwrap();
+            assert!(matches!(e.tag("v"), Err(InputError::TooManyTags { .. })));
+            assert!(matches!(
+                e.finish(b"12345"),
+                Err(InputError::EventTooLarge { .. })
+            ));
+        }
+        // Nothing of the refused event remains.
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch.clone().into_append().unwrap().body, before);
+        batch.event("C").unwrap().finish(b"").unwrap();
+        assert!(matches!(
+            batch.event("D"),
+            Err(InputError::TooManyEvents { .. })
+        ));
+        assert!(matches!(
+            EventBatch::new(&limits).into_append(),
+            Err(InputError::NoEvents)
+        ));
+    }
+}
