@@ -295,6 +295,9 @@ fn pass(
     }
     sequencer.sync().map_err(|e| e.to_string())?;
     let seconds = started.elapsed().as_secs_f64();
+    if std::env::var_os("ANNALS_BENCH_THREADS").is_some() {
+        print_thread_times();
+    }
     if failures.load(Ordering::Relaxed) > 0 {
         return Err("the journal failed during the run".into());
     }
@@ -567,4 +570,21 @@ fn compare_seed(args: &BenchArgs) -> Result<Value, String> {
                  per-order latency",
         "rows": rows,
     }))
+}
+
+/// Diagnostics: CPU time of each thread of the process so far (Linux).
+fn print_thread_times() {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat.split_whitespace().collect();
+        if fields.len() > 14 {
+            eprintln!(
+                "thread {} user {} system {} (clock ticks)",
+                fields[1], fields[13], fields[14]
+            );
+        }
+    }
 }

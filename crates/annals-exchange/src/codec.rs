@@ -56,11 +56,11 @@ fn command_tags(
     symbol: Option<SymbolId>,
 ) -> Result<(), InputError> {
     if let Some(order) = order {
-        event.tag_fmt(format_args!("order:{order}"))?;
+        event.tag_number("order:", order)?;
     }
-    event.tag_fmt(format_args!("account:{account}"))?;
+    event.tag_number("account:", account)?;
     if let Some(symbol) = symbol {
-        event.tag_fmt(format_args!("symbol:{symbol}"))?;
+        event.tag_number("symbol:", u64::from(symbol))?;
     }
     Ok(())
 }
@@ -134,7 +134,7 @@ pub fn put_symbol(
     spec: SymbolSpec,
 ) -> Result<(), InputError> {
     let mut event = batch.event(SYMBOL_ADDED)?;
-    event.tag_fmt(format_args!("symbol:{symbol}"))?;
+    event.tag_number("symbol:", u64::from(symbol))?;
     event.finish_with(|out| {
         put_u8(out, VERSION);
         put_u32(out, symbol);
@@ -194,15 +194,15 @@ pub fn trades(reports: &[Report]) -> impl Iterator<Item = TradeRecord> + '_ {
 /// Writes one trade, tagged with both orders, both accounts and the symbol.
 pub fn put_trade(batch: &mut EventBatch, t: &TradeRecord) -> Result<(), InputError> {
     let mut event = batch.event(TRADE_EXECUTED)?;
-    event.tag_fmt(format_args!("order:{}", t.maker))?;
+    event.tag_number("order:", t.maker)?;
     if t.taker != t.maker {
-        event.tag_fmt(format_args!("order:{}", t.taker))?;
+        event.tag_number("order:", t.taker)?;
     }
-    event.tag_fmt(format_args!("account:{}", t.maker_account))?;
+    event.tag_number("account:", t.maker_account)?;
     if t.taker_account != t.maker_account {
-        event.tag_fmt(format_args!("account:{}", t.taker_account))?;
+        event.tag_number("account:", t.taker_account)?;
     }
-    event.tag_fmt(format_args!("symbol:{}", t.symbol))?;
+    event.tag_number("symbol:", u64::from(t.symbol))?;
     event.finish_with(|out| {
         put_u8(out, VERSION);
         put_u64(out, t.time);

@@ -172,6 +172,60 @@ impl EventWriter<'_> {
         self.tag_fmt(format_args!("{tag}"))
     }
 
+    /// Adds the tag `prefix` followed by `number` in decimal (`order:42`), written without the
+    /// formatting machinery: the fast path for the tags of high-rate journals.
+    pub fn tag_number(&mut self, prefix: &str, number: u64) -> Result<(), InputError> {
+        let index = self.batch.len();
+        let limits = &self.batch.limits;
+        if usize::from(self.tag_count) >= limits.tags_per_event_max {
+            return Err(InputError::TooManyTags {
+                index,
+                count: usize::from(self.tag_count) + 1,
+                max: limits.tags_per_event_max,
+            });
+        }
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = number;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let digits = &digits[at..];
+        let len = prefix.len() + digits.len();
+        if len > limits.tag_bytes_max {
+            return Err(InputError::TagTooLong {
+                index,
+                bytes: len,
+                max: limits.tag_bytes_max,
+            });
+        }
+        // Digits are never control characters; the prefix is checked (once per distinct
+        // prefix would do, but it is short).
+        if record::has_control(prefix) {
+            return Err(InputError::ControlCharacter {
+                what: "tag",
+                value: format!("{prefix}{number}"),
+            });
+        }
+        let start = self.batch.body.len();
+        self.batch
+            .body
+            .extend_from_slice(&(len as u16).to_le_bytes());
+        self.batch.body.extend_from_slice(prefix.as_bytes());
+        self.batch.body.extend_from_slice(digits);
+        if let Err(e) = self.check_unique(index, start + 2, start + 2 + len) {
+            self.batch.body.truncate(start);
+            return Err(e);
+        }
+        self.tag_count += 1;
+        Ok(())
+    }
+
     /// Adds a tag formatted in place, without an intermediate string:
     /// `event.tag_fmt(format_args!("order:{id}"))`.
     pub fn tag_fmt(&mut self, tag: fmt::Arguments<'_>) -> Result<(), InputError> {
@@ -219,12 +273,19 @@ impl EventWriter<'_> {
             });
         }
         record::validate_tag(index, tag, limits)?;
+        self.check_unique(index, from, to)
+    }
+
+    /// Refuses the tag at `from..to` when an earlier tag of this event has the same bytes.
+    fn check_unique(&self, index: usize, from: usize, to: usize) -> Result<(), InputError> {
+        let body = &self.batch.body;
+        let tag = &body[from..to];
         let mut earlier = &body[self.tags_start..from - 2];
         while let Some((name, rest)) = record::split_tag(earlier) {
-            if name == tag.as_bytes() {
+            if name == tag {
                 return Err(InputError::DuplicateTag {
                     index,
-                    tag: tag.to_owned(),
+                    tag: String::from_utf8_lossy(tag).into_owned(),
                 });
             }
             earlier = rest;
@@ -301,7 +362,7 @@ mod tests {
         let expected = record::encode_append_tracked(&events, None, &limits).unwrap();
         let mut batch = EventBatch::new(&limits);
         let mut a = batch.event("A").unwrap();
-        a.tag_fmt(format_args!("x:{}", 1)).unwrap();
+        a.tag_number("x:", 1).unwrap();
         a.tag("y").unwrap();
         a.finish(b"one").unwrap();
         batch.event("B").unwrap().finish(b"").unwrap();
@@ -343,6 +404,14 @@ mod tests {
             ));
             e.tag("t").unwrap();
             assert!(matches!(e.tag("t"), Err(InputError::DuplicateTag { .. })));
+            assert!(matches!(
+                e.tag_number("far-too-", 1234),
+                Err(InputError::TagTooLong { .. })
+            ));
+            assert!(matches!(
+                e.tag_number("\u{1}", 1),
+                Err(InputError::ControlCharacter { .. })
+            ));
             e.tag("u").unwrap();
             assert!(matches!(e.tag("v"), Err(InputError::TooManyTags { .. })));
             assert!(matches!(

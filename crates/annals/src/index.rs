@@ -109,7 +109,28 @@ pub(crate) struct Index {
     /// tags; a byte comparison is cheaper than a hash lookup.
     recent_types: [Option<u32>; RECENT_TYPES],
     recent_tags: [Option<u32>; RECENT_TAG_SLOTS],
+    /// A direct-mapped cache of tag ids in front of `tag_ids`, indexed by the tag's hash: a
+    /// store with a large tag table (one tag per order, per customer...) would otherwise pay a
+    /// cache miss into that table for every tag of every event, even for the few thousand tags
+    /// that recur (accounts, live orders). 256 KiB; allocated on first use.
+    tag_cache: Vec<CachedTag>,
 }
+
+const TAG_CACHE_SLOTS: usize = 1 << 13;
+
+/// One slot of `Index::tag_cache`: a tag of up to 27 bytes and its id.
+#[derive(Clone, Copy)]
+struct CachedTag {
+    len: u8,
+    bytes: [u8; 27],
+    id: u32,
+}
+
+const EMPTY_TAG: CachedTag = CachedTag {
+    len: 0,
+    bytes: [0; 27],
+    id: 0,
+};
 
 const RECENT_TYPES: usize = 8;
 const RECENT_TAG_SLOTS: usize = 4;
@@ -209,18 +230,48 @@ impl Index {
             let recent = self.recent_tags.get(slot).copied().flatten();
             let tag_id = match recent {
                 Some(id) if *self.tag_names[id as usize] == *tag => id,
-                _ => intern(
-                    &mut self.tag_ids,
-                    &mut self.tag_names,
-                    &mut self.tag_postings,
-                    tag,
-                ),
+                _ => self.tag_id(tag),
             };
             if let Some(cached) = self.recent_tags.get_mut(slot) {
                 *cached = Some(tag_id);
             }
             self.tag_postings[tag_id as usize].push(position);
         }
+    }
+
+    /// The id of `tag`, interned if new, through the direct-mapped cache.
+    fn tag_id(&mut self, tag: &[u8]) -> u32 {
+        if tag.is_empty() || tag.len() > 27 {
+            return intern(
+                &mut self.tag_ids,
+                &mut self.tag_names,
+                &mut self.tag_postings,
+                tag,
+            );
+        }
+        if self.tag_cache.is_empty() {
+            self.tag_cache = vec![EMPTY_TAG; TAG_CACHE_SLOTS];
+        }
+        let slot = std::hash::BuildHasher::hash_one(self.tag_ids.hasher(), tag) as usize
+            & (TAG_CACHE_SLOTS - 1);
+        let cached = &self.tag_cache[slot];
+        if usize::from(cached.len) == tag.len() && cached.bytes[..tag.len()] == *tag {
+            return cached.id;
+        }
+        let id = intern(
+            &mut self.tag_ids,
+            &mut self.tag_names,
+            &mut self.tag_postings,
+            tag,
+        );
+        let mut bytes = [0; 27];
+        bytes[..tag.len()].copy_from_slice(tag);
+        self.tag_cache[slot] = CachedTag {
+            len: tag.len() as u8,
+            bytes,
+            id,
+        };
+        id
     }
 
     /// Everything of `push` but the tags: type, location and id. The parallel rebuild indexes

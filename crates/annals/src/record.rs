@@ -89,7 +89,7 @@ pub fn decode_trailer(trailer: &[u8]) -> Option<(&str, u64)> {
     (trailer.len() == 2 + len + 8 && !source.is_empty()).then_some((source, position))
 }
 
-fn has_control(s: &str) -> bool {
+pub(crate) fn has_control(s: &str) -> bool {
     if s.is_ascii() {
         s.bytes().any(|b| b < 0x20 || b == 0x7f)
     } else {
