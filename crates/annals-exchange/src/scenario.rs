@@ -18,7 +18,7 @@ pub struct Scenario {
 }
 
 /// The scenarios `generate` knows.
-pub const SCENARIOS: [&str; 2] = ["seed50k", "normal"];
+pub const SCENARIOS: [&str; 4] = ["seed50k", "normal", "flash-crash", "many-symbols"];
 
 /// xorshift64*: small, fast, and the same everywhere.
 struct Rng(u64);
@@ -49,6 +49,8 @@ pub fn generate(name: &str, messages: usize, seed: u64) -> Result<Scenario, Stri
     match name {
         "seed50k" => Ok(seed50k(messages, seed)),
         "normal" => Ok(normal(messages, seed)),
+        "flash-crash" => Ok(flash_crash(messages, seed)),
+        "many-symbols" => Ok(many_symbols(messages, seed)),
         _ => Err(format!(
             "unknown scenario {name:?}; known: {}",
             SCENARIOS.join(", ")
@@ -112,20 +114,93 @@ fn seed50k(messages: usize, seed: u64) -> Scenario {
     }
 }
 
+/// What shapes a cancel-and-replace flow.
+struct Flow {
+    name: &'static str,
+    symbols: u32,
+    /// Popular symbols get most of the flow (a cube-root-like skew) instead of an even share.
+    skewed: bool,
+    /// Prices fall fast through the second fifth of the stream and climb back through the
+    /// third, with aggressive selling, heavy cancels and thin books meanwhile.
+    crash: bool,
+    warmup: usize,
+}
+
 /// Cancel-and-replace heavy, like a market maker's flow: 9% new limit orders, 3% IOC
 /// orders that cross, 6% cancels, 82% moves (amends to a new passive price). About 2-6% of
 /// messages trade; the book holds a few thousand orders over hundreds of levels.
 fn normal(messages: usize, seed: u64) -> Scenario {
+    flow(
+        messages,
+        seed,
+        &Flow {
+            name: "normal",
+            symbols: 1,
+            skewed: false,
+            crash: false,
+            warmup: 4000,
+        },
+    )
+}
+
+/// `normal`'s mix through a crash: prices swing by half and back, IOC and market sells sweep
+/// several levels, cancels triple, and new orders rest far from the mid, so books thin out.
+fn flash_crash(messages: usize, seed: u64) -> Scenario {
+    flow(
+        messages,
+        seed,
+        &Flow {
+            name: "flash-crash",
+            symbols: 1,
+            skewed: false,
+            crash: true,
+            warmup: 4000,
+        },
+    )
+}
+
+/// `normal`'s mix over 1,000 symbols of skewed popularity (the busiest symbol takes about a
+/// tenth of the flow, most take a few hundredths of a percent).
+fn many_symbols(messages: usize, seed: u64) -> Scenario {
+    flow(
+        messages,
+        seed,
+        &Flow {
+            name: "many-symbols",
+            symbols: 1000,
+            skewed: true,
+            crash: false,
+            warmup: 20_000,
+        },
+    )
+}
+
+fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
     let mut rng = Rng::new(seed);
-    let symbols = vec![SymbolSpec { tick: 1, lot: 1 }];
+    let symbols = vec![SymbolSpec { tick: 1, lot: 1 }; flow.symbols as usize];
     let mut shadow = Engine::new(&symbols);
-    shadow.reserve(8192);
+    shadow.reserve(flow.warmup * 2);
     let mut out = Vec::new();
-    let mut live: Vec<OrderId> = Vec::with_capacity(8192);
+    let mut live: Vec<OrderId> = Vec::with_capacity(flow.warmup * 2);
     let mut next_id = 1;
-    let mut mid: u64 = 100_000;
+    let start_mid: u64 = 100_000;
+    let mut mids = vec![start_mid; flow.symbols as usize];
     let accounts = 2000;
-    let make = |rng: &mut Rng, mid: u64, live: &mut Vec<OrderId>, next_id: &mut u64| {
+    let pick_symbol = |rng: &mut Rng| -> SymbolId {
+        if !flow.skewed {
+            return rng.below(u64::from(flow.symbols)) as SymbolId;
+        }
+        // Three nested uniform draws: small ids are far more likely than large ones.
+        let a = rng.below(u64::from(flow.symbols));
+        let b = rng.below(a + 1);
+        rng.below(b + 1) as SymbolId
+    };
+    let make = |rng: &mut Rng,
+                symbol: SymbolId,
+                mid: u64,
+                spread: u64,
+                live: &mut Vec<OrderId>,
+                next_id: &mut u64| {
         let id = *next_id;
         *next_id += 1;
         let side = if rng.chance(50) {
@@ -133,57 +208,99 @@ fn normal(messages: usize, seed: u64) -> Scenario {
         } else {
             Side::Sell
         };
-        let offset = 1 + rng.below(250);
+        let offset = 1 + rng.below(spread);
         let price = match side {
             Side::Buy => mid - offset,
             Side::Sell => mid + offset,
         };
         live.push(id);
-        limit(
+        Command::Place(Place {
             id,
-            1 + rng.below(accounts),
+            client_id: id,
+            account: 1 + rng.below(accounts),
+            symbol,
             side,
-            Kind::Limit,
+            kind: Kind::Limit,
             price,
-            1 + rng.below(50),
-        )
+            qty: 1 + rng.below(50),
+            stp: Stp::CancelNewest,
+        })
     };
     let mut warmup = Vec::new();
-    for _ in 0..4000 {
-        let command = make(&mut rng, mid, &mut live, &mut next_id);
+    for _ in 0..flow.warmup {
+        let symbol = pick_symbol(&mut rng);
+        let mid = mids[symbol as usize];
+        let command = make(&mut rng, symbol, mid, 250, &mut live, &mut next_id);
         shadow.apply(0, &command, &mut out);
         out.clear();
         warmup.push(command);
     }
     let mut stream = Vec::with_capacity(messages);
     while stream.len() < messages {
-        // The mid price wanders a tick at a time.
-        if rng.chance(5) {
-            mid = if rng.chance(50) { mid + 1 } else { mid - 1 };
+        let phase = stream.len() * 5 / messages.max(1);
+        let crashing = flow.crash && phase == 1;
+        let rebounding = flow.crash && phase == 2;
+        let symbol = pick_symbol(&mut rng);
+        let mid = &mut mids[symbol as usize];
+        // The mid price wanders a tick at a time, or falls and climbs back in a crash.
+        if crashing {
+            if rng.chance(40) && *mid > start_mid / 2 {
+                *mid -= 1 + rng.below(3);
+            }
+        } else if rebounding {
+            if rng.chance(40) && *mid < start_mid {
+                *mid += 1 + rng.below(3);
+            }
+        } else if rng.chance(5) {
+            *mid = if rng.chance(50) { *mid + 1 } else { *mid - 1 };
         }
+        let mid = *mid;
+        let (new_share, ioc_share, cancel_share, spread) = if crashing || rebounding {
+            (6, 16, 24, 1000)
+        } else {
+            (9, 12, 18, 250)
+        };
         let roll = rng.below(100);
-        let command = if roll < 9 || live.is_empty() {
-            make(&mut rng, mid, &mut live, &mut next_id)
-        } else if roll < 12 {
+        let command = if roll < new_share || live.is_empty() {
+            make(&mut rng, symbol, mid, spread, &mut live, &mut next_id)
+        } else if roll < ioc_share {
             let id = next_id;
             next_id += 1;
-            let side = if rng.chance(50) {
-                Side::Buy
+            // In a crash most aggressive orders sell, and some sell at any price.
+            let sell = if crashing {
+                rng.chance(85)
+            } else if rebounding {
+                rng.chance(15)
             } else {
-                Side::Sell
+                rng.chance(50)
             };
+            let side = if sell { Side::Sell } else { Side::Buy };
+            let reach = if crashing || rebounding { 40 } else { 3 };
             let price = match side {
-                Side::Buy => mid + rng.below(3),
-                Side::Sell => mid - rng.below(3),
+                Side::Buy => mid + rng.below(reach),
+                Side::Sell => mid - rng.below(reach),
             };
-            limit(
+            let kind = if (crashing || rebounding) && rng.chance(25) {
+                Kind::Market
+            } else {
+                Kind::Ioc
+            };
+            let qty = if crashing || rebounding {
+                1 + rng.below(200)
+            } else {
+                1 + rng.below(30)
+            };
+            Command::Place(Place {
                 id,
-                1 + rng.below(accounts),
+                client_id: id,
+                account: 1 + rng.below(accounts),
+                symbol,
                 side,
-                Kind::Ioc,
+                kind,
                 price,
-                1 + rng.below(30),
-            )
+                qty,
+                stp: Stp::CancelNewest,
+            })
         } else {
             let at = rng.below(live.len() as u64) as usize;
             let id = live[at];
@@ -191,17 +308,18 @@ fn normal(messages: usize, seed: u64) -> Scenario {
                 live.swap_remove(at);
                 continue;
             };
-            if roll < 18 {
+            if roll < cancel_share {
                 live.swap_remove(at);
                 Command::Cancel {
                     id,
                     account: order.account,
                 }
             } else {
-                let offset = 1 + rng.below(250);
+                let order_mid = mids[order.symbol as usize];
+                let offset = 1 + rng.below(spread);
                 let price = match order.side {
-                    Side::Buy => mid - offset,
-                    Side::Sell => mid + offset,
+                    Side::Buy => order_mid - offset,
+                    Side::Sell => order_mid + offset,
                 };
                 Command::Amend {
                     id,
@@ -216,7 +334,7 @@ fn normal(messages: usize, seed: u64) -> Scenario {
         stream.push(command);
     }
     Scenario {
-        name: "normal",
+        name: flow.name,
         symbols,
         warmup,
         messages: stream,
