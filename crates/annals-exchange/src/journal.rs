@@ -186,7 +186,9 @@ pub struct SequencerOptions {
     /// flushes, as it does whenever its input runs dry).
     pub batch_events: usize,
     /// Batches handed to the store and not yet acknowledged before the matcher waits: bounds
-    /// the memory the queue holds when the matcher outruns the disk.
+    /// the memory the queue holds when the matcher outruns the disk, and with it the
+    /// acknowledgement latency (a deeper queue adds delay, not throughput, once the writer is
+    /// busy: 64 batches of 512 gave a median acknowledgement of 22 ms at 1M commands/s).
     pub batches_in_flight: u64,
 }
 
@@ -194,7 +196,7 @@ impl Default for SequencerOptions {
     fn default() -> Self {
         SequencerOptions {
             batch_events: 512,
-            batches_in_flight: 64,
+            batches_in_flight: 8,
         }
     }
 }
@@ -528,12 +530,19 @@ impl Sequencer {
             state.waiting.push_back((seq, release));
             seq
         };
-        let releases = self.releases.clone();
-        let submitted = store.append_batch_then(batch, None, options, move |outcome| {
-            releases.complete(seq, outcome)
-        });
-        if let Err(e) = submitted {
-            self.releases.complete(seq, Err(e));
+        if self.mode == Mode::PerOrder {
+            // The matcher waits for each command anyway: the store's own blocking append
+            // wakes it with the least hand-over.
+            let outcome = store.append_batch(batch, None);
+            self.releases.complete(seq, outcome);
+        } else {
+            let releases = self.releases.clone();
+            let submitted = store.append_batch_then(batch, None, options, move |outcome| {
+                releases.complete(seq, outcome)
+            });
+            if let Err(e) = submitted {
+                self.releases.complete(seq, Err(e));
+            }
         }
         match self.failure() {
             Some(e) => Err(e),
