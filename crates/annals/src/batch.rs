@@ -172,18 +172,25 @@ impl EventWriter<'_> {
         self.tag_fmt(format_args!("{tag}"))
     }
 
+    /// Refuses one more tag when the event holds as many as the limits allow.
+    fn room_for_tag(&self) -> Result<(), InputError> {
+        let max = self.batch.limits.tags_per_event_max;
+        if usize::from(self.tag_count) >= max {
+            return Err(InputError::TooManyTags {
+                index: self.batch.len(),
+                count: usize::from(self.tag_count) + 1,
+                max,
+            });
+        }
+        Ok(())
+    }
+
     /// Adds the tag `prefix` followed by `number` in decimal (`order:42`), written without the
     /// formatting machinery: the fast path for the tags of high-rate journals.
     pub fn tag_number(&mut self, prefix: &str, number: u64) -> Result<(), InputError> {
+        self.room_for_tag()?;
         let index = self.batch.len();
         let limits = &self.batch.limits;
-        if usize::from(self.tag_count) >= limits.tags_per_event_max {
-            return Err(InputError::TooManyTags {
-                index,
-                count: usize::from(self.tag_count) + 1,
-                max: limits.tags_per_event_max,
-            });
-        }
         let mut digits = [0u8; 20];
         let mut at = digits.len();
         let mut n = number;
@@ -229,15 +236,8 @@ impl EventWriter<'_> {
     /// Adds a tag formatted in place, without an intermediate string:
     /// `event.tag_fmt(format_args!("order:{id}"))`.
     pub fn tag_fmt(&mut self, tag: fmt::Arguments<'_>) -> Result<(), InputError> {
+        self.room_for_tag()?;
         let index = self.batch.len();
-        let limits = &self.batch.limits;
-        if usize::from(self.tag_count) >= limits.tags_per_event_max {
-            return Err(InputError::TooManyTags {
-                index,
-                count: usize::from(self.tag_count) + 1,
-                max: limits.tags_per_event_max,
-            });
-        }
         let at = self.batch.body.len();
         self.batch.body.extend_from_slice(&0u16.to_le_bytes());
         let mut sink = Sink(&mut self.batch.body);
