@@ -187,6 +187,9 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
     let mut mids = vec![start_mid; flow.symbols as usize];
     let accounts = 2000;
     let pick_symbol = |rng: &mut Rng| -> SymbolId {
+        if flow.symbols == 1 {
+            return 0;
+        }
         if !flow.skewed {
             return rng.below(u64::from(flow.symbols)) as SymbolId;
         }
@@ -267,14 +270,14 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
             let id = next_id;
             next_id += 1;
             // In a crash most aggressive orders sell, and some sell at any price.
-            let sell = if crashing {
-                rng.chance(85)
-            } else if rebounding {
+            let buy = if crashing {
                 rng.chance(15)
+            } else if rebounding {
+                rng.chance(85)
             } else {
                 rng.chance(50)
             };
-            let side = if sell { Side::Sell } else { Side::Buy };
+            let side = if buy { Side::Buy } else { Side::Sell };
             let reach = if crashing || rebounding { 40 } else { 3 };
             let price = match side {
                 Side::Buy => mid + rng.below(reach),
@@ -285,6 +288,9 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
             } else {
                 Kind::Ioc
             };
+            // Drawn in this order (account, then quantity) so that `normal` stays the stream
+            // it has always been for a given seed.
+            let account = 1 + rng.below(accounts);
             let qty = if crashing || rebounding {
                 1 + rng.below(200)
             } else {
@@ -293,7 +299,7 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
             Command::Place(Place {
                 id,
                 client_id: id,
-                account: 1 + rng.below(accounts),
+                account,
                 symbol,
                 side,
                 kind,
