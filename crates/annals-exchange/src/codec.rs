@@ -423,15 +423,8 @@ mod tests {
         let mut out = Vec::new();
         let place = |id, account, side, price| {
             Command::Place(Place {
-                id,
-                client_id: id,
-                account,
-                symbol: 0,
-                side,
-                kind: Kind::Limit,
-                price,
-                qty: 1,
                 stp: Stp::Allow,
+                ..Place::limit(id, account, 0, side, price, 1)
             })
         };
         engine.apply(1, &place(1, 10, Side::Sell, 5), &mut out);

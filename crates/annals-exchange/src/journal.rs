@@ -168,14 +168,33 @@ impl Releases {
         self.completed.store(state.completed, Ordering::Release);
         while state.waiting.front().is_some_and(|(s, _)| *s <= seq) {
             let (_, release) = state.waiting.pop_front().expect("checked");
-            let outcome = match &state.failure {
-                Some(reason) => Err(ExchangeError::Journal(reason.clone())),
-                None => Ok(state.position),
-            };
-            release(outcome);
+            release(state.outcome());
         }
         drop(state);
         self.done.notify_all();
+    }
+
+    /// Calls `release` once batch `seq` (and every one before it) is acknowledged: now, if it
+    /// already is.
+    fn register(&self, seq: u64, release: Release) {
+        let mut state = self.state.lock();
+        if state.completed >= seq {
+            let outcome = state.outcome();
+            drop(state);
+            release(outcome);
+        } else {
+            state.waiting.push_back((seq, release));
+        }
+    }
+}
+
+impl ReleaseState {
+    /// What a release of an acknowledged batch is told.
+    fn outcome(&self) -> Released {
+        match &self.failure {
+            Some(reason) => Err(ExchangeError::Journal(reason.clone())),
+            None => Ok(self.position),
+        }
     }
 }
 
@@ -199,6 +218,11 @@ impl Default for SequencerOptions {
             batches_in_flight: 8,
         }
     }
+}
+
+/// An empty batch with room for a full one (commands encode to well under 96 bytes).
+fn fresh_batch(store: &Store, options: &SequencerOptions) -> EventBatch {
+    store.batch_with_capacity(options.batch_events * 96)
 }
 
 /// The matcher and its journal: see the module documentation.
@@ -246,7 +270,7 @@ impl Sequencer {
             }
         }
         let batch = match &store {
-            Some(store) => store.batch_with_capacity(options.batch_events * 96),
+            Some(store) => fresh_batch(store, &options),
             None => EventBatch::new(&annals::Limits::default()),
         };
         let position = store.as_ref().map_or(0, |s| s.head());
@@ -339,11 +363,7 @@ impl Sequencer {
         if !self.releases.failed.load(Ordering::Acquire) {
             return None;
         }
-        let state = self.releases.state.lock();
-        state
-            .failure
-            .as_ref()
-            .map(|r| ExchangeError::Journal(r.clone()))
+        self.releases.state.lock().outcome().err()
     }
 
     /// Events written into the current batch and not yet handed to the store.
@@ -465,9 +485,9 @@ impl Sequencer {
             Err(InputError::TooManyEvents { .. } | InputError::AppendTooLarge { .. })
                 if !self.batch.is_empty() =>
             {
-                // Released with the batch the caller flushes next: a later batch is
-                // acknowledged only after every earlier one.
-                self.submit(Box::new(|_| {}))?;
+                // Nothing to release for this batch: releases wait for the batch the caller
+                // flushes next, which is acknowledged only after every earlier one.
+                self.submit()?;
                 write(&mut self.batch).map_err(|e| ExchangeError::Invalid(e.to_string()))
             }
             Err(e) => Err(ExchangeError::Invalid(e.to_string())),
@@ -486,37 +506,25 @@ impl Sequencer {
             return release(Err(e));
         }
         let seq = if self.batch.is_empty() {
-            self.releases.state.lock().submitted
+            self.releases.submitted.load(Ordering::Acquire)
         } else {
-            match self.submit(Box::new(|_| {})) {
+            match self.submit() {
                 Ok(seq) => seq,
                 Err(e) => return release(Err(e)),
             }
         };
-        {
-            let mut state = self.releases.state.lock();
-            if state.completed >= seq {
-                let outcome = match &state.failure {
-                    Some(reason) => Err(ExchangeError::Journal(reason.clone())),
-                    None => Ok(state.position),
-                };
-                drop(state);
-                release(outcome);
-            } else {
-                state.waiting.push_back((seq, release));
-            }
-        }
+        self.releases.register(seq, release);
         if self.mode == Mode::PerOrder {
             self.wait_for(seq, 0);
         }
     }
 
     /// Appends the current batch; returns its sequence number.
-    fn submit(&mut self, release: Release) -> Result<u64, ExchangeError> {
+    fn submit(&mut self) -> Result<u64, ExchangeError> {
         let store = self.store.clone().expect("only journaled modes submit");
         let submitted = self.releases.submitted.load(Ordering::Acquire);
         self.wait_for(submitted, self.options.batches_in_flight);
-        let fresh = store.batch_with_capacity(self.options.batch_events * 96);
+        let fresh = fresh_batch(&store, &self.options);
         let batch = std::mem::replace(&mut self.batch, fresh);
         let options = AppendOptions {
             require_synced: std::mem::take(&mut self.critical),
@@ -527,7 +535,6 @@ impl Sequencer {
             state.submitted += 1;
             let seq = state.submitted;
             self.releases.submitted.store(seq, Ordering::Release);
-            state.waiting.push_back((seq, release));
             seq
         };
         if self.mode == Mode::PerOrder {

@@ -58,27 +58,6 @@ pub fn generate(name: &str, messages: usize, seed: u64) -> Result<Scenario, Stri
     }
 }
 
-fn limit(
-    id: OrderId,
-    account: AccountId,
-    side: Side,
-    kind: Kind,
-    price: Price,
-    qty: Qty,
-) -> Command {
-    Command::Place(Place {
-        id,
-        client_id: id,
-        account,
-        symbol: 0,
-        side,
-        kind,
-        price,
-        qty,
-        stp: Stp::CancelNewest,
-    })
-}
-
 /// The seed documents' benchmark: limit orders on both sides of a mid price that do not
 /// cross, so almost nothing trades and the book only grows.
 fn seed50k(messages: usize, seed: u64) -> Scenario {
@@ -96,14 +75,14 @@ fn seed50k(messages: usize, seed: u64) -> Scenario {
                 Side::Buy => mid - offset,
                 Side::Sell => mid + offset,
             };
-            limit(
+            Command::Place(Place::limit(
                 id,
                 1 + rng.below(1000),
+                0,
                 side,
-                Kind::Limit,
                 price,
                 1 + rng.below(100),
-            )
+            ))
         })
         .collect();
     Scenario {
@@ -217,17 +196,14 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
             Side::Sell => mid + offset,
         };
         live.push(id);
-        Command::Place(Place {
+        Command::Place(Place::limit(
             id,
-            client_id: id,
-            account: 1 + rng.below(accounts),
+            1 + rng.below(accounts),
             symbol,
             side,
-            kind: Kind::Limit,
             price,
-            qty: 1 + rng.below(50),
-            stp: Stp::CancelNewest,
-        })
+            1 + rng.below(50),
+        ))
     };
     let mut warmup = Vec::new();
     for _ in 0..flow.warmup {
@@ -297,15 +273,8 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
                 1 + rng.below(30)
             };
             Command::Place(Place {
-                id,
-                client_id: id,
-                account,
-                symbol,
-                side,
                 kind,
-                price,
-                qty,
-                stp: Stp::CancelNewest,
+                ..Place::limit(id, account, symbol, side, price, qty)
             })
         } else {
             let at = rng.below(live.len() as u64) as usize;

@@ -79,6 +79,32 @@ pub struct Place {
     pub stp: Stp,
 }
 
+impl Place {
+    /// A good-till-cancelled limit order whose client id is its id and whose self-trades
+    /// cancel the newest order: the common case; set other fields with struct update syntax
+    /// (`Place { kind: Kind::Ioc, ..Place::limit(..) }`).
+    pub fn limit(
+        id: OrderId,
+        account: AccountId,
+        symbol: SymbolId,
+        side: Side,
+        price: Price,
+        qty: Qty,
+    ) -> Place {
+        Place {
+            id,
+            client_id: id,
+            account,
+            symbol,
+            side,
+            kind: Kind::Limit,
+            price,
+            qty,
+            stp: Stp::CancelNewest,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     Place(Place),

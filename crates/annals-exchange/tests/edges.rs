@@ -23,15 +23,9 @@ fn place(
     qty: Qty,
 ) -> Command {
     Command::Place(Place {
-        id,
-        client_id: id,
-        account,
-        symbol: 0,
-        side,
         kind,
-        price,
-        qty,
         stp: Stp::Allow,
+        ..Place::limit(id, account, 0, side, price, qty)
     })
 }
 

@@ -291,17 +291,7 @@ fn an_orders_history_is_one_tag_read() {
         .add_symbol(SymbolSpec { tick: 1, lot: 1 })
         .unwrap();
     let place = |id, account, side, price, qty| {
-        Command::Place(Place {
-            id,
-            client_id: id,
-            account,
-            symbol: 0,
-            side,
-            kind: Kind::Limit,
-            price,
-            qty,
-            stp: Stp::CancelNewest,
-        })
+        Command::Place(Place::limit(id, account, 0, side, price, qty))
     };
     let mut out = Vec::new();
     for (time, command) in [
