@@ -746,6 +746,19 @@ impl Engine {
         })
     }
 
+    /// Where an order stands: live (with what is left), filled, cancelled (or rejected after
+    /// its id was seen), or never seen.
+    pub fn status(&self, id: OrderId) -> OrderStatus {
+        if let Some(view) = self.order(id) {
+            return OrderStatus::Live(view);
+        }
+        match self.done.get(id) {
+            Some(Done::Filled) => OrderStatus::Filled,
+            Some(Done::Cancelled) => OrderStatus::Cancelled,
+            None => OrderStatus::Unknown,
+        }
+    }
+
     /// The number of live orders.
     pub fn live_orders(&self) -> usize {
         self.live.len()

@@ -122,6 +122,8 @@ pub enum ExchangeError {
     Invalid(String),
     #[error("the exchange is stopped")]
     Stopped,
+    #[error("the exchange's queue is full ({0} requests wait for the matcher); retry shortly")]
+    Busy(usize),
 }
 
 /// What a release is told: the journal position through which its batch is acknowledged.

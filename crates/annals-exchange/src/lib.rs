@@ -24,10 +24,12 @@ mod engine;
 mod journal;
 pub mod recovery;
 pub mod scenario;
+mod service;
 mod types;
 mod wire;
 
 pub use engine::Engine;
 pub use journal::{ExchangeError, Mode, Released, Sequencer, SequencerOptions};
 pub use recovery::{recover, Recovered, Snapshot, Snapshots};
+pub use service::{Exchange, Executed, Output, ServiceOptions, ServiceStats, Sink, StartReport};
 pub use types::*;

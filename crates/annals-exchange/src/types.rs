@@ -219,6 +219,19 @@ pub struct OrderView {
     pub leaves: Qty,
 }
 
+/// Where an order stands ([`crate::Engine::status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    Live(OrderView),
+    /// Filled whole.
+    Filled,
+    /// Done with quantity cancelled: by its owner, by self-trade prevention, or the unfilled
+    /// rest of an IOC or market order.
+    Cancelled,
+    /// No order with this id was ever accepted (a rejected order is not).
+    Unknown,
+}
+
 /// Best bid and offer: (price, total quantity at it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Bbo {
