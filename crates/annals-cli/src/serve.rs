@@ -32,6 +32,13 @@ pub struct ServeArgs {
     /// cores (at least one), leaving a core to the store's writer.
     #[arg(long, value_name = "N")]
     worker_threads: Option<usize>,
+    /// Host the matching engine, journaled in this store, under /v1/exchange: d3-pipelined
+    /// (the default mode: every answer durable, fsyncs shared by batches), d3-per-order,
+    /// d2-critical (needs --durability d2), d0 (nothing journaled), or off. Symbols come from
+    /// the configuration file's [exchange] section or POST /v1/admin/exchange/symbols.
+    /// Env: ANNALS_EXCHANGE
+    #[arg(long, value_name = "MODE")]
+    exchange: Option<String>,
     /// TLS certificate chain (PEM); serves HTTPS and gRPC over TLS. Env: ANNALS_TLS_CERT
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -70,6 +77,9 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     if let Some(n) = args.worker_threads {
         config.worker_threads = Some(n.max(1));
     }
+    if let Some(mode) = args.exchange {
+        config.set_exchange_mode(&mode)?;
+    }
     if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(annals_server::TlsFiles { cert, key });
     }
@@ -94,6 +104,7 @@ async fn serve(config: Config) -> Result<(), String> {
     let exposed = config.exposed();
     let durability = config.durability;
     let dir = config.data_dir.clone();
+    let exchange = config.exchange.clone();
     let server = Server::start(config).await?;
     let report = server.store.open_report().clone();
     let scheme = if tls { "https" } else { "http" };
@@ -119,6 +130,26 @@ async fn serve(config: Config) -> Result<(), String> {
         "annals: http {scheme}://{}/v1 ({threads} network threads)",
         server.http_addr
     );
+    if let (Some(started), Some(exchange)) = (server.exchange_started(), &exchange) {
+        println!(
+            "annals: exchange {} ({}): {} commands in the journal, {} replayed{}, {} live \
+             orders, {} symbols added, ready in {:.1} ms; http {scheme}://{}/v1/exchange",
+            exchange.mode,
+            exchange.mode.class(),
+            started.commands,
+            started.replayed,
+            started
+                .snapshot_position
+                .map_or_else(String::new, |p| format!(" after the snapshot at {p}")),
+            started.live_orders,
+            started.symbols_added,
+            started.millis,
+            server.http_addr
+        );
+        for skipped in &started.skipped_snapshots {
+            println!("annals: exchange: skipped snapshot {skipped}");
+        }
+    }
     if let Some(grpc) = server.grpc_addr {
         println!("annals: grpc {scheme}://{grpc} (UmaDB protocol, service umadb.v1.DCB)");
     }

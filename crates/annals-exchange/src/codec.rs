@@ -39,6 +39,16 @@ pub const REPLAYED_TYPES: [&str; 5] = [
     SYMBOL_ADDED,
 ];
 
+/// Every type the journal writes: no one else may append these to an exchange's store.
+pub const RESERVED_TYPES: [&str; 6] = [
+    PLACE_ORDER,
+    CANCEL_ORDER,
+    AMEND_ORDER,
+    CANCEL_ALL_ORDERS,
+    SYMBOL_ADDED,
+    TRADE_EXECUTED,
+];
+
 const VERSION: u8 = 1;
 
 /// What replay does with one journaled event.

@@ -89,8 +89,10 @@ impl Output {
     }
 }
 
-/// Receives each durable batch's outputs, on a store thread: keep it short.
-pub type Sink = Arc<dyn Fn(Vec<Output>) + Send + Sync>;
+/// Receives each durable batch's outputs, on a store thread: keep it short. The number is
+/// the sequence number of the first output: every output gets the next one, from 0 at each
+/// start, so a reader can line a stream up with a query ([`Exchange::try_query_seq`]).
+pub type Sink = Arc<dyn Fn(u64, Vec<Output>) + Send + Sync>;
 
 /// What starting the exchange found.
 #[derive(Debug, Clone, Default)]
@@ -123,7 +125,7 @@ pub struct ServiceStats {
 
 type Reply<T> = Box<dyn FnOnce(Result<T, ExchangeError>) + Send>;
 type Release = Box<dyn FnOnce(Released) + Send>;
-type Ask = Box<dyn FnOnce(&Engine) -> Release + Send>;
+type Ask = Box<dyn FnOnce(&Engine, u64) -> Release + Send>;
 
 enum Request {
     Command {
@@ -214,6 +216,7 @@ impl Exchange {
             saving: None,
             pending: Vec::new(),
             outputs: Vec::new(),
+            output_seq: 0,
             reports: Vec::new(),
         };
         matcher.snapshot_commands = matcher.sequencer.commands();
@@ -277,9 +280,22 @@ impl Exchange {
         ask: impl FnOnce(&Engine) -> T + Send + 'static,
         reply: impl FnOnce(Result<T, ExchangeError>) + Send + 'static,
     ) -> Result<(), ExchangeError> {
-        self.offer(Request::Query(Box::new(move |engine| {
+        self.offer(Request::Query(Box::new(move |engine, _| {
             let answer = ask(engine);
             Box::new(move |released: Released| reply(released.map(|_| answer)))
+        })))
+    }
+
+    /// Like [`Exchange::try_query`], with the sequence number the next output will get: the
+    /// outputs numbered below it are already in the answer, those from it on are not.
+    pub fn try_query_seq<T: Send + 'static>(
+        &self,
+        ask: impl FnOnce(&Engine) -> T + Send + 'static,
+        reply: impl FnOnce(Result<(T, u64), ExchangeError>) + Send + 'static,
+    ) -> Result<(), ExchangeError> {
+        self.offer(Request::Query(Box::new(move |engine, seq| {
+            let answer = ask(engine);
+            Box::new(move |released: Released| reply(released.map(|_| (answer, seq))))
         })))
     }
 
@@ -310,7 +326,7 @@ impl Exchange {
         ask: impl FnOnce(&Engine) -> T + Send + 'static,
     ) -> Result<T, ExchangeError> {
         let (tx, rx) = std::sync::mpsc::channel();
-        let request = Request::Query(Box::new(move |engine| {
+        let request = Request::Query(Box::new(move |engine, _| {
             let answer = ask(engine);
             Box::new(move |released: Released| {
                 let _ = tx.send(released.map(|_| answer));
@@ -370,8 +386,9 @@ struct Matcher {
     saving: Option<JoinHandle<()>>,
     /// Answers to release with the next flush.
     pending: Vec<Release>,
-    /// Outputs to publish with the next flush.
+    /// Outputs to publish with the next flush, and the sequence number of the first.
     outputs: Vec<Output>,
+    output_seq: u64,
     /// The last best bid and offer published per symbol.
     last_bbo: Vec<Bbo>,
     reports: Vec<Report>,
@@ -431,7 +448,8 @@ impl Matcher {
             },
             Request::Query(ask) => {
                 self.stats.queries.fetch_add(1, Ordering::Relaxed);
-                let release = ask(self.sequencer.engine());
+                let seq = self.output_seq + self.outputs.len() as u64;
+                let release = ask(self.sequencer.engine(), seq);
                 self.pending.push(release);
             }
             Request::Stop => return true,
@@ -529,10 +547,12 @@ impl Matcher {
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         let pending = std::mem::take(&mut self.pending);
         let outputs = std::mem::take(&mut self.outputs);
+        let first = self.output_seq;
+        self.output_seq += outputs.len() as u64;
         let sink = self.sink.clone();
         self.sequencer.flush(move |released| {
             if released.is_ok() && !outputs.is_empty() {
-                sink(outputs);
+                sink(first, outputs);
             }
             for release in pending {
                 release(released.clone());

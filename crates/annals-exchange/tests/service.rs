@@ -11,8 +11,11 @@ use annals_exchange::*;
 fn collecting_sink() -> (Sink, Arc<Mutex<Vec<Output>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink_seen = seen.clone();
-    let sink: Sink =
-        Arc::new(move |outputs: Vec<Output>| sink_seen.lock().unwrap().extend(outputs));
+    let sink: Sink = Arc::new(move |first: u64, outputs: Vec<Output>| {
+        let mut seen = sink_seen.lock().unwrap();
+        assert_eq!(first, seen.len() as u64, "outputs are numbered without gaps");
+        seen.extend(outputs)
+    });
     (sink, seen)
 }
 

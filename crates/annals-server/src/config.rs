@@ -29,6 +29,87 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Read models the server keeps up to date (see [`crate::readmodels`]).
     pub read_models: Vec<ReadModelSpec>,
+    /// The matching engine the server hosts, journaled in its store; `None`: no exchange.
+    pub exchange: Option<ExchangeConfig>,
+}
+
+/// The hosted exchange (`[exchange]` in the file, `--exchange MODE` on the command line).
+#[derive(Debug, Clone)]
+pub struct ExchangeConfig {
+    /// How the journal is made durable. The store's durability must fit: d3-pipelined and
+    /// d3-per-order need d3, d2-critical needs d2; d0 journals nothing.
+    pub mode: annals_exchange::Mode,
+    /// Symbols the exchange must have (their ids are their places here); more can be added
+    /// through `POST /v1/admin/exchange/symbols`.
+    pub symbols: Vec<annals_exchange::SymbolSpec>,
+    /// A snapshot after this many commands (0: never), and at a clean stop.
+    pub snapshot_every: u64,
+    /// Requests waiting for the matcher before new ones get 503.
+    pub queue_depth: usize,
+}
+
+impl ExchangeConfig {
+    pub fn new(mode: annals_exchange::Mode) -> ExchangeConfig {
+        let defaults = annals_exchange::ServiceOptions::default();
+        ExchangeConfig {
+            mode,
+            symbols: Vec::new(),
+            snapshot_every: defaults.snapshot_every,
+            queue_depth: defaults.queue_depth,
+        }
+    }
+
+    /// Checks the mode against the store's durability.
+    pub fn check(&self, durability: Durability) -> Result<(), String> {
+        match self.mode.store_durability() {
+            None => Ok(()),
+            Some(needed) if needed == durability => Ok(()),
+            Some(needed) => Err(format!(
+                "exchange mode {} needs the store in {} (--durability {}), not {}",
+                self.mode,
+                needed,
+                match needed {
+                    Durability::Synced => "d3",
+                    _ => "d2",
+                },
+                durability
+            )),
+        }
+    }
+}
+
+/// The `[exchange]` section of the file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExchangeFile {
+    pub mode: Option<String>,
+    pub critical_qty: Option<u64>,
+    #[serde(default)]
+    pub symbols: Vec<SymbolFile>,
+    pub snapshot_every: Option<u64>,
+    pub queue_depth: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SymbolFile {
+    pub tick: u64,
+    pub lot: u64,
+}
+
+/// Parses an exchange mode, with a critical quantity for d2-critical.
+pub fn parse_exchange_mode(
+    text: &str,
+    critical_qty: Option<u64>,
+) -> Result<annals_exchange::Mode, String> {
+    let mode: annals_exchange::Mode = text.parse()?;
+    match (mode, critical_qty) {
+        (annals_exchange::Mode::Critical { .. }, Some(critical_qty)) => {
+            Ok(annals_exchange::Mode::Critical { critical_qty })
+        }
+        (_, Some(_)) => Err("exchange critical_qty applies only to mode d2-critical".into()),
+        (mode, None) => Ok(mode),
+    }
 }
 
 impl Config {
@@ -100,6 +181,7 @@ impl Default for Config {
             limits: ServerLimits::default(),
             worker_threads: None,
             read_models: Vec::new(),
+            exchange: None,
         }
     }
 }
@@ -123,6 +205,10 @@ impl Default for Config {
 /// name = "seats-by-course"
 /// types = ["StudentEnrolled"]
 /// group_by = "course:"
+/// [exchange]
+/// mode = "d3-pipelined"
+/// symbols = [{ tick = 1, lot = 1 }, { tick = 5, lot = 100 }]
+/// snapshot_every = 1000000
 /// ```
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -141,6 +227,7 @@ pub struct ConfigFile {
     pub limits: LimitsFile,
     #[serde(default)]
     pub read_models: Vec<ReadModelSpec>,
+    pub exchange: Option<ExchangeFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -231,6 +318,30 @@ impl Config {
             }
             self.read_models.push(spec);
         }
+        if let Some(file) = file.exchange {
+            let mode = parse_exchange_mode(file.mode.as_deref().unwrap_or("d3"), file.critical_qty)
+                .map_err(|e| format!("config file {}: {e}", path.display()))?;
+            let mut exchange = ExchangeConfig::new(mode);
+            for (i, s) in file.symbols.iter().enumerate() {
+                if s.tick == 0 || s.lot == 0 {
+                    return Err(format!(
+                        "config file {}: exchange symbol {i}: tick and lot must be positive",
+                        path.display()
+                    ));
+                }
+                exchange.symbols.push(annals_exchange::SymbolSpec {
+                    tick: s.tick,
+                    lot: s.lot,
+                });
+            }
+            if let Some(n) = file.snapshot_every {
+                exchange.snapshot_every = n;
+            }
+            if let Some(n) = file.queue_depth {
+                exchange.queue_depth = n.max(1);
+            }
+            self.exchange = Some(exchange);
+        }
         Ok(())
     }
 
@@ -251,6 +362,7 @@ impl Config {
                 "ANNALS_API_KEYS_FILE" => self.api_keys.load_file(Path::new(&value))?,
                 "ANNALS_TLS_CERT" => cert = Some(PathBuf::from(value)),
                 "ANNALS_TLS_KEY" => key = Some(PathBuf::from(value)),
+                "ANNALS_EXCHANGE" => self.set_exchange_mode(&value)?,
                 "ANNALS_WORKER_THREADS" => {
                     let n: usize = value
                         .parse()
@@ -264,6 +376,31 @@ impl Config {
             (Some(cert), Some(key)) => self.tls = Some(TlsFiles { cert, key }),
             (None, None) => {}
             _ => return Err("ANNALS_TLS_CERT and ANNALS_TLS_KEY must be given together".into()),
+        }
+        Ok(())
+    }
+
+    /// Hosts the exchange in `mode` ("off" removes it), keeping other exchange settings.
+    pub fn set_exchange_mode(&mut self, mode: &str) -> Result<(), String> {
+        if mode.eq_ignore_ascii_case("off") {
+            self.exchange = None;
+            return Ok(());
+        }
+        let mode = parse_exchange_mode(mode, None)?;
+        match &mut self.exchange {
+            Some(exchange) => {
+                // Keep a configured critical quantity when the mode stays d2-critical.
+                if !matches!(
+                    (exchange.mode, mode),
+                    (
+                        annals_exchange::Mode::Critical { .. },
+                        annals_exchange::Mode::Critical { .. }
+                    )
+                ) {
+                    exchange.mode = mode;
+                }
+            }
+            None => self.exchange = Some(ExchangeConfig::new(mode)),
         }
         Ok(())
     }

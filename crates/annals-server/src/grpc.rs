@@ -358,6 +358,7 @@ impl Service {
             .enumerate()
             .map(|(i, e)| to_new_event(i, e))
             .collect::<Result<Vec<_>, _>>()?;
+        self.state.check_reserved(&events).map_err(invalid)?;
         let condition = request.condition.map(|c| AppendCondition {
             fail_if_events_match: to_query(c.fail_if_events_match),
             after: c.after,

@@ -30,14 +30,14 @@ const READ_CHUNK_BYTES: usize = 64 << 10;
 /// Events per subscription batch.
 const SUBSCRIBE_BATCH: usize = 256;
 /// How often an idle SSE stream sends a comment, so dead clients are noticed.
-const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
+pub(crate) const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
 
 const JSON: &str = "application/json";
-const NDJSON: &str = "application/x-ndjson";
-const SSE: &str = "text/event-stream";
+pub(crate) const NDJSON: &str = "application/x-ndjson";
+pub(crate) const SSE: &str = "text/event-stream";
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    crate::exchange::routes(Router::new())
         .route("/v1/read", get(read))
         .route("/v1/append", post(append))
         .route("/v1/head", get(head))
@@ -74,7 +74,7 @@ impl IntoResponse for ApiError {
 }
 
 /// Counts a request (by its outcome and time) and turns its result into the answer.
-fn finish(
+pub(crate) fn finish(
     state: &AppState,
     op: Op,
     started: Instant,
@@ -90,7 +90,7 @@ fn finish(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-fn outcome_of(error: &ApiError) -> Outcome {
+pub(crate) fn outcome_of(error: &ApiError) -> Outcome {
     if error.status.is_server_error() {
         Outcome::ServerError
     } else {
@@ -98,7 +98,7 @@ fn outcome_of(error: &ApiError) -> Outcome {
     }
 }
 
-fn authorize(state: &AppState, headers: &HeaderMap, needed: Scopes) -> Result<(), ApiError> {
+pub(crate) fn authorize(state: &AppState, headers: &HeaderMap, needed: Scopes) -> Result<(), ApiError> {
     state
         .config
         .api_keys
@@ -169,14 +169,14 @@ fn store_error(e: &StoreError) -> ApiError {
     }
 }
 
-fn read_error(e: &ReadError) -> ApiError {
+pub(crate) fn read_error(e: &ReadError) -> ApiError {
     match e {
         ReadError::Input(e) => input_error(e),
         ReadError::Store(e) => store_error(e),
     }
 }
 
-fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
     let mut response = Response::new(body.into());
     *response.status_mut() = status;
     response
@@ -229,7 +229,7 @@ fn params(state: &AppState, request: &Request, allowed: &[&str]) -> Result<Param
     Ok(params)
 }
 
-fn accepts(headers: &HeaderMap, media: &str) -> bool {
+pub(crate) fn accepts(headers: &HeaderMap, media: &str) -> bool {
     headers
         .get_all(ACCEPT)
         .iter()
@@ -370,52 +370,7 @@ async fn append_inner(
             "append takes no query parameters; send the events and condition in the body",
         ));
     }
-    let limits = &state.config.limits;
-    // The body is parsed as JSON whatever its Content-Type says: clients such as curl -d or
-    // k6 send JSON without declaring it, and a body that is not JSON fails to parse anyway.
-    let declared = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let too_large = |bytes: String| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!(
-                "the request body has {bytes} bytes (the limit is {})",
-                limits.body_bytes_max
-            ),
-        )
-    };
-    if let Some(length) = declared {
-        if length > limits.body_bytes_max as u64 {
-            return Err(too_large(length.to_string()));
-        }
-    }
-    let body = tokio::time::timeout(
-        limits.body_timeout,
-        axum::body::to_bytes(request.into_body(), limits.body_bytes_max),
-    )
-    .await
-    .map_err(|_| {
-        ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "body_timeout",
-            format!(
-                "the request body did not arrive within {} ms",
-                limits.body_timeout.as_millis()
-            ),
-        )
-    })?
-    .map_err(|e| {
-        let text = e.to_string();
-        if text.contains("length limit") {
-            too_large(format!("more than {}", limits.body_bytes_max))
-        } else {
-            ApiError::bad_request("invalid_body", format!("reading the body: {text}"))
-        }
-    })?;
+    let body = read_body(state, request).await?;
     let parsed: AppendBody = serde_json::from_slice(&body).map_err(|e| {
         let kind = if e.is_syntax() || e.is_eof() {
             "malformed_json"
@@ -429,6 +384,9 @@ async fn append_inner(
         .into_iter()
         .map(|e| e.into_new_event(&body))
         .collect();
+    state
+        .check_reserved(&events)
+        .map_err(|e| ApiError::bad_request("reserved_type", e))?;
     let tracking = parsed
         .tracking
         .map(|t| annals::Tracking::new(t.source, t.position));
@@ -462,6 +420,56 @@ async fn append_inner(
     };
     out.push(b'}');
     Ok((json_response(StatusCode::OK, out), conflict))
+}
+
+/// Reads a request body within the configured size and time limits.
+pub(crate) async fn read_body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
+    let limits = &state.config.limits;
+    // The body is parsed as JSON whatever its Content-Type says: clients such as curl -d or
+    // k6 send JSON without declaring it, and a body that is not JSON fails to parse anyway.
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = |bytes: String| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "the request body has {bytes} bytes (the limit is {})",
+                limits.body_bytes_max
+            ),
+        )
+    };
+    if let Some(length) = declared {
+        if length > limits.body_bytes_max as u64 {
+            return Err(too_large(length.to_string()));
+        }
+    }
+    tokio::time::timeout(
+        limits.body_timeout,
+        axum::body::to_bytes(request.into_body(), limits.body_bytes_max),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} ms",
+                limits.body_timeout.as_millis()
+            ),
+        )
+    })?
+    .map_err(|e| {
+        let text = e.to_string();
+        if text.contains("length limit") {
+            too_large(format!("more than {}", limits.body_bytes_max))
+        } else {
+            ApiError::bad_request("invalid_body", format!("reading the body: {text}"))
+        }
+    })
 }
 
 async fn head(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
@@ -785,6 +793,9 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     }
     let mut text = state.metrics.render(&state.store.stats());
     crate::metrics::render_read_models(&mut text, &state.read_models.statuses());
+    if let Some(hosted) = &state.exchange {
+        crate::metrics::render_exchange(&mut text, hosted.exchange.stats());
+    }
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
         CONTENT_TYPE,

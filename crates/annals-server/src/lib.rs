@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod config;
+mod exchange;
 mod grpc;
 mod http;
 pub mod metrics;
@@ -36,11 +37,32 @@ pub(crate) struct AppState {
     pub config: Config,
     pub metrics: Arc<Metrics>,
     pub read_models: Arc<HostedModels>,
+    /// The exchange, when the server hosts one.
+    pub exchange: Option<Arc<exchange::Hosted>>,
     /// Turns true when the server starts shutting down; ends subscriptions.
     pub shutdown: watch::Receiver<bool>,
 }
 
 impl AppState {
+    /// Refuses events of the exchange journal's types while the server hosts an exchange:
+    /// only the exchange writes them, so that its replay never meets a foreign one.
+    pub fn check_reserved(&self, events: &[NewEvent]) -> Result<(), String> {
+        if self.exchange.is_none() {
+            return Ok(());
+        }
+        match events
+            .iter()
+            .find(|e| annals_exchange::codec::RESERVED_TYPES.contains(&e.event_type.as_str()))
+        {
+            Some(e) => Err(format!(
+                "event type {:?} is reserved for the exchange this server hosts; place \
+                 orders through /v1/exchange",
+                e.event_type
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Appends without blocking the calling task's thread: the store answers through a
     /// callback. A full queue is retried briefly (the writer drains it in batches), then
     /// reported as [`InputError::QueueFull`].
@@ -82,6 +104,7 @@ pub struct Server {
     pub grpc_addr: Option<SocketAddr>,
     pub store: Arc<Store>,
     read_models: Arc<HostedModels>,
+    exchange: Option<Arc<exchange::Hosted>>,
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     drain_timeout: Duration,
@@ -123,11 +146,18 @@ impl Server {
                 .map_err(|e| e.to_string())??
         };
         let read_models = Arc::new(read_models);
+        let exchange = match &config.exchange {
+            Some(exchange) => Some(Arc::new(
+                exchange::Hosted::start(exchange, store.clone()).await?,
+            )),
+            None => None,
+        };
         let state = Arc::new(AppState {
             store: store.clone(),
             config: config.clone(),
             metrics,
             read_models: read_models.clone(),
+            exchange: exchange.clone(),
             shutdown: shutdown_rx.clone(),
         });
         let http_listener = tokio::net::TcpListener::bind(config.http_listen)
@@ -159,10 +189,18 @@ impl Server {
             grpc_addr,
             store,
             read_models,
+            exchange,
             shutdown_tx,
             tasks,
             drain_timeout: config.limits.drain_timeout,
         })
+    }
+
+    /// What starting the hosted exchange found, when there is one.
+    pub fn exchange_started(&self) -> Option<annals_exchange::StartReport> {
+        self.exchange
+            .as_ref()
+            .map(|h| h.exchange.start_report().clone())
     }
 
     /// Stops accepting connections, lets in-flight requests finish (appends are answered after
@@ -180,6 +218,15 @@ impl Server {
             .is_err()
         {
             eprintln!("annals: shutdown: some connections did not finish in time; closing anyway");
+        }
+        // The exchange answers what it holds, syncs its journal, saves a snapshot and lets
+        // go of the store.
+        if let Some(hosted) = self.exchange.clone() {
+            match tokio::task::spawn_blocking(move || hosted.exchange.stop()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("annals: shutdown: exchange: {e}"),
+                Err(e) => eprintln!("annals: shutdown: exchange: {e}"),
+            }
         }
         // Read models write a last checkpoint and let go of the store.
         let models = self.read_models.clone();

@@ -21,16 +21,22 @@ pub enum Op {
     Subscribe,
     Tracking,
     ReadModel,
+    /// Exchange commands: place, cancel, amend, cancel-all, add a symbol.
+    Order,
+    /// Exchange queries and streams: an order, depth, trades, symbols, market data, reports.
+    Market,
 }
 
 const APIS: [Api; 2] = [Api::Http, Api::Grpc];
-const OPS: [Op; 6] = [
+const OPS: [Op; 8] = [
     Op::Append,
     Op::Read,
     Op::Head,
     Op::Subscribe,
     Op::Tracking,
     Op::ReadModel,
+    Op::Order,
+    Op::Market,
 ];
 
 impl Api {
@@ -51,6 +57,8 @@ impl Op {
             Op::Subscribe => "subscribe",
             Op::Tracking => "tracking",
             Op::ReadModel => "readmodel",
+            Op::Order => "exchange_order",
+            Op::Market => "exchange_market",
         }
     }
 }
@@ -437,5 +445,59 @@ pub fn render_read_models(out: &mut String, models: &[crate::readmodels::ModelVi
                 field(model)
             );
         }
+    }
+}
+
+/// The hosted exchange's counters.
+pub fn render_exchange(out: &mut String, stats: &annals_exchange::ServiceStats) {
+    use annals_exchange::ServiceStats;
+    type Field = fn(&ServiceStats) -> u64;
+    let series: [(&str, &str, &str, Field); 7] = [
+        (
+            "annals_exchange_commands_total",
+            "counter",
+            "Commands the matcher executed since the server started.",
+            |s| s.commands.load(Ordering::Relaxed),
+        ),
+        (
+            "annals_exchange_trades_total",
+            "counter",
+            "Trades printed since the server started.",
+            |s| s.trades.load(Ordering::Relaxed),
+        ),
+        (
+            "annals_exchange_queries_total",
+            "counter",
+            "Queries the matcher answered since the server started.",
+            |s| s.queries.load(Ordering::Relaxed),
+        ),
+        (
+            "annals_exchange_flushes_total",
+            "counter",
+            "Batches the matcher handed to the journal.",
+            |s| s.flushes.load(Ordering::Relaxed),
+        ),
+        (
+            "annals_exchange_snapshots_total",
+            "counter",
+            "Snapshots saved since the server started.",
+            |s| s.snapshots.load(Ordering::Relaxed),
+        ),
+        (
+            "annals_exchange_snapshot_position",
+            "gauge",
+            "The journal position of the newest snapshot saved since the server started.",
+            |s| s.snapshot_position.load(Ordering::Relaxed),
+        ),
+        (
+            "annals_exchange_snapshot_failing",
+            "gauge",
+            "1 while the last snapshot could not be saved.",
+            |s| u64::from(s.snapshot_error.lock().is_some()),
+        ),
+    ];
+    for (name, kind, help, field) in series {
+        header(out, name, kind, help);
+        let _ = writeln!(out, "{name} {}", field(stats));
     }
 }

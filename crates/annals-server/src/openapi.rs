@@ -273,5 +273,194 @@ pub(crate) fn document() -> String {
             } }
         }
     });
+    let mut doc = doc;
+    let (paths, schemas) = exchange();
+    doc["paths"] = merge(doc["paths"].take(), paths);
+    doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), schemas);
     doc.to_string()
+}
+
+/// The hosted exchange's endpoints and schemas (answered 404 no_exchange when the server
+/// hosts none).
+fn exchange() -> (Value, Value) {
+    let schemas = json!({
+                "ExecutionReport": {
+                    "type": "object", "required": ["type"],
+                    "description": "One thing a command did. type accepted or rejected (orderId, reason), fill (orderId, account, price, qty, leaves, role maker|taker), cancelled (orderId, qty, leaves, reason requested|self_trade|unfilled), amended (orderId, price, qty), trade (symbol, price, qty, maker, taker, takerSide, time).",
+                    "properties": {
+                        "type": { "enum": ["accepted", "rejected", "fill", "cancelled", "amended", "trade"] },
+                        "orderId": { "type": "integer" },
+                        "reason": { "type": "string", "description": "For rejected: unknown_symbol, invalid_price, invalid_quantity, duplicate_order_id, duplicate_client_order_id, would_take, not_fillable, unknown_order, already_filled, already_cancelled, not_owner." },
+                        "account": { "type": "integer" }, "price": { "type": "integer" }, "qty": { "type": "integer" },
+                        "leaves": { "type": "integer" }, "role": { "enum": ["maker", "taker"] },
+                        "symbol": { "type": "integer" }, "maker": { "type": "integer" }, "taker": { "type": "integer" },
+                        "takerSide": { "enum": ["buy", "sell"] }, "time": { "type": "integer" }
+                    }
+                },
+                "CommandResult": {
+                    "type": "object", "required": ["orderId", "status", "position", "time", "reports"],
+                    "description": "Sent once the command is durable in the exchange's mode (for d3 modes: after the fdatasync that covers it).",
+                    "properties": {
+                        "orderId": { "type": "integer", "description": "The order named; for a place, the id the exchange gave it; 0 for cancel-all." },
+                        "status": { "enum": ["live", "filled", "cancelled", "rejected"], "description": "Where the named order stands after the command." },
+                        "reason": { "type": "string", "description": "Why it was rejected." },
+                        "leaves": { "type": "integer", "description": "Quantity still open, when live." },
+                        "position": { "type": "integer", "description": "The journal position through which the command is durable (0 in d0)." },
+                        "time": { "type": "integer", "description": "The time the exchange gave the command, nanoseconds since the Unix epoch." },
+                        "reports": { "type": "array", "items": { "$ref": "#/components/schemas/ExecutionReport" } }
+                    }
+                },
+                "Book": {
+                    "type": "object", "required": ["symbol", "bids", "asks"],
+                    "properties": {
+                        "symbol": { "type": "integer" },
+                        "bids": { "type": "array", "items": { "$ref": "#/components/schemas/Level" }, "description": "Best (highest) first." },
+                        "asks": { "type": "array", "items": { "$ref": "#/components/schemas/Level" }, "description": "Best (lowest) first." }
+                    }
+                },
+                "Level": {
+                    "type": "object", "required": ["price", "qty", "orders"],
+                    "properties": { "price": { "type": "integer" }, "qty": { "type": "integer" }, "orders": { "type": "integer" } }
+                }
+    });
+    let paths = json!({
+            "/v1/exchange": { "get": {
+                "summary": "The hosted exchange: its mode and durability class, what starting it found (snapshot, commands replayed), and its counters (scope read).",
+                "responses": merge(json!({
+                    "200": { "description": "The exchange's status.", "content": { "application/json": {} } },
+                    "404": error_response("The server hosts no exchange (start it with --exchange MODE).")
+                }), auth_errors())
+            } },
+            "/v1/exchange/orders": { "post": {
+                "summary": "Place an order (scope append). Answered once durable, with every report it produced.",
+                "description": "Prices and quantities are integers, multiples of the symbol's tick and lot. kind: limit (default, good till cancelled), market (no price), ioc, fok, post_only. selfTrade (the taker's rule): cancel_newest (default), cancel_oldest, cancel_both, decrement, allow. Orders the engine refuses (bad tick, unknown symbol, a post-only that would take...) are journaled and answered 200 with status rejected and a reason.",
+                "requestBody": { "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "additionalProperties": false, "required": ["account", "symbol", "side", "qty"],
+                    "properties": {
+                        "account": { "type": "integer", "minimum": 0 }, "symbol": { "type": "integer", "minimum": 0 },
+                        "side": { "enum": ["buy", "sell"] },
+                        "kind": { "enum": ["limit", "market", "ioc", "fok", "post_only"], "default": "limit" },
+                        "price": { "type": "integer", "minimum": 0 }, "qty": { "type": "integer", "minimum": 0 },
+                        "clientOrderId": { "type": "integer", "minimum": 1, "description": "Unique among the account's live orders; defaults to the order's id." },
+                        "selfTrade": { "enum": ["allow", "cancel_newest", "cancel_oldest", "cancel_both", "decrement"], "default": "cancel_newest" }
+                    } } } } },
+                "responses": merge(json!({
+                    "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
+                    "400": error_response("Malformed JSON, unknown fields, a missing price (or a price on a market order)."),
+                    "404": error_response("The server hosts no exchange."),
+                    "503": error_response("The exchange's queue is full, its journal failed (it answers nothing more until restarted), or it is shutting down.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/orders/{id}": { "get": {
+                "summary": "Where an order stands: live (account, symbol, side, price, leaves), filled or cancelled (scope read).",
+                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer" } } ],
+                "responses": merge(json!({
+                    "200": { "description": "The order's state.", "content": { "application/json": {} } },
+                    "404": error_response("No order with this id was ever accepted, or no exchange.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/orders/{id}/cancel": { "post": {
+                "summary": "Cancel an order of the account (scope append). A filled, cancelled, unknown or foreign order is answered 200 with status rejected and a reason.",
+                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer" } } ],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "additionalProperties": false, "required": ["account"],
+                    "properties": { "account": { "type": "integer" } } } } } },
+                "responses": merge(json!({
+                    "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
+                    "400": error_response("Malformed body or id."),
+                    "503": error_response("Queue full, journal failed, or shutting down.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/orders/{id}/amend": { "post": {
+                "summary": "Amend an order's price and open quantity (scope append): a decrease at the same price keeps its place; a price change or an increase goes to the back and may trade.",
+                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer" } } ],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "additionalProperties": false, "required": ["account", "price", "qty"],
+                    "properties": { "account": { "type": "integer" }, "price": { "type": "integer" }, "qty": { "type": "integer" } } } } } },
+                "responses": merge(json!({
+                    "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
+                    "400": error_response("Malformed body or id."),
+                    "503": error_response("Queue full, journal failed, or shutting down.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/accounts/{account}/cancel-all": { "post": {
+                "summary": "Cancel every live order of an account, in one symbol or all (scope append).",
+                "parameters": [ { "name": "account", "in": "path", "required": true, "schema": { "type": "integer" } } ],
+                "requestBody": { "required": false, "content": { "application/json": { "schema": {
+                    "type": "object", "additionalProperties": false,
+                    "properties": { "symbol": { "type": "integer" } } } } } },
+                "responses": merge(json!({
+                    "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
+                    "400": error_response("Malformed body or account."),
+                    "503": error_response("Queue full, journal failed, or shutting down.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/accounts/{account}/reports": { "get": {
+                "summary": "A live stream of the account's execution reports as they become durable (scope read).",
+                "description": "NDJSON (each line has event report and seq), or Server-Sent Events (event report, id = seq) when Accept includes text/event-stream. A stream that falls too far behind gets one lagged event and ends. The stream ends when the server shuts down.",
+                "parameters": [ { "name": "account", "in": "path", "required": true, "schema": { "type": "integer" } } ],
+                "responses": merge(json!({
+                    "200": { "description": "The live stream.", "content": {
+                        "application/x-ndjson": { "schema": { "$ref": "#/components/schemas/ExecutionReport" } },
+                        "text/event-stream": { "schema": { "type": "string" } } } },
+                    "503": error_response("Too many streams.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/symbols": { "get": {
+                "summary": "Every symbol: its id, tick, lot and best bid and offer (scope read).",
+                "responses": merge(json!({
+                    "200": { "description": "The symbols.", "content": { "application/json": {} } }
+                }), auth_errors())
+            } },
+            "/v1/admin/exchange/symbols": { "post": {
+                "summary": "Add a symbol with its tick and lot sizes (scope admin); journaled, answered with its id once durable.",
+                "requestBody": { "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "additionalProperties": false, "required": ["tick", "lot"],
+                    "properties": { "tick": { "type": "integer", "minimum": 1 }, "lot": { "type": "integer", "minimum": 1 } } } } } },
+                "responses": merge(json!({
+                    "201": { "description": "Added.", "content": { "application/json": {} } },
+                    "400": error_response("Malformed body, or a zero tick or lot.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/symbols/{symbol}/depth": { "get": {
+                "summary": "A book's depth by price level, best first (scope read).",
+                "parameters": [
+                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer" } },
+                    { "name": "levels", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 10 } }
+                ],
+                "responses": merge(json!({
+                    "200": { "description": "The book.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Book" } } } },
+                    "400": error_response("Bad levels or symbol."),
+                    "404": error_response("No such symbol.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/symbols/{symbol}/trades": { "get": {
+                "summary": "The symbol's latest trades, newest first, read from the journal (scope read).",
+                "parameters": [
+                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer" } },
+                    { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 50 } }
+                ],
+                "responses": merge(json!({
+                    "200": { "description": "The trades, each with its journal position.", "content": { "application/json": {} } },
+                    "400": error_response("Bad limit or symbol."),
+                    "409": error_response("The exchange runs in d0 and journals no trades.")
+                }), auth_errors())
+            } },
+            "/v1/exchange/symbols/{symbol}/stream": { "get": {
+                "summary": "A symbol's live market data: the book first (event book), then every trade (event trade) and best bid and offer change (event bbo) after it, with no gap or repeat (scope read).",
+                "description": "NDJSON (each line has event and seq) or Server-Sent Events (id = seq) when Accept includes text/event-stream. Everything sent is durable. A stream that falls too far behind gets one lagged event and ends; reconnect for a fresh book.",
+                "parameters": [
+                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer" } },
+                    { "name": "levels", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 10 } }
+                ],
+                "responses": merge(json!({
+                    "200": { "description": "The live stream.", "content": {
+                        "application/x-ndjson": { "schema": { "type": "object" } },
+                        "text/event-stream": { "schema": { "type": "string" } } } },
+                    "404": error_response("No such symbol."),
+                    "503": error_response("Too many streams.")
+                }), auth_errors())
+            } }
+    });
+    (paths, schemas)
 }

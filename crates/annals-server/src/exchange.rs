@@ -1,0 +1,1016 @@
+//! The hosted exchange over HTTP, under `/v1/exchange` (BRIEF.md section 6 lists the store's
+//! own endpoints; these sit beside them when the server runs with `--exchange MODE`).
+//!
+//! Commands (place, cancel, amend, cancel-all) are answered once the journal holds them in the
+//! exchange's durability class, with every execution report the command produced. Queries
+//! (an order, a book's depth, the symbols) are answered by the matcher between commands and
+//! released only once everything they reflect is durable. Recent trades are a DCB read of the
+//! journal. Two live streams, as Server-Sent Events or NDJSON: a symbol's market data (the
+//! book first, then trades and best-price changes) and an account's execution reports.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use annals::{Query, QueryItem, ReadOptions};
+use annals_exchange::codec::{self, TradeRecord};
+use annals_exchange::{
+    Bbo, CancelReason, Command, Exchange, ExchangeError, Executed, Kind, Mode, Output,
+    OrderStatus, Place, Reject, Report, Role, Side, Stp, SymbolSpec,
+};
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::response::Response;
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, StatusCode, Uri};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+use crate::auth::Scopes;
+use crate::http::{accepts, authorize, finish, json_response, read_body, NDJSON, SSE};
+use crate::metrics::Op;
+use crate::wire::ApiError;
+use crate::AppState;
+
+/// Batches of outputs a slow stream may fall behind before it is told it lagged and closed.
+const MARKET_CHANNEL_BATCHES: usize = 4_096;
+/// The most price levels or trades one request may ask for.
+const LEVELS_MAX: usize = 1_000;
+const TRADES_MAX: usize = 1_000;
+
+/// The exchange a server hosts, and the channel its durable outputs fan out through.
+pub(crate) struct Hosted {
+    pub exchange: Exchange,
+    pub outputs: broadcast::Sender<Arc<Published>>,
+}
+
+/// One durable batch's outputs; the first is numbered `first`.
+pub(crate) struct Published {
+    first: u64,
+    outputs: Vec<Output>,
+}
+
+impl Hosted {
+    /// Recovers and starts the exchange on a blocking thread.
+    pub async fn start(
+        config: &crate::config::ExchangeConfig,
+        store: Arc<annals::Store>,
+    ) -> Result<Hosted, String> {
+        config.check(store.durability())?;
+        let (outputs, _) = broadcast::channel(MARKET_CHANNEL_BATCHES);
+        let sender = outputs.clone();
+        let sink: annals_exchange::Sink = Arc::new(move |first, outputs| {
+            // No receiver is not an error: nobody is watching.
+            let _ = sender.send(Arc::new(Published { first, outputs }));
+        });
+        let options = annals_exchange::ServiceOptions {
+            mode: config.mode,
+            symbols: config.symbols.clone(),
+            snapshot_every: config.snapshot_every,
+            queue_depth: config.queue_depth,
+            ..annals_exchange::ServiceOptions::default()
+        };
+        let journal = (config.mode != Mode::Memory).then_some(store);
+        let exchange =
+            tokio::task::spawn_blocking(move || Exchange::start(journal, options, sink))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("cannot start the exchange: {e}"))?;
+        Ok(Hosted { exchange, outputs })
+    }
+}
+
+pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<AppState>> {
+    use axum::routing::{get, post};
+    router
+        .route("/v1/exchange", get(status))
+        .route("/v1/exchange/orders", post(place))
+        .route("/v1/exchange/orders/{id}", get(order))
+        .route("/v1/exchange/orders/{id}/cancel", post(cancel))
+        .route("/v1/exchange/orders/{id}/amend", post(amend))
+        .route("/v1/exchange/accounts/{account}/cancel-all", post(cancel_all))
+        .route("/v1/exchange/accounts/{account}/reports", get(account_reports))
+        .route("/v1/exchange/symbols", get(symbols))
+        .route("/v1/admin/exchange/symbols", post(add_symbol))
+        .route("/v1/exchange/symbols/{symbol}/depth", get(depth))
+        .route("/v1/exchange/symbols/{symbol}/trades", get(trades))
+        .route("/v1/exchange/symbols/{symbol}/stream", get(market_stream))
+}
+
+fn hosted(state: &AppState) -> Result<&Hosted, ApiError> {
+    state.exchange.as_deref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_exchange",
+            "this server hosts no exchange; start it with --exchange d3-pipelined (or an \
+             [exchange] section in the configuration file)",
+        )
+    })
+}
+
+fn exchange_error(e: &ExchangeError) -> ApiError {
+    let (status, kind) = match e {
+        ExchangeError::Journal(_) => (StatusCode::SERVICE_UNAVAILABLE, "exchange_journal_failed"),
+        ExchangeError::Replay(_) => (StatusCode::INTERNAL_SERVER_ERROR, "exchange_replay"),
+        ExchangeError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_input"),
+        ExchangeError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        ExchangeError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "exchange_busy"),
+    };
+    ApiError::new(status, kind, e.to_string())
+}
+
+fn id_param(name: &str, text: &str) -> Result<u64, ApiError> {
+    text.parse().map_err(|_| {
+        ApiError::bad_request(
+            "invalid_parameter",
+            format!("`{name}` must be an unsigned integer, not {text:?}"),
+        )
+    })
+}
+
+fn symbol_param(text: &str) -> Result<u32, ApiError> {
+    text.parse().map_err(|_| {
+        ApiError::bad_request(
+            "invalid_parameter",
+            format!("the symbol must be its number (0, 1, ...), not {text:?}"),
+        )
+    })
+}
+
+/// Parses a JSON body into `T`, unknown fields refused.
+async fn body<T: for<'de> Deserialize<'de>>(
+    state: &AppState,
+    request: Request,
+    what: &str,
+) -> Result<T, ApiError> {
+    let bytes = read_body(state, request).await?;
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        &bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| {
+        let kind = if e.is_syntax() || e.is_eof() {
+            "malformed_json"
+        } else {
+            "invalid_body"
+        };
+        ApiError::bad_request(kind, format!("{what}: {e}"))
+    })
+}
+
+/// Runs a command and waits for its durable answer.
+async fn submit(hosted: &Hosted, command: Command) -> Result<Executed, ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    hosted
+        .exchange
+        .try_submit(command, move |r| {
+            let _ = tx.send(r);
+        })
+        .map_err(|e| exchange_error(&e))?;
+    rx.await
+        .unwrap_or(Err(ExchangeError::Stopped))
+        .map_err(|e| exchange_error(&e))
+}
+
+/// Asks the matcher and waits for the durable answer.
+async fn ask<T: Send + 'static>(
+    hosted: &Hosted,
+    question: impl FnOnce(&annals_exchange::Engine) -> T + Send + 'static,
+) -> Result<(T, u64), ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    hosted
+        .exchange
+        .try_query_seq(question, move |r| {
+            let _ = tx.send(r);
+        })
+        .map_err(|e| exchange_error(&e))?;
+    rx.await
+        .unwrap_or(Err(ExchangeError::Stopped))
+        .map_err(|e| exchange_error(&e))
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Buy => "buy",
+        Side::Sell => "sell",
+    }
+}
+
+fn reject_name(reason: Reject) -> &'static str {
+    match reason {
+        Reject::UnknownSymbol => "unknown_symbol",
+        Reject::InvalidPrice => "invalid_price",
+        Reject::InvalidQuantity => "invalid_quantity",
+        Reject::DuplicateOrderId => "duplicate_order_id",
+        Reject::DuplicateClientOrderId => "duplicate_client_order_id",
+        Reject::WouldTake => "would_take",
+        Reject::NotFillable => "not_fillable",
+        Reject::UnknownOrder => "unknown_order",
+        Reject::AlreadyFilled => "already_filled",
+        Reject::AlreadyCancelled => "already_cancelled",
+        Reject::NotOwner => "not_owner",
+    }
+}
+
+fn report_json(report: &Report) -> Value {
+    match *report {
+        Report::Accepted { id } => json!({ "type": "accepted", "orderId": id }),
+        Report::Rejected { id, reason } => {
+            json!({ "type": "rejected", "orderId": id, "reason": reject_name(reason) })
+        }
+        Report::Trade {
+            symbol,
+            price,
+            qty,
+            maker,
+            taker,
+            taker_side,
+            time,
+        } => json!({
+            "type": "trade", "symbol": symbol, "price": price, "qty": qty, "maker": maker,
+            "taker": taker, "takerSide": side_name(taker_side), "time": time,
+        }),
+        Report::Fill {
+            id,
+            account,
+            price,
+            qty,
+            leaves,
+            role,
+        } => json!({
+            "type": "fill", "orderId": id, "account": account, "price": price, "qty": qty,
+            "leaves": leaves, "role": match role { Role::Maker => "maker", Role::Taker => "taker" },
+        }),
+        Report::Cancelled {
+            id,
+            qty,
+            leaves,
+            reason,
+        } => json!({
+            "type": "cancelled", "orderId": id, "qty": qty, "leaves": leaves,
+            "reason": match reason {
+                CancelReason::Requested => "requested",
+                CancelReason::SelfTrade => "self_trade",
+                CancelReason::Unfilled => "unfilled",
+            },
+        }),
+        Report::Amended { id, price, qty } => {
+            json!({ "type": "amended", "orderId": id, "price": price, "qty": qty })
+        }
+    }
+}
+
+/// The answer to a command: the order it named, where that order stands after it, and every
+/// report it produced.
+fn executed_json(executed: &Executed, qty: Option<u64>) -> Value {
+    let id = executed.id;
+    let mut status = "live";
+    let mut leaves = qty;
+    let mut reason = None;
+    for report in &executed.reports {
+        match *report {
+            Report::Rejected { id: r, reason: why } if r == id => {
+                status = "rejected";
+                reason = Some(reject_name(why));
+            }
+            Report::Fill { id: f, leaves: l, .. } if f == id => {
+                leaves = Some(l);
+                if l == 0 {
+                    status = "filled";
+                }
+            }
+            Report::Cancelled { id: c, leaves: l, .. } if c == id => {
+                leaves = Some(l);
+                if l == 0 {
+                    status = "cancelled";
+                }
+            }
+            Report::Amended { id: a, qty: q, .. } if a == id => leaves = Some(q),
+            _ => {}
+        }
+    }
+    let mut body = json!({
+        "orderId": id,
+        "status": status,
+        "position": executed.position,
+        "time": executed.time,
+        "reports": executed.reports.iter().map(report_json).collect::<Vec<_>>(),
+    });
+    if let Some(reason) = reason {
+        body["reason"] = json!(reason);
+    }
+    if status == "live" {
+        if let Some(leaves) = leaves {
+            body["leaves"] = json!(leaves);
+        }
+    }
+    body
+}
+
+fn bbo_json(bbo: &Bbo) -> Value {
+    let level = |l: Option<(u64, u64)>| l.map(|(price, qty)| json!({ "price": price, "qty": qty }));
+    json!({ "bid": level(bbo.bid), "ask": level(bbo.ask) })
+}
+
+/// Counts a command request and answers it.
+async fn run_command(
+    state: Arc<AppState>,
+    request: Request,
+    parse: impl AsyncFnOnce(&AppState, Request) -> Result<(Command, Option<u64>), ApiError>,
+) -> Response {
+    let started = Instant::now();
+    let result = async {
+        authorize(&state, request.headers(), Scopes::APPEND)?;
+        let hosted = hosted(&state)?;
+        if request.uri().query().is_some() {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                "exchange commands take no query parameters; send them in the JSON body",
+            ));
+        }
+        let (command, qty) = parse(&state, request).await?;
+        let executed = submit(hosted, command).await?;
+        Ok(json_response(
+            StatusCode::OK,
+            executed_json(&executed, qty).to_string(),
+        ))
+    }
+    .await;
+    finish(&state, Op::Order, started, result)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KindField {
+    Limit,
+    Market,
+    Ioc,
+    Fok,
+    PostOnly,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum SideField {
+    Buy,
+    Sell,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum StpField {
+    Allow,
+    CancelNewest,
+    CancelOldest,
+    CancelBoth,
+    Decrement,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PlaceBody {
+    account: u64,
+    symbol: u32,
+    side: SideField,
+    #[serde(default)]
+    kind: Option<KindField>,
+    price: Option<u64>,
+    qty: u64,
+    client_order_id: Option<u64>,
+    self_trade: Option<StpField>,
+}
+
+async fn place(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    run_command(state, request, async |state, request| {
+        let b: PlaceBody = body(state, request, "order").await?;
+        let kind = match b.kind.unwrap_or(KindField::Limit) {
+            KindField::Limit => Kind::Limit,
+            KindField::Market => Kind::Market,
+            KindField::Ioc => Kind::Ioc,
+            KindField::Fok => Kind::Fok,
+            KindField::PostOnly => Kind::PostOnly,
+        };
+        let price = match (kind, b.price) {
+            (Kind::Market, Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "invalid_body",
+                    "a market order takes no price",
+                ))
+            }
+            (Kind::Market, None) => 0,
+            (_, Some(price)) => price,
+            (_, None) => {
+                return Err(ApiError::bad_request(
+                    "invalid_body",
+                    "a limit, ioc, fok or post_only order needs a price",
+                ))
+            }
+        };
+        if b.client_order_id == Some(0) {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                "clientOrderId must be positive (omit it and the order's id serves)",
+            ));
+        }
+        let side = match b.side {
+            SideField::Buy => Side::Buy,
+            SideField::Sell => Side::Sell,
+        };
+        let stp = match b.self_trade.unwrap_or(StpField::CancelNewest) {
+            StpField::Allow => Stp::Allow,
+            StpField::CancelNewest => Stp::CancelNewest,
+            StpField::CancelOldest => Stp::CancelOldest,
+            StpField::CancelBoth => Stp::CancelBoth,
+            StpField::Decrement => Stp::Decrement,
+        };
+        let place = Place {
+            client_id: b.client_order_id.unwrap_or(0),
+            kind,
+            stp,
+            ..Place::limit(0, b.account, b.symbol, side, price, b.qty)
+        };
+        Ok((Command::Place(place), Some(b.qty)))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    account: u64,
+}
+
+async fn cancel(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    run_command(state, request, async |state, request| {
+        let id = id_param("id", &id)?;
+        let b: CancelBody = body(state, request, "cancel").await?;
+        Ok((
+            Command::Cancel {
+                id,
+                account: b.account,
+            },
+            None,
+        ))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AmendBody {
+    account: u64,
+    price: u64,
+    qty: u64,
+}
+
+async fn amend(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    run_command(state, request, async |state, request| {
+        let id = id_param("id", &id)?;
+        let b: AmendBody = body(state, request, "amend").await?;
+        Ok((
+            Command::Amend {
+                id,
+                account: b.account,
+                price: b.price,
+                qty: b.qty,
+            },
+            Some(b.qty),
+        ))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelAllBody {
+    symbol: Option<u32>,
+}
+
+async fn cancel_all(
+    State(state): State<Arc<AppState>>,
+    Path(account): Path<String>,
+    request: Request,
+) -> Response {
+    run_command(state, request, async |state, request| {
+        let account = id_param("account", &account)?;
+        let b: CancelAllBody = body(state, request, "cancel-all").await?;
+        Ok((
+            Command::CancelAll {
+                account,
+                symbol: b.symbol,
+            },
+            None,
+        ))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SymbolBody {
+    tick: u64,
+    lot: u64,
+}
+
+/// Adds a symbol (admin scope); answers its id once journaled.
+async fn add_symbol(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = async {
+        authorize(&state, request.headers(), Scopes::ADMIN)?;
+        let hosted = hosted(&state)?;
+        let b: SymbolBody = body(&state, request, "symbol").await?;
+        if b.tick == 0 || b.lot == 0 {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                "a symbol's tick and lot must be positive",
+            ));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        hosted
+            .exchange
+            .try_add_symbol(
+                SymbolSpec {
+                    tick: b.tick,
+                    lot: b.lot,
+                },
+                move |r| {
+                    let _ = tx.send(r);
+                },
+            )
+            .map_err(|e| exchange_error(&e))?;
+        let symbol = rx
+            .await
+            .unwrap_or(Err(ExchangeError::Stopped))
+            .map_err(|e| exchange_error(&e))?;
+        Ok(json_response(
+            StatusCode::CREATED,
+            json!({ "symbol": symbol, "tick": b.tick, "lot": b.lot }).to_string(),
+        ))
+    }
+    .await;
+    finish(&state, Op::Order, started, result)
+}
+
+/// The exchange's mode, what starting it found, and its counters (scope read).
+async fn status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let started = Instant::now();
+    let result = (|| {
+        authorize(&state, &headers, Scopes::READ)?;
+        let hosted = hosted(&state)?;
+        let start = hosted.exchange.start_report();
+        let stats = hosted.exchange.stats();
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let mode = hosted.exchange.mode();
+        Ok(json_response(
+            StatusCode::OK,
+            json!({
+                "mode": mode.label(),
+                "durability": mode.class(),
+                "started": {
+                    "position": start.position,
+                    "snapshotPosition": start.snapshot_position,
+                    "skippedSnapshots": start.skipped_snapshots,
+                    "replayed": start.replayed,
+                    "commands": start.commands,
+                    "liveOrders": start.live_orders,
+                    "millis": start.millis,
+                },
+                "commands": load(&stats.commands),
+                "trades": load(&stats.trades),
+                "queries": load(&stats.queries),
+                "snapshots": load(&stats.snapshots),
+                "snapshotPosition": load(&stats.snapshot_position),
+                "snapshotError": *stats.snapshot_error.lock(),
+            })
+            .to_string(),
+        ))
+    })();
+    finish(&state, Op::Market, started, result)
+}
+
+/// An order's state: live (with what is left), filled, cancelled; 404 when never accepted.
+async fn order(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let started = Instant::now();
+    let result = async {
+        authorize(&state, &headers, Scopes::READ)?;
+        let hosted = hosted(&state)?;
+        let id = id_param("id", &id)?;
+        let (status, _) = ask(hosted, move |engine| engine.status(id)).await?;
+        let body = match status {
+            OrderStatus::Live(v) => json!({
+                "orderId": v.id, "status": "live", "account": v.account, "symbol": v.symbol,
+                "side": side_name(v.side), "price": v.price, "leaves": v.leaves,
+                "clientOrderId": v.client_id,
+            }),
+            OrderStatus::Filled => json!({ "orderId": id, "status": "filled" }),
+            OrderStatus::Cancelled => json!({ "orderId": id, "status": "cancelled" }),
+            OrderStatus::Unknown => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "unknown_order",
+                    format!("no order {id} was ever accepted"),
+                ))
+            }
+        };
+        Ok(json_response(StatusCode::OK, body.to_string()))
+    }
+    .await;
+    finish(&state, Op::Market, started, result)
+}
+
+/// Every symbol with its rules and best bid and offer.
+async fn symbols(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let started = Instant::now();
+    let result = async {
+        authorize(&state, &headers, Scopes::READ)?;
+        let hosted = hosted(&state)?;
+        let (list, _) = ask(hosted, |engine| {
+            engine
+                .specs()
+                .into_iter()
+                .enumerate()
+                .map(|(i, spec)| (i as u32, spec, engine.bbo(i as u32)))
+                .collect::<Vec<_>>()
+        })
+        .await?;
+        let symbols: Vec<Value> = list
+            .iter()
+            .map(|(symbol, spec, bbo)| {
+                let mut v = bbo_json(bbo);
+                v["symbol"] = json!(symbol);
+                v["tick"] = json!(spec.tick);
+                v["lot"] = json!(spec.lot);
+                v
+            })
+            .collect();
+        Ok(json_response(
+            StatusCode::OK,
+            json!({ "symbols": symbols }).to_string(),
+        ))
+    }
+    .await;
+    finish(&state, Op::Market, started, result)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LevelsParams {
+    levels: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LimitParams {
+    limit: Option<usize>,
+}
+
+fn query_params<T: for<'de> Deserialize<'de> + Default>(
+    uri: &Uri,
+    expected: &str,
+) -> Result<T, ApiError> {
+    match uri.query() {
+        None => Ok(T::default()),
+        Some(q) => serde_urlencoded::from_str(q).map_err(|e| {
+            ApiError::bad_request(
+                "invalid_parameter",
+                format!("query string: {e} (expected {expected})"),
+            )
+        }),
+    }
+}
+
+fn bounded(value: Option<usize>, default: usize, max: usize, name: &str) -> Result<usize, ApiError> {
+    let value = value.unwrap_or(default);
+    if value == 0 || value > max {
+        return Err(ApiError::bad_request(
+            "invalid_parameter",
+            format!("`{name}` must be between 1 and {max}, not {value}"),
+        ));
+    }
+    Ok(value)
+}
+
+type Levels = Vec<(u64, u64, u32)>;
+
+/// Both sides of a book, best first, or None for an unknown symbol.
+fn book(engine: &annals_exchange::Engine, symbol: u32, levels: usize) -> Option<(Levels, Levels)> {
+    ((symbol as usize) < engine.symbols()).then(|| {
+        (
+            engine.depth(symbol, Side::Buy, levels),
+            engine.depth(symbol, Side::Sell, levels),
+        )
+    })
+}
+
+fn unknown_symbol(symbol: u32) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_symbol",
+        format!("no symbol {symbol}; GET /v1/exchange/symbols lists them"),
+    )
+}
+
+fn book_json(symbol: u32, (bids, asks): &(Levels, Levels)) -> Value {
+    let side = |levels: &Levels| {
+        levels
+            .iter()
+            .map(|&(price, qty, orders)| json!({ "price": price, "qty": qty, "orders": orders }))
+            .collect::<Vec<_>>()
+    };
+    json!({ "symbol": symbol, "bids": side(bids), "asks": side(asks) })
+}
+
+/// A book's depth: up to `levels` price levels a side (default 10).
+async fn depth(
+    State(state): State<Arc<AppState>>,
+    Path(symbol): Path<String>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let started = Instant::now();
+    let result = async {
+        authorize(&state, &headers, Scopes::READ)?;
+        let hosted = hosted(&state)?;
+        let symbol = symbol_param(&symbol)?;
+        let params: LevelsParams = query_params(&uri, "levels")?;
+        let levels = bounded(params.levels, 10, LEVELS_MAX, "levels")?;
+        let (found, _) = ask(hosted, move |engine| book(engine, symbol, levels)).await?;
+        let found = found.ok_or_else(|| unknown_symbol(symbol))?;
+        Ok(json_response(
+            StatusCode::OK,
+            book_json(symbol, &found).to_string(),
+        ))
+    }
+    .await;
+    finish(&state, Op::Market, started, result)
+}
+
+fn trade_json(t: &TradeRecord) -> Value {
+    json!({
+        "symbol": t.symbol, "price": t.price, "qty": t.qty, "takerSide": side_name(t.taker_side),
+        "time": t.time,
+    })
+}
+
+/// The latest trades of a symbol, newest first: a backwards DCB read of the journal's
+/// `TradeExecuted` events tagged with the symbol.
+async fn trades(
+    State(state): State<Arc<AppState>>,
+    Path(symbol): Path<String>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let started = Instant::now();
+    let result = (|| {
+        authorize(&state, &headers, Scopes::READ)?;
+        let hosted = hosted(&state)?;
+        let symbol = symbol_param(&symbol)?;
+        let params: LimitParams = query_params(&uri, "limit")?;
+        let limit = bounded(params.limit, 50, TRADES_MAX, "limit")?;
+        if hosted.exchange.mode() == Mode::Memory {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "not_journaled",
+                "the exchange runs in d0 and journals no trades",
+            ));
+        }
+        let query = Query::item(
+            QueryItem::types([codec::TRADE_EXECUTED]).and_tags([format!("symbol:{symbol}")]),
+        );
+        let events = state
+            .store
+            .read(&query, ReadOptions::backwards().limit(limit as u64))
+            .map_err(|e| crate::http::read_error(&e))?;
+        let mut out = Vec::with_capacity(limit);
+        for event in events {
+            let event = event.map_err(|e| crate::http::read_error(&e))?;
+            let trade = codec::decode_trade(&event).map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "exchange_replay", e)
+            })?;
+            let mut v = trade_json(&trade);
+            v["position"] = json!(event.position());
+            out.push(v);
+        }
+        Ok(json_response(
+            StatusCode::OK,
+            json!({ "symbol": symbol, "trades": out }).to_string(),
+        ))
+    })();
+    finish(&state, Op::Market, started, result)
+}
+
+/// What a stream sends: one symbol's market data, or one account's execution reports.
+#[derive(Clone, Copy)]
+enum Filter {
+    Symbol(u32),
+    Account(u64),
+}
+
+/// One live stream: outputs numbered from `next` on, filtered, as SSE or NDJSON.
+struct Watcher {
+    outputs: broadcast::Receiver<Arc<Published>>,
+    filter: Filter,
+    next: u64,
+    sse: bool,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    _gauge: crate::metrics::Gauge,
+    first: Option<Bytes>,
+    ended: bool,
+}
+
+impl Watcher {
+    fn frame(&self, out: &mut Vec<u8>, seq: u64, event: &str, data: &Value) {
+        if self.sse {
+            out.extend_from_slice(format!("id: {seq}\nevent: {event}\ndata: ").as_bytes());
+            out.extend_from_slice(data.to_string().as_bytes());
+            out.extend_from_slice(b"\n\n");
+        } else {
+            let mut line = data.clone();
+            line["event"] = json!(event);
+            line["seq"] = json!(seq);
+            out.extend_from_slice(line.to_string().as_bytes());
+            out.push(b'\n');
+        }
+    }
+
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
+        if self.ended || *self.shutdown.borrow() {
+            return None;
+        }
+        loop {
+            let keepalive = tokio::time::sleep(crate::http::SSE_KEEPALIVE);
+            tokio::pin!(keepalive);
+            let received = tokio::select! {
+                r = self.outputs.recv() => r,
+                _ = self.shutdown.changed() => return None,
+                _ = &mut keepalive, if self.sse => {
+                    return Some(Bytes::from_static(b": keepalive\n\n"))
+                }
+            };
+            let published = match received {
+                Ok(published) => published,
+                Err(broadcast::error::RecvError::Lagged(batches)) => {
+                    // The stream fell behind: say so and end, so the client reconnects and
+                    // starts again from a fresh book.
+                    self.ended = true;
+                    let mut out = Vec::new();
+                    let data = json!({ "lagged": true, "batchesMissed": batches });
+                    self.frame(&mut out, self.next, "lagged", &data);
+                    return Some(Bytes::from(out));
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            let mut out = Vec::new();
+            for (i, output) in published.outputs.iter().enumerate() {
+                let seq = published.first + i as u64;
+                if seq < self.next {
+                    continue; // already in the book this stream began with
+                }
+                match (self.filter, output) {
+                    (Filter::Symbol(s), Output::Trade(t)) if t.symbol == s => {
+                        self.frame(&mut out, seq, "trade", &trade_json(t))
+                    }
+                    (Filter::Symbol(s), Output::Bbo { symbol, bbo }) if *symbol == s => {
+                        let mut data = bbo_json(bbo);
+                        data["symbol"] = json!(s);
+                        self.frame(&mut out, seq, "bbo", &data)
+                    }
+                    (Filter::Account(a), Output::Execution { account, report }) if *account == a => {
+                        self.frame(&mut out, seq, "report", &report_json(report))
+                    }
+                    _ => {}
+                }
+            }
+            self.next = self.next.max(published.first + published.outputs.len() as u64);
+            if !out.is_empty() {
+                return Some(Bytes::from(out));
+            }
+        }
+    }
+}
+
+fn stream_response(watcher: Watcher) -> Response {
+    let sse = watcher.sse;
+    let body = Body::from_stream(futures_util::stream::unfold(watcher, |mut w| async move {
+        let chunk = w.next_chunk().await?;
+        Some((Ok::<_, Infallible>(chunk), w))
+    }));
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(if sse { SSE } else { NDJSON }),
+    );
+    headers.insert("cache-control", HeaderValue::from_static("no-store"));
+    response
+}
+
+fn check_subscribers(state: &AppState) -> Result<(), ApiError> {
+    if state.metrics.subscribers() >= state.config.limits.subscribers_max as i64 {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_subscribers",
+            format!(
+                "the server already serves {} streams (the limit)",
+                state.config.limits.subscribers_max
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A symbol's live market data: the book (`levels` a side), then every trade and best-price
+/// change after it, with no gap and no repeat between the two.
+async fn market_stream(
+    State(state): State<Arc<AppState>>,
+    Path(symbol): Path<String>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let started = Instant::now();
+    let result = async {
+        authorize(&state, &headers, Scopes::READ)?;
+        let hosted = hosted(&state)?;
+        let symbol = symbol_param(&symbol)?;
+        let params: LevelsParams = query_params(&uri, "levels")?;
+        let levels = bounded(params.levels, 10, LEVELS_MAX, "levels")?;
+        check_subscribers(&state)?;
+        // Subscribe before asking, so nothing published after the book is missed.
+        let outputs = hosted.outputs.subscribe();
+        let (found, next) = ask(hosted, move |engine| book(engine, symbol, levels)).await?;
+        let found = found.ok_or_else(|| unknown_symbol(symbol))?;
+        let mut watcher = Watcher {
+            outputs,
+            filter: Filter::Symbol(symbol),
+            next,
+            sse: accepts(&headers, SSE),
+            shutdown: state.shutdown.clone(),
+            _gauge: state.metrics.subscriber(),
+            first: None,
+            ended: false,
+        };
+        let mut first = Vec::new();
+        watcher.frame(&mut first, next, "book", &book_json(symbol, &found));
+        watcher.first = Some(Bytes::from(first));
+        Ok(stream_response(watcher))
+    }
+    .await;
+    finish(&state, Op::Market, started, result)
+}
+
+/// An account's execution reports as they become durable.
+async fn account_reports(
+    State(state): State<Arc<AppState>>,
+    Path(account): Path<String>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let started = Instant::now();
+    let result = async {
+        authorize(&state, &headers, Scopes::READ)?;
+        let hosted = hosted(&state)?;
+        let account = id_param("account", &account)?;
+        if uri.query().is_some() {
+            return Err(ApiError::bad_request(
+                "invalid_parameter",
+                "the reports stream takes no query parameters",
+            ));
+        }
+        check_subscribers(&state)?;
+        let outputs = hosted.outputs.subscribe();
+        // Line the stream up with the matcher: reports from the next output on.
+        let ((), next) = ask(hosted, |_| ()).await?;
+        let sse = accepts(&headers, SSE);
+        let first = sse.then(|| Bytes::from(format!(": reports of account {account}\n\n")));
+        Ok(stream_response(Watcher {
+            outputs,
+            filter: Filter::Account(account),
+            next,
+            sse,
+            shutdown: state.shutdown.clone(),
+            _gauge: state.metrics.subscriber(),
+            first,
+            ended: false,
+        }))
+    }
+    .await;
+    finish(&state, Op::Market, started, result)
+}
