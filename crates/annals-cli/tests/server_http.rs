@@ -473,7 +473,11 @@ fn api_keys_and_scopes_on_every_endpoint() {
 fn openapi_describes_every_endpoint() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("annals.toml");
-    std::fs::write(&config, "[[read_models]]\nname = \"m\"\n").unwrap();
+    std::fs::write(
+        &config,
+        "[[read_models]]\nname = \"m\"\n[exchange]\nsymbols = [{ tick = 1, lot = 1 }]\n",
+    )
+    .unwrap();
     let server = ServerProcess::start(
         &dir.path().join("data"),
         &["--config", config.to_str().unwrap()],
@@ -489,8 +493,20 @@ fn openapi_describes_every_endpoint() {
             "/health",
             "/metrics",
             "/v1/admin/check",
+            "/v1/admin/exchange/symbols",
             "/v1/admin/readmodels/{name}/rebuild",
             "/v1/append",
+            "/v1/exchange",
+            "/v1/exchange/accounts/{account}/cancel-all",
+            "/v1/exchange/accounts/{account}/reports",
+            "/v1/exchange/orders",
+            "/v1/exchange/orders/{id}",
+            "/v1/exchange/orders/{id}/amend",
+            "/v1/exchange/orders/{id}/cancel",
+            "/v1/exchange/symbols",
+            "/v1/exchange/symbols/{symbol}/depth",
+            "/v1/exchange/symbols/{symbol}/stream",
+            "/v1/exchange/symbols/{symbol}/trades",
             "/v1/head",
             "/v1/openapi.json",
             "/v1/read",
@@ -502,8 +518,14 @@ fn openapi_describes_every_endpoint() {
     );
     for (path, ops) in paths {
         for (method, op) in ops.as_object().unwrap() {
-            // A rebuild is accepted (202) and runs in the background.
-            let ok = if path.ends_with("/rebuild") { 202 } else { 200 };
+            // A rebuild is accepted (202) and runs in the background; a symbol is created.
+            let ok = if path.ends_with("/rebuild") {
+                202
+            } else if path == "/v1/admin/exchange/symbols" {
+                201
+            } else {
+                200
+            };
             assert!(
                 op["responses"]
                     .as_object()
@@ -511,16 +533,31 @@ fn openapi_describes_every_endpoint() {
                     .contains_key(&ok.to_string()),
                 "{path}"
             );
-            if path == "/v1/subscribe" {
-                assert_eq!(Stream::open(server.http, path, &[]).status, 200);
+            // Paths sort so that the order placed here is order 1 by the time it is named.
+            let path = path
+                .replace("{name}", "m")
+                .replace("{account}", "1")
+                .replace("{id}", "1")
+                .replace("{symbol}", "0");
+            if path == "/v1/subscribe" || path.ends_with("/stream") || path.ends_with("/reports") {
+                assert_eq!(Stream::open(server.http, &path, &[]).status, 200, "{path}");
                 continue;
             }
             let path = if path == "/v1/tracking" {
                 "/v1/tracking?source=s".to_owned()
             } else {
-                path.replace("{name}", "m")
+                path
             };
-            let body = append_body(&[("E", &[], "")], None);
+            let body = match path.as_str() {
+                "/v1/exchange/orders" => {
+                    r#"{"account":1,"symbol":0,"side":"sell","price":100,"qty":5}"#.to_string()
+                }
+                "/v1/exchange/orders/1/amend" => r#"{"account":1,"price":101,"qty":4}"#.into(),
+                "/v1/exchange/orders/1/cancel" => r#"{"account":1}"#.into(),
+                "/v1/exchange/accounts/1/cancel-all" => "{}".into(),
+                "/v1/admin/exchange/symbols" => r#"{"tick":1,"lot":1}"#.into(),
+                _ => append_body(&[("E", &[], "")], None),
+            };
             let r = request(
                 server.http,
                 &method.to_uppercase(),

@@ -15,8 +15,8 @@ use std::time::Instant;
 use annals::{Query, QueryItem, ReadOptions};
 use annals_exchange::codec::{self, TradeRecord};
 use annals_exchange::{
-    Bbo, CancelReason, Command, Exchange, ExchangeError, Executed, Kind, Mode, Output,
-    OrderStatus, Place, Reject, Report, Role, Side, Stp, SymbolSpec,
+    Bbo, CancelReason, Command, Exchange, ExchangeError, Executed, Kind, Mode, OrderStatus, Output,
+    Place, Reject, Report, Role, Side, Stp, SymbolSpec,
 };
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -73,11 +73,10 @@ impl Hosted {
             ..annals_exchange::ServiceOptions::default()
         };
         let journal = (config.mode != Mode::Memory).then_some(store);
-        let exchange =
-            tokio::task::spawn_blocking(move || Exchange::start(journal, options, sink))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("cannot start the exchange: {e}"))?;
+        let exchange = tokio::task::spawn_blocking(move || Exchange::start(journal, options, sink))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot start the exchange: {e}"))?;
         Ok(Hosted { exchange, outputs })
     }
 }
@@ -90,8 +89,14 @@ pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<Ap
         .route("/v1/exchange/orders/{id}", get(order))
         .route("/v1/exchange/orders/{id}/cancel", post(cancel))
         .route("/v1/exchange/orders/{id}/amend", post(amend))
-        .route("/v1/exchange/accounts/{account}/cancel-all", post(cancel_all))
-        .route("/v1/exchange/accounts/{account}/reports", get(account_reports))
+        .route(
+            "/v1/exchange/accounts/{account}/cancel-all",
+            post(cancel_all),
+        )
+        .route(
+            "/v1/exchange/accounts/{account}/reports",
+            get(account_reports),
+        )
         .route("/v1/exchange/symbols", get(symbols))
         .route("/v1/admin/exchange/symbols", post(add_symbol))
         .route("/v1/exchange/symbols/{symbol}/depth", get(depth))
@@ -276,13 +281,17 @@ fn executed_json(executed: &Executed, qty: Option<u64>) -> Value {
                 status = "rejected";
                 reason = Some(reject_name(why));
             }
-            Report::Fill { id: f, leaves: l, .. } if f == id => {
+            Report::Fill {
+                id: f, leaves: l, ..
+            } if f == id => {
                 leaves = Some(l);
                 if l == 0 {
                     status = "filled";
                 }
             }
-            Report::Cancelled { id: c, leaves: l, .. } if c == id => {
+            Report::Cancelled {
+                id: c, leaves: l, ..
+            } if c == id => {
                 leaves = Some(l);
                 if l == 0 {
                     status = "cancelled";
@@ -292,12 +301,27 @@ fn executed_json(executed: &Executed, qty: Option<u64>) -> Value {
             _ => {}
         }
     }
+    let reports: Vec<Value> = executed.reports.iter().map(report_json).collect();
+    if id == 0 {
+        // A cancel-all names no order: it says how many it cancelled.
+        let cancelled = executed
+            .reports
+            .iter()
+            .filter(|r| matches!(r, Report::Cancelled { leaves: 0, .. }))
+            .count();
+        return json!({
+            "cancelled": cancelled,
+            "position": executed.position,
+            "time": executed.time,
+            "reports": reports,
+        });
+    }
     let mut body = json!({
         "orderId": id,
         "status": status,
         "position": executed.position,
         "time": executed.time,
-        "reports": executed.reports.iter().map(report_json).collect::<Vec<_>>(),
+        "reports": reports,
     });
     if let Some(reason) = reason {
         body["reason"] = json!(reason);
@@ -694,7 +718,12 @@ fn query_params<T: for<'de> Deserialize<'de> + Default>(
     }
 }
 
-fn bounded(value: Option<usize>, default: usize, max: usize, name: &str) -> Result<usize, ApiError> {
+fn bounded(
+    value: Option<usize>,
+    default: usize,
+    max: usize,
+    name: &str,
+) -> Result<usize, ApiError> {
     let value = value.unwrap_or(default);
     if value == 0 || value > max {
         return Err(ApiError::bad_request(
@@ -893,13 +922,17 @@ impl Watcher {
                         data["symbol"] = json!(s);
                         self.frame(&mut out, seq, "bbo", &data)
                     }
-                    (Filter::Account(a), Output::Execution { account, report }) if *account == a => {
+                    (Filter::Account(a), Output::Execution { account, report })
+                        if *account == a =>
+                    {
                         self.frame(&mut out, seq, "report", &report_json(report))
                     }
                     _ => {}
                 }
             }
-            self.next = self.next.max(published.first + published.outputs.len() as u64);
+            self.next = self
+                .next
+                .max(published.first + published.outputs.len() as u64);
             if !out.is_empty() {
                 return Some(Bytes::from(out));
             }

@@ -98,7 +98,11 @@ pub(crate) fn outcome_of(error: &ApiError) -> Outcome {
     }
 }
 
-pub(crate) fn authorize(state: &AppState, headers: &HeaderMap, needed: Scopes) -> Result<(), ApiError> {
+pub(crate) fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    needed: Scopes,
+) -> Result<(), ApiError> {
     state
         .config
         .api_keys

@@ -298,10 +298,11 @@ fn exchange() -> (Value, Value) {
                     }
                 },
                 "CommandResult": {
-                    "type": "object", "required": ["orderId", "status", "position", "time", "reports"],
-                    "description": "Sent once the command is durable in the exchange's mode (for d3 modes: after the fdatasync that covers it).",
+                    "type": "object", "required": ["position", "time", "reports"],
+                    "description": "Sent once the command is durable in the exchange's mode (for d3 modes: after the fdatasync that covers it). A cancel-all names no order: it answers cancelled instead of orderId and status.",
                     "properties": {
-                        "orderId": { "type": "integer", "description": "The order named; for a place, the id the exchange gave it; 0 for cancel-all." },
+                        "orderId": { "type": "integer", "description": "The order named; for a place, the id the exchange gave it." },
+                        "cancelled": { "type": "integer", "description": "Cancel-all only: the orders it cancelled." },
                         "status": { "enum": ["live", "filled", "cancelled", "rejected"], "description": "Where the named order stands after the command." },
                         "reason": { "type": "string", "description": "Why it was rejected." },
                         "leaves": { "type": "integer", "description": "Quantity still open, when live." },
