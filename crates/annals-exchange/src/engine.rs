@@ -174,6 +174,8 @@ pub struct Engine {
     /// Each account's live orders: (first, last) of a list through the nodes.
     accounts: Map<AccountId, (u32, u32)>,
     done: DoneSet,
+    /// See [`Engine::named_symbol`]; not part of the state.
+    named_symbol: Option<SymbolId>,
 }
 
 impl Engine {
@@ -196,6 +198,7 @@ impl Engine {
             clients: Map::default(),
             accounts: Map::default(),
             done: DoneSet::default(),
+            named_symbol: None,
         }
     }
 
@@ -235,6 +238,7 @@ impl Engine {
 
     /// Applies one command at `time`, appending what happened to `out`.
     pub fn apply(&mut self, time: u64, command: &Command, out: &mut Vec<Report>) {
+        self.named_symbol = None;
         match *command {
             Command::Place(ref place) => self.place(time, place, out),
             Command::Cancel { id, account } => self.cancel(id, account, out),
@@ -640,6 +644,7 @@ impl Engine {
             let reason = self.not_live(id);
             return out.push(Report::Rejected { id, reason });
         };
+        self.named_symbol = Some(self.nodes[at as usize].symbol);
         if self.nodes[at as usize].account != account {
             return out.push(Report::Rejected {
                 id,
@@ -663,6 +668,7 @@ impl Engine {
             let reason = self.not_live(id);
             return reject(out, reason);
         };
+        self.named_symbol = Some(self.nodes[at as usize].symbol);
         let node = self.nodes[at as usize];
         if node.account != account {
             return reject(out, Reject::NotOwner);
@@ -757,6 +763,13 @@ impl Engine {
             Some(Done::Cancelled) => OrderStatus::Cancelled,
             None => OrderStatus::Unknown,
         }
+    }
+
+    /// The symbol of the live order the last cancel or amend named (None for other commands,
+    /// and for one that named no live order): what the command was about, without a second
+    /// lookup of an order it may have removed.
+    pub fn named_symbol(&self) -> Option<SymbolId> {
+        self.named_symbol
     }
 
     /// The number of live orders.

@@ -434,14 +434,9 @@ impl Sequencer {
             self.engine.apply(time, command, out);
             return Ok(());
         }
-        let symbol = match *command {
-            Command::Cancel { id, .. } | Command::Amend { id, .. } => {
-                self.engine.order(id).map(|o| o.symbol)
-            }
-            _ => None,
-        };
         let start = out.len();
         self.engine.apply(time, command, out);
+        let symbol = self.engine.named_symbol();
         let result = self.journal(time, command, symbol, &out[start..]);
         if let Err(e) = result {
             // The engine applied a command the log does not hold.

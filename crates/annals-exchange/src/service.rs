@@ -459,7 +459,6 @@ impl Matcher {
 
     fn command(&mut self, mut command: Command, reply: Reply<Executed>) {
         let time = wall_clock_ns().max(self.sequencer.last_time());
-        let engine = self.sequencer.engine();
         let (id, account) = match &mut command {
             Command::Place(p) => {
                 p.id = self.sequencer.next_order_id();
@@ -471,19 +470,19 @@ impl Matcher {
             Command::Cancel { id, account } | Command::Amend { id, account, .. } => (*id, *account),
             Command::CancelAll { account, .. } => (0, *account),
         };
-        // The symbols whose best prices the command may move.
-        let touched = match command {
-            Command::Place(p) => Some(p.symbol),
-            Command::Cancel { id, .. } | Command::Amend { id, .. } => {
-                engine.order(id).map(|o| o.symbol)
-            }
-            Command::CancelAll { symbol, .. } => symbol,
-        };
         let all_symbols = matches!(command, Command::CancelAll { symbol: None, .. });
         self.reports.clear();
         if let Err(e) = self.sequencer.execute(time, &command, &mut self.reports) {
             return reply(Err(e));
         }
+        // The symbols whose best prices the command may have moved.
+        let touched = match command {
+            Command::Place(p) => Some(p.symbol),
+            Command::Cancel { .. } | Command::Amend { .. } => {
+                self.sequencer.engine().named_symbol()
+            }
+            Command::CancelAll { symbol, .. } => symbol,
+        };
         self.stats.commands.fetch_add(1, Ordering::Relaxed);
         for report in &self.reports {
             match *report {

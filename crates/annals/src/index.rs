@@ -108,7 +108,7 @@ pub(crate) struct Index {
     /// few types, and consecutive events (those of one append, above all) often repeat their
     /// tags; a byte comparison is cheaper than a hash lookup.
     recent_types: [Option<u32>; RECENT_TYPES],
-    recent_tags: [Option<u32>; RECENT_TAG_SLOTS],
+    recent_tags: [CachedTag; RECENT_TAG_SLOTS],
     /// A direct-mapped cache of tag ids in front of `tag_ids`, indexed by the tag's hash: a
     /// store with a large tag table (one tag per order, per customer...) would otherwise pay a
     /// cache miss into that table for every tag of every event, even for the few thousand tags
@@ -131,6 +131,34 @@ const EMPTY_TAG: CachedTag = CachedTag {
     bytes: [0; 27],
     id: 0,
 };
+
+impl Default for CachedTag {
+    fn default() -> Self {
+        EMPTY_TAG
+    }
+}
+
+impl CachedTag {
+    /// `tag` and its id; a tag too long to keep never matches.
+    fn new(tag: &[u8], id: u32) -> CachedTag {
+        if tag.is_empty() || tag.len() > 27 {
+            return EMPTY_TAG;
+        }
+        let mut bytes = [0; 27];
+        bytes[..tag.len()].copy_from_slice(tag);
+        CachedTag {
+            len: tag.len() as u8,
+            bytes,
+            id,
+        }
+    }
+
+    /// The id, when this slot holds `tag` (compared in place: no trip to the tag table).
+    fn id_of(&self, tag: &[u8]) -> Option<u32> {
+        (self.len != 0 && usize::from(self.len) == tag.len() && self.bytes[..tag.len()] == *tag)
+            .then_some(self.id)
+    }
+}
 
 const RECENT_TYPES: usize = 8;
 const RECENT_TAG_SLOTS: usize = 4;
@@ -227,14 +255,16 @@ impl Index {
                 break;
             };
             tags = rest;
-            let recent = self.recent_tags.get(slot).copied().flatten();
-            let tag_id = match recent {
-                Some(id) if *self.tag_names[id as usize] == *tag => id,
-                _ => self.tag_id(tag),
+            let tag_id = match self.recent_tags.get(slot).and_then(|c| c.id_of(tag)) {
+                Some(id) => id,
+                None => {
+                    let id = self.tag_id(tag);
+                    if let Some(cached) = self.recent_tags.get_mut(slot) {
+                        *cached = CachedTag::new(tag, id);
+                    }
+                    id
+                }
             };
-            if let Some(cached) = self.recent_tags.get_mut(slot) {
-                *cached = Some(tag_id);
-            }
             self.tag_postings[tag_id as usize].push(position);
         }
     }
@@ -254,9 +284,8 @@ impl Index {
         }
         let slot = std::hash::BuildHasher::hash_one(self.tag_ids.hasher(), tag) as usize
             & (TAG_CACHE_SLOTS - 1);
-        let cached = &self.tag_cache[slot];
-        if usize::from(cached.len) == tag.len() && cached.bytes[..tag.len()] == *tag {
-            return cached.id;
+        if let Some(id) = self.tag_cache[slot].id_of(tag) {
+            return id;
         }
         let id = intern(
             &mut self.tag_ids,
@@ -264,13 +293,7 @@ impl Index {
             &mut self.tag_postings,
             tag,
         );
-        let mut bytes = [0; 27];
-        bytes[..tag.len()].copy_from_slice(tag);
-        self.tag_cache[slot] = CachedTag {
-            len: tag.len() as u8,
-            bytes,
-            id,
-        };
+        self.tag_cache[slot] = CachedTag::new(tag, id);
         id
     }
 
