@@ -112,11 +112,13 @@ pub(crate) struct Index {
     /// A direct-mapped cache of tag ids in front of `tag_ids`, indexed by the tag's hash: a
     /// store with a large tag table (one tag per order, per customer...) would otherwise pay a
     /// cache miss into that table for every tag of every event, even for the few thousand tags
-    /// that recur (accounts, live orders). 256 KiB; allocated on first use.
+    /// that recur (accounts, live orders). 64K slots, 2 MiB, allocated on first use: 8K slots
+    /// missed often behind 2,000 accounts and 7,000 live orders (the exchange's normal
+    /// scenario), and the writer spent 15% more CPU per event.
     tag_cache: Vec<CachedTag>,
 }
 
-const TAG_CACHE_SLOTS: usize = 1 << 13;
+const TAG_CACHE_SLOTS: usize = 1 << 16;
 
 /// One slot of `Index::tag_cache`: a tag of up to 27 bytes and its id.
 #[derive(Clone, Copy)]
