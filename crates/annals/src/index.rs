@@ -162,6 +162,45 @@ impl CachedTag {
     }
 }
 
+/// Tags per event that [`Index::look_ahead`] prepares.
+const AHEAD_TAGS: usize = 4;
+
+/// What [`Index::look_ahead`] learnt about an event's first tags.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ahead {
+    slots: [u32; AHEAD_TAGS],
+    ids: [u32; AHEAD_TAGS],
+}
+
+impl Ahead {
+    const UNKNOWN: u32 = u32::MAX;
+    pub(crate) const NONE: Ahead = Ahead {
+        slots: [Self::UNKNOWN; AHEAD_TAGS],
+        ids: [Self::UNKNOWN; AHEAD_TAGS],
+    };
+}
+
+/// The stages of [`Index::look_ahead`], in the order an event goes through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AheadStage {
+    Slot,
+    Header,
+    Tail,
+}
+
+/// Asks the CPU to start loading the cache line holding `p`: a hint that never faults.
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees and cannot fault, whatever the
+    // address; SSE is part of the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 const RECENT_TYPES: usize = 8;
 const RECENT_TAG_SLOTS: usize = 4;
 
@@ -250,6 +289,18 @@ impl Index {
         entry: &[u8],
         layout: &EntryLayout,
     ) {
+        self.push_ahead(position, location, entry, layout, &Ahead::NONE);
+    }
+
+    /// [`Index::push`] with what [`Index::look_ahead`] found out about the event's tags.
+    pub(crate) fn push_ahead(
+        &mut self,
+        position: u64,
+        location: u64,
+        entry: &[u8],
+        layout: &EntryLayout,
+        ahead: &Ahead,
+    ) {
         self.push_event(position, location, entry, layout);
         let mut tags = layout.tag_bytes(entry);
         for slot in 0..layout.tag_count as usize {
@@ -257,6 +308,10 @@ impl Index {
                 break;
             };
             tags = rest;
+            if let Some(&id) = ahead.ids.get(slot).filter(|&&id| id != Ahead::UNKNOWN) {
+                self.tag_postings[id as usize].push(position);
+                continue;
+            }
             let tag_id = match self.recent_tags.get(slot).and_then(|c| c.id_of(tag)) {
                 Some(id) => id,
                 None => {
@@ -269,6 +324,66 @@ impl Index {
             };
             self.tag_postings[tag_id as usize].push(position);
         }
+    }
+
+    /// Looks ahead at an event that [`Index::push_ahead`] will add a few events from now, so
+    /// that the cache misses of its tags overlap the work on the events before it. The
+    /// writer indexes whole appends of hundreds of events; each tag costs up to three misses
+    /// in a large store (its slot in the tag-id cache, its posting list's header, the list's
+    /// tail), one after the other. Each stage starts the loads the next needs:
+    /// [`AheadStage::Slot`] fetches the cache slots, [`AheadStage::Header`] reads them for
+    /// the tags' ids and fetches the posting-list headers, [`AheadStage::Tail`] reads the
+    /// headers and fetches the tails.
+    pub(crate) fn look_ahead(
+        &self,
+        entry: &[u8],
+        layout: &EntryLayout,
+        stage: AheadStage,
+        ahead: &mut Ahead,
+    ) {
+        if self.tag_cache.is_empty() {
+            return;
+        }
+        let mut tags = layout.tag_bytes(entry);
+        for slot in 0..(layout.tag_count as usize).min(AHEAD_TAGS) {
+            let Some((tag, rest)) = crate::record::split_tag(tags) else {
+                break;
+            };
+            tags = rest;
+            match stage {
+                AheadStage::Slot => {
+                    if tag.is_empty() || tag.len() > 27 {
+                        continue;
+                    }
+                    let at = self.cache_slot(tag);
+                    ahead.slots[slot] = at as u32;
+                    prefetch(&self.tag_cache[at]);
+                }
+                AheadStage::Header => {
+                    let at = ahead.slots[slot];
+                    if at == Ahead::UNKNOWN {
+                        continue;
+                    }
+                    if let Some(id) = self.tag_cache[at as usize].id_of(tag) {
+                        // An interned tag keeps its id: what is found now holds at the push.
+                        ahead.ids[slot] = id;
+                        prefetch(&self.tag_postings[id as usize]);
+                    }
+                }
+                AheadStage::Tail => {
+                    let id = ahead.ids[slot];
+                    if id != Ahead::UNKNOWN {
+                        let list = &self.tag_postings[id as usize];
+                        prefetch(list.as_ptr().wrapping_add(list.len()));
+                    }
+                }
+            }
+        }
+    }
+
+    fn cache_slot(&self, tag: &[u8]) -> usize {
+        std::hash::BuildHasher::hash_one(self.tag_ids.hasher(), tag) as usize
+            & (TAG_CACHE_SLOTS - 1)
     }
 
     /// The id of `tag`, interned if new, through the direct-mapped cache.
@@ -284,8 +399,7 @@ impl Index {
         if self.tag_cache.is_empty() {
             self.tag_cache = vec![EMPTY_TAG; TAG_CACHE_SLOTS];
         }
-        let slot = std::hash::BuildHasher::hash_one(self.tag_ids.hasher(), tag) as usize
-            & (TAG_CACHE_SLOTS - 1);
+        let slot = self.cache_slot(tag);
         if let Some(id) = self.tag_cache[slot].id_of(tag) {
             return id;
         }

@@ -16,10 +16,10 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::checkpoint::Mark;
 use crate::error::{AppendError, InputError, StoreError};
-use crate::index::location;
+use crate::index::{location, Ahead, AheadStage};
 use crate::options::Durability;
 use crate::query::AppendCondition;
-use crate::record::{aligned, EncodedAppend, Entries, RecordHeader, HEADER_BYTES};
+use crate::record::{aligned, EncodedAppend, Entries, EntryLayout, RecordHeader, HEADER_BYTES};
 use crate::recovery::Tail;
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
 use crate::store::Shared;
@@ -445,6 +445,8 @@ pub(crate) struct Writer {
     waiters: Vec<Waiter>,
     /// Bytes this writer has written to the log since open.
     written_bytes: u64,
+    /// The entries of the append being staged, with what the index's look-ahead found.
+    ahead: Vec<(usize, usize, EntryLayout, Ahead)>,
     /// The next segment, being created and preallocated in the background.
     next_segment: Option<std::thread::JoinHandle<Result<Segment, StoreError>>>,
 }
@@ -475,6 +477,7 @@ impl Writer {
             syncer,
             waiters: Vec::new(),
             written_bytes: 0,
+            ahead: Vec::new(),
             next_segment: None,
         }
     }
@@ -723,14 +726,47 @@ impl Writer {
         let padded = aligned(self.buffer.len());
         self.buffer.resize(padded, 0);
         let mut position = first;
-        for (offset, entry, layout) in Entries::new(append.entries(), append.event_count).trusted()
-        {
+        let body = append.entries();
+        let ahead = &mut self.ahead;
+        ahead.clear();
+        ahead.extend(
+            Entries::new(body, append.event_count)
+                .trusted()
+                .map(|(offset, entry, layout)| (offset, entry.len(), layout, Ahead::NONE)),
+        );
+        let entry_at = |ahead: &[(usize, usize, EntryLayout, Ahead)], i: usize| {
+            let (offset, len, layout, _) = ahead[i];
+            (&body[offset..offset + len], layout)
+        };
+        // Each event goes through the look-ahead stages this many events before its push.
+        const STAGES: [(AheadStage, usize); 3] = [
+            (AheadStage::Slot, 6),
+            (AheadStage::Header, 3),
+            (AheadStage::Tail, 1),
+        ];
+        let n = ahead.len();
+        for (stage, distance) in STAGES {
+            for i in 0..distance.min(n) {
+                let (entry, layout) = entry_at(ahead, i);
+                index.look_ahead(entry, &layout, stage, &mut ahead[i].3);
+            }
+        }
+        for i in 0..n {
+            for (stage, distance) in STAGES {
+                if let Some(j) = Some(i + distance).filter(|&j| j < n) {
+                    let (entry, layout) = entry_at(ahead, j);
+                    index.look_ahead(entry, &layout, stage, &mut ahead[j].3);
+                }
+            }
+            let (offset, _, layout, prepared) = ahead[i];
+            let (entry, _) = entry_at(ahead, i);
             let at = record_offset + (HEADER_BYTES + offset) as u64;
-            index.push(
+            index.push_ahead(
                 position,
                 location(self.segment.number, at as u32),
                 entry,
                 &layout,
+                &prepared,
             );
             position += 1;
         }
