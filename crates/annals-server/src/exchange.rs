@@ -22,14 +22,15 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, StatusCode, Uri};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
 use crate::auth::Scopes;
-use crate::http::{accepts, authorize, finish, json_response, read_body, NDJSON, SSE};
+use crate::http::{
+    accepts, authorize, check_subscribers, finish, json_response, live_response, read_body, SSE,
+};
 use crate::metrics::Op;
 use crate::wire::ApiError;
 use crate::AppState;
@@ -942,32 +943,11 @@ impl Watcher {
 
 fn stream_response(watcher: Watcher) -> Response {
     let sse = watcher.sse;
-    let body = Body::from_stream(futures_util::stream::unfold(watcher, |mut w| async move {
+    let stream = futures_util::stream::unfold(watcher, |mut w| async move {
         let chunk = w.next_chunk().await?;
         Some((Ok::<_, Infallible>(chunk), w))
-    }));
-    let mut response = Response::new(body);
-    let headers = response.headers_mut();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(if sse { SSE } else { NDJSON }),
-    );
-    headers.insert("cache-control", HeaderValue::from_static("no-store"));
-    response
-}
-
-fn check_subscribers(state: &AppState) -> Result<(), ApiError> {
-    if state.metrics.subscribers() >= state.config.limits.subscribers_max as i64 {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_subscribers",
-            format!(
-                "the server already serves {} streams (the limit)",
-                state.config.limits.subscribers_max
-            ),
-        ));
-    }
-    Ok(())
+    });
+    live_response(Body::from_stream(stream), sse)
 }
 
 /// A symbol's live market data: the book (`levels` a side), then every trade and best-price

@@ -33,7 +33,7 @@ const SUBSCRIBE_BATCH: usize = 256;
 pub(crate) const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
 
 const JSON: &str = "application/json";
-pub(crate) const NDJSON: &str = "application/x-ndjson";
+const NDJSON: &str = "application/x-ndjson";
 pub(crate) const SSE: &str = "text/event-stream";
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
@@ -541,16 +541,7 @@ fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response,
             )
         })?,
     };
-    if state.metrics.subscribers() >= state.config.limits.subscribers_max as i64 {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_subscribers",
-            format!(
-                "the server already serves {} subscriptions (the limit)",
-                state.config.limits.subscribers_max
-            ),
-        ));
-    }
+    check_subscribers(state)?;
     let subscription = state
         .store
         .subscribe(&query, after)
@@ -562,10 +553,30 @@ fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response,
         _gauge: state.metrics.subscriber(),
         sse,
     };
-    let body = Body::from_stream(futures_util::stream::unfold(follower, |mut f| async move {
+    let stream = futures_util::stream::unfold(follower, |mut f| async move {
         let chunk = f.next_chunk().await?;
         Some((Ok::<_, Infallible>(chunk), f))
-    }));
+    });
+    Ok(live_response(Body::from_stream(stream), sse))
+}
+
+/// Refuses a new live stream (subscription, market data, reports) beyond the limit.
+pub(crate) fn check_subscribers(state: &AppState) -> Result<(), ApiError> {
+    if state.metrics.subscribers() >= state.config.limits.subscribers_max as i64 {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_subscribers",
+            format!(
+                "the server already serves {} live streams (the limit)",
+                state.config.limits.subscribers_max
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The answer carrying a live stream: SSE or NDJSON, never cached.
+pub(crate) fn live_response(body: Body, sse: bool) -> Response {
     let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(
@@ -573,7 +584,7 @@ fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response,
         HeaderValue::from_static(if sse { SSE } else { NDJSON }),
     );
     headers.insert("cache-control", HeaderValue::from_static("no-store"));
-    Ok(response)
+    response
 }
 
 /// One subscriber's stream: batches of events as NDJSON lines or SSE messages.
