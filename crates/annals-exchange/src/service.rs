@@ -308,16 +308,7 @@ impl Exchange {
 
     /// Submits and waits for the answer (for embedding programs and tests).
     pub fn execute(&self, command: Command) -> Result<Executed, ExchangeError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.requests
-            .send(Request::Command {
-                command,
-                reply: Box::new(move |r| {
-                    let _ = tx.send(r);
-                }),
-            })
-            .map_err(|_| ExchangeError::Stopped)?;
-        rx.recv().unwrap_or(Err(ExchangeError::Stopped))
+        self.wait(|reply| Request::Command { command, reply })
     }
 
     /// Queries and waits for the answer (see [`Exchange::try_query`]).
@@ -325,29 +316,31 @@ impl Exchange {
         &self,
         ask: impl FnOnce(&Engine) -> T + Send + 'static,
     ) -> Result<T, ExchangeError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let request = Request::Query(Box::new(move |engine, _| {
-            let answer = ask(engine);
-            Box::new(move |released: Released| {
-                let _ = tx.send(released.map(|_| answer));
-            })
-        }));
-        self.requests
-            .send(request)
-            .map_err(|_| ExchangeError::Stopped)?;
-        rx.recv().unwrap_or(Err(ExchangeError::Stopped))
+        self.wait(|reply: Reply<T>| {
+            Request::Query(Box::new(move |engine, _| {
+                let answer = ask(engine);
+                Box::new(move |released: Released| reply(released.map(|_| answer)))
+            }))
+        })
     }
 
     /// Adds a symbol and waits for its id.
     pub fn add_symbol(&self, spec: SymbolSpec) -> Result<SymbolId, ExchangeError> {
+        self.wait(|reply| Request::AddSymbol { spec, reply })
+    }
+
+    /// Sends the request `make` builds around a reply, waiting for room in the queue, then
+    /// for the reply.
+    fn wait<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Request,
+    ) -> Result<T, ExchangeError> {
         let (tx, rx) = std::sync::mpsc::channel();
+        let request = make(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
         self.requests
-            .send(Request::AddSymbol {
-                spec,
-                reply: Box::new(move |r| {
-                    let _ = tx.send(r);
-                }),
-            })
+            .send(request)
             .map_err(|_| ExchangeError::Stopped)?;
         rx.recv().unwrap_or(Err(ExchangeError::Stopped))
     }
