@@ -28,6 +28,10 @@ pub enum Workload {
     Read,
     /// Half reads, a quarter appends, a quarter conditional appends (the seed's k6 mix).
     Mixed,
+    /// Limit orders placed on the hosted exchange (HTTP only; the benchmark's own server runs
+    /// `--exchange d3-pipelined` with one symbol): 2,000 accounts, prices within ten ticks of
+    /// one another, so that about a fifth of the orders trade and the book stays shallow.
+    Orders,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum, Debug)]
@@ -86,9 +90,10 @@ enum Op {
     Append,
     Conditional,
     Read,
+    Order,
 }
 
-const OPS: [Op; 3] = [Op::Append, Op::Conditional, Op::Read];
+const OPS: [Op; 4] = [Op::Append, Op::Conditional, Op::Read, Op::Order];
 
 impl Op {
     fn name(self) -> &'static str {
@@ -96,6 +101,7 @@ impl Op {
             Op::Append => "append",
             Op::Conditional => "conditional_append",
             Op::Read => "read",
+            Op::Order => "place_order",
         }
     }
 }
@@ -111,8 +117,8 @@ enum Answer {
 
 /// One connection's tallies.
 struct Tally {
-    latency_us: [Histogram<u64>; 3],
-    errors: [u64; 3],
+    latency_us: [Histogram<u64>; OPS.len()],
+    errors: [u64; OPS.len()],
     conflicts: u64,
     first_error: Option<String>,
 }
@@ -121,15 +127,15 @@ impl Tally {
     fn new() -> Self {
         let h = || Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
         Tally {
-            latency_us: [h(), h(), h()],
-            errors: [0; 3],
+            latency_us: [h(), h(), h(), h()],
+            errors: [0; OPS.len()],
             conflicts: 0,
             first_error: None,
         }
     }
 
     fn merge(&mut self, other: &Tally) {
-        for i in 0..3 {
+        for i in 0..OPS.len() {
             let _ = self.latency_us[i].add(&other.latency_us[i]);
             self.errors[i] += other.errors[i];
         }
@@ -193,6 +199,7 @@ fn pick(workload: Workload, n: u64) -> Op {
         Workload::Append => Op::Append,
         Workload::Conditional => Op::Conditional,
         Workload::Read => Op::Read,
+        Workload::Orders => Op::Order,
         Workload::Mixed => match n % 4 {
             0 | 2 => Op::Read,
             1 => Op::Append,
@@ -218,7 +225,11 @@ impl Drop for OwnServer {
     }
 }
 
-fn start_server(dir: &std::path::Path, durability: &str) -> Result<OwnServer, String> {
+fn start_server(
+    dir: &std::path::Path,
+    durability: &str,
+    extra: &[&str],
+) -> Result<OwnServer, String> {
     use std::io::BufRead;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
@@ -227,6 +238,7 @@ fn start_server(dir: &std::path::Path, durability: &str) -> Result<OwnServer, St
         .arg(dir)
         .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
         .args(["--durability", durability])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -289,14 +301,8 @@ fn event_json(tags: &[String], data: &str) -> String {
     )
 }
 
-fn body_for(
-    op: Op,
-    run_id: u64,
-    conn: usize,
-    n: u64,
-    data: &str,
-    rng_tag: u64,
-) -> (String, String) {
+fn body_for(op: Op, run_id: u64, conn: usize, n: u64, data: &str, rnd: u64) -> (String, String) {
+    let rng_tag = rnd % READ_TAGS;
     match op {
         Op::Append => (
             "/v1/append".into(),
@@ -312,6 +318,21 @@ fn body_for(
                 format!(
                     r#"{{"events":[{}],"condition":{{"failIfEventsMatch":{{"items":[{{"tags":["{key}"]}}]}}}}}}"#,
                     event_json(&[key.clone(), format!("account:{rng_tag}")], data)
+                ),
+            )
+        }
+        Op::Order => {
+            // Buyers bid a little above sellers' offers about a fifth of the time.
+            let buy = rnd.is_multiple_of(2);
+            let offset = (rnd / 2) % 10;
+            let price = if buy { 996 + offset } else { 1_004 - offset };
+            (
+                "/v1/exchange/orders".into(),
+                format!(
+                    r#"{{"account":{},"symbol":0,"side":"{}","price":{price},"qty":{}}}"#,
+                    (rnd / 20) % 2_000,
+                    if buy { "buy" } else { "sell" },
+                    1 + (rnd / 40_000) % 5,
                 ),
             )
         }
@@ -365,7 +386,7 @@ async fn http_connection(
         }
         let rnd = xorshift(&mut seed);
         let op = pick(workload, n + conn as u64);
-        let (path, body) = body_for(op, target.run_id, conn, n, &data, rnd % READ_TAGS);
+        let (path, body) = body_for(op, target.run_id, conn, n, &data, rnd);
         n += 1;
         let method = if op == Op::Read { "GET" } else { "POST" };
         let mut request = http::Request::builder()
@@ -553,6 +574,10 @@ async fn grpc_requests(
                 };
                 ("/umadb.v1.DCB/Append", grpc_frame(&request))
             }
+            Op::Order => {
+                tally.error(op, "the orders workload is HTTP only".into());
+                return tally;
+            }
             Op::Read => {
                 let request = v1::ReadRequest {
                     query: Some(v1::Query {
@@ -630,6 +655,29 @@ async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String>
             return Err(format!("preload failed: {}", response.status()));
         }
         let _ = response.into_body().collect().await;
+    }
+    Ok(())
+}
+
+/// Adds symbol 0 (tick 1, lot 1) to the benchmark's own exchange.
+async fn add_symbol(target: &Target) -> Result<(), String> {
+    let mut sender = http1_sender(target.http).await?;
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri("/v1/admin/exchange/symbols")
+        .header("host", "annals");
+    if let Some(k) = &target.api_key {
+        request = request.header("authorization", format!("Bearer {k}"));
+    }
+    let request = request
+        .body(Full::new(Bytes::from_static(br#"{"tick":1,"lot":1}"#)))
+        .map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("adding a symbol failed: {}", response.status()));
     }
     Ok(())
 }
@@ -748,7 +796,12 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
                 true,
                 Duration::from_secs(2),
             )?);
-            let server = start_server(&args.dir.join("data"), &args.durability)?;
+            let exchange: &[&str] = if args.workload == Workload::Orders {
+                &["--exchange", "d3-pipelined"]
+            } else {
+                &[]
+            };
+            let server = start_server(&args.dir.join("data"), &args.durability, exchange)?;
             let target = Target {
                 run_id,
                 http: server.http,
@@ -763,6 +816,14 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
     let data = Arc::new("x".repeat(args.event_bytes));
     if matches!(args.workload, Workload::Read | Workload::Mixed) && args.preload > 0 {
         runtime.block_on(preload(&target, args.preload, &data))?;
+    }
+    if args.workload == Workload::Orders {
+        if args.protocol == Protocol::Grpc {
+            return Err("the orders workload is HTTP only".into());
+        }
+        if own.is_some() {
+            runtime.block_on(add_symbol(&target))?;
+        }
     }
     let mut outcomes = Vec::new();
     for run in 0..args.runs.max(1) {
