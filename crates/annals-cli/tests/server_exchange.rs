@@ -610,3 +610,131 @@ fn kill9_keeps_every_acknowledged_order() {
         status["started"]["commands"].as_u64().unwrap()
     );
 }
+
+/// Goal: a key bound to accounts acts for and watches only those accounts; other live orders
+/// are hidden from it; an unbound key may act for any account.
+#[test]
+fn keys_bound_to_accounts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("annals.toml");
+    std::fs::write(
+        &path,
+        r#"
+api_keys = [
+  { key = "trader-seven-0123456789", scopes = ["read", "append"], accounts = [7] },
+  { key = "desk-key-0123456789", scopes = ["admin"] },
+]
+[exchange]
+symbols = [{ tick = 1, lot = 1 }]
+"#,
+    )
+    .unwrap();
+    let server = ServerProcess::start(
+        &dir.path().join("data"),
+        &["--config", path.to_str().unwrap()],
+    );
+    let send = |key: &str, method: &str, path: &str, body: Value| {
+        let auth = format!("Bearer {key}");
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        request(
+            server.http,
+            method,
+            path,
+            &[("authorization", &auth)],
+            body.as_bytes(),
+        )
+    };
+    let trader = "trader-seven-0123456789";
+    let desk = "desk-key-0123456789";
+    let order =
+        |account: u64| json!({"account":account,"symbol":0,"side":"sell","price":100,"qty":1});
+    let own = send(trader, "POST", "/v1/exchange/orders", order(7));
+    assert_eq!(own.status, 200, "{}", own.text());
+    let other = send(trader, "POST", "/v1/exchange/orders", order(8));
+    assert_eq!(
+        (other.status, other.kind().as_str()),
+        (403, "forbidden_account")
+    );
+    let desk_order = send(desk, "POST", "/v1/exchange/orders", order(8));
+    assert_eq!(desk_order.status, 200);
+    let id = desk_order.json()["orderId"].as_u64().unwrap();
+    let cancel = send(
+        trader,
+        "POST",
+        &format!("/v1/exchange/orders/{id}/cancel"),
+        json!({"account":8}),
+    );
+    assert_eq!(cancel.kind(), "forbidden_account");
+    let all = send(
+        trader,
+        "POST",
+        "/v1/exchange/accounts/8/cancel-all",
+        json!({}),
+    );
+    assert_eq!(all.kind(), "forbidden_account");
+    let seen = send(
+        trader,
+        "GET",
+        &format!("/v1/exchange/orders/{id}"),
+        Value::Null,
+    );
+    assert_eq!((seen.status, seen.kind().as_str()), (404, "unknown_order"));
+    assert_eq!(
+        send(
+            desk,
+            "GET",
+            &format!("/v1/exchange/orders/{id}"),
+            Value::Null
+        )
+        .status,
+        200
+    );
+    let mine = own.json()["orderId"].as_u64().unwrap();
+    assert_eq!(
+        send(
+            trader,
+            "GET",
+            &format!("/v1/exchange/orders/{mine}"),
+            Value::Null
+        )
+        .status,
+        200
+    );
+    let watch = Stream::open(
+        server.http,
+        "/v1/exchange/accounts/8/reports",
+        &[("authorization", &format!("Bearer {trader}"))],
+    );
+    assert_eq!(watch.status, 403);
+    let watch = Stream::open(
+        server.http,
+        "/v1/exchange/accounts/7/reports",
+        &[("authorization", &format!("Bearer {trader}"))],
+    );
+    assert_eq!(watch.status, 200);
+    // Without a key: 401; the symbol list needs only read.
+    assert_eq!(
+        server
+            .post("/v1/exchange/orders", &order(7).to_string())
+            .status,
+        401
+    );
+    assert_eq!(
+        send(trader, "GET", "/v1/exchange/symbols", Value::Null).status,
+        200
+    );
+    assert_eq!(
+        send(
+            trader,
+            "POST",
+            "/v1/admin/exchange/symbols",
+            json!({"tick":1,"lot":1})
+        )
+        .status,
+        403
+    );
+}

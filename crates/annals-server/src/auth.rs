@@ -1,5 +1,6 @@
-//! API keys as bearer tokens, each with scopes. With no keys configured the server is open
-//! (and then it listens on loopback only unless asked otherwise).
+//! API keys as bearer tokens, each with scopes, and optionally bound to exchange accounts.
+//! With no keys configured the server is open (and then it listens on loopback only unless
+//! asked otherwise).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -55,7 +56,32 @@ impl Scopes {
 /// The configured keys.
 #[derive(Clone, Default)]
 pub struct ApiKeys {
-    keys: HashMap<String, Scopes>,
+    keys: HashMap<String, Grant>,
+}
+
+/// What a presented key may do: its scopes, and the exchange accounts it may act for and
+/// watch (None: any account).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    scopes: Scopes,
+    accounts: Option<Vec<u64>>,
+}
+
+impl Grant {
+    /// What a request gets when no keys are configured: everything.
+    fn open() -> Grant {
+        Grant {
+            scopes: Scopes::ADMIN,
+            accounts: None,
+        }
+    }
+
+    /// Whether the key may act for (and watch) `account` on the exchange.
+    pub fn allows(&self, account: u64) -> bool {
+        self.accounts
+            .as_ref()
+            .is_none_or(|accounts| accounts.contains(&account))
+    }
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -97,14 +123,47 @@ impl ApiKeys {
     }
 
     pub fn insert(&mut self, key: String, scopes: Scopes) -> Result<(), String> {
+        self.insert_bound(key, scopes, None)
+    }
+
+    /// Adds a key bound to exchange `accounts` (None: any account). A key given twice gets
+    /// the union of its scopes; its account bindings must agree on being bound or not.
+    pub fn insert_bound(
+        &mut self,
+        key: String,
+        scopes: Scopes,
+        accounts: Option<Vec<u64>>,
+    ) -> Result<(), String> {
         if key.len() < 16 || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(
                 "an API key must be at least 16 characters, without spaces or control characters"
                     .into(),
             );
         }
-        let entry = self.keys.entry(key).or_default();
-        *entry = entry.union(scopes);
+        if accounts.as_ref().is_some_and(Vec::is_empty) {
+            return Err("a key bound to accounts needs at least one account".into());
+        }
+        match self.keys.get_mut(&key) {
+            None => {
+                self.keys.insert(key, Grant { scopes, accounts });
+            }
+            Some(grant) => {
+                grant.scopes = grant.scopes.union(scopes);
+                match (&mut grant.accounts, accounts) {
+                    (None, None) => {}
+                    (Some(known), Some(more)) => {
+                        known.extend(more);
+                        known.sort_unstable();
+                        known.dedup();
+                    }
+                    _ => {
+                        return Err(
+                            "a key is given twice, once bound to accounts and once not".into()
+                        )
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -122,7 +181,7 @@ impl ApiKeys {
         Ok(())
     }
 
-    /// A file with one `key scope,scope` per line; `#` starts a comment.
+    /// A file with one `key scope,scope [accounts=1,2]` per line; `#` starts a comment.
     pub fn load_file(&mut self, path: &Path) -> Result<(), String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read API key file {}: {e}", path.display()))?;
@@ -132,15 +191,18 @@ impl ApiKeys {
                 continue;
             }
             let mut words = line.split_whitespace();
-            let (Some(key), Some(scopes), None) = (words.next(), words.next(), words.next()) else {
+            let (Some(key), Some(scopes), accounts, None) =
+                (words.next(), words.next(), words.next(), words.next())
+            else {
                 return Err(format!(
-                    "{}:{}: expected `key scope,scope`",
+                    "{}:{}: expected `key scope,scope [accounts=1,2]`",
                     path.display(),
                     n + 1
                 ));
             };
+            let accounts = accounts.map(parse_accounts).transpose();
             Scopes::parse_list(scopes.split(','))
-                .and_then(|scopes| self.insert(key.to_string(), scopes))
+                .and_then(|scopes| self.insert_bound(key.to_string(), scopes, accounts?))
                 .map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?;
         }
         Ok(())
@@ -148,8 +210,13 @@ impl ApiKeys {
 
     /// Checks an `Authorization` header value against the keys for `needed`.
     pub fn check(&self, authorization: Option<&[u8]>, needed: Scopes) -> Result<(), Denied> {
+        self.grant(authorization, needed).map(|_| ())
+    }
+
+    /// Like [`ApiKeys::check`], answering what the key may do.
+    pub fn grant(&self, authorization: Option<&[u8]>, needed: Scopes) -> Result<Grant, Denied> {
         if self.keys.is_empty() {
-            return Ok(());
+            return Ok(Grant::open());
         }
         let presented = authorization
             .and_then(|v| std::str::from_utf8(v).ok())
@@ -161,18 +228,32 @@ impl ApiKeys {
             .ok_or(Denied::Unauthenticated)?;
         // Compare against every key in full so the time taken does not reveal a prefix.
         let mut found = None;
-        for (key, scopes) in &self.keys {
+        for (key, grant) in &self.keys {
             if constant_time_eq(key.as_bytes(), presented.as_bytes()) {
-                found = Some(*scopes);
+                found = Some(grant);
             }
         }
-        let scopes = found.ok_or(Denied::Unauthenticated)?;
-        if scopes.contains(needed) {
-            Ok(())
+        let grant = found.ok_or(Denied::Unauthenticated)?;
+        if grant.scopes.contains(needed) {
+            Ok(grant.clone())
         } else {
             Err(Denied::Forbidden(needed))
         }
     }
+}
+
+/// `accounts=1,2,3` (the key file's third word).
+fn parse_accounts(word: &str) -> Result<Vec<u64>, String> {
+    let list = word
+        .strip_prefix("accounts=")
+        .ok_or_else(|| format!("expected accounts=1,2 after the scopes, not {word:?}"))?;
+    list.split(',')
+        .map(|a| {
+            a.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("account {a:?} is not an unsigned integer"))
+        })
+        .collect()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -223,6 +304,45 @@ mod tests {
         for scope in [Scopes::READ, Scopes::APPEND, Scopes::ADMIN] {
             assert_eq!(keys.check(Some(admin.as_bytes()), scope), Ok(()));
         }
+    }
+
+    #[test]
+    fn keys_bound_to_accounts() {
+        let mut keys = ApiKeys::default();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys");
+        std::fs::write(
+            &path,
+            "trader-key-0123456789 read,append accounts=7,8\nadmin-key-0123456789 admin\n",
+        )
+        .unwrap();
+        keys.load_file(&path).unwrap();
+        let trader = keys
+            .grant(Some(b"Bearer trader-key-0123456789"), Scopes::APPEND)
+            .unwrap();
+        assert!(trader.allows(7) && trader.allows(8) && !trader.allows(9));
+        let admin = keys
+            .grant(Some(b"Bearer admin-key-0123456789"), Scopes::APPEND)
+            .unwrap();
+        assert!(admin.allows(9));
+        assert!(ApiKeys::default()
+            .grant(None, Scopes::ADMIN)
+            .unwrap()
+            .allows(1));
+        // A second binding adds accounts; bound and unbound definitions of one key clash.
+        keys.insert_bound("trader-key-0123456789".into(), Scopes::READ, Some(vec![9]))
+            .unwrap();
+        let trader = keys
+            .grant(Some(b"Bearer trader-key-0123456789"), Scopes::READ)
+            .unwrap();
+        assert!(trader.allows(9));
+        assert!(keys
+            .insert("trader-key-0123456789".into(), Scopes::READ)
+            .is_err());
+        std::fs::write(&path, "other-key-0123456789 read accounts=x\n").unwrap();
+        assert!(keys.load_file(&path).unwrap_err().contains(":1:"));
+        std::fs::write(&path, "other-key-0123456789 read accounts=\n").unwrap();
+        assert!(keys.load_file(&path).is_err());
     }
 
     #[test]

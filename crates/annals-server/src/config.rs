@@ -217,7 +217,8 @@ pub struct ConfigFile {
     pub http_listen: Option<String>,
     pub grpc_listen: Option<String>,
     pub durability: Option<String>,
-    /// Inline keys: `{ key = "...", scopes = ["read", "append"] }`.
+    /// Inline keys: `{ key = "...", scopes = ["read", "append"], accounts = [7] }` (accounts,
+    /// optional, binds the key to those exchange accounts).
     #[serde(default)]
     pub api_keys: Vec<KeyEntry>,
     pub api_keys_file: Option<PathBuf>,
@@ -235,6 +236,8 @@ pub struct ConfigFile {
 pub struct KeyEntry {
     pub key: String,
     pub scopes: Vec<String>,
+    /// Exchange accounts the key may act for and watch; absent: any.
+    pub accounts: Option<Vec<u64>>,
 }
 
 /// Limits that may be set in the file; absent ones keep their defaults.
@@ -294,7 +297,8 @@ impl Config {
         }
         for entry in file.api_keys {
             let scopes = Scopes::parse_list(entry.scopes.iter().map(String::as_str))?;
-            self.api_keys.insert(entry.key, scopes)?;
+            self.api_keys
+                .insert_bound(entry.key, scopes, entry.accounts)?;
         }
         if let Some(keys) = file.api_keys_file {
             self.api_keys.load_file(&keys)?;

@@ -27,9 +27,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use crate::auth::Scopes;
+use crate::auth::{Grant, Scopes};
 use crate::http::{
-    accepts, authorize, check_subscribers, finish, json_response, live_response, read_body, SSE,
+    accepts, authorize, check_subscribers, finish, grant, json_response, live_response, read_body,
+    SSE,
 };
 use crate::metrics::Op;
 use crate::wire::ApiError;
@@ -125,6 +126,19 @@ fn exchange_error(e: &ExchangeError) -> ApiError {
         ExchangeError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "exchange_busy"),
     };
     ApiError::new(status, kind, e.to_string())
+}
+
+/// Refuses a key bound to other accounts.
+fn check_account(grant: &Grant, account: u64) -> Result<(), ApiError> {
+    if grant.allows(account) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden_account",
+            format!("this API key may not act for or watch account {account}"),
+        ))
+    }
 }
 
 fn id_param(name: &str, text: &str) -> Result<u64, ApiError> {
@@ -348,7 +362,7 @@ async fn run_command(
 ) -> Response {
     let started = Instant::now();
     let result = async {
-        authorize(&state, request.headers(), Scopes::APPEND)?;
+        let grant = grant(&state, request.headers(), Scopes::APPEND)?;
         let hosted = hosted(&state)?;
         if request.uri().query().is_some() {
             return Err(ApiError::bad_request(
@@ -357,6 +371,13 @@ async fn run_command(
             ));
         }
         let (command, qty) = parse(&state, request).await?;
+        let account = match command {
+            Command::Place(p) => p.account,
+            Command::Cancel { account, .. }
+            | Command::Amend { account, .. }
+            | Command::CancelAll { account, .. } => account,
+        };
+        check_account(&grant, account)?;
         let executed = submit(hosted, command).await?;
         Ok(json_response(
             StatusCode::OK,
@@ -632,11 +653,19 @@ async fn order(
 ) -> Response {
     let started = Instant::now();
     let result = async {
-        authorize(&state, &headers, Scopes::READ)?;
+        let grant = grant(&state, &headers, Scopes::READ)?;
         let hosted = hosted(&state)?;
         let id = id_param("id", &id)?;
         let (status, _) = ask(hosted, move |engine| engine.status(id)).await?;
         let body = match status {
+            // A key bound to accounts does not see other accounts' live orders.
+            OrderStatus::Live(v) if !grant.allows(v.account) => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "unknown_order",
+                    format!("no order {id} of this key's accounts is live"),
+                ))
+            }
             OrderStatus::Live(v) => json!({
                 "orderId": v.id, "status": "live", "account": v.account, "symbol": v.symbol,
                 "side": side_name(v.side), "price": v.price, "leaves": v.leaves,
@@ -998,9 +1027,10 @@ async fn account_reports(
 ) -> Response {
     let started = Instant::now();
     let result = async {
-        authorize(&state, &headers, Scopes::READ)?;
+        let grant = grant(&state, &headers, Scopes::READ)?;
         let hosted = hosted(&state)?;
         let account = id_param("account", &account)?;
+        check_account(&grant, account)?;
         if uri.query().is_some() {
             return Err(ApiError::bad_request(
                 "invalid_parameter",

@@ -103,10 +103,19 @@ pub(crate) fn authorize(
     headers: &HeaderMap,
     needed: Scopes,
 ) -> Result<(), ApiError> {
+    grant(state, headers, needed).map(|_| ())
+}
+
+/// Like [`authorize`], answering what the key may do (the exchange accounts it is bound to).
+pub(crate) fn grant(
+    state: &AppState,
+    headers: &HeaderMap,
+    needed: Scopes,
+) -> Result<crate::auth::Grant, ApiError> {
     state
         .config
         .api_keys
-        .check(headers.get(AUTHORIZATION).map(|v| v.as_bytes()), needed)
+        .grant(headers.get(AUTHORIZATION).map(|v| v.as_bytes()), needed)
         .map_err(|denied| {
             state.metrics.auth_failure();
             let status = match denied {

@@ -13,7 +13,7 @@ fn error_response(description: &str) -> Value {
 fn auth_errors() -> Value {
     json!({
         "401": error_response("No API key, or one that is not configured (only when keys are configured)."),
-        "403": error_response("The API key lacks the scope this endpoint needs.")
+        "403": error_response("The API key lacks the scope this endpoint needs, or (exchange) is bound to other accounts (kind forbidden_account).")
     })
 }
 
