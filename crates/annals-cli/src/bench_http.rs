@@ -401,21 +401,7 @@ async fn http_connection(
             .body(Full::new(Bytes::from(body)))
             .expect("a valid request");
         let started = Instant::now();
-        let outcome = async {
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = response.status();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            Ok::<_, String>((status, body))
-        }
-        .await;
+        let outcome = round_trip(&mut sender, request).await;
         let answer = outcome.map(|(status, body)| {
             if !status.is_success() {
                 Answer::Failed(format!("{status}: {}", String::from_utf8_lossy(&body)))
@@ -625,6 +611,39 @@ async fn grpc_requests(
     tally
 }
 
+impl Target {
+    /// A request of the benchmark's own (preload, set-up, counters), with the API key.
+    fn request(&self, method: &str, uri: &str, body: Bytes) -> http::Request<Full<Bytes>> {
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", "annals");
+        if let Some(k) = &self.api_key {
+            request = request.header("authorization", format!("Bearer {k}"));
+        }
+        request.body(Full::new(body)).expect("a valid request")
+    }
+}
+
+/// Sends one request and reads its whole answer.
+async fn round_trip(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    request: http::Request<Full<Bytes>>,
+) -> Result<(http::StatusCode, Bytes), String> {
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, body))
+}
+
 /// Loads `events` events over HTTP in appends of 1,000, tags account:0..10000.
 async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String> {
     let mut sender = http1_sender(target.http).await?;
@@ -634,27 +653,12 @@ async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String>
             .map(|j| event_json(&[format!("account:{}", j % READ_TAGS)], data))
             .collect();
         i += batch.len() as u64;
-        let mut request = http::Request::builder()
-            .method("POST")
-            .uri("/v1/append")
-            .header("host", "annals");
-        if let Some(k) = &target.api_key {
-            request = request.header("authorization", format!("Bearer {k}"));
+        let body = Bytes::from(format!(r#"{{"events":[{}]}}"#, batch.join(",")));
+        let (status, _) =
+            round_trip(&mut sender, target.request("POST", "/v1/append", body)).await?;
+        if !status.is_success() {
+            return Err(format!("preload failed: {status}"));
         }
-        let request = request
-            .body(Full::new(Bytes::from(format!(
-                r#"{{"events":[{}]}}"#,
-                batch.join(",")
-            ))))
-            .map_err(|e| e.to_string())?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| e.to_string())?;
-        if !response.status().is_success() {
-            return Err(format!("preload failed: {}", response.status()));
-        }
-        let _ = response.into_body().collect().await;
     }
     Ok(())
 }
@@ -662,22 +666,11 @@ async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String>
 /// Adds symbol 0 (tick 1, lot 1) to the benchmark's own exchange.
 async fn add_symbol(target: &Target) -> Result<(), String> {
     let mut sender = http1_sender(target.http).await?;
-    let mut request = http::Request::builder()
-        .method("POST")
-        .uri("/v1/admin/exchange/symbols")
-        .header("host", "annals");
-    if let Some(k) = &target.api_key {
-        request = request.header("authorization", format!("Bearer {k}"));
-    }
-    let request = request
-        .body(Full::new(Bytes::from_static(br#"{"tick":1,"lot":1}"#)))
-        .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !response.status().is_success() {
-        return Err(format!("adding a symbol failed: {}", response.status()));
+    let body = Bytes::from_static(br#"{"tick":1,"lot":1}"#);
+    let request = target.request("POST", "/v1/admin/exchange/symbols", body);
+    let (status, _) = round_trip(&mut sender, request).await?;
+    if !status.is_success() {
+        return Err(format!("adding a symbol failed: {status}"));
     }
     Ok(())
 }
@@ -686,20 +679,11 @@ async fn add_symbol(target: &Target) -> Result<(), String> {
 /// the admin scope).
 async fn server_counters(target: &Target) -> Option<(f64, f64)> {
     let mut sender = http1_sender(target.http).await.ok()?;
-    let mut request = http::Request::builder()
-        .uri("/metrics")
-        .header("host", "annals");
-    if let Some(k) = &target.api_key {
-        request = request.header("authorization", format!("Bearer {k}"));
-    }
-    let response = sender
-        .send_request(request.body(Full::new(Bytes::new())).ok()?)
-        .await
-        .ok()?;
-    if !response.status().is_success() {
+    let request = target.request("GET", "/metrics", Bytes::new());
+    let (status, text) = round_trip(&mut sender, request).await.ok()?;
+    if !status.is_success() {
         return None;
     }
-    let text = response.into_body().collect().await.ok()?.to_bytes();
     let text = String::from_utf8_lossy(&text);
     Some((
         crate::remote::metric(&text, "annals_fsyncs_total"),

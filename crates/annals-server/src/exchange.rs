@@ -764,6 +764,13 @@ fn bounded(
     Ok(value)
 }
 
+/// The symbol of a book's path and the `levels` a side it asks for (default 10).
+fn symbol_and_levels(symbol: &str, uri: &Uri) -> Result<(u32, usize), ApiError> {
+    let symbol = symbol_param(symbol)?;
+    let params: LevelsParams = query_params(uri, "levels")?;
+    Ok((symbol, bounded(params.levels, 10, LEVELS_MAX, "levels")?))
+}
+
 type Levels = Vec<(u64, u64, u32)>;
 
 /// Both sides of a book, best first, or None for an unknown symbol.
@@ -805,9 +812,7 @@ async fn depth(
     let result = async {
         authorize(&state, &headers, Scopes::READ)?;
         let hosted = hosted(&state)?;
-        let symbol = symbol_param(&symbol)?;
-        let params: LevelsParams = query_params(&uri, "levels")?;
-        let levels = bounded(params.levels, 10, LEVELS_MAX, "levels")?;
+        let (symbol, levels) = symbol_and_levels(&symbol, &uri)?;
         let (found, _) = ask(hosted, move |engine| book(engine, symbol, levels)).await?;
         let found = found.ok_or_else(|| unknown_symbol(symbol))?;
         Ok(json_response(
@@ -991,9 +996,7 @@ async fn market_stream(
     let result = async {
         authorize(&state, &headers, Scopes::READ)?;
         let hosted = hosted(&state)?;
-        let symbol = symbol_param(&symbol)?;
-        let params: LevelsParams = query_params(&uri, "levels")?;
-        let levels = bounded(params.levels, 10, LEVELS_MAX, "levels")?;
+        let (symbol, levels) = symbol_and_levels(&symbol, &uri)?;
         check_subscribers(&state)?;
         // Subscribe before asking, so nothing published after the book is missed.
         let outputs = hosted.outputs.subscribe();
