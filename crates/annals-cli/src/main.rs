@@ -1,5 +1,6 @@
 //! The `annals` command: inspect a store and measure it.
 
+mod alloc;
 mod bench;
 mod bench_decide;
 mod bench_http;
@@ -11,6 +12,9 @@ mod remote;
 mod serve;
 
 use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static ALLOCATOR: alloc::Split = alloc::Split;
 
 #[derive(Parser)]
 #[command(name = "annals", version, about = "Annals: a durable DCB event store")]
@@ -84,6 +88,7 @@ enum Command {
 }
 
 fn main() {
+    alloc::tune();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),

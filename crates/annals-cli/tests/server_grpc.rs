@@ -482,3 +482,218 @@ fn umadb_python_client() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// One gRPC call written by hand on HTTP/2: `body` as sent, the answer's status code and
+/// message (from a trailers-only answer or from the trailers) and its message bytes.
+async fn raw_call(
+    sender: &h2::client::SendRequest<bytes::Bytes>,
+    authority: &str,
+    path: &str,
+    headers: &[(&'static str, &'static str)],
+    body: Vec<u8>,
+) -> (i32, String, Vec<u8>) {
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{authority}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut ready = sender.clone().ready().await.unwrap();
+    let (response, mut outgoing) = ready
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap();
+    outgoing.send_data(bytes::Bytes::from(body), true).unwrap();
+    let response = response.await.unwrap();
+    let (parts, mut incoming) = response.into_parts();
+    let mut data = Vec::new();
+    while let Some(chunk) = incoming.data().await {
+        let chunk = chunk.unwrap();
+        let _ = incoming.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = incoming.trailers().await.unwrap();
+    let source = trailers
+        .as_ref()
+        .filter(|t| t.contains_key("grpc-status"))
+        .unwrap_or(&parts.headers);
+    let code = source["grpc-status"].to_str().unwrap().parse().unwrap();
+    let message = source
+        .get("grpc-message")
+        .map(|m| percent_decoded(m.as_bytes()))
+        .unwrap_or_default();
+    (code, message, data)
+}
+
+/// `grpc-message` is percent-encoded.
+fn percent_decoded(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+type Headers = Vec<(&'static str, &'static str)>;
+
+/// gRPC framing: a compressed flag, the length (big-endian), the payload.
+fn framed(flag: u8, length: u32, payload: &[u8]) -> Vec<u8> {
+    let mut body = vec![flag];
+    body.extend_from_slice(&length.to_be_bytes());
+    body.extend_from_slice(payload);
+    body
+}
+
+/// Goal: the unary calls, which the server decodes without tonic's codec, answer malformed
+/// framing as tonic does (code and message), change nothing, hand compressed requests to tonic,
+/// and answer well-formed calls under both service names.
+#[test]
+fn unary_calls_answer_bad_framing_and_change_nothing() {
+    use prost::Message;
+    use umadb_proto::v1;
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    let authority = server.grpc_url().trim_start_matches("http://").to_string();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(&authority).await.unwrap();
+        let (sender, connection) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(connection);
+        let append = v1::AppendRequest {
+            events: vec![v1::Event {
+                event_type: "E".into(),
+                tags: vec!["k:1".into()],
+                data: b"x".to_vec(),
+                uuid: String::new(),
+                metadata: Vec::new(),
+            }],
+            condition: None,
+            tracking_info: None,
+        }
+        .encode_to_vec();
+        let len = append.len() as u32;
+        // (what, extra headers, body, expected code, expected words in the message)
+        let cases: Vec<(&str, Headers, Vec<u8>, i32, &str)> = vec![
+            (
+                "empty body",
+                vec![],
+                Vec::new(),
+                13,
+                "Missing request message.",
+            ),
+            (
+                "compressed flag",
+                vec![],
+                framed(1, len, &append),
+                13,
+                "compressed-flag",
+            ),
+            (
+                "unknown flag",
+                vec![],
+                framed(7, len, &append),
+                13,
+                "invalid compression flag: 7",
+            ),
+            (
+                "over the limit",
+                vec![],
+                framed(0, 64 << 20, &append),
+                11,
+                "too large",
+            ),
+            (
+                "cut short",
+                vec![],
+                framed(0, len + 10, &append),
+                13,
+                "Unexpected EOF",
+            ),
+            ("half a header", vec![], vec![0, 0, 0], 13, "Unexpected EOF"),
+            (
+                "not protobuf",
+                vec![],
+                framed(0, 3, &[0xff, 0xff, 0xff]),
+                13,
+                "",
+            ),
+            (
+                "gzip",
+                vec![("grpc-encoding", "gzip")],
+                framed(1, len, &append),
+                12,
+                "gzip",
+            ),
+        ];
+        for path in ["/umadb.v1.DCB/Append", "/umadb.UmaDBService/Append"] {
+            for (what, headers, body, code, message) in &cases {
+                let (got, text, _) =
+                    raw_call(&sender, &authority, path, headers, body.clone()).await;
+                assert_eq!(got, *code, "{path} {what}: {text}");
+                assert!(text.contains(message), "{path} {what}: {text}");
+            }
+        }
+        let head = |path: &'static str| {
+            let sender = sender.clone();
+            let authority = authority.clone();
+            async move {
+                let (code, _, data) =
+                    raw_call(&sender, &authority, path, &[], framed(0, 0, &[])).await;
+                assert_eq!(code, 0, "{path}");
+                v1::HeadResponse::decode(&data[5..]).unwrap().position
+            }
+        };
+        assert_eq!(
+            head("/umadb.v1.DCB/Head").await,
+            None,
+            "nothing was appended"
+        );
+        for (path, expected) in [
+            ("/umadb.v1.DCB/Append", 1),
+            ("/umadb.UmaDBService/Append", 2),
+        ] {
+            let (code, text, data) =
+                raw_call(&sender, &authority, path, &[], framed(0, len, &append)).await;
+            assert_eq!(code, 0, "{path}: {text}");
+            assert_eq!(
+                u32::from_be_bytes(data[1..5].try_into().unwrap()) as usize,
+                data.len() - 5
+            );
+            let answer = v1::AppendResponse::decode(&data[5..]).unwrap();
+            assert_eq!(answer.position, expected, "{path}");
+        }
+        assert_eq!(head("/umadb.UmaDBService/Head").await, Some(2));
+        let tracking = v1::TrackingRequest {
+            source: "nobody".into(),
+        }
+        .encode_to_vec();
+        let (code, _, data) = raw_call(
+            &sender,
+            &authority,
+            "/umadb.v1.DCB/GetTrackingInfo",
+            &[],
+            framed(0, tracking.len() as u32, &tracking),
+        )
+        .await;
+        assert_eq!(code, 0);
+        assert_eq!(
+            v1::TrackingResponse::decode(&data[5..]).unwrap().position,
+            None
+        );
+    });
+}

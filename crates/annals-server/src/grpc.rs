@@ -21,6 +21,7 @@ use futures_util::Stream;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 use umadb_proto::v1;
 use umadb_proto::v1::dcb_server::{Dcb, DcbServer};
@@ -44,16 +45,18 @@ pub(crate) async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, state
             .set_service_status(name, tonic_health::ServingStatus::Serving)
             .await;
     }
-    let dcb = DcbServer::new(Service {
+    let service = Arc::new(Service {
         state: state.clone(),
-    })
-    .max_decoding_message_size(state.config.limits.body_bytes_max)
-    .max_encoding_message_size(usize::MAX);
+    });
+    let dcb = DcbServer::from_arc(service.clone())
+        .max_decoding_message_size(state.config.limits.body_bytes_max)
+        .max_encoding_message_size(usize::MAX);
     let router = tonic::service::Routes::new(health)
         .add_service(Legacy(dcb.clone()))
-        .add_service(dcb)
+        .add_service(dcb.clone())
         .prepare()
-        .into_axum_router();
+        .into_axum_router()
+        .merge(unary_routes(service, dcb));
     let mut shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         let _ = shutdown.changed().await;
@@ -430,17 +433,17 @@ impl Dcb for Service {
         result.map(Response::new)
     }
 
+    // The unary calls are answered by `unary_routes` before tonic sees them, unless a request
+    // is compressed; these serve those, through the same functions.
     async fn append(
         &self,
         request: Request<v1::AppendRequest>,
     ) -> Result<Response<v1::AppendResponse>, Status> {
         let started = Instant::now();
-        let result = match self.authorize(request.metadata(), Scopes::APPEND) {
-            Ok(()) => self.append_inner(request.into_inner()).await,
-            Err(e) => Err(e),
-        };
+        let (metadata, _, message) = request.into_parts();
+        let result = self.append_call(&metadata, message).await;
         self.record(Op::Append, started, &result);
-        result.map(|position| Response::new(v1::AppendResponse { position }))
+        result.map(Response::new)
     }
 
     async fn head(
@@ -448,12 +451,7 @@ impl Dcb for Service {
         request: Request<v1::HeadRequest>,
     ) -> Result<Response<v1::HeadResponse>, Status> {
         let started = Instant::now();
-        let result = self.authorize(request.metadata(), Scopes::READ).map(|()| {
-            let head = self.state.store.head();
-            v1::HeadResponse {
-                position: Some(head).filter(|&h| h > 0),
-            }
-        });
+        let result = self.head_call(request.metadata());
         self.record(Op::Head, started, &result);
         result.map(Response::new)
     }
@@ -463,13 +461,201 @@ impl Dcb for Service {
         request: Request<v1::TrackingRequest>,
     ) -> Result<Response<v1::TrackingResponse>, Status> {
         let started = Instant::now();
-        let result =
-            self.authorize(request.metadata(), Scopes::READ)
-                .map(|()| v1::TrackingResponse {
-                    position: self.state.store.tracking(&request.get_ref().source),
-                });
+        let result = self.tracking_call(request.metadata(), request.get_ref());
         self.record(Op::Tracking, started, &result);
         result.map(Response::new)
+    }
+}
+
+impl Service {
+    async fn append_call(
+        &self,
+        metadata: &MetadataMap,
+        request: v1::AppendRequest,
+    ) -> Result<v1::AppendResponse, Status> {
+        self.authorize(metadata, Scopes::APPEND)?;
+        let position = self.append_inner(request).await?;
+        Ok(v1::AppendResponse { position })
+    }
+
+    fn head_call(&self, metadata: &MetadataMap) -> Result<v1::HeadResponse, Status> {
+        self.authorize(metadata, Scopes::READ)?;
+        let head = self.state.store.head();
+        Ok(v1::HeadResponse {
+            position: Some(head).filter(|&h| h > 0),
+        })
+    }
+
+    fn tracking_call(
+        &self,
+        metadata: &MetadataMap,
+        request: &v1::TrackingRequest,
+    ) -> Result<v1::TrackingResponse, Status> {
+        self.authorize(metadata, Scopes::READ)?;
+        Ok(v1::TrackingResponse {
+            position: self.state.store.tracking(&request.source),
+        })
+    }
+}
+
+/// The unary calls (Append, Head, GetTrackingInfo, under both service names) answered without
+/// tonic's codec and routing layers: the one request message is decoded straight from the body
+/// and the answer goes out as one frame and the status trailers. Per call, tonic sets up a
+/// streaming decoder and an encoder (an 8 KiB buffer each) and routes twice; on the append
+/// path that was most of what made a gRPC call cost the server more than an HTTP one. Codes,
+/// messages, limits and metrics are tonic's. A compressed request (`grpc-encoding`) is handed
+/// to tonic, which answers it.
+fn unary_routes(service: Arc<Service>, dcb: DcbServer<Service>) -> axum::Router {
+    use axum::routing::post;
+    let mut router = axum::Router::new();
+    for name in SERVICE_NAMES.iter().filter(|n| !n.is_empty()) {
+        let (s, d) = (service.clone(), dcb.clone());
+        router = router.route(
+            &format!("/{name}/Append"),
+            post(move |request: axum::extract::Request| {
+                unary(
+                    s,
+                    d,
+                    request,
+                    Op::Append,
+                    |s, metadata, message| async move { s.append_call(&metadata, message).await },
+                )
+            }),
+        );
+        let (s, d) = (service.clone(), dcb.clone());
+        router = router.route(
+            &format!("/{name}/Head"),
+            post(move |request: axum::extract::Request| {
+                unary(
+                    s,
+                    d,
+                    request,
+                    Op::Head,
+                    |s, metadata, _: v1::HeadRequest| std::future::ready(s.head_call(&metadata)),
+                )
+            }),
+        );
+        let (s, d) = (service.clone(), dcb.clone());
+        router = router.route(
+            &format!("/{name}/GetTrackingInfo"),
+            post(move |request: axum::extract::Request| {
+                unary(s, d, request, Op::Tracking, |s, metadata, message| {
+                    std::future::ready(s.tracking_call(&metadata, &message))
+                })
+            }),
+        );
+    }
+    router
+}
+
+/// One unary call: decode, `call`, record, answer.
+async fn unary<M, R, F, Fut>(
+    service: Arc<Service>,
+    dcb: DcbServer<Service>,
+    request: axum::extract::Request,
+    op: Op,
+    call: F,
+) -> axum::response::Response
+where
+    M: Message + Default,
+    R: Message,
+    F: FnOnce(Arc<Service>, MetadataMap, M) -> Fut,
+    Fut: std::future::Future<Output = Result<R, Status>>,
+{
+    let compressed = request
+        .headers()
+        .get("grpc-encoding")
+        .is_some_and(|e| e.as_bytes() != b"identity");
+    if compressed {
+        let mut request = request;
+        rewrite_legacy_path(&mut request);
+        return match tower::ServiceExt::oneshot(dcb, request).await {
+            Ok(response) => response.map(axum::body::Body::new),
+            Err(never) => match never {},
+        };
+    }
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let metadata = MetadataMap::from_headers(parts.headers);
+    let limit = service.state.config.limits.body_bytes_max;
+    let result = match unary_message::<M>(body, limit).await {
+        Ok(message) => call(service.clone(), metadata, message).await,
+        Err(e) => Err(e),
+    };
+    service.record(op, started, &result);
+    match result {
+        Ok(answer) => {
+            let mut frame = bytes::BytesMut::with_capacity(5 + answer.encoded_len());
+            frame.extend_from_slice(&[0]);
+            frame.extend_from_slice(&(answer.encoded_len() as u32).to_be_bytes());
+            answer
+                .encode(&mut frame)
+                .expect("a buffer with room for the message");
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert(Status::GRPC_STATUS, http::HeaderValue::from_static("0"));
+            let frames = [
+                Ok::<_, std::convert::Infallible>(http_body::Frame::data(frame.freeze())),
+                Ok(http_body::Frame::trailers(trailers)),
+            ];
+            let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+            let mut response = http::Response::new(axum::body::Body::new(body));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            response
+        }
+        Err(status) => status.into_http(),
+    }
+}
+
+/// The one message of a unary request's body (gRPC framing: a compressed flag, a big-endian
+/// length, the message), with tonic's codes and messages for what can go wrong.
+async fn unary_message<M: Message + Default>(
+    mut body: axum::body::Body,
+    limit: usize,
+) -> Result<M, Status> {
+    use http_body_util::BodyExt;
+    let mut buffer = bytes::BytesMut::new();
+    let mut length: Option<usize> = None;
+    loop {
+        if length.is_none() && buffer.len() >= 5 {
+            match buffer[0] {
+                0 => {}
+                1 => {
+                    return Err(Status::internal(
+                        "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+                    ))
+                }
+                f => {
+                    return Err(Status::internal(format!(
+                        "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
+                    )))
+                }
+            }
+            let len = u32::from_be_bytes([buffer[1], buffer[2], buffer[3], buffer[4]]) as usize;
+            if len > limit {
+                return Err(Status::out_of_range(format!(
+                    "Error, decoded message length too large: found {len} bytes, the limit is: {limit} bytes"
+                )));
+            }
+            length = Some(len);
+        }
+        if let Some(len) = length {
+            if buffer.len() >= 5 + len {
+                return M::decode(&buffer[5..5 + len]).map_err(|e| Status::internal(e.to_string()));
+            }
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buffer.extend_from_slice(&data);
+                }
+            }
+            Some(Err(e)) => return Err(Status::from_error(e.into())),
+            None if buffer.is_empty() => return Err(Status::internal("Missing request message.")),
+            None => return Err(Status::internal("Unexpected EOF decoding stream.")),
+        }
     }
 }
 
@@ -495,17 +681,22 @@ impl tower::Service<http::Request<tonic::body::Body>> for Legacy {
     }
 
     fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
-        let path = request.uri().path();
-        if let Some(method) = path.strip_prefix("/umadb.UmaDBService/") {
-            let rewritten = format!("/umadb.v1.DCB/{method}");
-            let mut parts = request.uri().clone().into_parts();
-            if let Ok(pq) = rewritten.parse() {
-                parts.path_and_query = Some(pq);
-                if let Ok(uri) = http::Uri::from_parts(parts) {
-                    *request.uri_mut() = uri;
-                }
+        rewrite_legacy_path(&mut request);
+        tower::Service::call(&mut self.0, request)
+    }
+}
+
+/// Rewrites a path under the legacy service name to `umadb.v1.DCB`.
+fn rewrite_legacy_path<B>(request: &mut http::Request<B>) {
+    let path = request.uri().path();
+    if let Some(method) = path.strip_prefix("/umadb.UmaDBService/") {
+        let rewritten = format!("/umadb.v1.DCB/{method}");
+        let mut parts = request.uri().clone().into_parts();
+        if let Ok(pq) = rewritten.parse() {
+            parts.path_and_query = Some(pq);
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
             }
         }
-        tower::Service::call(&mut self.0, request)
     }
 }
