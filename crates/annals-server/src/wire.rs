@@ -255,8 +255,19 @@ pub fn write_u64(out: &mut Vec<u8>, mut n: u64) {
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 1);
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
+    let mut i = 0;
+    while i < bytes.len() {
+        // Event data and tags rarely need escaping: skip eight plain bytes at a time.
+        if let Some(word) = bytes.get(i..i + 8) {
+            let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+            if !needs_escape(word) {
+                i += 8;
+                continue;
+            }
+        }
+        let b = bytes[i];
         let escape: &[u8] = match b {
             b'"' => b"\\\"",
             b'\\' => b"\\\\",
@@ -274,17 +285,33 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
                     HEX[(b >> 4) as usize],
                     HEX[(b & 15) as usize],
                 ]);
-                start = i + 1;
+                i += 1;
+                start = i;
                 continue;
             }
-            _ => continue,
+            _ => {
+                i += 1;
+                continue;
+            }
         };
         out.extend_from_slice(&bytes[start..i]);
         out.extend_from_slice(escape);
-        start = i + 1;
+        i += 1;
+        start = i;
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
+}
+
+/// Whether any of the eight bytes in `word` is a control character, `"` or `\`.
+fn needs_escape(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // A byte below 0x20 (or 0x80 and above, whose high bit `!word` clears again).
+    let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+    let zero_in = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+    control | zero_in(word ^ (ONES * u64::from(b'"'))) | zero_in(word ^ (ONES * u64::from(b'\\')))
+        != 0
 }
 
 #[cfg(test)]
@@ -310,6 +337,34 @@ mod tests {
             let mut out = Vec::new();
             write_u64(&mut out, n);
             assert_eq!(String::from_utf8(out).unwrap(), n.to_string());
+        }
+    }
+
+    /// Every character that needs escaping, at every offset of a string long enough for the
+    /// eight-byte skip, next to plain ASCII, bytes of 0x80 and above, and 0x20 and 0x7f.
+    #[test]
+    fn escapes_are_found_at_every_offset() {
+        let specials = ['"', '\\', '\n', '\u{0}', '\u{1f}', '\u{7f}', ' ', 'é', '🦀'];
+        for special in specials {
+            for len in 0..40 {
+                for at in 0..len {
+                    let s: String = (0..len)
+                        .map(|i| {
+                            if i == at {
+                                special
+                            } else {
+                                (b'a' + (i % 26) as u8) as char
+                            }
+                        })
+                        .collect();
+                    let mut out = Vec::new();
+                    write_str(&mut out, &s);
+                    let back: String = serde_json::from_slice(&out).unwrap();
+                    assert_eq!(back, s);
+                    let escaped = matches!(special, '"' | '\\' | '\n' | '\u{0}' | '\u{1f}');
+                    assert_eq!(out.len() > s.len() + 2, escaped, "{s:?}");
+                }
+            }
         }
     }
 
