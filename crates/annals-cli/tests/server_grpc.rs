@@ -217,6 +217,21 @@ fn umadb_rust_client_covers_the_dcb_api() {
     assert_eq!(first_live.position, head + 1);
 }
 
+/// An append of one event of type E tagged k:1, without a condition.
+fn one_event_append() -> umadb_proto::v1::AppendRequest {
+    umadb_proto::v1::AppendRequest {
+        events: vec![umadb_proto::v1::Event {
+            event_type: "E".into(),
+            tags: vec!["k:1".into()],
+            data: b"x".to_vec(),
+            uuid: String::new(),
+            metadata: Vec::new(),
+        }],
+        condition: None,
+        tracking_info: None,
+    }
+}
+
 /// The tonic channel and a generic gRPC client for raw calls.
 async fn raw_client(url: String) -> tonic::client::Grpc<tonic::transport::Channel> {
     let channel = tonic::transport::Endpoint::from_shared(url)
@@ -291,17 +306,7 @@ fn legacy_service_name_and_auth_codes() {
             .unwrap();
         let mut dcb = umadb_proto::v1::dcb_client::DcbClient::new(channel);
         let append = |key: Option<&str>| {
-            let mut request = tonic::Request::new(umadb_proto::v1::AppendRequest {
-                events: vec![umadb_proto::v1::Event {
-                    event_type: "E".into(),
-                    tags: vec!["k:1".into()],
-                    data: b"x".to_vec(),
-                    uuid: String::new(),
-                    metadata: Vec::new(),
-                }],
-                condition: None,
-                tracking_info: None,
-            });
+            let mut request = tonic::Request::new(one_event_append());
             if let Some(key) = key {
                 request
                     .metadata_mut()
@@ -574,18 +579,7 @@ fn unary_calls_answer_bad_framing_and_change_nothing() {
         let tcp = tokio::net::TcpStream::connect(&authority).await.unwrap();
         let (sender, connection) = h2::client::handshake(tcp).await.unwrap();
         tokio::spawn(connection);
-        let append = v1::AppendRequest {
-            events: vec![v1::Event {
-                event_type: "E".into(),
-                tags: vec!["k:1".into()],
-                data: b"x".to_vec(),
-                uuid: String::new(),
-                metadata: Vec::new(),
-            }],
-            condition: None,
-            tracking_info: None,
-        }
-        .encode_to_vec();
+        let append = one_event_append().encode_to_vec();
         let len = append.len() as u32;
         // (what, extra headers, body, expected code, expected words in the message)
         let cases: Vec<(&str, Headers, Vec<u8>, i32, &str)> = vec![

@@ -506,46 +506,50 @@ impl Service {
 /// messages, limits and metrics are tonic's. A compressed request (`grpc-encoding`) is handed
 /// to tonic, which answers it.
 fn unary_routes(service: Arc<Service>, dcb: DcbServer<Service>) -> axum::Router {
-    use axum::routing::post;
     let mut router = axum::Router::new();
     for name in SERVICE_NAMES.iter().filter(|n| !n.is_empty()) {
-        let (s, d) = (service.clone(), dcb.clone());
-        router = router.route(
-            &format!("/{name}/Append"),
-            post(move |request: axum::extract::Request| {
-                unary(
-                    s,
-                    d,
-                    request,
-                    Op::Append,
-                    |s, metadata, message| async move { s.append_call(&metadata, message).await },
-                )
-            }),
+        let route = |method: &str| (format!("/{name}/{method}"), service.clone(), dcb.clone());
+        router = unary_route(
+            router,
+            route("Append"),
+            Op::Append,
+            |s, metadata, message| async move { s.append_call(&metadata, message).await },
         );
-        let (s, d) = (service.clone(), dcb.clone());
-        router = router.route(
-            &format!("/{name}/Head"),
-            post(move |request: axum::extract::Request| {
-                unary(
-                    s,
-                    d,
-                    request,
-                    Op::Head,
-                    |s, metadata, _: v1::HeadRequest| std::future::ready(s.head_call(&metadata)),
-                )
-            }),
+        router = unary_route(
+            router,
+            route("Head"),
+            Op::Head,
+            |s, metadata, _: v1::HeadRequest| std::future::ready(s.head_call(&metadata)),
         );
-        let (s, d) = (service.clone(), dcb.clone());
-        router = router.route(
-            &format!("/{name}/GetTrackingInfo"),
-            post(move |request: axum::extract::Request| {
-                unary(s, d, request, Op::Tracking, |s, metadata, message| {
-                    std::future::ready(s.tracking_call(&metadata, &message))
-                })
-            }),
+        router = unary_route(
+            router,
+            route("GetTrackingInfo"),
+            Op::Tracking,
+            |s, metadata, message| std::future::ready(s.tracking_call(&metadata, &message)),
         );
     }
     router
+}
+
+/// Adds the route `path` answered by [`unary`] with `call`.
+fn unary_route<M, R, F, Fut>(
+    router: axum::Router,
+    (path, service, dcb): (String, Arc<Service>, DcbServer<Service>),
+    op: Op,
+    call: F,
+) -> axum::Router
+where
+    M: Message + Default + Send + 'static,
+    R: Message + 'static,
+    F: FnOnce(Arc<Service>, MetadataMap, M) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<R, Status>> + Send + 'static,
+{
+    router.route(
+        &path,
+        axum::routing::post(move |request: axum::extract::Request| {
+            unary(service, dcb, request, op, call)
+        }),
+    )
 }
 
 /// One unary call: decode, `call`, record, answer.
