@@ -562,7 +562,6 @@ async fn grpc_requests(
             .expect("a valid gRPC address")
     };
     let (append_uri, read_uri) = (uri("/umadb.v1.DCB/Append"), uri("/umadb.v1.DCB/Read"));
-    let data = Bytes::copy_from_slice(data.as_bytes());
     let mut n = 0u64;
     let mut seed = conn as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
     while Instant::now() < until {
@@ -589,7 +588,7 @@ async fn grpc_requests(
                     events: vec![v1::Event {
                         event_type: "BenchEvent".into(),
                         tags,
-                        data: data.to_vec(),
+                        data: data.as_bytes().to_vec(),
                         uuid: String::new(),
                         metadata: Vec::new(),
                     }],

@@ -589,9 +589,10 @@ where
     service.record(op, started, &result);
     match result {
         Ok(answer) => {
-            let mut frame = bytes::BytesMut::with_capacity(5 + answer.encoded_len());
+            let len = answer.encoded_len();
+            let mut frame = bytes::BytesMut::with_capacity(5 + len);
             frame.extend_from_slice(&[0]);
-            frame.extend_from_slice(&(answer.encoded_len() as u32).to_be_bytes());
+            frame.extend_from_slice(&(len as u32).to_be_bytes());
             answer
                 .encode(&mut frame)
                 .expect("a buffer with room for the message");
