@@ -1,6 +1,6 @@
 //! `annals bench decide`: the course-subscription decision (read two projections in one read,
 //! append one event under the condition that protects them) from N client threads, embedded,
-//! in D3 unless told otherwise.
+//! in D3 unless told otherwise, optionally with the course states kept between decisions.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +46,11 @@ pub struct DecideArgs {
     /// Threads of the async runtime in `tasks` mode.
     #[arg(long, default_value_t = 1)]
     runtime_threads: usize,
+    /// Course states kept between decisions (`annals::decide::StateCache`), shared by all
+    /// clients: a decision then reads only the course's events since the last decision on it.
+    /// 0 keeps none: every decision reads the course's whole history.
+    #[arg(long, default_value_t = 0)]
+    state_cache: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -66,6 +71,9 @@ struct RunOutcome {
     retries: u64,
     latency_us: Histogram<u64>,
     fsyncs: u64,
+    /// Microseconds spent in fdatasync during the run.
+    fsync_us: u64,
+    seconds: f64,
 }
 
 fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, String> {
@@ -83,13 +91,16 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
         course_subscriptions::define_course(&store, id, args.capacity)
             .map_err(|e| e.to_string())?;
     }
-    let fsyncs_before = store.stats().fsyncs;
+    let before = store.stats();
     let tally = Arc::new(Tally::new()?);
+    let cache = Arc::new(course_subscriptions::CourseCache::new(args.state_cache));
     let seconds = match args.mode {
-        Mode::Threads => run_threads(args, &store, &course_ids, &tally)?,
-        Mode::Tasks => run_tasks(args, &store, &course_ids, &tally)?,
+        Mode::Threads => run_threads(args, &store, &cache, &course_ids, &tally)?,
+        Mode::Tasks => run_tasks(args, &store, &cache, &course_ids, &tally)?,
     };
-    let fsyncs = store.stats().fsyncs - fsyncs_before;
+    let after = store.stats();
+    let fsyncs = after.fsyncs - before.fsyncs;
+    let fsync_us = after.fsync_us.sum - before.fsync_us.sum;
     let (a, r) = (
         tally.accepted.load(Ordering::Relaxed),
         tally.rejected.load(Ordering::Relaxed),
@@ -105,6 +116,8 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
         retries: tally.retries.load(Ordering::Relaxed),
         latency_us,
         fsyncs,
+        fsync_us,
+        seconds,
     })
 }
 
@@ -155,6 +168,7 @@ const RETRY: Retry = Retry {
 fn run_threads(
     args: &DecideArgs,
     store: &Arc<Store>,
+    cache: &Arc<course_subscriptions::CourseCache>,
     course_ids: &Arc<Vec<String>>,
     tally: &Arc<Tally>,
 ) -> Result<f64, String> {
@@ -162,8 +176,9 @@ fn run_threads(
     let until = Arc::new(Mutex::new(None::<Instant>));
     let threads: Vec<_> = (0..args.clients)
         .map(|c| {
-            let (store, tally, barrier, until, course_ids) = (
+            let (store, cache, tally, barrier, until, course_ids) = (
                 store.clone(),
+                cache.clone(),
                 tally.clone(),
                 barrier.clone(),
                 until.clone(),
@@ -182,8 +197,9 @@ fn run_threads(
                     let course = &course_ids[rng.gen_range(0..course_ids.len())];
                     let student = rng.gen_range(0..students).to_string();
                     let started = Instant::now();
-                    let outcome =
-                        course_subscriptions::subscribe_with(&store, course, &student, RETRY);
+                    let outcome = course_subscriptions::subscribe_cached(
+                        &store, &cache, course, &student, RETRY,
+                    );
                     local
                         .record(started.elapsed().as_micros().max(1) as u64)
                         .ok();
@@ -208,6 +224,7 @@ fn run_threads(
 fn run_tasks(
     args: &DecideArgs,
     store: &Arc<Store>,
+    cache: &Arc<course_subscriptions::CourseCache>,
     course_ids: &Arc<Vec<String>>,
     tally: &Arc<Tally>,
 ) -> Result<f64, String> {
@@ -221,7 +238,12 @@ fn run_tasks(
     runtime.block_on(async {
         let tasks: Vec<_> = (0..args.clients)
             .map(|c| {
-                let (store, tally, course_ids) = (store.clone(), tally.clone(), course_ids.clone());
+                let (store, cache, tally, course_ids) = (
+                    store.clone(),
+                    cache.clone(),
+                    tally.clone(),
+                    course_ids.clone(),
+                );
                 let students = args.students;
                 tokio::spawn(async move {
                     let mut rng = StdRng::seed_from_u64(c as u64);
@@ -232,6 +254,7 @@ fn run_tasks(
                         let started = Instant::now();
                         let outcome = course_subscriptions::subscribe_async(
                             &store,
+                            &cache,
                             course,
                             &student,
                             RETRY,
@@ -279,6 +302,7 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
         },
         "courses": args.courses,
         "students": args.students,
+        "state_cache": args.state_cache,
         "durability": durability.label(),
         "decisions_per_sec": m.decisions_per_sec.round(),
         "decisions_per_sec_runs": rates,
@@ -292,6 +316,8 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
             "max": m.latency_us.max(),
         },
         "fsyncs": m.fsyncs,
+        "fsync_us_mean": m.fsync_us.checked_div(m.fsyncs).unwrap_or(0),
+        "disk_busy": ((m.fsync_us as f64 / 1e6 / m.seconds) * 100.0).round() / 100.0,
         "decisions_per_fsync": if m.fsyncs > 0 { ((m.accepted as f64 / m.fsyncs as f64) * 10.0).round() / 10.0 } else { 0.0 },
         "fsync_floor_per_sec": floor.round(),
         "ratio_to_fsync_floor": ((m.decisions_per_sec / floor) * 100.0).round() / 100.0,

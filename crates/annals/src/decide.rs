@@ -31,6 +31,8 @@
 //! assert!(claim("ada").is_err());
 //! ```
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::{AppendError, InputError, ReadError};
@@ -52,6 +54,42 @@ pub trait Project {
     fn only_last(&self) -> bool {
         false
     }
+
+    /// Where a decision starts: returns the state to fold into and pushes, for each part of
+    /// the projection (itself, or each member of a tuple in order), its query and the position
+    /// through which that state already holds the query's events. By default the initial state,
+    /// holding nothing; a [`Cached`] projection starts from the state its cache kept.
+    fn start(&self, parts: &mut Vec<Part>) -> Self::State {
+        parts.push(Part {
+            query: self.query(),
+            folded: 0,
+        });
+        self.initial()
+    }
+
+    /// How many parts [`Project::start`] pushes.
+    fn parts(&self) -> usize {
+        1
+    }
+
+    /// Folds one event into the parts that match it and have not folded it yet; `parts` are
+    /// this projection's entries of what [`Project::start`] pushed.
+    fn apply_part(&self, state: &mut Self::State, event: &Event, parts: &[Part]) {
+        if parts.first().is_none_or(|p| event.position() > p.folded) {
+            self.apply(state, event);
+        }
+    }
+
+    /// Told the state a decision built: every matching event through `head` folded in.
+    fn built(&self, _state: &Self::State, _head: u64) {}
+}
+
+/// One part of a decision (see [`Project::start`]): a query, and the position through which the
+/// state the decision starts from already holds its events (0: none of them).
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub query: Query,
+    pub folded: u64,
 }
 
 /// A query, an initial state and a fold.
@@ -105,6 +143,129 @@ impl<S: Clone, F: Fn(&mut S, &Event)> Project for Projection<S, F> {
     }
 }
 
+/// States of one kind of projection kept between decisions, by query: a decision made through
+/// [`StateCache::cached`] starts from the state the last decision on the same query built and
+/// reads only the events appended after it, instead of the query's whole history. A course
+/// with a thousand subscriptions is then decided on by reading the few that came since.
+///
+/// What it keeps is exact, not a guess: a state is the fold of every matching event through
+/// the head its read saw, and the decision's condition is the same as without the cache. A
+/// cache belongs to one store and one fold: the query is the key, so two projections that
+/// fold the same query differently need two caches. At `capacity` entries, adding one more
+/// drops another; a capacity of 0 keeps nothing.
+pub struct StateCache<S> {
+    entries: Mutex<HashMap<Query, (u64, S)>>,
+    capacity: usize,
+}
+
+impl<S: Clone> StateCache<S> {
+    pub fn new(capacity: usize) -> Self {
+        StateCache {
+            entries: Mutex::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    /// `projection`, started from and remembered in this cache.
+    pub fn cached<P: Project<State = S>>(&self, projection: P) -> Cached<'_, P> {
+        Cached {
+            query: projection.query(),
+            inner: projection,
+            cache: self,
+        }
+    }
+
+    /// The state kept for `query` and the head it was built at.
+    pub fn get(&self, query: &Query) -> Option<(u64, S)> {
+        self.lock().get(query).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Keeps `state`, built through `head`, unless a state built further on is kept already.
+    fn put(&self, query: &Query, head: u64, state: &S) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut entries = self.lock();
+        if let Some(kept) = entries.get_mut(query) {
+            if kept.0 < head {
+                *kept = (head, state.clone());
+            }
+            return;
+        }
+        if entries.len() >= self.capacity {
+            // Any entry may go: dropping one only costs a longer read the next time.
+            if let Some(victim) = entries.keys().next().cloned() {
+                entries.remove(&victim);
+            }
+        }
+        entries.insert(query.clone(), (head, state.clone()));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Query, (u64, S)>> {
+        // A panic while holding the lock leaves whole entries only: go on with them.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A projection whose states are kept in a [`StateCache`].
+pub struct Cached<'c, P: Project> {
+    inner: P,
+    query: Query,
+    cache: &'c StateCache<P::State>,
+}
+
+impl<P> Project for Cached<'_, P>
+where
+    P: Project,
+    P::State: Clone,
+{
+    type State = P::State;
+
+    fn query(&self) -> Query {
+        self.query.clone()
+    }
+
+    fn initial(&self) -> P::State {
+        self.inner.initial()
+    }
+
+    fn apply(&self, state: &mut P::State, event: &Event) {
+        self.inner.apply(state, event);
+    }
+
+    fn only_last(&self) -> bool {
+        self.inner.only_last()
+    }
+
+    fn start(&self, parts: &mut Vec<Part>) -> P::State {
+        let (folded, state) = match self.cache.get(&self.query) {
+            Some(kept) => kept,
+            None => (0, self.inner.initial()),
+        };
+        parts.push(Part {
+            query: self.query.clone(),
+            folded,
+        });
+        state
+    }
+
+    fn built(&self, state: &P::State, head: u64) {
+        self.cache.put(&self.query, head, state);
+    }
+}
+
 /// The union of queries: an event matches if it matches any. A query that matches everything
 /// makes the union match everything.
 fn union(queries: &[Query]) -> Query {
@@ -122,6 +283,28 @@ fn union(queries: &[Query]) -> Query {
     Query { items }
 }
 
+/// The union of the parts' queries, and for each of its items the position after which the
+/// read must start for it: the lowest `folded` among the parts that hold the item.
+fn union_of_parts(parts: &[Part]) -> (Query, Vec<u64>) {
+    if parts.iter().any(|p| p.query.matches_all()) {
+        return (Query::all(), Vec::new());
+    }
+    let mut items = Vec::new();
+    let mut afters: Vec<u64> = Vec::new();
+    for part in parts {
+        for item in &part.query.items {
+            match items.iter().position(|i| i == item) {
+                Some(at) => afters[at] = afters[at].min(part.folded),
+                None => {
+                    items.push(item.clone());
+                    afters.push(part.folded);
+                }
+            }
+        }
+    }
+    (Query { items }, afters)
+}
+
 macro_rules! tuple_project {
     ($($name:ident $index:tt),+) => {
         impl<$($name: Project),+> Project for ($($name,)+) {
@@ -137,6 +320,28 @@ macro_rules! tuple_project {
 
             fn apply(&self, state: &mut Self::State, event: &Event) {
                 $(self.$index.apply(&mut state.$index, event);)+
+            }
+
+            fn start(&self, parts: &mut Vec<Part>) -> Self::State {
+                ($(self.$index.start(parts),)+)
+            }
+
+            fn parts(&self) -> usize {
+                0 $(+ self.$index.parts())+
+            }
+
+            #[allow(unused_assignments)]
+            fn apply_part(&self, state: &mut Self::State, event: &Event, parts: &[Part]) {
+                let mut rest = parts;
+                $(
+                    let (mine, others) = rest.split_at(self.$index.parts().min(rest.len()));
+                    self.$index.apply_part(&mut state.$index, event, mine);
+                    rest = others;
+                )+
+            }
+
+            fn built(&self, state: &Self::State, head: u64) {
+                $(self.$index.built(&state.$index, head);)+
             }
         }
     };
@@ -206,20 +411,22 @@ impl Store {
     /// Builds the state of `projection` (one read over its query) and the condition that
     /// protects it.
     pub fn decide<P: Project>(&self, projection: &P) -> Result<Decision<P::State>, ReadError> {
-        let query = projection.query();
-        let mut state = projection.initial();
+        let mut parts = Vec::with_capacity(projection.parts());
+        let mut state = projection.start(&mut parts);
+        let (query, afters) = union_of_parts(&parts);
         let options = if projection.only_last() {
             ReadOptions::backwards().limit(1)
         } else {
             ReadOptions::forwards()
         };
-        let mut iter = self.read(&query, options)?;
+        let mut iter = self.read_after(&query, &afters, options)?;
         let head = iter.head();
         let mut events_read = 0;
         for event in iter.by_ref() {
-            projection.apply(&mut state, &event?);
+            projection.apply_part(&mut state, &event?, &parts);
             events_read += 1;
         }
+        projection.built(&state, head);
         Ok(Decision {
             state,
             condition: AppendCondition::new(query, Some(head)),

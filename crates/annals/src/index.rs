@@ -210,6 +210,8 @@ pub(crate) struct ResolvedItem {
     /// None: any type.
     types: Option<Vec<u32>>,
     tags: Vec<u32>,
+    /// Only positions after this one (0: all); see [`Index::resolve_after`].
+    after: u64,
 }
 
 /// A query with names turned into ids. Items that cannot match (an unknown tag, only unknown
@@ -609,11 +611,19 @@ impl Index {
     }
 
     pub(crate) fn resolve(&self, query: &Query) -> Resolved {
+        self.resolve_after(query, &[])
+    }
+
+    /// [`Index::resolve`], with item `i` of the query matching only positions after
+    /// `afters[i]` (0, or no entry: all of them). A decision that already holds some of its
+    /// projections' states up to a position reads only what came after it for those.
+    pub(crate) fn resolve_after(&self, query: &Query, afters: &[u64]) -> Resolved {
         if query.matches_all() {
             return Resolved::All;
         }
         let mut items = Vec::with_capacity(query.items.len());
-        'items: for item in &query.items {
+        'items: for (i, item) in query.items.iter().enumerate() {
+            let after = afters.get(i).copied().unwrap_or(0);
             let types = if item.types.is_empty() {
                 None
             } else {
@@ -640,7 +650,7 @@ impl Index {
             tags.dedup();
             // Shortest list first: it drives the walk.
             tags.sort_by_key(|&t| self.tag_postings[t as usize].len());
-            items.push(ResolvedItem { types, tags });
+            items.push(ResolvedItem { types, tags, after });
         }
         Resolved::Items(items)
     }
@@ -746,6 +756,19 @@ impl Index {
         max: usize,
         out: &mut Vec<u64>,
     ) -> Option<u64> {
+        let mut window = window;
+        if item.after > 0 {
+            // The item's own lower bound narrows the window; past it, the item has nothing to
+            // add and does not hold the others back.
+            if window.forward {
+                window.start = window.start.max(item.after + 1);
+            } else {
+                window.end = window.end.max(item.after + 1);
+            }
+            if window.is_empty() {
+                return None;
+            }
+        }
         if let Some(&driver) = item.tags.first() {
             let list = &self.tag_postings[driver as usize];
             return self.walk(list, window, max, out, |p| {

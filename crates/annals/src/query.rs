@@ -7,7 +7,7 @@ use crate::limits::Limits;
 use crate::record::validate_tag;
 
 /// A list of items, OR-ed. No items matches every event.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Query {
     #[serde(default)]
@@ -16,7 +16,7 @@ pub struct Query {
 
 /// Matches an event whose type is one of `types` (any type when empty) and that carries every
 /// tag in `tags`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueryItem {
     #[serde(default)]

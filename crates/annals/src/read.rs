@@ -77,6 +77,18 @@ impl ReadIter {
         options: ReadOptions,
         head: u64,
     ) -> Result<ReadIter, ReadError> {
+        Self::with_afters(shared, query, &[], options, head)
+    }
+
+    /// [`ReadIter::new`], with item `i` of `query` matching only positions after `afters[i]`
+    /// (see [`crate::index::Index::resolve_after`]).
+    pub(crate) fn with_afters(
+        shared: Arc<Shared>,
+        query: &Query,
+        afters: &[u64],
+        options: ReadOptions,
+        head: u64,
+    ) -> Result<ReadIter, ReadError> {
         let bound = options.bound()?;
         let remaining = options.limit.unwrap_or(u64::MAX);
         let window = if options.backwards {
@@ -103,7 +115,7 @@ impl ReadIter {
         if empty {
             return Ok(iter);
         }
-        let resolved = iter.shared.index.read().resolve(query);
+        let resolved = iter.shared.index.read().resolve_after(query, afters);
         iter.mode = match resolved {
             Resolved::All if window.forward => Mode::Scan(Scan {
                 position: window.start,

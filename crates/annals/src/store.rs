@@ -747,6 +747,24 @@ impl Store {
         ReadIter::new(self.shared.clone(), query, options, self.shared.head())
     }
 
+    /// [`Store::read`], with item `i` of `query` matching only events after position
+    /// `afters[i]`: one read (one head) for a decision that already holds some of its states.
+    pub(crate) fn read_after(
+        &self,
+        query: &Query,
+        afters: &[u64],
+        options: ReadOptions,
+    ) -> Result<ReadIter, ReadError> {
+        query.validate(&self.shared.options.limits)?;
+        ReadIter::with_afters(
+            self.shared.clone(),
+            query,
+            afters,
+            options,
+            self.shared.head(),
+        )
+    }
+
     /// Follows the events matching `query` after position `after`: first those already in the
     /// log, then new ones as they are acknowledged, through one code path.
     pub fn subscribe(&self, query: &Query, after: u64) -> Result<Subscription, ReadError> {

@@ -19,7 +19,9 @@ mod course_subscriptions;
 #[allow(dead_code)]
 mod invoice_numbers;
 
-use course_subscriptions::{course, student_courses, subscribe_with, Course, Refusal};
+use course_subscriptions::{
+    course, student_courses, subscribe_cached, subscribe_with, Course, CourseCache, Refusal,
+};
 
 /// The subscriptions in the store: how many, and how many per course and per student.
 fn subscriptions(store: &Store) -> (u32, HashMap<String, u32>, HashMap<String, u32>) {
@@ -47,6 +49,17 @@ fn subscriptions(store: &Store) -> (u32, HashMap<String, u32>, HashMap<String, u
 /// successful enrolment is exactly one event.
 #[test]
 fn course_subscriptions_under_concurrency() {
+    enrol_concurrently(None);
+}
+
+/// Goal: the same, with the threads sharing one cache of course states, so that most decisions
+/// start from a state another thread built.
+#[test]
+fn course_subscriptions_under_concurrency_with_a_shared_state_cache() {
+    enrol_concurrently(Some(Arc::new(CourseCache::new(1000))));
+}
+
+fn enrol_concurrently(cache: Option<Arc<CourseCache>>) {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     const COURSES: u32 = 8;
@@ -57,6 +70,7 @@ fn course_subscriptions_under_concurrency() {
     let threads: Vec<_> = (0..32u32)
         .map(|t| {
             let store = store.clone();
+            let cache = cache.clone();
             std::thread::spawn(move || {
                 let mut ok = 0u32;
                 for i in 0..20u32 {
@@ -66,7 +80,12 @@ fn course_subscriptions_under_concurrency() {
                         attempts: 50,
                         ..Retry::default()
                     };
-                    match subscribe_with(&store, &course.to_string(), &student.to_string(), retry) {
+                    let (course, student) = (course.to_string(), student.to_string());
+                    let outcome = match &cache {
+                        Some(cache) => subscribe_cached(&store, cache, &course, &student, retry),
+                        None => subscribe_with(&store, &course, &student, retry),
+                    };
+                    match outcome {
                         Ok(_) => ok += 1,
                         Err(DecideError::Rejected(
                             Refusal::CourseFull { .. }
@@ -192,11 +211,14 @@ fn composed_projections_fold_only_their_events() {
 
 /// Goal: the async decision loop keeps the same guarantees with many decisions in flight on
 /// one thread: 200 tasks enrol into 4 courses of 10 seats, each student into at most 3; no
-/// course over capacity, no student over the limit, every success exactly one event.
+/// course over capacity, no student over the limit, every success exactly one event. The
+/// course states go through a cache of two entries, so entries are dropped and rebuilt
+/// throughout.
 #[test]
 fn async_decisions_on_one_thread() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
+    let cache = Arc::new(CourseCache::new(2));
     for c in 0..4 {
         course_subscriptions::define_course(&store, &c.to_string(), 10).unwrap();
     }
@@ -208,6 +230,7 @@ fn async_decisions_on_one_thread() {
         let tasks: Vec<_> = (0..200u32)
             .map(|t| {
                 let store = store.clone();
+                let cache = cache.clone();
                 tokio::spawn(async move {
                     let retry = Retry {
                         attempts: 100,
@@ -217,6 +240,7 @@ fn async_decisions_on_one_thread() {
                     let student = (t % 15).to_string();
                     let outcome = course_subscriptions::subscribe_async(
                         &store,
+                        &cache,
                         &course,
                         &student,
                         retry,
@@ -243,4 +267,76 @@ fn async_decisions_on_one_thread() {
     assert!(per_student.values().all(|&n| n <= 3), "{per_student:?}");
     // 15 students x 3 courses could take 45 seats; there are 40, and nearly all fill.
     assert!(successes >= 35, "too few enrolments: {per_course:?}");
+}
+
+/// Goal: a decision that starts from a kept state reads, for that projection, only the events
+/// after the head the state was built at; the other projections are read in full, in the same
+/// read.
+#[test]
+fn a_kept_state_is_read_on_from_where_it_was_built() {
+    let store = Store::open_in_memory(Options::default()).unwrap();
+    course_subscriptions::define_course(&store, "1", 10).unwrap();
+    for s in 0..5 {
+        subscribe_with(&store, "1", &format!("s{s}"), Retry::default()).unwrap();
+    }
+    let cache = CourseCache::new(8);
+    let decide = || {
+        store
+            .decide(&(cache.cached(course("1")), student_courses("s0")))
+            .unwrap()
+    };
+    let first = decide();
+    assert_eq!(
+        first.events_read, 6,
+        "the definition and five subscriptions"
+    );
+    let second = decide();
+    assert_eq!(second.events_read, 1, "only the student's own subscription");
+    assert_eq!(second.state, first.state);
+    subscribe_with(&store, "1", "s9", Retry::default()).unwrap();
+    let third = decide();
+    assert_eq!(
+        third.events_read, 2,
+        "the student's subscription and the new one"
+    );
+    let full = store.decide(&(course("1"), student_courses("s0"))).unwrap();
+    assert_eq!(third.state, full.state);
+    assert_eq!(third.state.0.subscribed, 6);
+    assert_eq!(third.condition, full.condition);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Goal: a decision that starts from kept states builds exactly the states and the
+    /// condition a full read builds, and never reads more, whatever was appended in between,
+    /// with or without the cache, and however small the cache (entries dropped and rebuilt).
+    #[test]
+    fn cached_decisions_equal_full_reads(
+        ops in proptest::collection::vec((0u8..5, 0u8..4, 0u8..6), 1..60),
+        capacity in 0usize..4,
+    ) {
+        let store = Store::open_in_memory(Options::default()).unwrap();
+        let cache = CourseCache::new(capacity);
+        let retry = Retry { attempts: 1, ..Retry::default() };
+        for (op, c, s) in ops {
+            let (c, s) = (c.to_string(), s.to_string());
+            let _ = match op {
+                0 => course_subscriptions::define_course(&store, &c, 1 + u32::from(s.as_bytes()[0] % 3)),
+                1 => subscribe_with(&store, &c, &s, retry),
+                2 => subscribe_cached(&store, &cache, &c, &s, retry),
+                3 => course_subscriptions::unsubscribe(&store, &c, &s),
+                _ => course_subscriptions::change_capacity(&store, &c, 4),
+            };
+            for course_id in ["0", "1", "2", "3"] {
+                let full = store.decide(&(course(course_id), student_courses(&s))).unwrap();
+                let cached = store
+                    .decide(&(cache.cached(course(course_id)), student_courses(&s)))
+                    .unwrap();
+                proptest::prop_assert_eq!(&cached.state, &full.state);
+                proptest::prop_assert_eq!(&cached.condition, &full.condition);
+                proptest::prop_assert!(cached.events_read <= full.events_read);
+            }
+        }
+    }
 }

@@ -437,14 +437,51 @@ mod courses {
             .build()
             .unwrap();
         let retry = annals::decide::Retry::default();
+        let courses = super::course_subscriptions::CourseCache::new(0);
         runtime.block_on(async {
-            subscribe_async(&store, "c1", "ada", retry, tokio::time::sleep)
+            subscribe_async(&store, &courses, "c1", "ada", retry, tokio::time::sleep)
                 .await
                 .unwrap();
-            let full = subscribe_async(&store, "c1", "bob", retry, tokio::time::sleep).await;
+            let full =
+                subscribe_async(&store, &courses, "c1", "bob", retry, tokio::time::sleep).await;
             assert_eq!(refusal(full), Refusal::CourseFull { capacity: 1 });
         });
         assert_eq!(types(&events_after(&store, 1)), ["StudentSubscribed"]);
+        assert!(courses.is_empty(), "a cache of capacity 0 keeps nothing");
+    }
+
+    #[test]
+    fn the_cached_command_sees_what_others_appended_since() {
+        use super::course_subscriptions::{subscribe_cached, CourseCache};
+        use annals::decide::Project;
+        let store = given(&[defined("c1", 2), subscribed("c1", "ada")]);
+        let courses = CourseCache::new(10);
+        let retry = annals::decide::Retry::default();
+        subscribe_cached(&store, &courses, "c1", "bob", retry).unwrap();
+        // Kept: the course as read before bob's subscription.
+        let query = super::course_subscriptions::course("c1").query();
+        let (head, kept) = courses.get(&query).unwrap();
+        assert_eq!((head, kept.subscribed), (2, 1));
+        // Changes made without the cache are read on top of the kept state.
+        unsubscribe(&store, "c1", "ada").unwrap();
+        subscribe_cached(&store, &courses, "c1", "cy", retry).unwrap();
+        assert_eq!(
+            refusal(subscribe_cached(&store, &courses, "c1", "dan", retry)),
+            Refusal::CourseFull { capacity: 2 }
+        );
+        assert_eq!(courses.get(&query).unwrap().1.subscribed, 2);
+        change_capacity(&store, "c1", 3).unwrap();
+        subscribe_cached(&store, &courses, "c1", "dan", retry).unwrap();
+        assert_eq!(
+            types(&events_after(&store, 2)),
+            [
+                "StudentSubscribed",
+                "StudentUnsubscribed",
+                "StudentSubscribed",
+                "CourseCapacityChanged",
+                "StudentSubscribed"
+            ]
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! The decision is the one `annals bench decide` measures and the concurrency test in
 //! tests/decide.rs races; both include this file.
 
-use annals::decide::{DecideError, Decided, Project, Projection, Retry};
+use annals::decide::{DecideError, Decided, Project, Projection, Retry, StateCache};
 use annals::{Event, NewEvent, Query, QueryItem, Store};
 
 /// How many courses one student may be subscribed to at a time.
@@ -144,6 +144,22 @@ pub fn subscribe_with(store: &Store, course_id: &str, student: &str, retry: Retr
     store.decide_and_append(&decision, retry, |state| rule(state, course_id, student))
 }
 
+/// Course states kept between decisions: with them, a subscription reads only the course's
+/// events since the last decision on it, not its whole history.
+pub type CourseCache = StateCache<Course>;
+
+/// [`subscribe_with`], starting each course from the state `courses` kept.
+pub fn subscribe_cached(
+    store: &Store,
+    courses: &CourseCache,
+    course_id: &str,
+    student: &str,
+    retry: Retry,
+) -> Outcome {
+    let decision = (courses.cached(course(course_id)), student_courses(student));
+    store.decide_and_append(&decision, retry, |state| rule(state, course_id, student))
+}
+
 /// The subscription rule, on the two projections' states.
 fn rule(
     (course, joined): &(Course, Vec<String>),
@@ -165,10 +181,11 @@ fn rule(
         .tag(student_tag(student))])
 }
 
-/// [`subscribe_with`] for async code: `sleep` is the runtime's timer (for the backoff), e.g.
-/// `tokio::time::sleep`.
+/// [`subscribe_cached`] for async code: `sleep` is the runtime's timer (for the backoff), e.g.
+/// `tokio::time::sleep`. A cache of capacity 0 reads every course's whole history.
 pub async fn subscribe_async<S, F>(
     store: &Store,
+    courses: &CourseCache,
     course_id: &str,
     student: &str,
     retry: Retry,
@@ -178,7 +195,7 @@ where
     S: FnMut(std::time::Duration) -> F,
     F: std::future::Future<Output = ()>,
 {
-    let decision = (course(course_id), student_courses(student));
+    let decision = (courses.cached(course(course_id)), student_courses(student));
     store
         .decide_and_append_async(
             &decision,
