@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::StoreError;
-use crate::index::{location, Index, TagShard};
+use crate::index::{location, Index, ShardTag, TagHasher, TagShard};
 use crate::io::Io;
 use crate::record::{self, crc_matches, decode_header, Entries, EntryLayout, Frame, HEADER_BYTES};
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
@@ -37,19 +37,36 @@ struct Work {
 }
 
 const WORK_EVENTS: usize = 8192;
+/// How many entries ahead a shard thread starts loading the entry it will read.
+const ENTRY_AHEAD: usize = 16;
 
 impl ShardPool {
     fn start(count: usize) -> Option<ShardPool> {
         let mut senders = Vec::with_capacity(count);
         let mut handles = Vec::with_capacity(count);
+        let hasher = TagHasher::new();
         for k in 0..count {
+            let hasher = hasher.clone();
             let (sender, receiver) = crossbeam_channel::bounded::<Arc<Work>>(8);
             let handle = std::thread::Builder::new()
                 .name("annals-rebuild".into())
                 .spawn(move || {
                     let mut shard = TagShard::default();
+                    let mut capacity = 0;
                     for work in receiver {
-                        for &(position, record, offset, layout) in &work.entries {
+                        let mut mine: Vec<ShardTag<'_>> = Vec::with_capacity(capacity);
+                        for (i, &(position, record, offset, layout)) in
+                            work.entries.iter().enumerate()
+                        {
+                            // The entries were read by the scanning thread a while ago and
+                            // are out of the cache: start loading the one some way ahead.
+                            if let Some(&(_, r, o, _)) = work.entries.get(i + ENTRY_AHEAD) {
+                                if let Some(ahead) = work.records[r as usize].get(o as usize..) {
+                                    // The tags start some 40 bytes in: the first two lines.
+                                    crate::segment::prefetch(ahead.as_ptr());
+                                    crate::segment::prefetch(ahead.as_ptr().wrapping_add(64));
+                                }
+                            }
                             let bytes = &work.records[record as usize];
                             let start = offset as usize;
                             let Some(entry) = bytes.get(start..start + layout.entry_len as usize)
@@ -62,11 +79,14 @@ impl ShardPool {
                                     break;
                                 };
                                 tags = rest;
-                                if TagShard::of(tag, count) == k {
-                                    shard.add(tag, position);
+                                let hash = hasher.hash(tag);
+                                if TagHasher::shard(hash, count) == k {
+                                    mine.push((hash, tag, position));
                                 }
                             }
                         }
+                        shard.add_batch(&mine);
+                        capacity = mine.len();
                     }
                     shard
                 })
