@@ -351,6 +351,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
     let _ = std::fs::remove_dir_all(&store_dir);
     runs.sort_by(|a, b| a.events_per_sec.total_cmp(&b.events_per_sec));
     let mid = &runs[runs.len() / 2];
+    let floor_before_after = [floor, floor_after];
     let floor = (floor + floor_after) / 2.0;
     Ok(json!({
         "workload": if args.conditional { "conditional_append" } else { "append" },
@@ -369,6 +370,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
         "fsyncs": mid.fsyncs,
         "events_per_fsync": if mid.fsyncs == 0 { 0.0 } else { mid.events as f64 / mid.fsyncs as f64 },
         "fsync_floor_per_sec": floor,
+        "fsync_floor_before_after": floor_before_after,
         "ratio_to_fsync_floor": mid.events_per_sec / floor,
     }))
 }

@@ -281,11 +281,15 @@ fn run_tasks(
 pub fn run(args: DecideArgs) -> Result<Value, String> {
     let durability: Durability = args.durability.parse()?;
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
-    let floor = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(2))?;
+    // The disk's own rate drifts while the runs go on: measured before and after, averaged
+    // (as `bench append` does).
+    let floor_before = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(1))?;
     let mut outcomes = Vec::new();
     for _ in 0..args.runs.max(1) {
         outcomes.push(one_run(&args, durability)?);
     }
+    let floor_after = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(1))?;
+    let floor = (floor_before + floor_after) / 2.0;
     let rates: Vec<f64> = outcomes
         .iter()
         .map(|o| o.decisions_per_sec.round())
@@ -320,6 +324,7 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
         "disk_busy": ((m.fsync_us as f64 / 1e6 / m.seconds) * 100.0).round() / 100.0,
         "decisions_per_fsync": if m.fsyncs > 0 { ((m.accepted as f64 / m.fsyncs as f64) * 10.0).round() / 10.0 } else { 0.0 },
         "fsync_floor_per_sec": floor.round(),
+        "fsync_floor_before_after": [floor_before.round(), floor_after.round()],
         "ratio_to_fsync_floor": ((m.decisions_per_sec / floor) * 100.0).round() / 100.0,
     }))
 }
