@@ -269,35 +269,30 @@ where
 /// The union of queries: an event matches if it matches any. A query that matches everything
 /// makes the union match everything.
 fn union(queries: &[Query]) -> Query {
-    if queries.iter().any(Query::matches_all) {
-        return Query::all();
-    }
-    let mut items = Vec::new();
-    for q in queries {
-        for item in &q.items {
-            if !items.contains(item) {
-                items.push(item.clone());
-            }
-        }
-    }
-    Query { items }
+    union_after(queries.iter().map(|q| (q, 0))).0
 }
 
 /// The union of the parts' queries, and for each of its items the position after which the
 /// read must start for it: the lowest `folded` among the parts that hold the item.
 fn union_of_parts(parts: &[Part]) -> (Query, Vec<u64>) {
-    if parts.iter().any(|p| p.query.matches_all()) {
+    union_after(parts.iter().map(|p| (&p.query, p.folded)))
+}
+
+/// The union of queries, each with the position its items are wanted after; an item in several
+/// takes the lowest.
+fn union_after<'q>(queries: impl Iterator<Item = (&'q Query, u64)> + Clone) -> (Query, Vec<u64>) {
+    if queries.clone().any(|(q, _)| q.matches_all()) {
         return (Query::all(), Vec::new());
     }
     let mut items = Vec::new();
     let mut afters: Vec<u64> = Vec::new();
-    for part in parts {
-        for item in &part.query.items {
+    for (query, after) in queries {
+        for item in &query.items {
             match items.iter().position(|i| i == item) {
-                Some(at) => afters[at] = afters[at].min(part.folded),
+                Some(at) => afters[at] = afters[at].min(after),
                 None => {
                     items.push(item.clone());
-                    afters.push(part.folded);
+                    afters.push(after);
                 }
             }
         }

@@ -743,8 +743,7 @@ impl Store {
     /// Reads the events matching `query`, streaming: the iterator holds no lock and reads
     /// events as it goes. It sees the log as it was when `read` was called.
     pub fn read(&self, query: &Query, options: ReadOptions) -> Result<ReadIter, ReadError> {
-        query.validate(&self.shared.options.limits)?;
-        ReadIter::new(self.shared.clone(), query, options, self.shared.head())
+        self.read_after(query, &[], options)
     }
 
     /// [`Store::read`], with item `i` of `query` matching only events after position
