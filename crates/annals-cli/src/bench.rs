@@ -164,6 +164,44 @@ pub fn fsync_floor(dir: &Path, preallocated: bool, duration: Duration) -> Result
     Ok(rate)
 }
 
+/// The raw rate, in bytes per second, of "write 4 MiB, fdatasync" in a loop through a
+/// fallocated file in `dir`, each write to space not written before (as a log's are): what a
+/// log of large synced appends could write there at most.
+pub fn write_bandwidth(dir: &Path, duration: Duration) -> Result<f64, String> {
+    const CHUNK: usize = 4 << 20;
+    const SIZE: u64 = 1 << 30;
+    let path = dir.join("bandwidth-floor.tmp");
+    let _ = std::fs::remove_file(&path);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: fallocate on a descriptor owned by `file`; no memory is passed.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, SIZE as libc::off_t) };
+        if rc != 0 {
+            return Err(format!("fallocate: {}", std::io::Error::last_os_error()));
+        }
+    }
+    file.sync_all().map_err(|e| e.to_string())?;
+    let chunk = vec![0xA5u8; CHUNK];
+    let started = Instant::now();
+    let mut written = 0u64;
+    while started.elapsed() < duration && written < SIZE {
+        file.write_all_at(&chunk, written)
+            .map_err(|e| e.to_string())?;
+        file.sync_data().map_err(|e| e.to_string())?;
+        written += CHUNK as u64;
+    }
+    let rate = written as f64 / started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&path);
+    Ok(rate)
+}
+
 fn latency_json(h: &Histogram<u64>) -> Value {
     json!({
         "p50": h.value_at_quantile(0.50),
@@ -244,6 +282,10 @@ struct RunResult {
     fsyncs: u64,
     events: u64,
     seconds: f64,
+    bytes_written: u64,
+    /// Zeros written to preallocate the segments begun during the run.
+    zero_bytes: u64,
+    fsync_us_mean: f64,
 }
 
 fn append_run(
@@ -325,6 +367,15 @@ fn append_run(
         fsyncs: stats.fsyncs,
         events,
         seconds,
+        bytes_written: stats.bytes_written,
+        zero_bytes: if args.fallocate {
+            0
+        } else {
+            // The store opened with one segment; each later one (and the one being prepared
+            // when the run ended, which this leaves out) was written with zeros.
+            (stats.segments as u64 - 1) * stats.segment_bytes
+        },
+        fsync_us_mean: stats.fsync_us_mean,
     })
 }
 
@@ -332,6 +383,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
     let durability: Durability = args.durability.parse()?;
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
     let floor = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
+    let bandwidth = write_bandwidth(&args.dir, Duration::from_secs(1))?;
     let store_dir = args.dir.join("store");
     let mut runs = Vec::new();
     for run in 0..args.runs {
@@ -347,8 +399,11 @@ fn append(args: AppendArgs) -> Result<Value, String> {
         );
         runs.push(result);
     }
-    let floor_after = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
     let _ = std::fs::remove_dir_all(&store_dir);
+    let floor_after = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
+    let bandwidth_after = write_bandwidth(&args.dir, Duration::from_secs(1))?;
+    let bandwidth_before_after = [bandwidth / 1e6, bandwidth_after / 1e6];
+    let bandwidth = (bandwidth + bandwidth_after) / 2.0;
     runs.sort_by(|a, b| a.events_per_sec.total_cmp(&b.events_per_sec));
     let mid = &runs[runs.len() / 2];
     let floor_before_after = [floor, floor_after];
@@ -372,6 +427,13 @@ fn append(args: AppendArgs) -> Result<Value, String> {
         "fsync_floor_per_sec": floor,
         "fsync_floor_before_after": floor_before_after,
         "ratio_to_fsync_floor": mid.events_per_sec / floor,
+        "log_mb_per_sec": mid.bytes_written as f64 / mid.seconds / 1e6,
+        "fsync_us_mean": mid.fsync_us_mean,
+        "fsync_busy": mid.fsync_us_mean * mid.fsyncs as f64 / 1e6 / mid.seconds,
+        "disk_write_mb_per_sec": bandwidth / 1e6,
+        "disk_write_mb_per_sec_before_after": bandwidth_before_after,
+        "zero_fill_mb_per_sec": mid.zero_bytes as f64 / mid.seconds / 1e6,
+        "share_of_disk_bandwidth": (mid.bytes_written + mid.zero_bytes) as f64 / mid.seconds / bandwidth,
     }))
 }
 

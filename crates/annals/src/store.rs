@@ -36,6 +36,8 @@ pub(crate) struct Counters {
     pub(crate) idempotent_retries: AtomicU64,
     pub(crate) groups: AtomicU64,
     pub(crate) fsyncs: AtomicU64,
+    /// Bytes of records written to segments (headers, entries and padding).
+    pub(crate) bytes_written: AtomicU64,
     pub(crate) fsync_us_total: AtomicU64,
     pub(crate) fsync_us_max: AtomicU64,
     pub(crate) fsync_us: Log2Histogram,
@@ -213,6 +215,8 @@ pub struct Stats {
     pub idempotent_retries: u64,
     pub groups: u64,
     pub fsyncs: u64,
+    /// Bytes of records written to the log since open (headers, entries and padding).
+    pub bytes_written: u64,
     pub fsync_us_mean: f64,
     pub fsync_us_max: u64,
     /// fdatasync latency in microseconds.
@@ -870,6 +874,7 @@ impl Store {
             idempotent_retries: c.idempotent_retries.load(Ordering::Relaxed),
             groups: c.groups.load(Ordering::Relaxed),
             fsyncs,
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
             fsync_us_mean: if fsyncs == 0 {
                 0.0
             } else {

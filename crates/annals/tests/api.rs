@@ -759,3 +759,41 @@ fn a_rebuild_with_many_tags_matches_the_log() {
         assert!(events.windows(2).all(|w| w[0].position() < w[1].position()));
     }
 }
+
+/// Goal: once a segment has filled, its successor's successor is prepared at once, so that a
+/// fast writer never waits for zeros at the next roll; the segment the store opened with
+/// waits until it is half used. Method: 8 KiB segments; one small append (no preparation
+/// yet), then appends until segment 2 is in use, then no more appends: segment 3's file must
+/// appear while segment 2 holds one record.
+#[test]
+fn a_roll_prepares_the_next_segment_at_once() {
+    let io = SimIo::new(41);
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
+    let segments = || {
+        io.file_names(Path::new(DIR))
+            .into_iter()
+            .filter(|n| n.ends_with(".seg"))
+            .count()
+    };
+    append_numbered(&store, 0..1, |_| "t".into());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(
+        segments(),
+        1,
+        "a barely used first segment prepares nothing"
+    );
+    let mut i = 1;
+    while store.stats().segments < 2 {
+        append_numbered(&store, i..i + 1, |_| "t".into());
+        i += 1;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while segments() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "segment 3 was not prepared after the roll into segment 2"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(store.stats().segments, 2, "still writing segment 2");
+}
