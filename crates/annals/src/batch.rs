@@ -107,14 +107,13 @@ impl EventBatch {
         self.check_room(ENTRY_FIXED_BYTES + event_type.len())?;
         let start = self.body.len();
         let record_offset = (HEADER_BYTES + start) as u32;
-        self.body.extend_from_slice(&0u32.to_le_bytes()); // entry_len
-        self.body.extend_from_slice(&record_offset.to_le_bytes());
-        self.body
-            .extend_from_slice(&(event_type.len() as u16).to_le_bytes());
-        self.body.extend_from_slice(&0u16.to_le_bytes()); // tag_count
-        self.body.extend_from_slice(&0u32.to_le_bytes()); // data_len
-        self.body.extend_from_slice(&0u32.to_le_bytes()); // metadata_len
-        self.body.extend_from_slice(&[0, 0, 0, 0]); // flags, reserved
+        // entry_len, tag_count and data_len are filled in when the event is finished;
+        // metadata_len, flags and reserved stay 0.
+        let mut fixed = [0u8; ENTRY_FIXED_BYTES];
+        fixed[4..8].copy_from_slice(&record_offset.to_le_bytes());
+        fixed[8..10].copy_from_slice(&(event_type.len() as u16).to_le_bytes());
+        self.body.reserve(ENTRY_FIXED_BYTES + event_type.len());
+        self.body.extend_from_slice(&fixed);
         self.body.extend_from_slice(event_type.as_bytes());
         Ok(EventWriter {
             batch: self,
@@ -192,17 +191,7 @@ impl EventWriter<'_> {
         let index = self.batch.len();
         let limits = &self.batch.limits;
         let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        let mut n = number;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        let digits = &digits[at..];
+        let digits = decimal(number, &mut digits);
         let len = prefix.len() + digits.len();
         if len > limits.tag_bytes_max {
             return Err(InputError::TagTooLong {
@@ -220,11 +209,11 @@ impl EventWriter<'_> {
             });
         }
         let start = self.batch.body.len();
-        self.batch
-            .body
-            .extend_from_slice(&(len as u16).to_le_bytes());
-        self.batch.body.extend_from_slice(prefix.as_bytes());
-        self.batch.body.extend_from_slice(digits);
+        let body = &mut self.batch.body;
+        body.reserve(2 + len);
+        body.extend_from_slice(&(len as u16).to_le_bytes());
+        body.extend_from_slice(prefix.as_bytes());
+        body.extend_from_slice(digits);
         if let Err(e) = self.check_unique(index, start + 2, start + 2 + len) {
             self.batch.body.truncate(start);
             return Err(e);
@@ -331,6 +320,31 @@ impl EventWriter<'_> {
     }
 }
 
+/// `n` in decimal, written at the end of `out`: two digits per division.
+fn decimal(mut n: u64, out: &mut [u8; 20]) -> &[u8] {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut at = out.len();
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        out[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        at -= 2;
+        out[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        at -= 1;
+        out[at] = b'0' + n as u8;
+    }
+    &out[at..]
+}
+
 impl Drop for EventWriter<'_> {
     fn drop(&mut self) {
         if !self.finished {
@@ -351,6 +365,31 @@ impl fmt::Write for Sink<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_agrees_with_formatting() {
+        let mut out = [0u8; 20];
+        let edges = [
+            0,
+            9,
+            10,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            65_535,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ];
+        let powers = (0..20).flat_map(|k| {
+            let p = 10u64.pow(k);
+            [p - 1, p, p + 1]
+        });
+        for n in (0..20_000).chain(edges).chain(powers) {
+            assert_eq!(decimal(n, &mut out), n.to_string().as_bytes(), "{n}");
+        }
+    }
 
     #[test]
     fn encodes_as_append_does() {

@@ -28,16 +28,19 @@ pub(crate) enum NameKey {
 
 impl NameKey {
     pub(crate) fn new(name: &[u8]) -> Self {
-        if name.len() <= 22 {
+        Self::new_inline(name).unwrap_or_else(|| NameKey::Heap(name.into()))
+    }
+
+    /// The key of a name short enough to be stored inline (no allocation).
+    pub(crate) fn new_inline(name: &[u8]) -> Option<Self> {
+        (name.len() <= 22).then(|| {
             let mut bytes = [0u8; 22];
             bytes[..name.len()].copy_from_slice(name);
             NameKey::Inline {
                 len: name.len() as u8,
                 bytes,
             }
-        } else {
-            NameKey::Heap(name.into())
-        }
+        })
     }
 
     pub(crate) fn as_bytes(&self) -> &[u8] {
@@ -63,7 +66,7 @@ impl std::hash::Hash for NameKey {
 
 impl PartialEq for NameKey {
     fn eq(&self, other: &Self) -> bool {
-        self.as_bytes() == other.as_bytes()
+        same_bytes(self.as_bytes(), other.as_bytes())
     }
 }
 
@@ -1070,15 +1073,26 @@ fn intern(
     postings: &mut Vec<Vec<u64>>,
     name: &[u8],
 ) -> u32 {
-    if let Some(&id) = ids.get(name) {
-        return id;
+    let key = match NameKey::new_inline(name) {
+        Some(key) => key,
+        // A long name is looked up by reference first, so that a known one costs no copy.
+        None => match ids.get(name) {
+            Some(&id) => return id,
+            None => NameKey::new(name),
+        },
+    };
+    // One hash and one probe whether the name is new (a new order's tag, in an exchange's
+    // journal) or known.
+    match ids.entry(key) {
+        std::collections::hash_map::Entry::Occupied(known) => *known.get(),
+        std::collections::hash_map::Entry::Vacant(new) => {
+            let id = names.len() as u32;
+            names.push(new.key().clone());
+            new.insert(id);
+            postings.push(Vec::new());
+            id
+        }
     }
-    let id = names.len() as u32;
-    let key = NameKey::new(name);
-    ids.insert(key.clone(), id);
-    names.push(key);
-    postings.push(Vec::new());
-    id
 }
 
 #[cfg(test)]

@@ -90,11 +90,12 @@ pub fn decode_trailer(trailer: &[u8]) -> Option<(&str, u64)> {
 }
 
 pub(crate) fn has_control(s: &str) -> bool {
-    if s.is_ascii() {
-        s.bytes().any(|b| b < 0x20 || b == 0x7f)
-    } else {
-        s.chars().any(char::is_control)
+    // One pass over the bytes settles the common case, printable ASCII; anything else (a
+    // control byte, or a byte of a multi-byte character) is judged by characters.
+    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return false;
     }
+    s.chars().any(char::is_control)
 }
 
 /// Validates `events` against `limits` and encodes them as a record body, with the tracking
