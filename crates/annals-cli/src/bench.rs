@@ -128,10 +128,13 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
     Ok(())
 }
 
-/// The raw rate of "write 256 bytes, fdatasync" on a file in `dir`: preallocated with
-/// fallocate (as Annals segments are) or growing at each write.
-pub fn fsync_floor(dir: &Path, preallocated: bool, duration: Duration) -> Result<f64, String> {
-    let path = dir.join("fsync-floor.tmp");
+/// A new empty file `name` in `dir`, fallocated to `allocate` bytes (and synced) if given.
+fn scratch_file(
+    dir: &Path,
+    name: &str,
+    allocate: Option<u64>,
+) -> Result<(std::path::PathBuf, std::fs::File), String> {
+    let path = dir.join(name);
     let _ = std::fs::remove_file(&path);
     let file = OpenOptions::new()
         .create(true)
@@ -140,8 +143,7 @@ pub fn fsync_floor(dir: &Path, preallocated: bool, duration: Duration) -> Result
         .write(true)
         .open(&path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    let size: u64 = 64 << 20;
-    if preallocated {
+    if let Some(size) = allocate {
         use std::os::fd::AsRawFd;
         // SAFETY: fallocate on a descriptor owned by `file`; no memory is passed.
         let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
@@ -150,6 +152,14 @@ pub fn fsync_floor(dir: &Path, preallocated: bool, duration: Duration) -> Result
         }
         file.sync_all().map_err(|e| e.to_string())?;
     }
+    Ok((path, file))
+}
+
+/// The raw rate of "write 256 bytes, fdatasync" on a file in `dir`: preallocated with
+/// fallocate (as Annals segments are) or growing at each write.
+pub fn fsync_floor(dir: &Path, preallocated: bool, duration: Duration) -> Result<f64, String> {
+    let size: u64 = 64 << 20;
+    let (path, file) = scratch_file(dir, "fsync-floor.tmp", preallocated.then_some(size))?;
     let record = [0x5Au8; 256];
     let started = Instant::now();
     let mut n = 0u64;
@@ -170,24 +180,7 @@ pub fn fsync_floor(dir: &Path, preallocated: bool, duration: Duration) -> Result
 pub fn write_bandwidth(dir: &Path, duration: Duration) -> Result<f64, String> {
     const CHUNK: usize = 4 << 20;
     const SIZE: u64 = 1 << 30;
-    let path = dir.join("bandwidth-floor.tmp");
-    let _ = std::fs::remove_file(&path);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: fallocate on a descriptor owned by `file`; no memory is passed.
-        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, SIZE as libc::off_t) };
-        if rc != 0 {
-            return Err(format!("fallocate: {}", std::io::Error::last_os_error()));
-        }
-    }
-    file.sync_all().map_err(|e| e.to_string())?;
+    let (path, file) = scratch_file(dir, "bandwidth-floor.tmp", Some(SIZE))?;
     let chunk = vec![0xA5u8; CHUNK];
     let started = Instant::now();
     let mut written = 0u64;
