@@ -53,6 +53,18 @@ impl EventBatch {
         }
     }
 
+    /// An empty batch writing into `body`, which the caller has cleared (a buffer kept for
+    /// reuse).
+    pub(crate) fn with_body(limits: &Limits, body: Vec<u8>) -> EventBatch {
+        debug_assert!(body.is_empty());
+        EventBatch {
+            body,
+            count: 0,
+            has_ids: false,
+            limits: limits.clone(),
+        }
+    }
+
     /// Events in the batch.
     pub fn len(&self) -> usize {
         self.count as usize

@@ -80,10 +80,30 @@ pub(crate) struct Shared {
     pub(crate) checkpointed: AtomicU64,
     pub(crate) checkpointing: AtomicBool,
     background_checkpoint: Mutex<Option<JoinHandle<()>>>,
+    /// Buffers of appended batches, handed back by the writer for [`Store::batch_with_capacity`]
+    /// to reuse: a journal that appends a batch of tens of KiB after another then writes into
+    /// memory that is already mapped, instead of faulting in and zeroing fresh pages.
+    pub(crate) spare_bodies: Mutex<Vec<Vec<u8>>>,
     _lock: Box<dyn DirLock>,
 }
 
+/// Spare batch buffers kept for reuse, and the capacities worth keeping.
+const SPARE_BODIES_MAX: usize = 16;
+const SPARE_BODY_BYTES: std::ops::RangeInclusive<usize> = (4 << 10)..=(4 << 20);
+
 impl Shared {
+    /// Keeps the buffer of an appended batch for [`Store::batch_with_capacity`], if it is of a
+    /// useful size and fewer than [`SPARE_BODIES_MAX`] are kept.
+    pub(crate) fn recycle_body(&self, body: Vec<u8>) {
+        if !SPARE_BODY_BYTES.contains(&body.capacity()) {
+            return;
+        }
+        let mut spare = self.spare_bodies.lock();
+        if spare.len() < SPARE_BODIES_MAX {
+            spare.push(body);
+        }
+    }
+
     pub(crate) fn head(&self) -> u64 {
         self.head.load(Ordering::Acquire)
     }
@@ -395,6 +415,7 @@ impl Store {
             checkpointed: AtomicU64::new(tail.head),
             checkpointing: AtomicBool::new(false),
             background_checkpoint: Mutex::new(None),
+            spare_bodies: Mutex::new(Vec::new()),
             options,
             _lock: lock,
         });
@@ -615,7 +636,14 @@ impl Store {
 
     /// [`Store::batch`] with room for `bytes` of encoded events.
     pub fn batch_with_capacity(&self, bytes: usize) -> EventBatch {
-        EventBatch::with_capacity(&self.shared.options.limits, bytes)
+        match self.shared.spare_bodies.lock().pop() {
+            Some(mut body) => {
+                body.clear();
+                body.reserve(bytes);
+                EventBatch::with_body(&self.shared.options.limits, body)
+            }
+            None => EventBatch::with_capacity(&self.shared.options.limits, bytes),
+        }
     }
 
     /// Appends the events of `batch` atomically if `condition` holds, as [`Store::append`].

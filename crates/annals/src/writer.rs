@@ -615,7 +615,9 @@ impl Writer {
         }
         let lone = group.len() == 1;
         let mut waiters = std::mem::take(&mut self.waiters);
-        for (request, outcome) in group.drain(..).zip(staged.drain(..)) {
+        for (mut request, outcome) in group.drain(..).zip(staged.drain(..)) {
+            self.shared
+                .recycle_body(std::mem::take(&mut request.append.body));
             let (needed, outcome) = match outcome {
                 Staged::Appended(last) => (last, Ok(last)),
                 Staged::Done(outcome) => (mark.head, outcome),

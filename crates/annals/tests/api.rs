@@ -797,3 +797,39 @@ fn a_roll_prepares_the_next_segment_at_once() {
     }
     assert_eq!(store.stats().segments, 2, "still writing segment 2");
 }
+
+/// Goal: the buffer of an appended batch is reused by the next `batch_with_capacity` and
+/// carries nothing of the batch before it. Method: a 100-event batch (about 10 KiB, worth
+/// keeping), then a batch of one event from the same store; the log must hold exactly the
+/// 101 events written, each with its own type, tag and data.
+#[test]
+fn a_reused_batch_buffer_starts_empty() {
+    let store = Store::open_in_memory(Options::default()).unwrap();
+    let mut first = store.batch_with_capacity(16 << 10);
+    for i in 0..100u64 {
+        let mut event = first.event("Big").unwrap();
+        event.tag_number("n:", i).unwrap();
+        event.finish(&[b'x'; 80]).unwrap();
+    }
+    store.append_batch(first, None).unwrap();
+    for round in 0..3u64 {
+        let mut next = store.batch_with_capacity(1 << 10);
+        assert!(next.is_empty() && next.encoded_bytes() == store.batch().encoded_bytes());
+        let mut event = next.event("Small").unwrap();
+        event.tag_number("round:", round).unwrap();
+        event.finish(b"small").unwrap();
+        assert_eq!(store.append_batch(next, None).unwrap(), 101 + round);
+    }
+    let events = read_all(&store, &Query::all(), ReadOptions::default()).unwrap();
+    assert_eq!(events.len(), 103);
+    for (i, e) in events.iter().enumerate() {
+        let tags: Vec<&str> = e.tags().collect();
+        if i < 100 {
+            assert_eq!((e.event_type(), e.data()), ("Big", &[b'x'; 80][..]));
+            assert_eq!(tags, [format!("n:{i}")]);
+        } else {
+            assert_eq!((e.event_type(), e.data()), ("Small", &b"small"[..]));
+            assert_eq!(tags, [format!("round:{}", i - 100)]);
+        }
+    }
+}
