@@ -87,19 +87,22 @@ pub(crate) struct Shared {
     _lock: Box<dyn DirLock>,
 }
 
-/// Spare batch buffers kept for reuse, and the capacities worth keeping.
-const SPARE_BODIES_MAX: usize = 16;
-const SPARE_BODY_BYTES: std::ops::RangeInclusive<usize> = (4 << 10)..=(4 << 20);
+/// The capacities of batch buffers worth keeping for reuse, and the most memory all kept
+/// buffers may hold: a store whose clients never call [`Store::batch_with_capacity`] keeps
+/// at most this much idle.
+const SPARE_BODY_BYTES: std::ops::RangeInclusive<usize> = (4 << 10)..=(1 << 20);
+const SPARE_BYTES_MAX: usize = 4 << 20;
 
 impl Shared {
     /// Keeps the buffer of an appended batch for [`Store::batch_with_capacity`], if it is of a
-    /// useful size and fewer than [`SPARE_BODIES_MAX`] are kept.
+    /// useful size and the kept buffers stay within [`SPARE_BYTES_MAX`].
     pub(crate) fn recycle_body(&self, body: Vec<u8>) {
         if !SPARE_BODY_BYTES.contains(&body.capacity()) {
             return;
         }
         let mut spare = self.spare_bodies.lock();
-        if spare.len() < SPARE_BODIES_MAX {
+        let kept: usize = spare.iter().map(Vec::capacity).sum();
+        if kept + body.capacity() <= SPARE_BYTES_MAX {
             spare.push(body);
         }
     }
