@@ -45,18 +45,14 @@ impl EventBatch {
 
     /// An empty batch with room for `bytes` of encoded events.
     pub fn with_capacity(limits: &Limits, bytes: usize) -> EventBatch {
-        EventBatch {
-            body: Vec::with_capacity(bytes),
-            count: 0,
-            has_ids: false,
-            limits: limits.clone(),
-        }
+        EventBatch::with_body(limits, Vec::new(), bytes)
     }
 
-    /// An empty batch writing into `body`, which the caller has cleared (a buffer kept for
-    /// reuse).
-    pub(crate) fn with_body(limits: &Limits, body: Vec<u8>) -> EventBatch {
-        debug_assert!(body.is_empty());
+    /// An empty batch writing into `body` (a buffer kept for reuse: cleared here), with room
+    /// for `bytes` of encoded events.
+    pub(crate) fn with_body(limits: &Limits, mut body: Vec<u8>, bytes: usize) -> EventBatch {
+        body.clear();
+        body.reserve(bytes);
         EventBatch {
             body,
             count: 0,

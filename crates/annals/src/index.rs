@@ -1078,7 +1078,7 @@ fn intern(
         // A long name is looked up by reference first, so that a known one costs no copy.
         None => match ids.get(name) {
             Some(&id) => return id,
-            None => NameKey::new(name),
+            None => NameKey::Heap(name.into()),
         },
     };
     // One hash and one probe whether the name is new (a new order's tag, in an exchange's

@@ -83,7 +83,7 @@ pub(crate) struct Shared {
     /// Buffers of appended batches, handed back by the writer for [`Store::batch_with_capacity`]
     /// to reuse: a journal that appends a batch of tens of KiB after another then writes into
     /// memory that is already mapped, instead of faulting in and zeroing fresh pages.
-    pub(crate) spare_bodies: Mutex<Vec<Vec<u8>>>,
+    pub(crate) spare_bodies: Mutex<SpareBodies>,
     _lock: Box<dyn DirLock>,
 }
 
@@ -93,17 +93,37 @@ pub(crate) struct Shared {
 const SPARE_BODY_BYTES: std::ops::RangeInclusive<usize> = (4 << 10)..=(1 << 20);
 const SPARE_BYTES_MAX: usize = 4 << 20;
 
-impl Shared {
-    /// Keeps the buffer of an appended batch for [`Store::batch_with_capacity`], if it is of a
-    /// useful size and the kept buffers stay within [`SPARE_BYTES_MAX`].
-    pub(crate) fn recycle_body(&self, body: Vec<u8>) {
-        if !SPARE_BODY_BYTES.contains(&body.capacity()) {
-            return;
+/// Buffers of written batches kept for reuse, and their capacity in all.
+#[derive(Default)]
+pub(crate) struct SpareBodies {
+    bodies: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl SpareBodies {
+    /// Keeps `body` if it is of a useful size and the kept buffers stay within
+    /// [`SPARE_BYTES_MAX`].
+    fn keep(&mut self, body: Vec<u8>) {
+        let capacity = body.capacity();
+        if SPARE_BODY_BYTES.contains(&capacity) && self.bytes + capacity <= SPARE_BYTES_MAX {
+            self.bytes += capacity;
+            self.bodies.push(body);
         }
-        let mut spare = self.spare_bodies.lock();
-        let kept: usize = spare.iter().map(Vec::capacity).sum();
-        if kept + body.capacity() <= SPARE_BYTES_MAX {
-            spare.push(body);
+    }
+
+    /// A kept buffer, or an empty one.
+    fn take(&mut self) -> Vec<u8> {
+        let body = self.bodies.pop().unwrap_or_default();
+        self.bytes -= body.capacity();
+        body
+    }
+}
+
+impl Shared {
+    /// Keeps the buffer of an appended batch for [`Store::batch_with_capacity`].
+    pub(crate) fn recycle_body(&self, body: Vec<u8>) {
+        if SPARE_BODY_BYTES.contains(&body.capacity()) {
+            self.spare_bodies.lock().keep(body);
         }
     }
 
@@ -418,7 +438,7 @@ impl Store {
             checkpointed: AtomicU64::new(tail.head),
             checkpointing: AtomicBool::new(false),
             background_checkpoint: Mutex::new(None),
-            spare_bodies: Mutex::new(Vec::new()),
+            spare_bodies: Mutex::new(SpareBodies::default()),
             options,
             _lock: lock,
         });
@@ -639,14 +659,8 @@ impl Store {
 
     /// [`Store::batch`] with room for `bytes` of encoded events.
     pub fn batch_with_capacity(&self, bytes: usize) -> EventBatch {
-        match self.shared.spare_bodies.lock().pop() {
-            Some(mut body) => {
-                body.clear();
-                body.reserve(bytes);
-                EventBatch::with_body(&self.shared.options.limits, body)
-            }
-            None => EventBatch::with_capacity(&self.shared.options.limits, bytes),
-        }
+        let body = self.shared.spare_bodies.lock().take();
+        EventBatch::with_body(&self.shared.options.limits, body, bytes)
     }
 
     /// Appends the events of `batch` atomically if `condition` holds, as [`Store::append`].
