@@ -25,7 +25,7 @@ use crate::recovery::{self, Tail};
 use crate::segment::Segment;
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
-use crate::writer::{Completion, Notifier, Reply, ReplyTo, Request, Syncer, Writer};
+use crate::writer::{Completion, Notifier, Reply, ReplyTo, Request, Syncer, Waiting, Writer};
 
 /// Counters kept by the writer, read by [`Store::stats`].
 #[derive(Default)]
@@ -41,6 +41,8 @@ pub(crate) struct Counters {
     pub(crate) fsync_us_total: AtomicU64,
     pub(crate) fsync_us_max: AtomicU64,
     pub(crate) fsync_us: Log2Histogram,
+    /// fdatasync latency in microseconds, averaged over about the last eight (0: none yet).
+    pub(crate) fsync_recent_us: AtomicU64,
     pub(crate) group_appends: Log2Histogram,
 }
 
@@ -51,6 +53,10 @@ impl Counters {
         self.fsync_us_total.fetch_add(us, Ordering::Relaxed);
         self.fsync_us_max.fetch_max(us, Ordering::Relaxed);
         self.fsync_us.record(us);
+        // One sync runs at a time, so a load and a store suffice.
+        let old = self.fsync_recent_us.load(Ordering::Relaxed);
+        let recent = if old == 0 { us } else { old - old / 8 + us / 8 };
+        self.fsync_recent_us.store(recent.max(1), Ordering::Relaxed);
     }
 }
 
@@ -84,6 +90,8 @@ pub(crate) struct Shared {
     /// to reuse: a journal that appends a batch of tens of KiB after another then writes into
     /// memory that is already mapped, instead of faulting in and zeroing fresh pages.
     pub(crate) spare_bodies: Mutex<SpareBodies>,
+    /// Callers waiting for an append's outcome (see [`crate::writer::Waiting`]).
+    pub(crate) waiting: std::sync::atomic::AtomicUsize,
     _lock: Box<dyn DirLock>,
 }
 
@@ -267,6 +275,8 @@ pub struct Stats {
     /// Appends committed per group (one write, and in D3 one fdatasync, per group).
     pub group_appends: HistogramSnapshot,
     pub queue_depth: usize,
+    /// Callers blocked on or awaiting an append's outcome.
+    pub waiting: usize,
     pub poisoned: Option<String>,
 }
 
@@ -314,7 +324,29 @@ impl Tracking {
 #[derive(Default)]
 struct AsyncReply {
     result: Mutex<Option<Result<u64, AppendError>>>,
+    /// Set with `result`, for a lone caller polling without the lock.
+    filled: AtomicBool,
     ready: event_listener::Event,
+}
+
+/// A future that is pending once (waking itself at once) and then ready: lets an async caller
+/// poll without holding its runtime's thread, on any runtime.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
 }
 
 /// A durable DCB event store. See the crate documentation for a tour.
@@ -433,6 +465,7 @@ impl Store {
             poisoned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             counters: Counters::default(),
+            waiting: Default::default(),
             checkpoint_lock: Mutex::new(()),
             runners: Mutex::new(Default::default()),
             checkpointed: AtomicU64::new(tail.head),
@@ -519,6 +552,11 @@ impl Store {
         &self.shared.options
     }
 
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     /// The position of the last acknowledged event (0 when the store is empty).
     pub fn head(&self) -> u64 {
         self.shared.head()
@@ -542,6 +580,7 @@ impl Store {
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
         let completion = Completion::for_this_thread();
+        let waiting = Waiting::start(&self.shared);
         self.submit(
             events,
             condition,
@@ -549,7 +588,7 @@ impl Store {
             ReplyTo::Blocking(completion.clone()),
             true,
         )?;
-        completion.wait()
+        completion.wait(waiting)
     }
 
     /// Like [`Store::append`], but fails with [`InputError::QueueFull`] instead of waiting when
@@ -560,6 +599,7 @@ impl Store {
         condition: Option<&AppendCondition>,
     ) -> Result<u64, AppendError> {
         let completion = Completion::for_this_thread();
+        let waiting = Waiting::start(&self.shared);
         self.submit(
             events,
             condition,
@@ -567,7 +607,7 @@ impl Store {
             ReplyTo::Blocking(completion.clone()),
             false,
         )?;
-        completion.wait()
+        completion.wait(waiting)
     }
 
     /// Queues an append and returns at once; `done` is called with the outcome on one of the
@@ -619,10 +659,18 @@ impl Store {
     ) -> Result<u64, AppendError> {
         let slot = Arc::new(AsyncReply::default());
         let filled = slot.clone();
+        let waiting = Waiting::start(&self.shared);
         self.try_append_then(events, condition, options, move |result| {
             *filled.result.lock() = Some(result);
+            filled.filled.store(true, Ordering::Release);
             filled.ready.notify(usize::MAX);
         })?;
+        // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that
+        // the thread stays free for any other task.
+        while waiting.keep_polling() && !slot.filled.load(Ordering::Acquire) {
+            YieldOnce(false).await;
+        }
+        // `waiting` stays alive until the outcome is in: a sleeping caller still counts.
         loop {
             let listener = slot.ready.listen();
             if let Some(result) = slot.result.lock().take() {
@@ -670,6 +718,7 @@ impl Store {
         condition: Option<&AppendCondition>,
     ) -> Result<u64, AppendError> {
         let completion = Completion::for_this_thread();
+        let waiting = Waiting::start(&self.shared);
         self.submit_batch(
             batch,
             condition,
@@ -677,7 +726,7 @@ impl Store {
             ReplyTo::Blocking(completion.clone()),
             true,
         )?;
-        completion.wait()
+        completion.wait(waiting)
     }
 
     /// Queues the events of `batch` and returns at once, as [`Store::append_then`]: `done` is
@@ -929,6 +978,7 @@ impl Store {
             fsync_us: c.fsync_us.snapshot(),
             group_appends: c.group_appends.snapshot(),
             queue_depth: self.sender.as_ref().map_or(0, |s| s.len()),
+            waiting: self.shared.waiting.load(Ordering::Relaxed),
             poisoned: self.shared.poison_error().map(|e| e.to_string()),
         }
     }

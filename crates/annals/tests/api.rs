@@ -833,3 +833,86 @@ fn a_reused_batch_buffer_starts_empty() {
         }
     }
 }
+
+/// `Stats::waiting` counts callers until their outcome is in, whether they polled for it or
+/// slept, blocked or awaited, succeeded or failed, and an async append dropped while waiting
+/// stops counting.
+#[test]
+fn waiting_callers_are_counted_until_their_outcome_is_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path(), Options::default()).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for _ in 0..50 {
+                    store.append(&[event()], None).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(store.head(), 400);
+    assert_eq!(store.stats().waiting, 0);
+    // A refused append waited too.
+    let refuse = AppendCondition::new(Query::all(), Some(0));
+    assert!(store.append(&[event()], Some(&refuse)).is_err());
+    assert_eq!(store.stats().waiting, 0);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for _ in 0..20 {
+            store
+                .append_async(&[event()], None, AppendOptions::default())
+                .await
+                .unwrap();
+        }
+        // Polled once, then dropped while its append is in flight.
+        let events = [event()];
+        let mut pending = Box::pin(store.append_async(&events, None, AppendOptions::default()));
+        let _ = futures_poll_once(pending.as_mut());
+        drop(pending);
+    });
+    assert_eq!(store.stats().waiting, 0);
+    store.append(&[event()], None).unwrap();
+    assert_eq!(store.head(), 422);
+
+    // A caller that has stopped polling and sleeps still counts: hold the writer in a callback
+    // (in D0 the writer runs callbacks itself) while another thread's append waits behind it.
+    let store = Arc::new(Store::open_in_memory(small_options()).unwrap());
+    let (release, hold) = std::sync::mpsc::channel::<()>();
+    let (entered, in_callback) = std::sync::mpsc::channel::<()>();
+    store
+        .append_then(&[event()], None, AppendOptions::default(), move |_| {
+            let _ = entered.send(());
+            let _ = hold.recv();
+        })
+        .unwrap();
+    in_callback.recv().unwrap();
+    let blocked = {
+        let store = store.clone();
+        std::thread::spawn(move || store.append(&[event()], None).unwrap())
+    };
+    let started = std::time::Instant::now();
+    while store.stats().waiting == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never counted");
+        std::thread::yield_now();
+    }
+    // Well past any polling budget.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(store.stats().waiting, 1);
+    release.send(()).unwrap();
+    assert_eq!(blocked.join().unwrap(), 2);
+    assert_eq!(store.stats().waiting, 0);
+}
+
+/// Polls a future once with a waker that does nothing.
+fn futures_poll_once<F: std::future::Future>(future: std::pin::Pin<&mut F>) -> bool {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    future.poll(&mut cx).is_ready()
+}
