@@ -5,7 +5,9 @@
 //! condition against the index (which already holds the earlier appends of this group), stages
 //! its record in one buffer and its events in the index. Then it writes the buffer, issues ONE
 //! fdatasync (in D3), publishes the new head and acknowledges the whole group. The index lock is
-//! taken per append, never across I/O. A failed write or sync poisons the store.
+//! taken per append, never across I/O: shared for the checks (the writer is the index's only
+//! mutator), exclusive only for adding the append's events. A failed write or sync poisons the
+//! store.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -733,8 +735,13 @@ impl Writer {
     /// the index.
     fn stage(&mut self, request: &Request, appended_at: u64) -> Staged {
         let counters = &self.shared.counters;
-        let mut index = self.shared.index.write();
         let append = &request.append;
+        let tracking = append.tracking();
+        // The checks only read the index, and the writer is its only mutator: under a shared
+        // lock, readers go on meanwhile. The exclusive lock is held only for the pushes below.
+        // (Held for the whole staging, it had 64 deciding clients spend a fifth of their
+        // time spinning and parking on it.)
+        let index = self.shared.index.read();
         if append.has_ids {
             if let Some(outcome) = idempotent_outcome(&index, append) {
                 if outcome.is_ok() {
@@ -751,7 +758,6 @@ impl Writer {
                 return Staged::Done(Err(AppendError::ConditionFailed { position }));
             }
         }
-        let tracking = append.tracking();
         if let Some((source, given)) = tracking {
             if let Some(recorded) = index.tracking_staged(source) {
                 if given <= recorded {
@@ -763,6 +769,7 @@ impl Writer {
                 }
             }
         }
+        drop(index);
         let first = self.next_position;
         let record_offset = self.tail + self.buffer.len() as u64;
         let mut header = [0u8; HEADER_BYTES];
@@ -792,6 +799,7 @@ impl Writer {
             (AheadStage::Tail, 1),
         ];
         let n = ahead.len();
+        let mut index = self.shared.index.write();
         for (stage, distance) in STAGES {
             for i in 0..distance.min(n) {
                 let (entry, layout) = entry_at(ahead, i);
