@@ -293,7 +293,7 @@ impl Syncer {
         self.wake.notify_one();
     }
 
-    pub(crate) fn run(&self, shared: &Shared) {
+    pub(crate) fn run(&self, shared: &Arc<Shared>) {
         let durability = shared.options.durability;
         let eager = durability >= Durability::SyncedLater;
         loop {
@@ -328,7 +328,7 @@ impl Syncer {
     /// the sync failed and the store is poisoned.
     fn sync_once(
         &self,
-        shared: &Shared,
+        shared: &Arc<Shared>,
         (target, target_bytes): (u64, u64),
         mark: Mark,
         segment: &Segment,
@@ -352,18 +352,33 @@ impl Syncer {
                 let (done, waiting): (Vec<Waiter>, Vec<Waiter>) =
                     state.waiters.drain(..).partition(|w| w.needed <= target);
                 state.waiters = waiting;
-                if state.written > state.synced {
+                let more = state.written > state.synced;
+                if more {
                     self.wake.notify_one();
                 }
                 drop(state);
                 let publish = shared.options.durability == Durability::Synced
                     && !cfg!(feature = "canary-ack-before-fsync");
-                if direct {
+                // With nothing more to sync yet, the syncer answers the group itself rather
+                // than hand it to the notifier (a wake-up on each side), unless that means
+                // waking blocked threads one by one: callbacks (an async caller's waker) are
+                // cheap, each blocked thread a futex wake.
+                let answer_here = !direct
+                    && !more
+                    && done
+                        .iter()
+                        .filter(|w| matches!(w.reply.0, Some(ReplyTo::Blocking(_))))
+                        .count()
+                        <= 1;
+                if direct || answer_here {
                     if publish {
                         shared.publish(mark);
                     }
                     for w in done {
                         w.reply.send(w.outcome);
+                    }
+                    if answer_here {
+                        shared.maybe_checkpoint();
                     }
                 } else if publish || !done.is_empty() {
                     self.notifier.push(publish.then_some(mark), done);
@@ -394,7 +409,7 @@ impl Syncer {
     /// pending; otherwise returns false and leaves `waiters` to [`Syncer::written`].
     fn sync_inline(
         &self,
-        shared: &Shared,
+        shared: &Arc<Shared>,
         mark: Mark,
         bytes: u64,
         segment: &Arc<Segment>,
