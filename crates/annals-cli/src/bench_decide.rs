@@ -43,9 +43,12 @@ pub struct DecideArgs {
     /// blocking in `decide_and_append`).
     #[arg(long, value_enum, default_value = "tasks")]
     mode: Mode,
-    /// Threads of the async runtime in `tasks` mode.
-    #[arg(long, default_value_t = 1)]
-    runtime_threads: usize,
+    /// Threads of the async runtime in `tasks` mode; default: one per core. On two cores, 64
+    /// clients over 1,000 courses made 14.6x the fsync floor with two threads against 12.5x
+    /// with one (eight alternations): with one, the decisions woken by a sync are decided one
+    /// after another, and many miss the next group.
+    #[arg(long)]
+    runtime_threads: Option<usize>,
     /// Course states kept between decisions (`annals::decide::StateCache`), shared by all
     /// clients: a decision then reads only the course's events since the last decision on it.
     /// 0 keeps none: every decision reads the course's whole history.
@@ -219,6 +222,12 @@ fn run_threads(
     Ok(started.elapsed().as_secs_f64())
 }
 
+fn runtime_threads(args: &DecideArgs) -> usize {
+    args.runtime_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
 /// One async task per client on a runtime of `--runtime-threads` threads, each awaiting
 /// `subscribe_async`: a waiting decision holds no thread. Returns the seconds measured.
 fn run_tasks(
@@ -229,7 +238,7 @@ fn run_tasks(
     tally: &Arc<Tally>,
 ) -> Result<f64, String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.runtime_threads.max(1))
+        .worker_threads(runtime_threads(args))
         .enable_time()
         .build()
         .map_err(|e| e.to_string())?;
@@ -302,7 +311,7 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
         "clients": args.clients,
         "mode": match args.mode {
             Mode::Threads => "threads: one OS thread per client".to_owned(),
-            Mode::Tasks => format!("tasks: async clients on {} runtime thread(s)", args.runtime_threads.max(1)),
+            Mode::Tasks => format!("tasks: async clients on {} runtime thread(s)", runtime_threads(&args)),
         },
         "courses": args.courses,
         "students": args.students,
