@@ -30,6 +30,21 @@ fn event() -> NewEvent {
     NewEvent::new("E", "data").tag("a")
 }
 
+/// Holds a D0 store's writer inside an append's callback (in D0 the writer runs callbacks
+/// itself) until the returned sender sends or is dropped; returns once the writer is held.
+fn hold_writer(store: &Store) -> std::sync::mpsc::Sender<()> {
+    let (release, hold) = std::sync::mpsc::channel::<()>();
+    let (entered, in_callback) = std::sync::mpsc::channel::<()>();
+    store
+        .append_then(&[event()], None, AppendOptions::default(), move |_| {
+            let _ = entered.send(());
+            let _ = hold.recv();
+        })
+        .unwrap();
+    in_callback.recv().unwrap();
+    release
+}
+
 fn rejects(store: &Store, events: &[NewEvent], check: impl Fn(&InputError) -> bool) {
     let head = store.head();
     match store.append(events, None) {
@@ -216,15 +231,7 @@ fn queue_depth_limit() {
         ..small_options()
     })
     .unwrap();
-    let (release, wait) = std::sync::mpsc::channel::<()>();
-    let (entered, in_callback) = std::sync::mpsc::channel::<()>();
-    store
-        .append_then(&[event()], None, AppendOptions::default(), move |_| {
-            let _ = entered.send(());
-            let _ = wait.recv();
-        })
-        .unwrap();
-    in_callback.recv().unwrap();
+    let release = hold_writer(&store);
     store
         .append_then(&[event()], None, AppendOptions::default(), |_| {})
         .unwrap();
@@ -884,15 +891,7 @@ fn waiting_callers_are_counted_until_their_outcome_is_in() {
     // A caller that has stopped polling and sleeps still counts: hold the writer in a callback
     // (in D0 the writer runs callbacks itself) while another thread's append waits behind it.
     let store = Arc::new(Store::open_in_memory(small_options()).unwrap());
-    let (release, hold) = std::sync::mpsc::channel::<()>();
-    let (entered, in_callback) = std::sync::mpsc::channel::<()>();
-    store
-        .append_then(&[event()], None, AppendOptions::default(), move |_| {
-            let _ = entered.send(());
-            let _ = hold.recv();
-        })
-        .unwrap();
-    in_callback.recv().unwrap();
+    let release = hold_writer(&store);
     let blocked = {
         let store = store.clone();
         std::thread::spawn(move || store.append(&[event()], None).unwrap())
