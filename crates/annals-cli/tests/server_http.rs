@@ -600,6 +600,7 @@ fn metrics_in_prometheus_format() {
         "annals_fsync_seconds_bucket{le=\"+Inf\"}",
         "annals_fsync_seconds_count",
         "annals_queue_depth 0",
+        "annals_waiting_callers 0",
         "annals_subscribers 0",
         "annals_request_duration_seconds_bucket{api=\"http\",op=\"append\",le=\"+Inf\"} 5",
         "annals_durability_info{class=\"d3\"} 1",

@@ -289,6 +289,12 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "annals_waiting_callers",
+            "Callers blocked on or awaiting an append's outcome.",
+            stats.waiting as f64,
+        );
+        gauge(
+            &mut out,
             "annals_index_bytes",
             "Bytes used by the in-memory indexes.",
             stats.index_bytes as f64,
