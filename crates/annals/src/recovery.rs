@@ -4,9 +4,12 @@
 //! the log was already synced when it was written (`synced_through`, a lower bound). After the
 //! first bad record at offset X, where position P was expected, a valid record that says P was
 //! already synced proves the bad record had been durable: that is damage, and opening stops with
-//! an error naming the file and offset. So does any valid record in a later segment, because a
-//! segment is synced before the next one receives records. Anything else after X is an unsynced
-//! tail: it was never acknowledged in D3, and it is overwritten with zeros.
+//! an error naming the file and offset. A segment is synced before the next one receives
+//! records, so when the next segment holds records the current one is whole: a valid first
+//! record there must continue the positions, and if the first is missing, later records there
+//! are an unsynced remainder unless one says the missing position was synced (damage again).
+//! Anything else after X is an unsynced tail: it was never acknowledged in D3, and it is
+//! overwritten with zeros (a remainder in later segments goes with those segments).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -374,17 +377,27 @@ fn scan_records(
             offset = SEGMENT_HEADER_BYTES;
             continue;
         }
-        // The log ends in this segment. Later segments must hold nothing.
+        // The log ends in this segment. A later segment receives records only once this one is
+        // synced, so this one is whole, and records in a later segment whose first record is
+        // missing are an unsynced remainder (a crash kept some of its writes and lost the
+        // first), unless one of them says position `next_position` was already synced: then a
+        // durable record was lost, which is damage. The remainder is never acknowledged in D3;
+        // the open removes the later segments with it.
+        let mut remainder = None;
         for later in &segments[seg_index + 1..] {
-            if has_any_record(later)? {
+            if let Some(at) = evidence_of_later_group(later, SEGMENT_HEADER_BYTES, next_position)? {
                 return Err(StoreError::Corrupt {
                     path: segment.path.clone(),
                     offset,
                     reason: format!(
-                        "the log ends at offset {offset} but {} holds records",
+                        "the log ends at offset {offset} but {} holds a record at offset {at} \
+                         written after position {next_position} was synced",
                         later.path.display()
                     ),
                 });
+            }
+            if remainder.is_none() && has_any_record(later)? {
+                remainder = Some(later.path.clone());
             }
         }
         if tail.segment != seg_index {
@@ -392,11 +405,19 @@ fn scan_records(
         }
         tail.segment = seg_index;
         tail.offset = offset;
-        let torn = stop.map(|reason| Torn {
-            path: segment.path.clone(),
-            offset,
-            reason,
-        });
+        let torn = stop
+            .map(|reason| Torn {
+                path: segment.path.clone(),
+                offset,
+                reason,
+            })
+            .or_else(|| {
+                remainder.map(|path| Torn {
+                    path,
+                    offset: SEGMENT_HEADER_BYTES,
+                    reason: "unsynced records in a later segment whose first record was lost",
+                })
+            });
         let dirty = zero_tail(segment, offset, tail_window, repair)?;
         let torn = torn.or_else(|| {
             dirty.then(|| Torn {
