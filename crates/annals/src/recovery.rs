@@ -385,7 +385,13 @@ fn scan_records(
         // the open removes the later segments with it.
         let mut remainder = None;
         for later in &segments[seg_index + 1..] {
-            if let Some(at) = evidence_of_later_group(later, SEGMENT_HEADER_BYTES, next_position)? {
+            // One pass: note any record, stop at one that proves damage.
+            let mut any = false;
+            let damage = first_record_where(later, SEGMENT_HEADER_BYTES, |header| {
+                any = true;
+                header.synced_through >= next_position
+            })?;
+            if let Some(at) = damage {
                 return Err(StoreError::Corrupt {
                     path: segment.path.clone(),
                     offset,
@@ -396,7 +402,7 @@ fn scan_records(
                     ),
                 });
             }
-            if remainder.is_none() && has_any_record(later)? {
+            if any && remainder.is_none() {
                 remainder = Some(later.path.clone());
             }
         }
@@ -447,6 +453,18 @@ fn evidence_of_later_group(
     from: u64,
     next_position: u64,
 ) -> Result<Option<u64>, StoreError> {
+    first_record_where(segment, from, |header| {
+        header.synced_through >= next_position
+    })
+}
+
+/// The offset of the first valid record at an 8-byte aligned offset from `from` for which
+/// `wanted` holds (every valid record met is shown to it, in order).
+fn first_record_where(
+    segment: &Segment,
+    from: u64,
+    mut wanted: impl FnMut(&record::RecordHeader) -> bool,
+) -> Result<Option<u64>, StoreError> {
     let magic = record::RECORD_MAGIC.to_le_bytes();
     let window = 4 << 20;
     let mut at = from.next_multiple_of(8);
@@ -468,7 +486,7 @@ fn evidence_of_later_group(
                 if block[i..i + 4] == magic {
                     let offset = at + (base + i) as u64;
                     if let Read::Record { header, .. } = read_record(segment, offset)? {
-                        if header.synced_through >= next_position {
+                        if wanted(&header) {
                             return Ok(Some(offset));
                         }
                     }
