@@ -378,8 +378,8 @@ fn scan_records(
             continue;
         }
         // The log ends in this segment. A later segment receives records only once this one is
-        // synced, so this one is whole, and records in a later segment whose first record is
-        // missing are an unsynced remainder (a crash kept some of its writes and lost the
+        // synced, so this one is whole: if it ends cleanly, records in a later segment whose
+        // first record is missing are an unsynced remainder (a crash kept some of its writes and lost the
         // first), unless one of them says position `next_position` was already synced: then a
         // durable record was lost, which is damage. The remainder is never acknowledged in D3;
         // the open removes the later segments with it.
@@ -402,8 +402,20 @@ fn scan_records(
                     ),
                 });
             }
-            if any && remainder.is_none() {
-                remainder = Some(later.path.clone());
+            if any {
+                // A bad record here, not a clean end, with records after the roll: this
+                // segment was synced whole before them, so the bad record is damage.
+                if let Some(why) = stop {
+                    return Err(StoreError::Corrupt {
+                        path: segment.path.clone(),
+                        offset,
+                        reason: format!(
+                            "{why} at offset {offset}, yet the later segment {} holds records",
+                            later.path.display()
+                        ),
+                    });
+                }
+                remainder.get_or_insert_with(|| later.path.clone());
             }
         }
         if tail.segment != seg_index {
