@@ -121,8 +121,10 @@ fn write_in_steps(
         offset: 0,
         crc: 0,
     };
-    // Touched once here, so that copying under the index lock never faults a page in.
-    sink.buf.resize(SINK_BYTES + step * 8 + 4096, 0);
+    // Touched once here, so that copying under the index lock never faults a page in nor
+    // grows the buffer: one hold adds at most `step` lists' counts and positions (16 bytes
+    // for a list of one) to less than SINK_BYTES.
+    sink.buf.resize(SINK_BYTES + step * 16 + 4096, 0);
     sink.buf.clear();
     let (mark, type_names, tag_names, ids, tracking) = {
         let index = index.read();
