@@ -407,7 +407,7 @@ impl Index {
         if self.tag_cache.is_empty() {
             self.resize_tag_cache();
         }
-        let slot = self.cache_slot(tag);
+        let mut slot = self.cache_slot(tag);
         if let Some(id) = self.tag_cache[slot].id_of(tag) {
             return id;
         }
@@ -421,8 +421,8 @@ impl Index {
         if self.tag_names.len() > tags && self.tag_names.len() * 2 > self.tag_cache.len() {
             // A new tag, and the table outgrows the cache: start a larger, empty one.
             self.resize_tag_cache();
+            slot = self.cache_slot(tag);
         }
-        let slot = self.cache_slot(tag);
         self.tag_cache[slot] = CachedTag::new(tag, id);
         id
     }

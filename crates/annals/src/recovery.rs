@@ -379,10 +379,10 @@ fn scan_records(
         }
         // The log ends in this segment. A later segment receives records only once this one is
         // synced, so this one is whole: if it ends cleanly, records in a later segment whose
-        // first record is missing are an unsynced remainder (a crash kept some of its writes and lost the
-        // first), unless one of them says position `next_position` was already synced: then a
-        // durable record was lost, which is damage. The remainder is never acknowledged in D3;
-        // the open removes the later segments with it.
+        // first record is missing are an unsynced remainder (a crash kept some of its writes
+        // and lost the first), unless one of them says position `next_position` was already
+        // synced: then a durable record was lost, which is damage. The remainder is never
+        // acknowledged in D3; the open removes the later segments with it.
         let mut remainder = None;
         for later in &segments[seg_index + 1..] {
             // One pass: note any record, stop at one that proves damage.
