@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
-    /// Appends from N writer threads; reports throughput, latency and fsyncs per batch.
+    /// Appends from N writers (async tasks or threads); reports throughput, latency and fsyncs
+    /// per batch.
     ///
     /// Example: annals bench append --dir /tmp/a --writers 64 --batch 1 --events 200000 --conditional
     Append(AppendArgs),
@@ -75,6 +76,69 @@ pub struct AppendArgs {
     /// Preallocate segments with fallocate instead of writing zeros.
     #[arg(long)]
     fallocate: bool,
+    /// How writers run: `tasks` (async tasks awaiting `Store::append_async` on
+    /// --runtime-threads threads, as in an async service) or `threads` (one OS thread each,
+    /// blocking in `Store::append`).
+    #[arg(long, value_enum, default_value = "tasks")]
+    mode: crate::bench_decide::Mode,
+    /// Threads of the async runtime in `tasks` mode; default: one per core.
+    #[arg(long)]
+    runtime_threads: Option<usize>,
+}
+
+/// The async runtime's threads: as asked, else one per core.
+pub(crate) fn runtime_threads(asked: Option<usize>) -> usize {
+    asked
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+/// What one writer appends, prepared before the measurement: a few batches, cycled (tag
+/// formatting stays out of the measurement), and the query of its own stream.
+struct Writer {
+    batches: Vec<Vec<NewEvent>>,
+    stream: Query,
+    conditional: bool,
+    last: u64,
+    latency: Histogram<u64>,
+}
+
+impl Writer {
+    fn new(w: usize, args: &AppendArgs, payload: &Bytes) -> Writer {
+        let mut rng = StdRng::seed_from_u64(w as u64);
+        Writer {
+            batches: (0..8)
+                .map(|s| make_batch(w, s, args, payload, &mut rng))
+                .collect(),
+            stream: Query::item(QueryItem::tags([format!("stream:{w}")])),
+            conditional: args.conditional,
+            last: 0,
+            latency: Histogram::<u64>::new(3).expect("histogram"),
+        }
+    }
+
+    /// The k-th append's events and condition (on the writer's stream, after what it last
+    /// appended: checked, never failing).
+    fn next(&self, k: u64) -> (&[NewEvent], Option<AppendCondition>) {
+        let condition = self
+            .conditional
+            .then(|| AppendCondition::new(self.stream.clone(), Some(self.last)));
+        (&self.batches[(k % 8) as usize], condition)
+    }
+
+    /// Records an append's outcome; false if it failed.
+    fn done(&mut self, started: Instant, outcome: Result<u64, annals::AppendError>) -> bool {
+        self.latency
+            .record(started.elapsed().as_micros() as u64)
+            .ok();
+        match outcome {
+            Ok(p) => {
+                self.last = p;
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -297,48 +361,98 @@ fn append_run(
     let histogram = Arc::new(Mutex::new(
         Histogram::<u64>::new(3).map_err(|e| e.to_string())?,
     ));
-    let barrier = Arc::new(std::sync::Barrier::new(args.writers + 1));
     let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let handles: Vec<_> = (0..args.writers)
-        .map(|w| {
-            let store = store.clone();
-            let args = args.clone();
-            let payload = payload.clone();
-            let histogram = histogram.clone();
-            let barrier = barrier.clone();
-            let failures = failures.clone();
-            std::thread::spawn(move || {
-                let mut rng = StdRng::seed_from_u64(w as u64);
-                // A few prepared batches, cycled, keep tag formatting out of the measurement.
-                let batches: Vec<Vec<NewEvent>> = (0..8)
-                    .map(|s| make_batch(w, s, &args, &payload, &mut rng))
-                    .collect();
-                let stream = Query::item(QueryItem::tags([format!("stream:{w}")]));
-                let mut local = Histogram::<u64>::new(3).expect("histogram");
-                let mut last = 0;
-                barrier.wait();
-                for k in 0..appends_per_writer {
-                    let batch = &batches[(k % 8) as usize];
-                    let condition = AppendCondition::new(stream.clone(), Some(last));
-                    let started = Instant::now();
-                    let outcome = store.append(batch, args.conditional.then_some(&condition));
-                    local.record(started.elapsed().as_micros() as u64).ok();
-                    match outcome {
-                        Ok(p) => last = p,
-                        Err(_) => {
-                            failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let started = match args.mode {
+        crate::bench_decide::Mode::Threads => {
+            let barrier = Arc::new(std::sync::Barrier::new(args.writers + 1));
+            let handles: Vec<_> = (0..args.writers)
+                .map(|w| {
+                    let mut writer = Writer::new(w, args, &payload);
+                    let (store, histogram, barrier, failures) = (
+                        store.clone(),
+                        histogram.clone(),
+                        barrier.clone(),
+                        failures.clone(),
+                    );
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        for k in 0..appends_per_writer {
+                            let (events, condition) = writer.next(k);
+                            let started = Instant::now();
+                            let outcome = store.append(events, condition.as_ref());
+                            if !writer.done(started, outcome) {
+                                failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
                         }
-                    }
+                        histogram
+                            .lock()
+                            .expect("histogram")
+                            .add(writer.latency)
+                            .ok();
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let started = Instant::now();
+            for h in handles {
+                h.join().map_err(|_| "a writer panicked")?;
+            }
+            started
+        }
+        crate::bench_decide::Mode::Tasks => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(runtime_threads(args.runtime_threads))
+                .build()
+                .map_err(|e| e.to_string())?;
+            let mut writers: Vec<_> = (0..args.writers)
+                .map(|w| Writer::new(w, args, &payload))
+                .collect();
+            let started = Instant::now();
+            runtime.block_on(async {
+                let tasks: Vec<_> = writers
+                    .drain(..)
+                    .map(|mut writer| {
+                        let (store, histogram, failures) =
+                            (store.clone(), histogram.clone(), failures.clone());
+                        tokio::spawn(async move {
+                            for k in 0..appends_per_writer {
+                                let started = Instant::now();
+                                let outcome = loop {
+                                    let (events, condition) = writer.next(k);
+                                    match store
+                                        .append_async(
+                                            events,
+                                            condition.as_ref(),
+                                            Default::default(),
+                                        )
+                                        .await
+                                    {
+                                        Err(annals::AppendError::Input(
+                                            annals::InputError::QueueFull { .. },
+                                        )) => tokio::task::yield_now().await,
+                                        outcome => break outcome,
+                                    }
+                                };
+                                if !writer.done(started, outcome) {
+                                    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                            }
+                            histogram
+                                .lock()
+                                .expect("histogram")
+                                .add(writer.latency)
+                                .ok();
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.map_err(|e| format!("a writer failed: {e}"))?;
                 }
-                histogram.lock().expect("histogram").add(local).ok();
-            })
-        })
-        .collect();
-    barrier.wait();
-    let started = Instant::now();
-    for h in handles {
-        h.join().map_err(|_| "a writer panicked")?;
-    }
+                Ok::<(), String>(())
+            })?;
+            started
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     let stats = store.stats();
     if failures.load(std::sync::atomic::Ordering::Relaxed) > 0 {
@@ -404,6 +518,13 @@ fn append(args: AppendArgs) -> Result<Value, String> {
     Ok(json!({
         "workload": if args.conditional { "conditional_append" } else { "append" },
         "writers": args.writers,
+        "mode": match args.mode {
+            crate::bench_decide::Mode::Threads => "threads: one OS thread per writer".to_owned(),
+            crate::bench_decide::Mode::Tasks => format!(
+                "tasks: async writers on {} runtime thread(s)",
+                runtime_threads(args.runtime_threads)
+            ),
+        },
         "batch": args.batch,
         "events": mid.events,
         "event_bytes": args.event_bytes,

@@ -57,7 +57,7 @@ pub struct DecideArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Mode {
+pub(crate) enum Mode {
     Threads,
     Tasks,
 }
@@ -223,9 +223,7 @@ fn run_threads(
 }
 
 fn runtime_threads(args: &DecideArgs) -> usize {
-    args.runtime_threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1)
+    crate::bench::runtime_threads(args.runtime_threads)
 }
 
 /// One async task per client on a runtime of `--runtime-threads` threads, each awaiting

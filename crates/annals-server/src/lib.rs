@@ -22,8 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use annals::{
-    AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Store, StoreError,
-    Tracking,
+    AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Store, Tracking,
 };
 use tokio::sync::watch;
 
@@ -63,9 +62,9 @@ impl AppState {
         }
     }
 
-    /// Appends without blocking the calling task's thread: the store answers through a
-    /// callback. A full queue is retried briefly (the writer drains it in batches), then
-    /// reported as [`InputError::QueueFull`].
+    /// Appends without blocking the calling task's thread ([`Store::append_async`]). A full
+    /// queue is retried briefly (the writer drains it in batches), then reported as
+    /// [`InputError::QueueFull`].
     /// `tracking`, when given, is recorded atomically with the events.
     pub async fn append(
         &self,
@@ -79,20 +78,17 @@ impl AppState {
         };
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let queued =
-                self.store
-                    .try_append_then(events, condition, options.clone(), move |result| {
-                        let _ = tx.send(result);
-                    });
-            match queued {
-                Ok(()) => return rx.await.unwrap_or(Err(StoreError::Closed.into())),
+            match self
+                .store
+                .append_async(events, condition, options.clone())
+                .await
+            {
                 Err(AppendError::Input(InputError::QueueFull { .. }))
                     if Instant::now() < deadline =>
                 {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err(e) => return Err(e),
+                outcome => return outcome,
             }
         }
     }

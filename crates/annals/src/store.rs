@@ -25,7 +25,9 @@ use crate::recovery::{self, Tail};
 use crate::segment::Segment;
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
-use crate::writer::{Completion, Notifier, Reply, ReplyTo, Request, Syncer, Waiting, Writer};
+use crate::writer::{
+    AsyncSlot, Completion, Notifier, Reply, ReplyTo, Request, Syncer, Waiting, Writer,
+};
 
 /// Counters kept by the writer, read by [`Store::stats`].
 #[derive(Default)]
@@ -318,15 +320,6 @@ impl Tracking {
             position,
         }
     }
-}
-
-/// Where the store's callback leaves an async append's outcome.
-#[derive(Default)]
-struct AsyncReply {
-    result: Mutex<Option<Result<u64, AppendError>>>,
-    /// Set with `result`, for a lone caller polling without the lock.
-    filled: AtomicBool,
-    ready: event_listener::Event,
 }
 
 /// A future that is pending once (waking itself at once) and then ready: lets an async caller
@@ -657,27 +650,24 @@ impl Store {
         condition: Option<&AppendCondition>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
-        let slot = Arc::new(AsyncReply::default());
-        let filled = slot.clone();
+        let slot = Arc::new(AsyncSlot::default());
         let waiting = Waiting::start(&self.shared);
-        self.try_append_then(events, condition, options, move |result| {
-            *filled.result.lock() = Some(result);
-            filled.filled.store(true, Ordering::Release);
-            filled.ready.notify(usize::MAX);
-        })?;
+        self.submit(
+            events,
+            condition,
+            options,
+            ReplyTo::Async(slot.clone()),
+            false,
+        )?;
         // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that
         // the thread stays free for any other task.
-        while waiting.keep_polling() && !slot.filled.load(Ordering::Acquire) {
+        while waiting.keep_polling() && !slot.filled() {
             YieldOnce(false).await;
         }
         // `waiting` stays alive until the outcome is in: a sleeping caller still counts.
-        loop {
-            let listener = slot.ready.listen();
-            if let Some(result) = slot.result.lock().take() {
-                return result;
-            }
-            listener.await;
-        }
+        let outcome = slot.wait().await;
+        drop(waiting);
+        outcome
     }
 
     fn submit(
