@@ -101,10 +101,19 @@ struct Writer {
     conditional: bool,
     last: u64,
     latency: Histogram<u64>,
+    /// Where the run's latencies and failures are gathered.
+    histogram: Arc<Mutex<Histogram<u64>>>,
+    failures: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Writer {
-    fn new(w: usize, args: &AppendArgs, payload: &Bytes) -> Writer {
+    fn new(
+        w: usize,
+        args: &AppendArgs,
+        payload: &Bytes,
+        histogram: &Arc<Mutex<Histogram<u64>>>,
+        failures: &Arc<std::sync::atomic::AtomicU64>,
+    ) -> Writer {
         let mut rng = StdRng::seed_from_u64(w as u64);
         Writer {
             batches: (0..8)
@@ -114,6 +123,8 @@ impl Writer {
             conditional: args.conditional,
             last: 0,
             latency: Histogram::<u64>::new(3).expect("histogram"),
+            histogram: histogram.clone(),
+            failures: failures.clone(),
         }
     }
 
@@ -126,18 +137,27 @@ impl Writer {
         (&self.batches[(k % 8) as usize], condition)
     }
 
-    /// Records an append's outcome; false if it failed.
-    fn done(&mut self, started: Instant, outcome: Result<u64, annals::AppendError>) -> bool {
+    /// Records an append's outcome.
+    fn done(&mut self, started: Instant, outcome: Result<u64, annals::AppendError>) {
         self.latency
             .record(started.elapsed().as_micros() as u64)
             .ok();
         match outcome {
-            Ok(p) => {
-                self.last = p;
-                true
+            Ok(p) => self.last = p,
+            Err(_) => {
+                self.failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            Err(_) => false,
         }
+    }
+
+    /// Adds this writer's latencies to the run's.
+    fn finish(self) {
+        self.histogram
+            .lock()
+            .expect("histogram")
+            .add(self.latency)
+            .ok();
     }
 }
 
@@ -161,6 +181,9 @@ pub struct RecoverArgs {
     dir: PathBuf,
     #[arg(long, default_value_t = 1_000_000)]
     events: u64,
+    /// Opens of each kind (with the checkpoint, rebuilding); the medians are reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
 }
 
 #[derive(clap::Args)]
@@ -367,28 +390,17 @@ fn append_run(
             let barrier = Arc::new(std::sync::Barrier::new(args.writers + 1));
             let handles: Vec<_> = (0..args.writers)
                 .map(|w| {
-                    let mut writer = Writer::new(w, args, &payload);
-                    let (store, histogram, barrier, failures) = (
-                        store.clone(),
-                        histogram.clone(),
-                        barrier.clone(),
-                        failures.clone(),
-                    );
+                    let mut writer = Writer::new(w, args, &payload, &histogram, &failures);
+                    let (store, barrier) = (store.clone(), barrier.clone());
                     std::thread::spawn(move || {
                         barrier.wait();
                         for k in 0..appends_per_writer {
                             let (events, condition) = writer.next(k);
                             let started = Instant::now();
                             let outcome = store.append(events, condition.as_ref());
-                            if !writer.done(started, outcome) {
-                                failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            }
+                            writer.done(started, outcome);
                         }
-                        histogram
-                            .lock()
-                            .expect("histogram")
-                            .add(writer.latency)
-                            .ok();
+                        writer.finish();
                     })
                 })
                 .collect();
@@ -405,15 +417,14 @@ fn append_run(
                 .build()
                 .map_err(|e| e.to_string())?;
             let mut writers: Vec<_> = (0..args.writers)
-                .map(|w| Writer::new(w, args, &payload))
+                .map(|w| Writer::new(w, args, &payload, &histogram, &failures))
                 .collect();
             let started = Instant::now();
             runtime.block_on(async {
                 let tasks: Vec<_> = writers
                     .drain(..)
                     .map(|mut writer| {
-                        let (store, histogram, failures) =
-                            (store.clone(), histogram.clone(), failures.clone());
+                        let store = store.clone();
                         tokio::spawn(async move {
                             for k in 0..appends_per_writer {
                                 let started = Instant::now();
@@ -433,15 +444,9 @@ fn append_run(
                                         outcome => break outcome,
                                     }
                                 };
-                                if !writer.done(started, outcome) {
-                                    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                }
+                                writer.done(started, outcome);
                             }
-                            histogram
-                                .lock()
-                                .expect("histogram")
-                                .add(writer.latency)
-                                .ok();
+                            writer.finish();
                         })
                     })
                     .collect();
@@ -684,30 +689,46 @@ fn recover(args: RecoverArgs) -> Result<Value, String> {
             store.close().map_err(|e| e.to_string())?;
             Ok((ms, stats, report))
         };
-    let (checkpoint_ms, stats, report) = timed_open(&options)?;
-    if !matches!(report.index, annals::IndexSource::Checkpoint { .. }) {
-        return Err(format!(
-            "expected to open from the checkpoint: {:?}",
-            report.index
-        ));
+    let runs = args.runs.max(1);
+    let mut checkpoint_runs = Vec::new();
+    let mut stats = None;
+    for _ in 0..runs {
+        let (ms, opened, report) = timed_open(&options)?;
+        if !matches!(report.index, annals::IndexSource::Checkpoint { .. }) {
+            return Err(format!(
+                "expected to open from the checkpoint: {:?}",
+                report.index
+            ));
+        }
+        checkpoint_runs.push(ms);
+        stats = Some(opened);
     }
+    let stats = stats.ok_or("no run")?;
     std::fs::remove_file(store_dir.join(annals::files::CHECKPOINT)).map_err(|e| e.to_string())?;
     let no_checkpoint = Options {
         checkpoint_on_close: false,
         ..options.clone()
     };
-    let (rebuild_ms, _, report) = timed_open(&no_checkpoint)?;
-    if !matches!(report.index, annals::IndexSource::Rebuilt { .. }) {
-        return Err(format!("expected a rebuild: {:?}", report.index));
+    let mut rebuild_runs = Vec::new();
+    for _ in 0..runs {
+        let (ms, _, report) = timed_open(&no_checkpoint)?;
+        if !matches!(report.index, annals::IndexSource::Rebuilt { .. }) {
+            return Err(format!("expected a rebuild: {:?}", report.index));
+        }
+        rebuild_runs.push(ms);
     }
     // Leave the store with a checkpoint for the next run.
     timed_open(&options)?;
+    let checkpoint_ms = median(checkpoint_runs.clone());
+    let rebuild_ms = median(rebuild_runs.clone());
     Ok(json!({
         "workload": "recover",
         "events": stats.head,
         "durability": "d3",
         "open_ms": checkpoint_ms,
+        "open_ms_runs": checkpoint_runs,
         "open_ms_rebuild": rebuild_ms,
+        "open_ms_rebuild_runs": rebuild_runs,
         "rebuild_events_per_sec": stats.head as f64 / (rebuild_ms / 1e3),
         "index_bytes_per_event": stats.index_bytes_per_event,
         "segments": stats.segments,
