@@ -644,6 +644,12 @@ impl Store {
     /// acknowledged (in D3, durable). Works on any async runtime. Like
     /// [`Store::try_append_then`], it fails with [`InputError::QueueFull`] rather than wait
     /// when the append queue is full; back off and try again.
+    ///
+    /// Await the future to its end or drop it. The appends acknowledged by one fdatasync are
+    /// woken through one of their tasks (see `AsyncSlot` in writer.rs), so a future that was
+    /// polled, then kept without being polled again and without being dropped (as a future
+    /// handed back unfinished by a `select` can be), delays the other tasks of its group until
+    /// it is polled or dropped. `select!`, timeouts and cancellation drop it, which is fine.
     pub async fn append_async(
         &self,
         events: &[NewEvent],
