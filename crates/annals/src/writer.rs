@@ -200,12 +200,7 @@ impl std::future::Future for AsyncWait<'_> {
         let mut state = self.0.state.lock();
         match state.outcome.take() {
             Some(outcome) => {
-                state.gone = true;
-                let delegated = std::mem::take(&mut state.delegated);
-                drop(state);
-                for waker in delegated {
-                    waker.wake();
-                }
+                leave(state);
                 Poll::Ready(outcome)
             }
             None => {
@@ -222,13 +217,18 @@ impl std::future::Future for AsyncWait<'_> {
 impl Drop for AsyncWait<'_> {
     /// A caller that stops waiting (its future dropped) still wakes what it was handed.
     fn drop(&mut self) {
-        let mut state = self.0.state.lock();
-        state.gone = true;
-        let delegated = std::mem::take(&mut state.delegated);
-        drop(state);
-        for waker in delegated {
-            waker.wake();
-        }
+        leave(self.0.state.lock());
+    }
+}
+
+/// The caller stops waiting (its outcome taken, or its wait dropped): marks it gone and wakes,
+/// outside the lock, the tasks whose wakers it was handed.
+fn leave(mut state: parking_lot::MutexGuard<'_, AsyncState>) {
+    state.gone = true;
+    let delegated = std::mem::take(&mut state.delegated);
+    drop(state);
+    for waker in delegated {
+        waker.wake();
     }
 }
 
