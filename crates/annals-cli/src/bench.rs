@@ -80,10 +80,28 @@ pub struct AppendArgs {
     /// --runtime-threads threads, as in an async service) or `threads` (one OS thread each,
     /// blocking in `Store::append`).
     #[arg(long, value_enum, default_value = "tasks")]
-    mode: crate::bench_decide::Mode,
+    mode: Mode,
     /// Threads of the async runtime in `tasks` mode; default: one per core.
     #[arg(long)]
     runtime_threads: Option<usize>,
+}
+
+/// How a benchmark's clients run: as async tasks on a runtime of a few threads (as in an async
+/// service) or as one OS thread each, blocking in the store's calls.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Mode {
+    Threads,
+    Tasks,
+}
+
+impl Mode {
+    /// The `mode` of a benchmark's JSON line; `who` names one client (`writer`, `client`).
+    pub(crate) fn describe(self, who: &str, runtime_threads: usize) -> String {
+        match self {
+            Mode::Threads => format!("threads: one OS thread per {who}"),
+            Mode::Tasks => format!("tasks: async {who}s on {runtime_threads} runtime thread(s)"),
+        }
+    }
 }
 
 /// The async runtime's threads: as asked, else one per core.
@@ -386,7 +404,7 @@ fn append_run(
     ));
     let failures = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let started = match args.mode {
-        crate::bench_decide::Mode::Threads => {
+        Mode::Threads => {
             let barrier = Arc::new(std::sync::Barrier::new(args.writers + 1));
             let handles: Vec<_> = (0..args.writers)
                 .map(|w| {
@@ -411,7 +429,7 @@ fn append_run(
             }
             started
         }
-        crate::bench_decide::Mode::Tasks => {
+        Mode::Tasks => {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(runtime_threads(args.runtime_threads))
                 .build()
@@ -523,13 +541,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
     Ok(json!({
         "workload": if args.conditional { "conditional_append" } else { "append" },
         "writers": args.writers,
-        "mode": match args.mode {
-            crate::bench_decide::Mode::Threads => "threads: one OS thread per writer".to_owned(),
-            crate::bench_decide::Mode::Tasks => format!(
-                "tasks: async writers on {} runtime thread(s)",
-                runtime_threads(args.runtime_threads)
-            ),
-        },
+        "mode": args.mode.describe("writer", runtime_threads(args.runtime_threads)),
         "batch": args.batch,
         "events": mid.events,
         "event_bytes": args.event_bytes,

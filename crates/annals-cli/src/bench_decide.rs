@@ -14,6 +14,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
+use crate::bench::Mode;
+
 #[derive(clap::Args)]
 pub struct DecideArgs {
     /// Where the store lives (emptied first).
@@ -31,7 +33,7 @@ pub struct DecideArgs {
     /// with 100,000, a run fast enough to accept 300,000 subscriptions in its five seconds
     /// filled every student's three courses, most of its last decisions were refusals (which
     /// append nothing), and its rate depended on how fast it had been (runs of one sitting
-    /// between 64K and 157K decisions/s). With a million, nearly every decision appends.
+    /// between 64K and 231K decisions/s). With a million, nearly every decision appends.
     #[arg(long, default_value_t = 1_000_000)]
     students: u32,
     /// Measured seconds per run.
@@ -58,12 +60,6 @@ pub struct DecideArgs {
     /// 0 keeps none: every decision reads the course's whole history.
     #[arg(long, default_value_t = 0)]
     state_cache: usize,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Mode {
-    Threads,
-    Tasks,
 }
 
 /// The course-subscription decision, exactly as the example and its tests have it.
@@ -292,6 +288,14 @@ fn run_tasks(
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// `a / b` to a tenth (0 when `b` is 0).
+fn tenths(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        return 0.0;
+    }
+    (a as f64 / b as f64 * 10.0).round() / 10.0
+}
+
 pub fn run(args: DecideArgs) -> Result<Value, String> {
     let durability: Durability = args.durability.parse()?;
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
@@ -314,10 +318,7 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
         "bench": "decide",
         "workload": "course subscription: two projections, one read, one conditional append",
         "clients": args.clients,
-        "mode": match args.mode {
-            Mode::Threads => "threads: one OS thread per client".to_owned(),
-            Mode::Tasks => format!("tasks: async clients on {} runtime thread(s)", runtime_threads(&args)),
-        },
+        "mode": args.mode.describe("client", runtime_threads(&args)),
         "courses": args.courses,
         "students": args.students,
         "state_cache": args.state_cache,
@@ -335,10 +336,10 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
             "max": m.latency_us.max(),
         },
         "fsyncs": m.fsyncs,
-        "appends_per_write": if m.groups > 0 { ((m.accepted as f64 / m.groups as f64) * 10.0).round() / 10.0 } else { 0.0 },
+        "appends_per_write": tenths(m.accepted, m.groups),
         "fsync_us_mean": m.fsync_us.checked_div(m.fsyncs).unwrap_or(0),
         "disk_busy": ((m.fsync_us as f64 / 1e6 / m.seconds) * 100.0).round() / 100.0,
-        "decisions_per_fsync": if m.fsyncs > 0 { ((m.accepted as f64 / m.fsyncs as f64) * 10.0).round() / 10.0 } else { 0.0 },
+        "decisions_per_fsync": tenths(m.accepted, m.fsyncs),
         "fsync_floor_per_sec": floor.round(),
         "fsync_floor_before_after": [floor_before.round(), floor_after.round()],
         "ratio_to_fsync_floor": ((m.decisions_per_sec / floor) * 100.0).round() / 100.0,
