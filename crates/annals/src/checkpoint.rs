@@ -12,10 +12,10 @@
 
 use std::path::Path;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::error::StoreError;
-use crate::index::Index;
+use crate::index::{Index, IndexLock};
 use crate::io::{Io, IoFile, OpenMode};
 
 pub const FILE_NAME: &str = "index.checkpoint";
@@ -95,7 +95,7 @@ impl Sink<'_> {
 pub(crate) fn write(
     io: &dyn Io,
     dir: &Path,
-    index: &RwLock<Index>,
+    index: &IndexLock,
     published: &Mutex<Mark>,
 ) -> Result<Mark, StoreError> {
     write_in_steps(io, dir, index, published, STEP)
@@ -105,7 +105,7 @@ pub(crate) fn write(
 fn write_in_steps(
     io: &dyn Io,
     dir: &Path,
-    index: &RwLock<Index>,
+    index: &IndexLock,
     published: &Mutex<Mark>,
     step: usize,
 ) -> Result<Mark, StoreError> {

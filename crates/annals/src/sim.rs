@@ -14,7 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::io::{DirLock, Io, IoFile, OpenMode};
 
@@ -131,6 +131,12 @@ struct State {
     rng: u64,
     writes: u64,
     syncs: u64,
+    /// Set by [`SimIo::hold_syncs`]: file syncs wait for a pass.
+    syncs_held: bool,
+    /// Syncs let through while held.
+    sync_passes: u64,
+    /// Syncs waiting for a pass.
+    syncs_waiting: u64,
 }
 
 impl State {
@@ -157,6 +163,8 @@ impl State {
 #[derive(Clone)]
 pub struct SimIo {
     state: Arc<Mutex<State>>,
+    /// Wakes file syncs held by [`SimIo::hold_syncs`].
+    sync_gate: Arc<Condvar>,
     epoch: u64,
     /// False for a memory-only store: no durable image and no history are kept.
     track: bool,
@@ -176,6 +184,7 @@ impl SimIo {
     fn build(seed: u64, track: bool) -> Self {
         SimIo {
             epoch: 0,
+            sync_gate: Arc::new(Condvar::new()),
             state: Arc::new(Mutex::new(State {
                 epoch: 0,
                 live: HashMap::new(),
@@ -186,6 +195,9 @@ impl SimIo {
                 rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
                 writes: 0,
                 syncs: 0,
+                syncs_held: false,
+                sync_passes: 0,
+                syncs_waiting: 0,
             })),
             track,
         }
@@ -216,6 +228,31 @@ impl SimIo {
         let mut state = self.state.lock();
         state.write_fault = None;
         state.sync_fault = None;
+    }
+
+    /// From now on every file sync waits (as on a disk that has stalled) until
+    /// [`SimIo::let_syncs_through`] or [`SimIo::release_syncs`] lets it go.
+    pub fn hold_syncs(&self) {
+        let mut state = self.state.lock();
+        state.syncs_held = true;
+        state.sync_passes = 0;
+    }
+
+    /// Lets `n` held file syncs (waiting now or to come) go.
+    pub fn let_syncs_through(&self, n: u64) {
+        self.state.lock().sync_passes += n;
+        self.sync_gate.notify_all();
+    }
+
+    /// Ends [`SimIo::hold_syncs`]: every file sync goes.
+    pub fn release_syncs(&self) {
+        self.state.lock().syncs_held = false;
+        self.sync_gate.notify_all();
+    }
+
+    /// How many file syncs are waiting for a pass.
+    pub fn syncs_waiting(&self) -> u64 {
+        self.state.lock().syncs_waiting
     }
 
     /// How many writes and file syncs have been made.
@@ -269,8 +306,11 @@ impl SimIo {
         state.durable = survivors.clone();
         state.live = survivors;
         state.locks.clear();
+        state.syncs_held = false;
+        self.sync_gate.notify_all();
         SimIo {
             state: self.state.clone(),
+            sync_gate: self.sync_gate.clone(),
             epoch: state.epoch,
             track: self.track,
         }
@@ -382,6 +422,7 @@ impl Drop for SimLock {
 struct SimFile {
     data: FileData,
     state: Arc<Mutex<State>>,
+    sync_gate: Arc<Condvar>,
     epoch: u64,
     track: bool,
 }
@@ -430,6 +471,7 @@ impl Io for SimIo {
         Ok(Arc::new(SimFile {
             data,
             state: self.state.clone(),
+            sync_gate: self.sync_gate.clone(),
             epoch: self.epoch,
             track: self.track,
         }))
@@ -516,6 +558,17 @@ impl IoFile for SimFile {
 
     fn sync_data(&self) -> io::Result<()> {
         let mut state = self.live_state()?;
+        while state.syncs_held && state.sync_passes == 0 {
+            state.syncs_waiting += 1;
+            self.sync_gate.wait(&mut state);
+            state.syncs_waiting -= 1;
+            if state.epoch != self.epoch {
+                return Err(crashed());
+            }
+        }
+        if state.syncs_held {
+            state.sync_passes -= 1;
+        }
         state.syncs += 1;
         Fault::check(&mut state.sync_fault)?;
         if self.track {

@@ -15,7 +15,7 @@ use crate::checkpoint::{self, Mark};
 use crate::error::{AppendError, InputError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
 use crate::histogram::{HistogramSnapshot, Log2Histogram};
-use crate::index::Index;
+use crate::index::{Index, IndexLock};
 use crate::io::{DirLock, Io, RealIo};
 use crate::options::{Durability, Options};
 use crate::query::{AppendCondition, Query, ReadOptions};
@@ -67,7 +67,7 @@ pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
     pub(crate) io: Arc<dyn Io>,
     pub(crate) options: Options,
-    pub(crate) index: RwLock<Index>,
+    pub(crate) index: IndexLock,
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
     /// The published head: every event at or below it is acknowledged (and, in D3, durable).
     pub(crate) head: AtomicU64,
@@ -448,7 +448,7 @@ impl Store {
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             io: io.clone(),
-            index: RwLock::new(index),
+            index: IndexLock::new(index),
             segments: RwLock::new(segments),
             head: AtomicU64::new(tail.head),
             synced: AtomicU64::new(tail.head),

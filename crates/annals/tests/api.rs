@@ -915,3 +915,65 @@ fn futures_poll_once<F: std::future::Future>(future: std::pin::Pin<&mut F>) -> b
     let mut cx = std::task::Context::from_waker(waker);
     future.poll(&mut cx).is_ready()
 }
+
+/// Polls `done` every millisecond for up to ten seconds.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// In D3 an append that arrives while a sync runs could not be synced before the next sync
+/// anyway: the writer holds it until the running sync ends and stages it with whatever queued
+/// behind it meanwhile, as one group (one write, one sync).
+#[test]
+fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
+    let io = SimIo::new(5);
+    let options = Options {
+        segment_bytes: 1 << 20,
+        ..small_options()
+    };
+    let store =
+        Arc::new(Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap());
+    let append = |n: u64| {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let event = NewEvent::new("E", format!("{n}").into_bytes()).tag("a");
+            store.append(&[event], None).unwrap()
+        })
+    };
+    io.hold_syncs();
+    // A lone append: the writer syncs it itself, and stops in that sync.
+    let first = append(0);
+    wait_until("the first sync", || io.syncs_waiting() == 1);
+    // Two queue behind it and, once it ends, go as one group that the syncer syncs.
+    let pair: Vec<_> = (1..3).map(append).collect();
+    wait_until("two queued appends", || store.stats().queue_depth == 2);
+    io.let_syncs_through(1);
+    assert_eq!(first.join().unwrap(), 1);
+    wait_until("the pair's sync", || io.syncs_waiting() == 1);
+    let groups = store.stats().groups;
+    // Eight arrive while the pair's sync runs: the writer takes the first and holds it, the
+    // other seven stay queued (a writer that staged each at once would leave none queued).
+    let later: Vec<_> = (3..11).map(append).collect();
+    wait_until("one held and seven queued", || {
+        store.stats().queue_depth == 7
+    });
+    assert_eq!(
+        store.stats().groups,
+        groups,
+        "nothing staged while the sync runs"
+    );
+    io.release_syncs();
+    for handle in pair.into_iter().chain(later) {
+        handle.join().unwrap();
+    }
+    let stats = store.stats();
+    assert_eq!(stats.head, 11);
+    assert_eq!(stats.groups, groups + 1, "the eight went as one group");
+}
