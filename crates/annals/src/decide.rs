@@ -31,13 +31,14 @@
 //! assert!(claim("ada").is_err());
 //! ```
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::error::{AppendError, InputError, ReadError};
 use crate::event::{Event, NewEvent};
-use crate::query::{AppendCondition, Query, ReadOptions};
+use crate::query::{AppendCondition, Query, QueryItem, ReadOptions};
 use crate::store::Store;
 
 /// Something that folds the events of a query into a state: one [`Projection`], or a tuple of
@@ -154,14 +155,14 @@ impl<S: Clone, F: Fn(&mut S, &Event)> Project for Projection<S, F> {
 /// fold the same query differently need two caches. At `capacity` entries, adding one more
 /// drops another; a capacity of 0 keeps nothing.
 pub struct StateCache<S> {
-    entries: Mutex<HashMap<Query, (u64, S)>>,
+    entries: Mutex<HashMap<Query, (u64, S), foldhash::fast::RandomState>>,
     capacity: usize,
 }
 
 impl<S: Clone> StateCache<S> {
     pub fn new(capacity: usize) -> Self {
         StateCache {
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(HashMap::default()),
             capacity,
         }
     }
@@ -213,7 +214,9 @@ impl<S: Clone> StateCache<S> {
         entries.insert(query.clone(), (head, state.clone()));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Query, (u64, S)>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Query, (u64, S), foldhash::fast::RandomState>> {
         // A panic while holding the lock leaves whole entries only: go on with them.
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -269,35 +272,51 @@ where
 /// The union of queries: an event matches if it matches any. A query that matches everything
 /// makes the union match everything.
 fn union(queries: &[Query]) -> Query {
-    union_after(queries.iter().map(|q| (q, 0))).0
+    if queries.iter().any(Query::matches_all) {
+        return Query::all();
+    }
+    let mut union = Union::default();
+    for query in queries {
+        for item in &query.items {
+            union.add(Cow::Borrowed(item), 0);
+        }
+    }
+    union.items
 }
 
 /// The union of the parts' queries, and for each of its items the position after which the
-/// read must start for it: the lowest `folded` among the parts that hold the item.
-fn union_of_parts(parts: &[Part]) -> (Query, Vec<u64>) {
-    union_after(parts.iter().map(|p| (&p.query, p.folded)))
-}
-
-/// The union of queries, each with the position its items are wanted after; an item in several
-/// takes the lowest.
-fn union_after<'q>(queries: impl Iterator<Item = (&'q Query, u64)> + Clone) -> (Query, Vec<u64>) {
-    if queries.clone().any(|(q, _)| q.matches_all()) {
+/// read must start for it: the lowest `folded` among the parts that hold the item. The parts'
+/// queries are moved into it (a decision needs only their `folded` afterwards).
+fn union_of_parts(parts: &mut [Part]) -> (Query, Vec<u64>) {
+    if parts.iter().any(|p| p.query.matches_all()) {
         return (Query::all(), Vec::new());
     }
-    let mut items = Vec::new();
-    let mut afters: Vec<u64> = Vec::new();
-    for (query, after) in queries {
-        for item in &query.items {
-            match items.iter().position(|i| i == item) {
-                Some(at) => afters[at] = afters[at].min(after),
-                None => {
-                    items.push(item.clone());
-                    afters.push(after);
-                }
+    let mut union = Union::default();
+    for part in parts.iter_mut() {
+        for item in std::mem::take(&mut part.query.items) {
+            union.add(Cow::Owned(item), part.folded);
+        }
+    }
+    (union.items, union.afters)
+}
+
+/// Query items without repeats, each with the lowest position it is wanted after.
+#[derive(Default)]
+struct Union {
+    items: Query,
+    afters: Vec<u64>,
+}
+
+impl Union {
+    fn add(&mut self, item: Cow<'_, QueryItem>, after: u64) {
+        match self.items.items.iter().position(|i| *i == *item) {
+            Some(at) => self.afters[at] = self.afters[at].min(after),
+            None => {
+                self.items.items.push(item.into_owned());
+                self.afters.push(after);
             }
         }
     }
-    (Query { items }, afters)
 }
 
 macro_rules! tuple_project {
@@ -408,7 +427,7 @@ impl Store {
     pub fn decide<P: Project>(&self, projection: &P) -> Result<Decision<P::State>, ReadError> {
         let mut parts = Vec::with_capacity(projection.parts());
         let mut state = projection.start(&mut parts);
-        let (query, afters) = union_of_parts(&parts);
+        let (query, afters) = union_of_parts(&mut parts);
         let options = if projection.only_last() {
             ReadOptions::backwards().limit(1)
         } else {
@@ -445,7 +464,8 @@ impl Store {
         for attempt in 1..=backoff.attempts {
             let decision = self.decide(projection)?;
             let events = command(&decision.state).map_err(DecideError::Rejected)?;
-            match self.append(&events, Some(&decision.condition)) {
+            let condition = Some(Cow::Owned(decision.condition));
+            match self.append_blocking(&events, condition, Default::default()) {
                 Ok(position) => {
                     return Ok(Decided {
                         position,
@@ -492,7 +512,7 @@ impl Store {
             // the projection is Sync.
             drop(state);
             let appended = self
-                .append_async(&events, Some(&condition), Default::default())
+                .append_async_given(&events, Some(Cow::Owned(condition)), Default::default())
                 .await;
             match appended {
                 Ok(position) => {

@@ -1,6 +1,7 @@
 //! The store: opening (recovery), the shared state readers and the writer see, and the public
 //! embedded API.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -572,6 +573,17 @@ impl Store {
         condition: Option<&AppendCondition>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
+        self.append_blocking(events, condition.map(Cow::Borrowed), options)
+    }
+
+    /// [`Store::append_with`] with the condition given or lent: a decision hands over its
+    /// own, saving a copy of its query.
+    pub(crate) fn append_blocking(
+        &self,
+        events: &[NewEvent],
+        condition: Option<Cow<'_, AppendCondition>>,
+        options: AppendOptions,
+    ) -> Result<u64, AppendError> {
         let completion = Completion::for_this_thread();
         let waiting = Waiting::start(&self.shared);
         self.submit(
@@ -595,7 +607,7 @@ impl Store {
         let waiting = Waiting::start(&self.shared);
         self.submit(
             events,
-            condition,
+            condition.map(Cow::Borrowed),
             AppendOptions::default(),
             ReplyTo::Blocking(completion.clone()),
             false,
@@ -615,7 +627,7 @@ impl Store {
     ) -> Result<(), AppendError> {
         self.submit(
             events,
-            condition,
+            condition.map(Cow::Borrowed),
             options,
             ReplyTo::Callback(Box::new(done)),
             true,
@@ -633,7 +645,7 @@ impl Store {
     ) -> Result<(), AppendError> {
         self.submit(
             events,
-            condition,
+            condition.map(Cow::Borrowed),
             options,
             ReplyTo::Callback(Box::new(done)),
             false,
@@ -654,6 +666,18 @@ impl Store {
         &self,
         events: &[NewEvent],
         condition: Option<&AppendCondition>,
+        options: AppendOptions,
+    ) -> Result<u64, AppendError> {
+        self.append_async_given(events, condition.map(Cow::Borrowed), options)
+            .await
+    }
+
+    /// [`Store::append_async`] with the condition given or lent (see
+    /// [`Store::append_blocking`]).
+    pub(crate) async fn append_async_given(
+        &self,
+        events: &[NewEvent],
+        condition: Option<Cow<'_, AppendCondition>>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
         let slot = Arc::new(AsyncSlot::default());
@@ -679,7 +703,7 @@ impl Store {
     fn submit(
         &self,
         events: &[NewEvent],
-        condition: Option<&AppendCondition>,
+        condition: Option<Cow<'_, AppendCondition>>,
         options: AppendOptions,
         reply: ReplyTo,
         wait_when_full: bool,
@@ -761,13 +785,14 @@ impl Store {
             .into());
         }
         let append = batch.into_append()?;
+        let condition = condition.map(Cow::Borrowed);
         self.submit_encoded(append, condition, options, reply, wait_when_full)
     }
 
     fn submit_encoded(
         &self,
         append: EncodedAppend,
-        condition: Option<&AppendCondition>,
+        condition: Option<Cow<'_, AppendCondition>>,
         options: AppendOptions,
         reply: ReplyTo,
         wait_when_full: bool,
@@ -777,7 +802,7 @@ impl Store {
         let condition = match condition {
             Some(c) => {
                 c.fail_if_events_match.validate(limits)?;
-                Some(c.clone())
+                Some(c.into_owned())
             }
             None => None,
         };
