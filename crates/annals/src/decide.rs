@@ -155,9 +155,12 @@ impl<S: Clone, F: Fn(&mut S, &Event)> Project for Projection<S, F> {
 /// fold the same query differently need two caches. At `capacity` entries, adding one more
 /// drops another; a capacity of 0 keeps nothing.
 pub struct StateCache<S> {
-    entries: Mutex<HashMap<Query, (u64, S), foldhash::fast::RandomState>>,
+    entries: Mutex<CacheEntries<S>>,
     capacity: usize,
 }
+
+/// A cache's states by query, with the head each was built at.
+type CacheEntries<S> = HashMap<Query, (u64, S), foldhash::fast::RandomState>;
 
 impl<S: Clone> StateCache<S> {
     pub fn new(capacity: usize) -> Self {
@@ -214,9 +217,7 @@ impl<S: Clone> StateCache<S> {
         entries.insert(query.clone(), (head, state.clone()));
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<Query, (u64, S), foldhash::fast::RandomState>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheEntries<S>> {
         // A panic while holding the lock leaves whole entries only: go on with them.
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -281,7 +282,7 @@ fn union(queries: &[Query]) -> Query {
             union.add(Cow::Borrowed(item), 0);
         }
     }
-    union.items
+    union.query
 }
 
 /// The union of the parts' queries, and for each of its items the position after which the
@@ -297,22 +298,23 @@ fn union_of_parts(parts: &mut [Part]) -> (Query, Vec<u64>) {
             union.add(Cow::Owned(item), part.folded);
         }
     }
-    (union.items, union.afters)
+    (union.query, union.afters)
 }
 
 /// Query items without repeats, each with the lowest position it is wanted after.
 #[derive(Default)]
 struct Union {
-    items: Query,
+    query: Query,
+    /// For each of `query`'s items.
     afters: Vec<u64>,
 }
 
 impl Union {
     fn add(&mut self, item: Cow<'_, QueryItem>, after: u64) {
-        match self.items.items.iter().position(|i| *i == *item) {
+        match self.query.items.iter().position(|i| *i == *item) {
             Some(at) => self.afters[at] = self.afters[at].min(after),
             None => {
-                self.items.items.push(item.into_owned());
+                self.query.items.push(item.into_owned());
                 self.afters.push(after);
             }
         }
