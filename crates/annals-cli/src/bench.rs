@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use annals::{
-    AppendCondition, Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store,
+    AppendCondition, Durability, Limits, NewEvent, Options, Preallocation, Query, QueryItem,
+    ReadOptions, Store,
 };
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -73,9 +74,10 @@ pub struct AppendArgs {
     /// Repeat the run and report the median (each run on a fresh store).
     #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// Preallocate segments with fallocate instead of writing zeros.
-    #[arg(long)]
-    fallocate: bool,
+    /// How segments are preallocated: zeros, fallocate or adaptive (the store's default:
+    /// zeros while fdatasyncs are small, fallocate once they cover 256 KiB or more each).
+    #[arg(long, default_value = "adaptive")]
+    preallocate: Preallocation,
     /// How writers run: `tasks` (async tasks awaiting `Store::append_async` on
     /// --runtime-threads threads, as in an async service) or `threads` (one OS thread each,
     /// blocking in `Store::append`).
@@ -393,10 +395,12 @@ fn append_run(
 ) -> Result<RunResult, String> {
     fresh_dir(store_dir)?;
     let options = Options {
-        zero_fill_segments: !args.fallocate,
+        preallocation: args.preallocate,
         ..bench_options(durability)
     };
     let store = Arc::new(Store::open(store_dir, options).map_err(|e| e.to_string())?);
+    // The first segment's zeros were written at open, before the run.
+    let zeros_at_open = store.stats().zero_fill_bytes;
     let appends_per_writer = (args.events / (args.writers as u64 * args.batch as u64)).max(1);
     let payload = Bytes::from(vec![b'x'; args.event_bytes]);
     let histogram = Arc::new(Mutex::new(
@@ -498,13 +502,9 @@ fn append_run(
         events,
         seconds,
         bytes_written: stats.bytes_written,
-        zero_bytes: if args.fallocate {
-            0
-        } else {
-            // The store opened with one segment; each later one (and the one being prepared
-            // when the run ended, which this leaves out) was written with zeros.
-            (stats.segments as u64 - 1) * stats.segment_bytes
-        },
+        // Segments rolled into during the run (the one being prepared when it ended is left
+        // out).
+        zero_bytes: stats.zero_fill_bytes - zeros_at_open,
         fsync_us_mean: stats.fsync_us_mean,
     })
 }
@@ -547,7 +547,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
         "event_bytes": args.event_bytes,
         "tags": args.tags,
         "durability": durability.label(),
-        "preallocation": if args.fallocate { "fallocate" } else { "zeros" },
+        "preallocation": args.preallocate.label(),
         "runs": runs.len(),
         "events_per_sec": mid.events_per_sec,
         "events_per_sec_runs": runs.iter().map(|r| r.events_per_sec).collect::<Vec<_>>(),

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use annals::{Options, Store};
+use annals::{Options, Preallocation, Store};
 use annals_exchange::scenario::{self, Scenario};
 use annals_exchange::{
     recover, Command, Engine, Mode, Released, Report, Sequencer, SequencerOptions,
@@ -62,28 +62,22 @@ pub struct BenchArgs {
     /// prints them beside the seed documents' own figures.
     #[arg(long)]
     compare_seed: bool,
-    /// How the journal's segments are preallocated: `zeros` or `fallocate`. Default: zeros
+    /// How the journal's segments are preallocated: `zeros`, `fallocate` or `adaptive` (the
+    /// store's default, which picks per segment from the bytes per fdatasync). Default: zeros
     /// for d3-per-order, whose small fdatasyncs stay pure data flushes in zeroed space;
     /// fallocate for the batched modes, which write hundreds of MB/s and would write as many
     /// zeros again (pipelined on `normal`, six alternations: median 1.07M messages/s with
     /// zeros, 1.28M with fallocate, acknowledgement p99 34-48 ms against 15-27 ms).
-    #[arg(long, value_enum)]
-    preallocate: Option<Preallocate>,
+    #[arg(long)]
+    preallocate: Option<Preallocation>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Preallocate {
-    Zeros,
-    Fallocate,
-}
-
-impl Preallocate {
-    fn for_mode(args: &BenchArgs, mode: Mode) -> Preallocate {
-        args.preallocate.unwrap_or(match mode {
-            Mode::PerOrder => Preallocate::Zeros,
-            _ => Preallocate::Fallocate,
-        })
-    }
+/// The preallocation a mode's store uses: `--preallocate`, else by the mode (see there).
+fn preallocation_for(args: &BenchArgs, mode: Mode) -> Preallocation {
+    args.preallocate.unwrap_or(match mode {
+        Mode::PerOrder => Preallocation::Zeros,
+        _ => Preallocation::Fallocate,
+    })
 }
 
 pub fn run(command: ExchangeCommand) -> Result<(), String> {
@@ -177,7 +171,7 @@ fn histogram() -> Histogram<u64> {
 fn fresh_store(
     dir: &Path,
     mode: Mode,
-    preallocate: Preallocate,
+    preallocation: Preallocation,
 ) -> Result<Option<Arc<Store>>, String> {
     let Some(durability) = mode.store_durability() else {
         return Ok(None);
@@ -191,7 +185,7 @@ fn fresh_store(
         // compete with the matcher for the two cores.
         checkpoint_interval_events: 0,
         checkpoint_on_close: false,
-        zero_fill_segments: preallocate == Preallocate::Zeros,
+        preallocation,
         ..Options::default()
     };
     let store = Store::open(dir, options).map_err(|e| e.to_string())?;
@@ -208,7 +202,7 @@ fn pass(
     timed: bool,
 ) -> Result<Pass, String> {
     let store_dir = args.dir.join("store");
-    let store = fresh_store(&store_dir, mode, Preallocate::for_mode(args, mode))?;
+    let store = fresh_store(&store_dir, mode, preallocation_for(args, mode))?;
     let mut engine = Engine::new(&[]);
     // Room for the live orders a scenario holds; a table sized for every message would only
     // spread the live orders over more cache lines.
@@ -508,10 +502,7 @@ fn report(
         "state_hash": format!("{:016x}", median.state_hash),
         "replay": median.replay,
         "batch_events": args.batch,
-        "preallocate": match Preallocate::for_mode(args, mode) {
-            Preallocate::Zeros => "zeros",
-            Preallocate::Fallocate => "fallocate",
-        },
+        "preallocate": preallocation_for(args, mode).label(),
         "runs": rates.len(),
     });
     if let Some(r) = args.rate {

@@ -52,7 +52,7 @@ pub use error::{AppendError, InputError, ReadError, StoreError};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;
-pub use options::{Durability, Options};
+pub use options::{Durability, Options, Preallocation};
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
 pub use store::{AppendOptions, IndexSource, LiveCheck, OpenReport, Stats, Store, Tracking};

@@ -61,25 +61,89 @@ impl FromStr for Durability {
     }
 }
 
+/// How a new segment's space is reserved before appends write into it. Either way appends
+/// never change a segment's size, so an fdatasync never has the file's length to record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preallocation {
+    /// Write zeros over the whole segment. Each later fdatasync is then a pure data flush, the
+    /// cheapest there is for small appends; the price is writing every segment twice (zeros,
+    /// then records), which a log of large appends feels as half its disk bandwidth.
+    Zeros,
+    /// fallocate the segment (zeros written where the file system has no fallocate). Writing
+    /// into fallocated space converts its extents, which makes each fdatasync commit the file
+    /// system's journal too: about a third of the rate of small synced appends on ext4 here,
+    /// noise beside an fdatasync of megabytes.
+    Fallocate,
+    /// Zeros or fallocate for each new segment, from how the writer used the space before it:
+    /// fallocate once fdatasyncs cover [`Preallocation::ADAPTIVE_FALLOCATE_FROM_BYTES`] or more
+    /// each on average, zeros below (and for a store's first segment).
+    Adaptive,
+}
+
+impl Preallocation {
+    /// Where `Adaptive` changes from zeros to fallocate, in bytes written per fdatasync.
+    pub const ADAPTIVE_FALLOCATE_FROM_BYTES: u64 = 256 << 10;
+
+    /// Whether a new segment is zero-filled, given the bytes written and the fdatasyncs issued
+    /// while the space before it was used (`None`: no history yet).
+    pub fn zero_fill(self, history: Option<(u64, u64)>) -> bool {
+        match self {
+            Preallocation::Zeros => true,
+            Preallocation::Fallocate => false,
+            Preallocation::Adaptive => match history {
+                // Too little written to tell: zeros, the better choice for small appends.
+                None => true,
+                Some((bytes, _)) if bytes < Self::ADAPTIVE_FALLOCATE_FROM_BYTES => true,
+                Some((bytes, syncs)) => bytes / syncs.max(1) < Self::ADAPTIVE_FALLOCATE_FROM_BYTES,
+            },
+        }
+    }
+
+    /// The name used by the command line: zeros, fallocate or adaptive.
+    pub fn label(self) -> &'static str {
+        match self {
+            Preallocation::Zeros => "zeros",
+            Preallocation::Fallocate => "fallocate",
+            Preallocation::Adaptive => "adaptive",
+        }
+    }
+}
+
+impl FromStr for Preallocation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "zeros" => Ok(Preallocation::Zeros),
+            "fallocate" => Ok(Preallocation::Fallocate),
+            "adaptive" => Ok(Preallocation::Adaptive),
+            other => Err(format!(
+                "unknown preallocation {other:?}: expected zeros, fallocate or adaptive"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Preallocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 /// Options for [`crate::Store::open`].
 #[derive(Debug, Clone)]
 pub struct Options {
     pub durability: Durability,
     pub limits: Limits,
-    /// Size of each segment file, preallocated with zeros.
+    /// Size of each segment file, preallocated in full (see `preallocation`).
     pub segment_bytes: u64,
     /// The most bytes one group commit writes before it syncs.
     pub group_bytes_max: usize,
     /// The most bytes written but not yet synced: the writer waits for the syncer beyond it.
     /// Bounds acknowledgement latency under large appends and the tail a crash can tear.
     pub unsynced_bytes_max: usize,
-    /// Preallocate segments by writing zeros (true, the default) or with fallocate (false).
-    /// Zeros make each later fdatasync a pure data flush; writing into fallocated space also
-    /// converts extents at every fdatasync, which cost a third of the small-append throughput
-    /// on ext4 here. Fallocate saves the copying of zeros (a busy core's worth at high rates)
-    /// and half the bytes written, which can pay for large appends. Segments are prepared in
-    /// the background, one ahead of the writer.
-    pub zero_fill_segments: bool,
+    /// How new segments are preallocated (see [`Preallocation`]).
+    pub preallocation: Preallocation,
     /// Write an index checkpoint in the background after this many new events (0: never), so
     /// that opening after a crash scans only the events since.
     pub checkpoint_interval_events: u64,
@@ -99,7 +163,7 @@ impl Default for Options {
             segment_bytes: 64 << 20,
             group_bytes_max: 32 << 20,
             unsynced_bytes_max: 16 << 20,
-            zero_fill_segments: true,
+            preallocation: Preallocation::Adaptive,
             checkpoint_interval_events: 1_000_000,
             checkpoint_on_close: true,
             record_synced_length: false,

@@ -2,7 +2,7 @@
 //!
 //! A segment starts with a 64-byte header (magic, version, number, size, CRC32C) followed by
 //! records aligned to 8 bytes. Segments are preallocated to their full size when created
-//! (zeros written, or fallocate: `Options::zero_fill_segments`), so appends never change the
+//! (zeros written, or fallocate: `Options::preallocation`), so appends never change the
 //! file size and the end of the written part is the first all-zero record header. Creation is
 //! made durable (file sync, then directory sync) before any record is written into the new
 //! segment.

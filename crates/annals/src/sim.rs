@@ -131,6 +131,8 @@ struct State {
     rng: u64,
     writes: u64,
     syncs: u64,
+    /// Files preallocated through `IoFile::allocate` (as fallocate would).
+    allocations: u64,
     /// Set by [`SimIo::hold_syncs`]: file syncs wait for a pass.
     syncs_held: bool,
     /// Syncs let through while held.
@@ -194,6 +196,7 @@ impl SimIo {
                 sync_fault: None,
                 rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
                 writes: 0,
+                allocations: 0,
                 syncs: 0,
                 syncs_held: false,
                 sync_passes: 0,
@@ -259,6 +262,12 @@ impl SimIo {
     pub fn counts(&self) -> (u64, u64) {
         let state = self.state.lock();
         (state.writes, state.syncs)
+    }
+
+    /// How many times a file was preallocated with `IoFile::allocate` (fallocate on a real
+    /// disk) rather than written.
+    pub fn allocations(&self) -> u64 {
+        self.state.lock().allocations
     }
 
     /// Simulates a power loss: every open handle and this `SimIo` are cut off (they fail with
@@ -592,6 +601,14 @@ impl IoFile for SimFile {
         image.live.resize(len as usize, 0);
         if self.track {
             image.unsynced.push(Change::SetLen(len));
+        }
+        Ok(())
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.live_state()?.allocations += 1;
+        if self.len()? < len {
+            self.set_len(len)?;
         }
         Ok(())
     }

@@ -47,9 +47,20 @@ pub(crate) struct Counters {
     /// fdatasync latency in microseconds, averaged over about the last eight (0: none yet).
     pub(crate) fsync_recent_us: AtomicU64,
     pub(crate) group_appends: Log2Histogram,
+    /// Segments created since open, and the bytes of zeros written to preallocate them.
+    pub(crate) segments_created: AtomicU64,
+    pub(crate) zero_fill_bytes: AtomicU64,
 }
 
 impl Counters {
+    pub(crate) fn record_segment(&self, segment: &Segment, zero_filled: bool) {
+        self.segments_created.fetch_add(1, Ordering::Relaxed);
+        if zero_filled {
+            let zeros = segment.size - crate::segment::SEGMENT_HEADER_BYTES;
+            self.zero_fill_bytes.fetch_add(zeros, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn record_fsync(&self, took: Duration) {
         let us = took.as_micros() as u64;
         self.fsyncs.fetch_add(1, Ordering::Relaxed);
@@ -271,6 +282,10 @@ pub struct Stats {
     pub fsyncs: u64,
     /// Bytes of records written to the log since open (headers, entries and padding).
     pub bytes_written: u64,
+    /// Segments created since open, and the bytes of zeros written to preallocate those that
+    /// were zero-filled (see [`crate::Preallocation`]): disk traffic beside `bytes_written`.
+    pub segments_created: u64,
+    pub zero_fill_bytes: u64,
     pub fsync_us_mean: f64,
     pub fsync_us_max: u64,
     /// fdatasync latency in microseconds.
@@ -391,14 +406,12 @@ impl Store {
             }
         })?;
         let mut segments = recovery::open_segments(io.as_ref(), dir, true)?;
+        let counters = Counters::default();
         if segments.is_empty() {
-            segments.push(Arc::new(Segment::create(
-                io.as_ref(),
-                dir,
-                1,
-                options.segment_bytes,
-                options.zero_fill_segments,
-            )?));
+            let zero_fill = options.preallocation.zero_fill(None);
+            let segment = Segment::create(io.as_ref(), dir, 1, options.segment_bytes, zero_fill)?;
+            counters.record_segment(&segment, zero_fill);
+            segments.push(Arc::new(segment));
         }
         let (mut index, start_tail, rebuild_reason) =
             match load_checkpoint(io.as_ref(), dir, &segments) {
@@ -458,7 +471,7 @@ impl Store {
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            counters: Counters::default(),
+            counters,
             waiting: Default::default(),
             checkpoint_lock: Mutex::new(()),
             runners: Mutex::new(Default::default()),
@@ -990,6 +1003,8 @@ impl Store {
             groups: c.groups.load(Ordering::Relaxed),
             fsyncs,
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            segments_created: c.segments_created.load(Ordering::Relaxed),
+            zero_fill_bytes: c.zero_fill_bytes.load(Ordering::Relaxed),
             fsync_us_mean: if fsyncs == 0 {
                 0.0
             } else {

@@ -690,8 +690,12 @@ pub(crate) struct Writer {
     written_bytes: u64,
     /// The entries of the append being staged, with what the index's look-ahead found.
     ahead: Vec<(usize, usize, EntryLayout, Ahead)>,
-    /// The next segment, being created and preallocated in the background.
-    next_segment: Option<std::thread::JoinHandle<Result<Segment, StoreError>>>,
+    /// The next segment, being created and preallocated in the background, and whether it is
+    /// zero-filled.
+    next_segment: Option<(std::thread::JoinHandle<Result<Segment, StoreError>>, bool)>,
+    /// `written_bytes` and the store's fdatasync count when the current segment began (or the
+    /// store opened): what `Preallocation::Adaptive` judges the next segment by.
+    segment_began: (u64, u64),
 }
 
 /// What happened to one request of a group.
@@ -722,20 +726,31 @@ impl Writer {
             written_bytes: 0,
             ahead: Vec::new(),
             next_segment: None,
+            segment_began: (0, 0),
         }
     }
 
+    /// Whether the segment after the current one is zero-filled: by the store's option, and
+    /// for `Adaptive` by the bytes written per fdatasync since the current segment began.
+    fn next_zero_fill(&self) -> bool {
+        let (bytes_then, syncs_then) = self.segment_began;
+        let bytes = self.written_bytes - bytes_then;
+        let syncs = self.shared.counters.fsyncs.load(Ordering::Relaxed) - syncs_then;
+        let history = (bytes > 0).then_some((bytes, syncs));
+        self.shared.options.preallocation.zero_fill(history)
+    }
+
     /// Starts preparing the segment after the current one on a background thread.
-    fn prepare_next_segment(&mut self) {
+    fn prepare_next_segment(&mut self, zero_fill: bool) {
         let io = self.shared.io.clone();
         let dir = self.shared.dir.clone();
         let number = self.segment.number + 1;
         let size = self.shared.options.segment_bytes;
-        let zero_fill = self.shared.options.zero_fill_segments;
         self.next_segment = std::thread::Builder::new()
             .name("annals-segment".into())
             .spawn(move || Segment::create(io.as_ref(), &dir, number, size, zero_fill))
-            .ok();
+            .ok()
+            .map(|handle| (handle, zero_fill));
     }
 
     pub(crate) fn run(mut self) {
@@ -775,7 +790,7 @@ impl Writer {
             }
         }));
         // A segment still being prepared must not outlive the store's hold on the directory.
-        if let Some(handle) = self.next_segment.take() {
+        if let Some((handle, _)) = self.next_segment.take() {
             let _ = handle.join();
         }
         if result.is_err() {
@@ -826,7 +841,7 @@ impl Writer {
         // The segment the store opened with prepares its successor once half of it is used;
         // later ones do from the roll into them (see `roll`).
         if self.next_segment.is_none() && self.tail > self.segment.size / 2 {
-            self.prepare_next_segment();
+            self.prepare_next_segment(self.next_zero_fill());
         }
         if let Some(error) = failure {
             self.fail(error, group, staged);
@@ -1073,30 +1088,44 @@ impl Writer {
         if self.shared.options.durability != Durability::Memory {
             self.sync()?;
         }
-        let prepared = match self.next_segment.take() {
-            Some(handle) => handle.join().unwrap_or_else(|_| {
-                Err(StoreError::Poisoned {
-                    reason: "the segment preparation thread panicked".into(),
-                })
-            }),
-            None => Segment::create(
-                self.shared.io.as_ref(),
-                &self.shared.dir,
-                self.segment.number + 1,
-                self.shared.options.segment_bytes,
-                self.shared.options.zero_fill_segments,
+        let (prepared, zero_filled) = match self.next_segment.take() {
+            Some((handle, zero_fill)) => (
+                handle.join().unwrap_or_else(|_| {
+                    Err(StoreError::Poisoned {
+                        reason: "the segment preparation thread panicked".into(),
+                    })
+                }),
+                zero_fill,
             ),
+            None => {
+                let zero_fill = self.next_zero_fill();
+                let segment = Segment::create(
+                    self.shared.io.as_ref(),
+                    &self.shared.dir,
+                    self.segment.number + 1,
+                    self.shared.options.segment_bytes,
+                    zero_fill,
+                );
+                (segment, zero_fill)
+            }
         };
         let next = Arc::new(prepared?);
+        self.shared.counters.record_segment(&next, zero_filled);
         self.shared.segments.write().push(next.clone());
         self.segment = next;
         self.tail = SEGMENT_HEADER_BYTES;
         self.last_record_offset = 0;
+        // The segment just ended is what the one after this is judged by.
+        let zero_fill = self.next_zero_fill();
+        self.segment_began = (
+            self.written_bytes,
+            self.shared.counters.fsyncs.load(Ordering::Relaxed),
+        );
         // A segment has filled since open, so appends may come as fast as the disk takes
         // them: writing the next segment's zeros then needs all the time this one lasts (begun
         // at half, at 200 MB/s of 512-event appends, it was late and the writer waited for it
         // up to a second; begun here, the rate rose 10%).
-        self.prepare_next_segment();
+        self.prepare_next_segment(zero_fill);
         Ok(())
     }
 }

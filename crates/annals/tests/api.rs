@@ -9,7 +9,7 @@ use std::time::Duration;
 use annals::sim::SimIo;
 use annals::{
     AppendCondition, AppendError, AppendOptions, Durability, InputError, Limits, NewEvent, Options,
-    Query, QueryItem, ReadOptions, Store, StoreError,
+    Preallocation, Query, QueryItem, ReadOptions, Store, StoreError,
 };
 use common::harness::{small_options, DIR};
 use common::read_all;
@@ -976,4 +976,98 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
     let stats = store.stats();
     assert_eq!(stats.head, 11);
     assert_eq!(stats.groups, groups + 1, "the eight went as one group");
+}
+
+/// Goal: `Preallocation::Adaptive` fallocates a new segment once the log's fdatasyncs cover
+/// 256 KiB or more each and zero-fills it while they cover less (and for a store's first
+/// segment); `Zeros` and `Fallocate` do as they say; a log over both kinds of segment reads
+/// back whole after a reopen.
+#[test]
+fn adaptive_preallocation_follows_the_bytes_per_fdatasync() {
+    const SEGMENT: u64 = 1 << 20;
+    let zeros_per_segment = SEGMENT - 64;
+    let options = |preallocation| Options {
+        preallocation,
+        segment_bytes: SEGMENT,
+        limits: Limits {
+            append_bytes_max: 512 << 10,
+            event_bytes_max: 64 << 10,
+            ..Limits::default()
+        },
+        ..Options::default()
+    };
+    // Seven events of 60 KiB: one append of 420 KiB, two to a segment, each synced alone (a
+    // lone caller), and a third fdatasync as the segment ends: 280 KiB per fdatasync.
+    let big = || -> Vec<NewEvent> {
+        (0..7)
+            .map(|i| NewEvent::new("Big", vec![b'x'; 60 << 10]).tag(format!("b{i}")))
+            .collect()
+    };
+    let small = || NewEvent::new("Small", vec![b'y'; 1000]).tag("s");
+
+    let io = SimIo::new(5);
+    let open = |io: &SimIo, preallocation| {
+        Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options(preallocation)).unwrap()
+    };
+    let store = open(&io, Preallocation::Adaptive);
+    assert_eq!(
+        store.stats().zero_fill_bytes,
+        zeros_per_segment,
+        "first segment: zeros"
+    );
+    assert_eq!(io.allocations(), 0);
+    for _ in 0..12 {
+        store.append(&big(), None).unwrap();
+    }
+    let stats = store.stats();
+    assert!(
+        stats.segments_created >= 4,
+        "{} segments",
+        stats.segments_created
+    );
+    assert_eq!(
+        stats.zero_fill_bytes, zeros_per_segment,
+        "large fdatasyncs: every later segment fallocated"
+    );
+    assert!(io.allocations() >= stats.segments_created - 1);
+    let zeros_before = stats.zero_fill_bytes;
+    for _ in 0..4000 {
+        store.append(&[small()], None).unwrap();
+    }
+    let stats = store.stats();
+    assert!(
+        stats.zero_fill_bytes >= zeros_before + 2 * zeros_per_segment,
+        "small fdatasyncs bring zeros back: {} of {} segments zero-filled",
+        stats.zero_fill_bytes / zeros_per_segment,
+        stats.segments_created
+    );
+    drop(store);
+    let store = open(&io, Preallocation::Adaptive);
+    let events = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
+    assert_eq!(events.len(), 12 * 7 + 4000);
+    assert!(events[..84].iter().all(|e| e.data().len() == 60 << 10));
+    assert!(events[84..].iter().all(|e| e.data().len() == 1000));
+
+    for (preallocation, zero_filled) in [
+        (Preallocation::Zeros, true),
+        (Preallocation::Fallocate, false),
+    ] {
+        let io = SimIo::new(6);
+        let store = open(&io, preallocation);
+        for _ in 0..12 {
+            store.append(&big(), None).unwrap();
+        }
+        let stats = store.stats();
+        assert!(stats.segments_created >= 4);
+        if zero_filled {
+            assert_eq!(
+                stats.zero_fill_bytes,
+                stats.segments_created * zeros_per_segment
+            );
+            assert_eq!(io.allocations(), 0);
+        } else {
+            assert_eq!(stats.zero_fill_bytes, 0);
+            assert!(io.allocations() >= stats.segments_created);
+        }
+    }
 }
