@@ -91,9 +91,8 @@ impl Preallocation {
             Preallocation::Zeros => true,
             Preallocation::Fallocate => false,
             Preallocation::Adaptive => match history {
-                // Too little written to tell: zeros, the better choice for small appends.
+                // No history: zeros, the better choice for small appends.
                 None => true,
-                Some((bytes, _)) if bytes < Self::ADAPTIVE_FALLOCATE_FROM_BYTES => true,
                 Some((bytes, syncs)) => bytes / syncs.max(1) < Self::ADAPTIVE_FALLOCATE_FROM_BYTES,
             },
         }

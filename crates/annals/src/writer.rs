@@ -1088,17 +1088,18 @@ impl Writer {
         if self.shared.options.durability != Durability::Memory {
             self.sync()?;
         }
+        // The segment now ending is what the segments after it are judged by.
+        let zero_fill = self.next_zero_fill();
         let (prepared, zero_filled) = match self.next_segment.take() {
-            Some((handle, zero_fill)) => (
+            Some((handle, prepared_zero_fill)) => (
                 handle.join().unwrap_or_else(|_| {
                     Err(StoreError::Poisoned {
                         reason: "the segment preparation thread panicked".into(),
                     })
                 }),
-                zero_fill,
+                prepared_zero_fill,
             ),
             None => {
-                let zero_fill = self.next_zero_fill();
                 let segment = Segment::create(
                     self.shared.io.as_ref(),
                     &self.shared.dir,
@@ -1115,8 +1116,6 @@ impl Writer {
         self.segment = next;
         self.tail = SEGMENT_HEADER_BYTES;
         self.last_record_offset = 0;
-        // The segment just ended is what the one after this is judged by.
-        let zero_fill = self.next_zero_fill();
         self.segment_began = (
             self.written_bytes,
             self.shared.counters.fsyncs.load(Ordering::Relaxed),
