@@ -255,6 +255,12 @@ impl Metrics {
             "Groups committed (one write, and in D3 one fdatasync, each).",
             stats.groups as f64,
         );
+        counter(
+            &mut out,
+            "annals_caller_commits_total",
+            "Of the groups, those a lone blocking caller committed on its own thread.",
+            stats.caller_commits as f64,
+        );
         header(
             &mut out,
             "annals_group_appends",

@@ -137,8 +137,9 @@ struct State {
     syncs_held: bool,
     /// Syncs let through while held.
     sync_passes: u64,
-    /// Syncs waiting for a pass.
+    /// Syncs waiting for a pass, and the threads they wait on.
     syncs_waiting: u64,
+    sync_threads: Vec<std::thread::ThreadId>,
 }
 
 impl State {
@@ -201,6 +202,7 @@ impl SimIo {
                 syncs_held: false,
                 sync_passes: 0,
                 syncs_waiting: 0,
+                sync_threads: Vec::new(),
             })),
             track,
         }
@@ -256,6 +258,11 @@ impl SimIo {
     /// How many file syncs are waiting for a pass.
     pub fn syncs_waiting(&self) -> u64 {
         self.state.lock().syncs_waiting
+    }
+
+    /// The threads whose file syncs wait for a pass.
+    pub fn threads_in_sync(&self) -> Vec<std::thread::ThreadId> {
+        self.state.lock().sync_threads.clone()
     }
 
     /// How many writes and file syncs have been made.
@@ -568,9 +575,14 @@ impl IoFile for SimFile {
     fn sync_data(&self) -> io::Result<()> {
         let mut state = self.live_state()?;
         while state.syncs_held && state.sync_passes == 0 {
+            let thread = std::thread::current().id();
             state.syncs_waiting += 1;
+            state.sync_threads.push(thread);
             self.sync_gate.wait(&mut state);
             state.syncs_waiting -= 1;
+            if let Some(i) = state.sync_threads.iter().position(|&t| t == thread) {
+                state.sync_threads.swap_remove(i);
+            }
             if state.epoch != self.epoch {
                 return Err(crashed());
             }

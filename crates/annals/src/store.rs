@@ -27,8 +27,27 @@ use crate::segment::Segment;
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
 use crate::writer::{
-    AsyncSlot, Completion, Notifier, Reply, ReplyTo, Request, Syncer, Waiting, Writer,
+    AsyncSlot, Completion, Notifier, Reply, ReplyTo, Request, Syncer, Waiting, Writer, WriterRole,
 };
+
+/// How an append is handed to the writer.
+#[derive(Clone, Copy)]
+enum Submit {
+    /// Wait while the queue is full.
+    Wait { alone: bool },
+    /// Fail with [`InputError::QueueFull`] when the queue is full.
+    Try { alone: bool },
+}
+
+impl Submit {
+    /// A blocking caller that is the only one waiting on the store: it may commit its append
+    /// on its own thread (see [`WriterRole::commit_alone`]).
+    fn alone(self) -> bool {
+        match self {
+            Submit::Wait { alone } | Submit::Try { alone } => alone,
+        }
+    }
+}
 
 /// Counters kept by the writer, read by [`Store::stats`].
 #[derive(Default)]
@@ -38,6 +57,8 @@ pub(crate) struct Counters {
     pub(crate) conditions_failed: AtomicU64,
     pub(crate) idempotent_retries: AtomicU64,
     pub(crate) groups: AtomicU64,
+    /// Groups committed by the appending caller on its own thread (see `WriterRole`).
+    pub(crate) caller_commits: AtomicU64,
     pub(crate) fsyncs: AtomicU64,
     /// Bytes of records written to segments (headers, entries and padding).
     pub(crate) bytes_written: AtomicU64,
@@ -279,6 +300,8 @@ pub struct Stats {
     pub conditions_failed: u64,
     pub idempotent_retries: u64,
     pub groups: u64,
+    /// Of `groups`, those a caller that found the store idle committed on its own thread.
+    pub caller_commits: u64,
     pub fsyncs: u64,
     /// Bytes of records written to the log since open (headers, entries and padding).
     pub bytes_written: u64,
@@ -363,6 +386,8 @@ pub struct Store {
     shared: Arc<Shared>,
     sender: Option<Sender<Request>>,
     writer: Option<JoinHandle<()>>,
+    /// The writer's role, which an idle store lets a blocking caller take.
+    role: Arc<WriterRole>,
     syncer: Option<(Arc<Syncer>, JoinHandle<()>)>,
     notifier: Option<(Arc<Notifier>, JoinHandle<()>)>,
     report: OpenReport,
@@ -520,10 +545,14 @@ impl Store {
             tail,
             syncer.as_ref().map(|(s, _)| s.clone()),
         );
-        let handle = std::thread::Builder::new()
-            .name("annals-writer".into())
-            .spawn(move || writer.run())
-            .map_err(|e| StoreError::io("spawn writer thread", dir, 0, e))?;
+        let role = Arc::new(WriterRole::new(writer));
+        let handle = {
+            let role = role.clone();
+            std::thread::Builder::new()
+                .name("annals-writer".into())
+                .spawn(move || role.run())
+        }
+        .map_err(|e| StoreError::io("spawn writer thread", dir, 0, e))?;
         let report = OpenReport {
             index: match rebuild_reason {
                 None => IndexSource::Checkpoint {
@@ -540,6 +569,7 @@ impl Store {
             shared,
             sender: Some(sender),
             writer: Some(handle),
+            role,
             syncer,
             notifier,
             report,
@@ -604,7 +634,9 @@ impl Store {
             condition,
             options,
             ReplyTo::Blocking(completion.clone()),
-            true,
+            Submit::Wait {
+                alone: waiting.alone(),
+            },
         )?;
         completion.wait(waiting)
     }
@@ -623,7 +655,9 @@ impl Store {
             condition.map(Cow::Borrowed),
             AppendOptions::default(),
             ReplyTo::Blocking(completion.clone()),
-            false,
+            Submit::Try {
+                alone: waiting.alone(),
+            },
         )?;
         completion.wait(waiting)
     }
@@ -643,7 +677,7 @@ impl Store {
             condition.map(Cow::Borrowed),
             options,
             ReplyTo::Callback(Box::new(done)),
-            true,
+            Submit::Wait { alone: false },
         )
     }
 
@@ -661,7 +695,7 @@ impl Store {
             condition.map(Cow::Borrowed),
             options,
             ReplyTo::Callback(Box::new(done)),
-            false,
+            Submit::Try { alone: false },
         )
     }
 
@@ -700,7 +734,7 @@ impl Store {
             condition,
             options,
             ReplyTo::Async(slot.clone()),
-            false,
+            Submit::Try { alone: false },
         )?;
         // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that
         // the thread stays free for any other task.
@@ -719,7 +753,7 @@ impl Store {
         condition: Option<Cow<'_, AppendCondition>>,
         options: AppendOptions,
         reply: ReplyTo,
-        wait_when_full: bool,
+        how: Submit,
     ) -> Result<(), AppendError> {
         if let Some(e) = self.shared.poison_error() {
             return Err(e.into());
@@ -730,7 +764,7 @@ impl Store {
             .as_ref()
             .map(|t| (t.source.as_str(), t.position));
         let append = encode_append_tracked(events, tracking, limits)?;
-        self.submit_encoded(append, condition, options, reply, wait_when_full)
+        self.submit_encoded(append, condition, options, reply, how)
     }
 
     /// An empty [`EventBatch`] checked against this store's limits.
@@ -757,7 +791,9 @@ impl Store {
             condition,
             AppendOptions::default(),
             ReplyTo::Blocking(completion.clone()),
-            true,
+            Submit::Wait {
+                alone: waiting.alone(),
+            },
         )?;
         completion.wait(waiting)
     }
@@ -776,7 +812,7 @@ impl Store {
             condition,
             options,
             ReplyTo::Callback(Box::new(done)),
-            true,
+            Submit::Wait { alone: false },
         )
     }
 
@@ -786,7 +822,7 @@ impl Store {
         condition: Option<&AppendCondition>,
         options: AppendOptions,
         reply: ReplyTo,
-        wait_when_full: bool,
+        how: Submit,
     ) -> Result<(), AppendError> {
         if let Some(e) = self.shared.poison_error() {
             return Err(e.into());
@@ -799,7 +835,7 @@ impl Store {
         }
         let append = batch.into_append()?;
         let condition = condition.map(Cow::Borrowed);
-        self.submit_encoded(append, condition, options, reply, wait_when_full)
+        self.submit_encoded(append, condition, options, reply, how)
     }
 
     fn submit_encoded(
@@ -808,7 +844,7 @@ impl Store {
         condition: Option<Cow<'_, AppendCondition>>,
         options: AppendOptions,
         reply: ReplyTo,
-        wait_when_full: bool,
+        how: Submit,
     ) -> Result<(), AppendError> {
         let sender = self.sender.as_ref().ok_or(StoreError::Closed)?;
         let limits = &self.shared.options.limits;
@@ -850,7 +886,15 @@ impl Store {
             require_synced: options.require_synced,
             reply: Reply::new(reply),
         };
-        if wait_when_full {
+        let request = if how.alone() {
+            match self.role.commit_alone(request) {
+                Ok(()) => return Ok(()),
+                Err(request) => request,
+            }
+        } else {
+            request
+        };
+        if matches!(how, Submit::Wait { .. }) {
             sender.send(request).map_err(|e| {
                 e.into_inner().reply.disarm();
                 StoreError::Closed
@@ -1001,6 +1045,7 @@ impl Store {
             conditions_failed: c.conditions_failed.load(Ordering::Relaxed),
             idempotent_retries: c.idempotent_retries.load(Ordering::Relaxed),
             groups: c.groups.load(Ordering::Relaxed),
+            caller_commits: c.caller_commits.load(Ordering::Relaxed),
             fsyncs,
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
             segments_created: c.segments_created.load(Ordering::Relaxed),

@@ -92,17 +92,28 @@ const LONE_POLL_MAX: Duration = Duration::from_millis(2);
 pub(crate) struct Waiting<'a> {
     shared: &'a Shared,
     until: Option<Instant>,
+    alone: bool,
 }
 
 impl<'a> Waiting<'a> {
     pub(crate) fn start(shared: &'a Shared) -> Self {
         let others = shared.waiting.fetch_add(1, Ordering::Relaxed);
-        let until = if others == 0 {
+        let alone = others == 0;
+        let until = if alone {
             lone_poll_budget(shared).map(|budget| Instant::now() + budget)
         } else {
             None
         };
-        Waiting { shared, until }
+        Waiting {
+            shared,
+            until,
+            alone,
+        }
+    }
+
+    /// No other caller was waiting on the store when this one began.
+    pub(crate) fn alone(&self) -> bool {
+        self.alone
     }
 
     /// Whether to poll once more: while alone and within the budget.
@@ -443,6 +454,12 @@ impl Syncer {
         }
     }
 
+    /// A sync runs, or something written waits for one.
+    fn busy(&self) -> bool {
+        let state = self.state.lock();
+        state.syncing || state.written > state.synced
+    }
+
     pub(crate) fn stop(&self) {
         self.state.lock().stop = true;
         self.wake.notify_one();
@@ -696,6 +713,9 @@ pub(crate) struct Writer {
     /// `written_bytes` and the store's fdatasync count when the current segment began (or the
     /// store opened): what `Preallocation::Adaptive` judges the next segment by.
     segment_began: (u64, u64),
+    /// The group being committed and what happened to each of its appends (kept for reuse).
+    group: Vec<Request>,
+    staged: Vec<Staged>,
 }
 
 /// What happened to one request of a group.
@@ -727,6 +747,8 @@ impl Writer {
             ahead: Vec::new(),
             next_segment: None,
             segment_began: (0, 0),
+            group: Vec::new(),
+            staged: Vec::new(),
         }
     }
 
@@ -753,56 +775,13 @@ impl Writer {
             .map(|handle| (handle, zero_fill));
     }
 
-    pub(crate) fn run(mut self) {
-        let shared = self.shared.clone();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut group: Vec<Request> = Vec::new();
-            let mut staged: Vec<Staged> = Vec::new();
-            // Blocks for the next append rather than polling for it: on a machine with few
-            // cores the client the writer has just woken often runs on the writer's core, and
-            // a polling writer kept it waiting (a lone decision client measured 58 us from
-            // wake-up to running with 60 us of polling, 19 us without).
-            let hold = self.shared.options.durability == Durability::Synced;
-            while let Ok(first) = self.receiver.recv() {
-                let mut bytes = first.append.body.len();
-                // In D3 an append staged while a sync runs waits for that sync and the next:
-                // staging it at once gains nothing over staging it when the running sync ends,
-                // with whatever has queued behind it by then. Staged at once, 64 deciding
-                // clients made groups of three appends (the writer's staging, write and
-                // hand-over per group took a third of a core); held, groups of twenty.
-                // Large appends go at once: their staging is worth overlapping with the sync.
-                if hold && bytes < HOLD_BELOW_BYTES {
-                    if let Some(syncer) = &self.syncer {
-                        syncer.wait_for_running_sync();
-                    }
-                }
-                group.push(first);
-                while bytes < self.shared.options.group_bytes_max {
-                    match self.receiver.try_recv() {
-                        Ok(request) => {
-                            bytes += request.append.body.len();
-                            group.push(request);
-                        }
-                        Err(_) => break,
-                    }
-                }
-                self.commit(&mut group, &mut staged);
-            }
-        }));
-        // A segment still being prepared must not outlive the store's hold on the directory.
-        if let Some((handle, _)) = self.next_segment.take() {
-            let _ = handle.join();
-        }
-        if result.is_err() {
-            shared.poison("the writer thread panicked".into());
-            // Whoever still waits must not wait forever.
-            while let Ok(request) = self.receiver.try_recv() {
-                request.reply.send(Err(shared
-                    .poison_error()
-                    .unwrap_or(StoreError::Closed)
-                    .into()));
-            }
-        }
+    /// Commits the group gathered in `self.group`.
+    fn commit_group(&mut self) {
+        let mut group = std::mem::take(&mut self.group);
+        let mut staged = std::mem::take(&mut self.staged);
+        self.commit(&mut group, &mut staged);
+        self.group = group;
+        self.staged = staged;
     }
 
     fn commit(&mut self, group: &mut Vec<Request>, staged: &mut Vec<Staged>) {
@@ -1125,6 +1104,115 @@ impl Writer {
         // at half, at 200 MB/s of 512-event appends, it was late and the writer waited for it
         // up to a second; begun here, the rate rose 10%).
         self.prepare_next_segment(zero_fill);
+        Ok(())
+    }
+}
+
+/// The writer's role: the writer's state, taken by the writer thread for each group it
+/// commits, or by a caller that finds the store idle and commits its own append on its own
+/// thread (see [`WriterRole::commit_alone`]). Readers never take it; appenders only try it.
+pub(crate) struct WriterRole {
+    writer: Mutex<Writer>,
+    receiver: Receiver<Request>,
+    syncer: Option<Arc<Syncer>>,
+    shared: Arc<Shared>,
+}
+
+impl WriterRole {
+    pub(crate) fn new(writer: Writer) -> Self {
+        WriterRole {
+            receiver: writer.receiver.clone(),
+            syncer: writer.syncer.clone(),
+            shared: writer.shared.clone(),
+            writer: Mutex::new(writer),
+        }
+    }
+
+    /// The writer thread: takes each append from the queue with whatever waits behind it, and
+    /// commits them as one group. Returns when the queue is closed and empty.
+    pub(crate) fn run(&self) {
+        let shared = &self.shared;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // Blocks for the next append rather than polling for it: on a machine with few
+            // cores the client the writer has just woken often runs on the writer's core, and
+            // a polling writer kept it waiting (a lone decision client measured 58 us from
+            // wake-up to running with 60 us of polling, 19 us without).
+            let hold = shared.options.durability == Durability::Synced;
+            while let Ok(first) = self.receiver.recv() {
+                let mut bytes = first.append.body.len();
+                // In D3 an append staged while a sync runs waits for that sync and the next:
+                // staging it at once gains nothing over staging it when the running sync ends,
+                // with whatever has queued behind it by then. Staged at once, 64 deciding
+                // clients made groups of three appends (the writer's staging, write and
+                // hand-over per group took a third of a core); held, groups of twenty.
+                // Large appends go at once: their staging is worth overlapping with the sync.
+                if hold && bytes < HOLD_BELOW_BYTES {
+                    if let Some(syncer) = &self.syncer {
+                        syncer.wait_for_running_sync();
+                    }
+                }
+                let mut writer = self.writer.lock();
+                writer.group.push(first);
+                while bytes < shared.options.group_bytes_max {
+                    match self.receiver.try_recv() {
+                        Ok(request) => {
+                            bytes += request.append.body.len();
+                            writer.group.push(request);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                writer.commit_group();
+            }
+        }));
+        let mut writer = self.writer.lock();
+        // A segment still being prepared must not outlive the store's hold on the directory.
+        if let Some((handle, _)) = writer.next_segment.take() {
+            let _ = handle.join();
+        }
+        drop(writer);
+        if result.is_err() {
+            shared.poison("the writer thread panicked".into());
+            // Whoever still waits must not wait forever.
+            while let Ok(request) = self.receiver.try_recv() {
+                request.reply.send(Err(shared
+                    .poison_error()
+                    .unwrap_or(StoreError::Closed)
+                    .into()));
+            }
+        }
+    }
+
+    /// Commits `request` on the calling thread, a blocking caller that is the only one waiting
+    /// on the store (see [`Waiting::alone`]), when the store is idle: nothing is queued, no sync runs or waits to run, and the role
+    /// is free. The request then takes the writer thread's path (the lone group's inline sync
+    /// included) without being handed to the writer and back: a wake-up of a sleeping thread,
+    /// tens of microseconds on a virtual machine whose idle cores halt, against a 100 us
+    /// fdatasync. Otherwise hands the request back, to be queued.
+    pub(crate) fn commit_alone(&self, request: Request) -> Result<(), Request> {
+        if !self.receiver.is_empty() || self.syncer.as_ref().is_some_and(|s| s.busy()) {
+            return Err(request);
+        }
+        let Some(mut writer) = self.writer.try_lock() else {
+            return Err(request);
+        };
+        // Queued meanwhile: the writer thread is waiting for the role and takes it in turn.
+        if !self.receiver.is_empty() {
+            return Err(request);
+        }
+        self.shared
+            .counters
+            .caller_commits
+            .fetch_add(1, Ordering::Relaxed);
+        writer.group.push(request);
+        let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            writer.commit_group();
+        }));
+        if committed.is_err() {
+            // The unwinding dropped the request's reply, which answered it with an error.
+            self.shared
+                .poison("the writer panicked in a caller's commit".into());
+        }
         Ok(())
     }
 }

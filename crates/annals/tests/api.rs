@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use annals::sim::SimIo;
+use annals::sim::{FaultKind, SimIo};
 use annals::{
     AppendCondition, AppendError, AppendOptions, Durability, InputError, Limits, NewEvent, Options,
     Preallocation, Query, QueryItem, ReadOptions, Store, StoreError,
@@ -948,8 +948,21 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
         })
     };
     io.hold_syncs();
-    // A lone append: the writer syncs it itself, and stops in that sync.
-    let first = append(0);
+    // A lone append handed to the writer (a blocking caller alone would commit it on its own
+    // thread): the writer syncs it itself, and stops in that sync.
+    let first = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let (sender, receiver) = std::sync::mpsc::channel();
+            let event = NewEvent::new("E", b"0".to_vec()).tag("a");
+            store
+                .append_then(&[event], None, AppendOptions::default(), move |outcome| {
+                    let _ = sender.send(outcome);
+                })
+                .unwrap();
+            receiver.recv().unwrap().unwrap()
+        })
+    };
     wait_until("the first sync", || io.syncs_waiting() == 1);
     // Two queue behind it and, once it ends, go as one group that the syncer syncs.
     let pair: Vec<_> = (1..3).map(append).collect();
@@ -976,6 +989,94 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
     let stats = store.stats();
     assert_eq!(stats.head, 11);
     assert_eq!(stats.groups, groups + 1, "the eight went as one group");
+}
+
+/// Goal: a blocking caller that finds the store idle (no other caller waiting, nothing queued,
+/// no sync running) commits its append on its own thread, its fdatasync included, without a
+/// hand-over to the writer thread; an append that arrives meanwhile is queued to the writer,
+/// which holds it for the running sync; callbacks and async callers never commit on their
+/// own thread.
+#[test]
+fn a_lone_blocking_caller_commits_on_its_own_thread() {
+    let io = SimIo::new(7);
+    let store = Arc::new(
+        Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap(),
+    );
+    let append = |n: u64| {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let event = NewEvent::new("E", format!("{n}").into_bytes()).tag("a");
+            let position = store.append(&[event], None).unwrap();
+            (position, std::thread::current().id())
+        })
+    };
+    io.hold_syncs();
+    let lone = append(1);
+    wait_until("the lone caller's sync", || io.syncs_waiting() == 1);
+    let syncing = io.threads_in_sync();
+    assert_eq!(syncing.len(), 1);
+    assert_eq!(store.stats().caller_commits, 1);
+    // Another caller while that sync runs: queued, taken by the writer, held for the sync.
+    let second = append(2);
+    wait_until("the second caller waiting", || store.stats().waiting == 2);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        store.stats().head,
+        0,
+        "nothing acknowledged before its fdatasync"
+    );
+    assert_eq!(
+        store.stats().groups,
+        1,
+        "the second is not staged while the sync runs"
+    );
+    io.release_syncs();
+    let (position, lone_thread) = lone.join().unwrap();
+    assert_eq!(position, 1);
+    assert_eq!(
+        syncing[0], lone_thread,
+        "the lone caller ran its own fdatasync"
+    );
+    assert_eq!(second.join().unwrap().0, 2);
+    let stats = store.stats();
+    assert_eq!(
+        (stats.groups, stats.caller_commits, stats.fsyncs),
+        (2, 1, 2)
+    );
+
+    // Idle again: the next blocking append commits on its caller's thread.
+    store.append(&[event()], None).unwrap();
+    assert_eq!(store.stats().caller_commits, 2);
+    // A callback's append and an async caller's go to the writer thread.
+    let (sender, receiver) = std::sync::mpsc::channel();
+    store
+        .append_then(&[event()], None, AppendOptions::default(), move |outcome| {
+            let _ = sender.send(outcome);
+        })
+        .unwrap();
+    assert_eq!(receiver.recv().unwrap().unwrap(), 4);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let position = runtime
+        .block_on(store.append_async(&[event()], None, AppendOptions::default()))
+        .unwrap();
+    assert_eq!(position, 5);
+    let stats = store.stats();
+    assert_eq!((stats.groups, stats.caller_commits), (5, 2));
+    // A failed fdatasync on the caller's thread poisons the store as on the writer's.
+    io.fail_sync(0, FaultKind::Eio, false);
+    assert!(store.append(&[event()], None).is_err());
+    assert_eq!(store.head(), 5);
+    assert!(matches!(
+        store.append(&[event()], None),
+        Err(AppendError::Store(StoreError::Poisoned { .. }))
+    ));
+    drop(store);
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
+    let events = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
+    assert!(store.head() >= 5, "every acknowledged append is there");
+    assert_eq!(events.len() as u64, store.head());
 }
 
 /// Goal: `Preallocation::Adaptive` fallocates a new segment once the log's fdatasyncs cover
