@@ -8,6 +8,12 @@
 //! taken per append, never across I/O: shared for the checks (the writer is the index's only
 //! mutator), exclusive only for adding the append's events. A failed write or sync poisons the
 //! store.
+//!
+//! "The writer" is a role ([`WriterRole`]), not only a thread: the writer thread takes it for
+//! each group, and a blocking caller alone on an idle store takes it to commit its own append
+//! on its own thread (one append, one write, one fdatasync, no hand-over). Either way one
+//! holder at a time stages and writes, in the order the role was taken; the syncer thread
+//! syncs what was written, unless the holder syncs a lone group itself.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
