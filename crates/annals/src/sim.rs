@@ -137,8 +137,7 @@ struct State {
     syncs_held: bool,
     /// Syncs let through while held.
     sync_passes: u64,
-    /// Syncs waiting for a pass, and the threads they wait on.
-    syncs_waiting: u64,
+    /// The threads of the syncs waiting for a pass.
     sync_threads: Vec<std::thread::ThreadId>,
 }
 
@@ -201,7 +200,6 @@ impl SimIo {
                 syncs: 0,
                 syncs_held: false,
                 sync_passes: 0,
-                syncs_waiting: 0,
                 sync_threads: Vec::new(),
             })),
             track,
@@ -257,7 +255,7 @@ impl SimIo {
 
     /// How many file syncs are waiting for a pass.
     pub fn syncs_waiting(&self) -> u64 {
-        self.state.lock().syncs_waiting
+        self.state.lock().sync_threads.len() as u64
     }
 
     /// The threads whose file syncs wait for a pass.
@@ -576,10 +574,8 @@ impl IoFile for SimFile {
         let mut state = self.live_state()?;
         while state.syncs_held && state.sync_passes == 0 {
             let thread = std::thread::current().id();
-            state.syncs_waiting += 1;
             state.sync_threads.push(thread);
             self.sync_gate.wait(&mut state);
-            state.syncs_waiting -= 1;
             if let Some(i) = state.sync_threads.iter().position(|&t| t == thread) {
                 state.sync_threads.swap_remove(i);
             }

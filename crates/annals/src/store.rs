@@ -32,21 +32,12 @@ use crate::writer::{
 
 /// How an append is handed to the writer.
 #[derive(Clone, Copy)]
-enum Submit {
-    /// Wait while the queue is full.
-    Wait { alone: bool },
-    /// Fail with [`InputError::QueueFull`] when the queue is full.
-    Try { alone: bool },
-}
-
-impl Submit {
+struct Submit {
+    /// Wait while the queue is full; otherwise fail with [`InputError::QueueFull`].
+    wait_when_full: bool,
     /// A blocking caller that is the only one waiting on the store: it may commit its append
     /// on its own thread (see [`WriterRole::commit_alone`]).
-    fn alone(self) -> bool {
-        match self {
-            Submit::Wait { alone } | Submit::Try { alone } => alone,
-        }
-    }
+    alone: bool,
 }
 
 /// Counters kept by the writer, read by [`Store::stats`].
@@ -634,7 +625,8 @@ impl Store {
             condition,
             options,
             ReplyTo::Blocking(completion.clone()),
-            Submit::Wait {
+            Submit {
+                wait_when_full: true,
                 alone: waiting.alone(),
             },
         )?;
@@ -655,7 +647,8 @@ impl Store {
             condition.map(Cow::Borrowed),
             AppendOptions::default(),
             ReplyTo::Blocking(completion.clone()),
-            Submit::Try {
+            Submit {
+                wait_when_full: false,
                 alone: waiting.alone(),
             },
         )?;
@@ -677,7 +670,10 @@ impl Store {
             condition.map(Cow::Borrowed),
             options,
             ReplyTo::Callback(Box::new(done)),
-            Submit::Wait { alone: false },
+            Submit {
+                wait_when_full: true,
+                alone: false,
+            },
         )
     }
 
@@ -695,7 +691,10 @@ impl Store {
             condition.map(Cow::Borrowed),
             options,
             ReplyTo::Callback(Box::new(done)),
-            Submit::Try { alone: false },
+            Submit {
+                wait_when_full: false,
+                alone: false,
+            },
         )
     }
 
@@ -734,7 +733,10 @@ impl Store {
             condition,
             options,
             ReplyTo::Async(slot.clone()),
-            Submit::Try { alone: false },
+            Submit {
+                wait_when_full: false,
+                alone: false,
+            },
         )?;
         // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that
         // the thread stays free for any other task.
@@ -791,7 +793,8 @@ impl Store {
             condition,
             AppendOptions::default(),
             ReplyTo::Blocking(completion.clone()),
-            Submit::Wait {
+            Submit {
+                wait_when_full: true,
                 alone: waiting.alone(),
             },
         )?;
@@ -812,7 +815,10 @@ impl Store {
             condition,
             options,
             ReplyTo::Callback(Box::new(done)),
-            Submit::Wait { alone: false },
+            Submit {
+                wait_when_full: true,
+                alone: false,
+            },
         )
     }
 
@@ -886,7 +892,7 @@ impl Store {
             require_synced: options.require_synced,
             reply: Reply::new(reply),
         };
-        let request = if how.alone() {
+        let request = if how.alone {
             match self.role.commit_alone(request) {
                 Ok(()) => return Ok(()),
                 Err(request) => request,
@@ -894,7 +900,7 @@ impl Store {
         } else {
             request
         };
-        if matches!(how, Submit::Wait { .. }) {
+        if how.wait_when_full {
             sender.send(request).map_err(|e| {
                 e.into_inner().reply.disarm();
                 StoreError::Closed

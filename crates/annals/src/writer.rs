@@ -385,6 +385,13 @@ struct SyncState {
     failed: Option<String>,
 }
 
+impl SyncState {
+    /// A sync runs, or something written waits for one.
+    fn busy(&self) -> bool {
+        self.syncing || self.written > self.synced
+    }
+}
+
 impl Syncer {
     pub(crate) fn new(segment: Arc<Segment>, mark: Mark, notifier: Arc<Notifier>) -> Self {
         Syncer {
@@ -462,8 +469,7 @@ impl Syncer {
 
     /// A sync runs, or something written waits for one.
     fn busy(&self) -> bool {
-        let state = self.state.lock();
-        state.syncing || state.written > state.synced
+        self.state.lock().busy()
     }
 
     pub(crate) fn stop(&self) {
@@ -597,11 +603,7 @@ impl Syncer {
         waiters: &mut Vec<Waiter>,
     ) -> bool {
         let mut state = self.state.lock();
-        if state.failed.is_some()
-            || state.syncing
-            || state.written > state.synced
-            || mark.head <= state.written
-        {
+        if state.failed.is_some() || state.busy() || mark.head <= state.written {
             return false;
         }
         state.written = mark.head;
@@ -781,16 +783,17 @@ impl Writer {
             .map(|handle| (handle, zero_fill));
     }
 
-    /// Commits the group gathered in `self.group`.
-    fn commit_group(&mut self) {
+    /// Commits the group gathered in `self.group`; `by_caller` when a caller holding the role
+    /// commits its own append (see [`WriterRole::commit_alone`]).
+    fn commit_group(&mut self, by_caller: bool) {
         let mut group = std::mem::take(&mut self.group);
         let mut staged = std::mem::take(&mut self.staged);
-        self.commit(&mut group, &mut staged);
+        self.commit(&mut group, &mut staged, by_caller);
         self.group = group;
         self.staged = staged;
     }
 
-    fn commit(&mut self, group: &mut Vec<Request>, staged: &mut Vec<Staged>) {
+    fn commit(&mut self, group: &mut Vec<Request>, staged: &mut Vec<Staged>, by_caller: bool) {
         staged.clear();
         if let Some(error) = self.shared.poison_error() {
             for request in group.drain(..) {
@@ -833,6 +836,12 @@ impl Writer {
             return;
         }
         self.shared.counters.groups.fetch_add(1, Ordering::Relaxed);
+        if by_caller {
+            self.shared
+                .counters
+                .caller_commits
+                .fetch_add(1, Ordering::Relaxed);
+        }
         self.shared
             .counters
             .group_appends
@@ -1168,7 +1177,7 @@ impl WriterRole {
                         Err(_) => break,
                     }
                 }
-                writer.commit_group();
+                writer.commit_group(false);
             }
         }));
         let mut writer = self.writer.lock();
@@ -1206,13 +1215,9 @@ impl WriterRole {
         if !self.receiver.is_empty() {
             return Err(request);
         }
-        self.shared
-            .counters
-            .caller_commits
-            .fetch_add(1, Ordering::Relaxed);
         writer.group.push(request);
         let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            writer.commit_group();
+            writer.commit_group(true);
         }));
         if committed.is_err() {
             // The unwinding dropped the request's reply, which answered it with an error.
