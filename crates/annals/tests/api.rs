@@ -991,6 +991,84 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
     assert_eq!(stats.groups, groups + 1, "the eight went as one group");
 }
 
+/// Goal: an append of many events that arrives while a sync runs is staged and written at
+/// once, not held for that sync: its staging is worth overlapping with the sync. Method: syncs
+/// held on a simulated disk, the syncer thread in one; a 64-event append arrives meanwhile and
+/// must be staged (a group more) and written to the log while that sync still runs, then be
+/// acknowledged only after a sync of its own. Held like a small append, it fails.
+#[test]
+fn a_large_append_arriving_during_a_sync_is_staged_at_once() {
+    let io = SimIo::new(6);
+    let options = Options {
+        segment_bytes: 1 << 20,
+        ..small_options()
+    };
+    let store =
+        Arc::new(Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap());
+    let append = |n: u64| {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let event = NewEvent::new("E", format!("{n}").into_bytes()).tag("a");
+            store.append(&[event], None).unwrap()
+        })
+    };
+    io.hold_syncs();
+    // A lone append that the writer thread syncs itself, then two behind it that the syncer
+    // thread syncs as one group: the writer thread is free while that sync runs.
+    let first = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let (sender, receiver) = std::sync::mpsc::channel();
+            let event = NewEvent::new("E", b"0".to_vec()).tag("a");
+            store
+                .append_then(&[event], None, AppendOptions::default(), move |outcome| {
+                    let _ = sender.send(outcome);
+                })
+                .unwrap();
+            receiver.recv().unwrap().unwrap()
+        })
+    };
+    wait_until("the first sync", || io.syncs_waiting() == 1);
+    let pair: Vec<_> = (1..3).map(append).collect();
+    wait_until("two queued appends", || store.stats().queue_depth == 2);
+    io.let_syncs_through(1);
+    assert_eq!(first.join().unwrap(), 1);
+    wait_until("the pair's sync", || io.syncs_waiting() == 1);
+    let groups = store.stats().groups;
+    let written = store.stats().bytes_written;
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let events: Vec<NewEvent> = (0..64)
+        .map(|n| NewEvent::new("E", format!("{n}").into_bytes()).tag("b"))
+        .collect();
+    store
+        .append_then(&events, None, AppendOptions::default(), move |outcome| {
+            let _ = sender.send(outcome);
+        })
+        .unwrap();
+    wait_until("the large append staged", || {
+        store.stats().groups == groups + 1
+    });
+    assert!(
+        store.stats().bytes_written > written,
+        "written while the first sync runs"
+    );
+    assert_eq!(io.syncs_waiting(), 1, "the pair's sync still runs");
+    assert!(
+        receiver.try_recv().is_err(),
+        "nothing acknowledged before its own sync"
+    );
+    io.let_syncs_through(1);
+    for handle in pair {
+        handle.join().unwrap();
+    }
+    assert!(
+        receiver.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the large append waits for a sync that covers it"
+    );
+    io.release_syncs();
+    assert_eq!(receiver.recv().unwrap().unwrap(), 67);
+}
+
 /// Goal: a blocking caller that finds the store idle (no other caller waiting, nothing queued,
 /// no sync running) commits its append on its own thread, its fdatasync included, without a
 /// hand-over to the writer thread; an append that arrives meanwhile is queued to the writer,
