@@ -1167,7 +1167,7 @@ impl WriterRole {
                 // Large appends go at once: their staging is worth overlapping with the sync.
                 // (Held, the exchange's journal batches of 512 events had their staging fall
                 // between one sync and the next, the writer idle while the disk synced and the
-                // disk idle while the writer staged: 1.09-1.30M messages/s against 1.31-1.85M
+                // disk idle while the writer staged: 0.97-1.57M messages/s against 1.23-1.81M
                 // staged at once, in alternation.)
                 let small = first.append.event_count < HOLD_BELOW_EVENTS;
                 if hold && small && bytes < HOLD_BELOW_BYTES {
