@@ -13,7 +13,9 @@
 //! each group, and a blocking caller alone on an idle store takes it to commit its own append
 //! on its own thread (one append, one write, one fdatasync, no hand-over). Either way one
 //! holder at a time stages and writes, in the order the role was taken; the syncer thread
-//! syncs what was written, unless the holder syncs a lone group itself.
+//! syncs what was written, unless the holder syncs the group itself because there is nothing
+//! to overlap that sync with (a lone append, or a group of small appends held for the sync
+//! before; see `Writer::commit`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -508,8 +510,9 @@ impl Syncer {
     }
 
     /// Syncs through `target` (the caller has set `syncing`), then publishes (in D3) and releases
-    /// the waiters it covers: itself when `direct`, else through the notifier thread. False when
-    /// the sync failed and the store is poisoned.
+    /// the waiters it covers: itself when `direct` (unless that means waking several blocked
+    /// threads one by one), else through the notifier thread. False when the sync failed and
+    /// the store is poisoned.
     fn sync_once(
         &self,
         shared: &Arc<Shared>,
@@ -544,17 +547,17 @@ impl Syncer {
                 drop(state);
                 let publish = shared.options.durability == Durability::Synced
                     && !cfg!(feature = "canary-ack-before-fsync");
-                // With nothing more to sync yet, the syncer answers the group itself rather
-                // than hand it to the notifier (a wake-up on each side), unless that means
-                // waking blocked threads one by one: callbacks (an async caller's waker) are
-                // cheap, each blocked thread a futex wake.
-                let answer_here = !direct
-                    && !more
-                    && done
-                        .iter()
-                        .filter(|w| matches!(w.reply.0, Some(ReplyTo::Blocking(_))))
-                        .count()
-                        <= 1;
+                // The writer's inline sync, or the syncer with nothing more to sync yet,
+                // answers the group itself rather than hand it to the notifier (a wake-up on
+                // each side), unless that means waking blocked threads one by one: callbacks
+                // (an async caller's waker) are cheap, each blocked thread a futex wake.
+                let few_blocked = done
+                    .iter()
+                    .filter(|w| matches!(w.reply.0, Some(ReplyTo::Blocking(_))))
+                    .count()
+                    <= 1;
+                let answer_here = !direct && !more && few_blocked;
+                let direct = direct && few_blocked;
                 if direct || answer_here {
                     if publish {
                         shared.publish(mark);
@@ -591,9 +594,10 @@ impl Syncer {
         }
     }
 
-    /// The writer's shortcut when nothing else waits: sync on its own thread, saving the
-    /// hand-over to the syncer thread (a wake-up on each side). Only when no sync is running or
-    /// pending; otherwise returns false and leaves `waiters` to [`Syncer::written`].
+    /// The writer's shortcut when there is nothing to overlap the sync with (see
+    /// `Writer::commit`): sync on its own thread, saving the hand-over to the syncer thread (a
+    /// wake-up on each side). Only when no sync is running or pending; otherwise returns false
+    /// and leaves `waiters` to [`Syncer::written`].
     fn sync_inline(
         &self,
         shared: &Arc<Shared>,
@@ -730,6 +734,17 @@ pub(crate) struct Writer {
     staged: Vec<Staged>,
 }
 
+/// How a group came to be committed, which decides who syncs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// The writer thread took it from the queue at once.
+    Queued,
+    /// The writer thread held it for the running sync (see `WriterRole::run`).
+    Held,
+    /// A lone blocking caller commits its own append (see [`WriterRole::commit_alone`]).
+    Caller,
+}
+
 /// What happened to one request of a group.
 enum Staged {
     /// Appended, pending the group's write; the last position.
@@ -787,17 +802,16 @@ impl Writer {
             .map(|handle| (handle, zero_fill));
     }
 
-    /// Commits the group gathered in `self.group`; `by_caller` when a caller holding the role
-    /// commits its own append (see [`WriterRole::commit_alone`]).
-    fn commit_group(&mut self, by_caller: bool) {
+    /// Commits the group gathered in `self.group`.
+    fn commit_group(&mut self, origin: Origin) {
         let mut group = std::mem::take(&mut self.group);
         let mut staged = std::mem::take(&mut self.staged);
-        self.commit(&mut group, &mut staged, by_caller);
+        self.commit(&mut group, &mut staged, origin);
         self.group = group;
         self.staged = staged;
     }
 
-    fn commit(&mut self, group: &mut Vec<Request>, staged: &mut Vec<Staged>, by_caller: bool) {
+    fn commit(&mut self, group: &mut Vec<Request>, staged: &mut Vec<Staged>, origin: Origin) {
         staged.clear();
         if let Some(error) = self.shared.poison_error() {
             for request in group.drain(..) {
@@ -840,7 +854,7 @@ impl Writer {
             return;
         }
         self.shared.counters.groups.fetch_add(1, Ordering::Relaxed);
-        if by_caller {
+        if origin == Origin::Caller {
             self.shared
                 .counters
                 .caller_commits
@@ -863,7 +877,10 @@ impl Writer {
             self.shared.publish(mark);
             self.shared.maybe_checkpoint();
         }
-        let lone = group.len() == 1;
+        // A lone small append, queued with nothing behind it: nothing to overlap its sync with.
+        let lone = group.len() == 1
+            && group[0].append.event_count < HOLD_BELOW_EVENTS
+            && self.receiver.is_empty();
         let mut waiters = std::mem::take(&mut self.waiters);
         let mut answers = Answers::default();
         for (mut request, outcome) in group.drain(..).zip(staged.drain(..)) {
@@ -893,14 +910,20 @@ impl Writer {
         answers.wake();
         match &self.syncer {
             Some(syncer) => {
-                // A group of one with nobody queued behind it is a lone client: there is
-                // nothing to overlap the sync with.
-                let alone = durability == Durability::Synced
+                // The writer syncs a group itself, saving the hand-over to the syncer thread
+                // (a wake-up on each side, tens of microseconds on a virtual machine whose idle
+                // cores halt), when there is nothing to overlap the sync with: a lone caller's
+                // append, a lone small append, or a group held for the sync before (the small
+                // appends arriving during this sync would be held for it anyway). Large
+                // appends and groups behind them go to the syncer, so that the writer is free
+                // to stage the next while the disk syncs. (64 writers of one event, ten
+                // alternations: held groups synced by the syncer made a median 18.0x the raw
+                // fdatasync rate, synced by the writer 21.8x, ahead in nine of the ten.)
+                let sync_here = durability == Durability::Synced
                     && !acknowledge_now
-                    && lone
-                    && self.receiver.is_empty();
+                    && (lone || origin != Origin::Queued);
                 let bytes = self.written_bytes;
-                if alone
+                if sync_here
                     && syncer.sync_inline(&self.shared, mark, bytes, &self.segment, &mut waiters)
                 {
                     self.shared.maybe_checkpoint();
@@ -1170,11 +1193,14 @@ impl WriterRole {
                 // disk idle while the writer staged: 0.97-1.57M messages/s against 1.23-1.81M
                 // staged at once, in alternation.)
                 let small = first.append.event_count < HOLD_BELOW_EVENTS;
-                if hold && small && bytes < HOLD_BELOW_BYTES {
+                let origin = if hold && small && bytes < HOLD_BELOW_BYTES {
                     if let Some(syncer) = &self.syncer {
                         syncer.wait_for_running_sync();
                     }
-                }
+                    Origin::Held
+                } else {
+                    Origin::Queued
+                };
                 let mut writer = self.writer.lock();
                 writer.group.push(first);
                 while bytes < shared.options.group_bytes_max {
@@ -1186,7 +1212,7 @@ impl WriterRole {
                         Err(_) => break,
                     }
                 }
-                writer.commit_group(false);
+                writer.commit_group(origin);
             }
         }));
         let mut writer = self.writer.lock();
@@ -1226,7 +1252,7 @@ impl WriterRole {
         }
         writer.group.push(request);
         let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            writer.commit_group(true);
+            writer.commit_group(Origin::Caller);
         }));
         if committed.is_err() {
             // The unwinding dropped the request's reply, which answered it with an error.

@@ -928,9 +928,10 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// In D3 an append that arrives while a sync runs could not be synced before the next sync
-/// anyway: the writer holds it until the running sync ends and stages it with whatever queued
-/// behind it meanwhile, as one group (one write, one sync).
+/// In D3 a small append that arrives while a sync runs could not be synced before the next
+/// sync anyway: the writer holds it until the running sync ends and stages it with whatever
+/// queued behind it meanwhile, as one group (one write, one sync), which it then syncs itself:
+/// what arrives during that sync stays queued for the next group.
 #[test]
 fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
     let io = SimIo::new(5);
@@ -964,19 +965,19 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
         })
     };
     wait_until("the first sync", || io.syncs_waiting() == 1);
-    // Two queue behind it and, once it ends, go as one group that the syncer syncs.
+    // Two queue behind it and, once it ends, go as one group.
     let pair: Vec<_> = (1..3).map(append).collect();
     wait_until("two queued appends", || store.stats().queue_depth == 2);
     io.let_syncs_through(1);
     assert_eq!(first.join().unwrap(), 1);
     wait_until("the pair's sync", || io.syncs_waiting() == 1);
     let groups = store.stats().groups;
-    // Eight arrive while the pair's sync runs: the writer takes the first and holds it, the
-    // other seven stay queued (a writer that staged each at once would leave none queued).
+    assert_eq!(groups, 2, "the pair went as one group");
+    // Eight arrive while the pair's sync runs: all stay queued (a writer that staged each at
+    // once would leave none queued; one that left the pair's sync to the syncer would take
+    // the first and hold it).
     let later: Vec<_> = (3..11).map(append).collect();
-    wait_until("one held and seven queued", || {
-        store.stats().queue_depth == 7
-    });
+    wait_until("eight queued", || store.stats().queue_depth == 8);
     assert_eq!(
         store.stats().groups,
         groups,
@@ -991,11 +992,13 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
     assert_eq!(stats.groups, groups + 1, "the eight went as one group");
 }
 
-/// Goal: an append of many events that arrives while a sync runs is staged and written at
-/// once, not held for that sync: its staging is worth overlapping with the sync. Method: syncs
-/// held on a simulated disk, the syncer thread in one; a 64-event append arrives meanwhile and
-/// must be staged (a group more) and written to the log while that sync still runs, then be
-/// acknowledged only after a sync of its own. Held like a small append, it fails.
+/// Goal: an append of many events is synced by the syncer thread, and one that arrives while
+/// that sync runs is staged and written at once, not held for the sync: staging it is worth
+/// overlapping with the sync. Method: syncs held on a simulated disk; a lone 64-event append
+/// (from a callback, so the writer thread commits it) must leave the writer thread free while
+/// its sync runs; a second arrives meanwhile and must be staged (a group more) and written to
+/// the log while that sync still runs, then be acknowledged only after a sync of its own. Held
+/// like a small append, or synced by the writer itself, it fails.
 #[test]
 fn a_large_append_arriving_during_a_sync_is_staged_at_once() {
     let io = SimIo::new(6);
@@ -1005,68 +1008,42 @@ fn a_large_append_arriving_during_a_sync_is_staged_at_once() {
     };
     let store =
         Arc::new(Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap());
-    let append = |n: u64| {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            let event = NewEvent::new("E", format!("{n}").into_bytes()).tag("a");
-            store.append(&[event], None).unwrap()
-        })
+    let append_large = |tag: &str| {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let events: Vec<NewEvent> = (0..64)
+            .map(|n| NewEvent::new("E", format!("{n}").into_bytes()).tag(tag))
+            .collect();
+        store
+            .append_then(&events, None, AppendOptions::default(), move |outcome| {
+                let _ = sender.send(outcome);
+            })
+            .unwrap();
+        receiver
     };
     io.hold_syncs();
-    // A lone append that the writer thread syncs itself, then two behind it that the syncer
-    // thread syncs as one group: the writer thread is free while that sync runs.
-    let first = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            let (sender, receiver) = std::sync::mpsc::channel();
-            let event = NewEvent::new("E", b"0".to_vec()).tag("a");
-            store
-                .append_then(&[event], None, AppendOptions::default(), move |outcome| {
-                    let _ = sender.send(outcome);
-                })
-                .unwrap();
-            receiver.recv().unwrap().unwrap()
-        })
-    };
+    let first = append_large("a");
     wait_until("the first sync", || io.syncs_waiting() == 1);
-    let pair: Vec<_> = (1..3).map(append).collect();
-    wait_until("two queued appends", || store.stats().queue_depth == 2);
-    io.let_syncs_through(1);
-    assert_eq!(first.join().unwrap(), 1);
-    wait_until("the pair's sync", || io.syncs_waiting() == 1);
-    let groups = store.stats().groups;
+    assert_eq!(store.stats().groups, 1);
     let written = store.stats().bytes_written;
-    let (sender, receiver) = std::sync::mpsc::channel();
-    let events: Vec<NewEvent> = (0..64)
-        .map(|n| NewEvent::new("E", format!("{n}").into_bytes()).tag("b"))
-        .collect();
-    store
-        .append_then(&events, None, AppendOptions::default(), move |outcome| {
-            let _ = sender.send(outcome);
-        })
-        .unwrap();
-    wait_until("the large append staged", || {
-        store.stats().groups == groups + 1
-    });
+    let second = append_large("b");
+    wait_until("the second append staged", || store.stats().groups == 2);
     assert!(
         store.stats().bytes_written > written,
         "written while the first sync runs"
     );
-    assert_eq!(io.syncs_waiting(), 1, "the pair's sync still runs");
+    assert_eq!(io.syncs_waiting(), 1, "the first sync still runs");
     assert!(
-        receiver.try_recv().is_err(),
-        "nothing acknowledged before its own sync"
+        first.try_recv().is_err() && second.try_recv().is_err(),
+        "nothing acknowledged before its sync"
     );
     io.let_syncs_through(1);
-    for handle in pair {
-        handle.join().unwrap();
-    }
+    assert_eq!(first.recv().unwrap().unwrap(), 64);
     assert!(
-        receiver.recv_timeout(Duration::from_millis(200)).is_err(),
-        "the large append waits for a sync that covers it"
+        second.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the second append waits for a sync that covers it"
     );
     io.release_syncs();
-    assert_eq!(receiver.recv().unwrap().unwrap(), 67);
+    assert_eq!(second.recv().unwrap().unwrap(), 128);
 }
 
 /// Goal: a blocking caller that finds the store idle (no other caller waiting, nothing queued,
