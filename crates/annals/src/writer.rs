@@ -556,9 +556,7 @@ impl Syncer {
                     .filter(|w| matches!(w.reply.0, Some(ReplyTo::Blocking(_))))
                     .count()
                     <= 1;
-                let answer_here = !direct && !more && few_blocked;
-                let direct = direct && few_blocked;
-                if direct || answer_here {
+                if few_blocked && (direct || !more) {
                     if publish {
                         shared.publish(mark);
                     }
@@ -567,7 +565,8 @@ impl Syncer {
                         answers.send(w.reply, w.outcome);
                     }
                     answers.wake();
-                    if answer_here {
+                    // The writer checks after its inline sync.
+                    if !direct {
                         shared.maybe_checkpoint();
                     }
                 } else if publish || !done.is_empty() {
@@ -700,12 +699,18 @@ fn record_synced_length(shared: &Shared, mark: Mark) -> Result<(), StoreError> {
         .map_err(|e| StoreError::io("record synced length", &path, 0, e))
 }
 
-/// A first append of fewer events than this, and smaller than [`HOLD_BELOW_BYTES`], waits for
-/// the running sync before the writer stages it (see `WriterRole::run`). Staging costs the
-/// writer about half a microsecond per event, so an append this small stages in a tenth of a
-/// fdatasync or less: nothing worth overlapping with the sync.
-const HOLD_BELOW_EVENTS: u32 = 32;
-const HOLD_BELOW_BYTES: usize = 16 << 10;
+/// An append of fewer events than this and smaller than [`SMALL_BELOW_BYTES`] is small (see
+/// [`is_small`]).
+const SMALL_BELOW_EVENTS: u32 = 32;
+const SMALL_BELOW_BYTES: usize = 16 << 10;
+
+/// Whether staging `append` is too little work to overlap with a sync: it costs the writer
+/// about half a microsecond per event, so a small append stages in a tenth of a fdatasync or
+/// less. In D3 a small first append waits for the running sync (see `WriterRole::run`), and a
+/// lone small append is synced by the writer itself (see `Writer::commit`).
+fn is_small(append: &EncodedAppend) -> bool {
+    append.event_count < SMALL_BELOW_EVENTS && append.body.len() < SMALL_BELOW_BYTES
+}
 
 pub(crate) struct Writer {
     shared: Arc<Shared>,
@@ -878,9 +883,7 @@ impl Writer {
             self.shared.maybe_checkpoint();
         }
         // A lone small append, queued with nothing behind it: nothing to overlap its sync with.
-        let lone = group.len() == 1
-            && group[0].append.event_count < HOLD_BELOW_EVENTS
-            && self.receiver.is_empty();
+        let lone = group.len() == 1 && is_small(&group[0].append) && self.receiver.is_empty();
         let mut waiters = std::mem::take(&mut self.waiters);
         let mut answers = Answers::default();
         for (mut request, outcome) in group.drain(..).zip(staged.drain(..)) {
@@ -1192,8 +1195,7 @@ impl WriterRole {
                 // between one sync and the next, the writer idle while the disk synced and the
                 // disk idle while the writer staged: 0.97-1.57M messages/s against 1.23-1.81M
                 // staged at once, in alternation.)
-                let small = first.append.event_count < HOLD_BELOW_EVENTS;
-                let origin = if hold && small && bytes < HOLD_BELOW_BYTES {
+                let origin = if hold && is_small(&first.append) {
                     if let Some(syncer) = &self.syncer {
                         syncer.wait_for_running_sync();
                     }
@@ -1234,8 +1236,8 @@ impl WriterRole {
     }
 
     /// Commits `request` on the calling thread, a blocking caller that is the only one waiting
-    /// on the store (see [`Waiting::alone`]), when the store is idle: nothing is queued, no sync runs or waits to run, and the role
-    /// is free. The request then takes the writer thread's path (the lone group's inline sync
+    /// on the store (see [`Waiting::alone`]), when the store is idle: nothing is queued, no
+    /// sync runs or waits to run, and the role is free. The request then takes the writer thread's path (the lone group's inline sync
     /// included) without being handed to the writer and back: a wake-up of a sleeping thread,
     /// tens of microseconds on a virtual machine whose idle cores halt, against a 100 us
     /// fdatasync. Otherwise hands the request back, to be queued.

@@ -45,6 +45,33 @@ fn hold_writer(store: &Store) -> std::sync::mpsc::Sender<()> {
     release
 }
 
+/// Appends `events` through a callback, so that the writer thread commits them (a blocking
+/// caller alone on an idle store would commit on its own thread); the receiver gets the outcome.
+fn append_via_writer(
+    store: &Store,
+    events: &[NewEvent],
+) -> std::sync::mpsc::Receiver<Result<u64, AppendError>> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    store
+        .append_then(events, None, AppendOptions::default(), move |outcome| {
+            let _ = sender.send(outcome);
+        })
+        .unwrap();
+    receiver
+}
+
+/// A D3 store with 1 MiB segments on a simulated disk, returned with the disk so that a test
+/// can hold its syncs.
+fn store_on_held_disk(seed: u64) -> (SimIo, Arc<Store>) {
+    let io = SimIo::new(seed);
+    let options = Options {
+        segment_bytes: 1 << 20,
+        ..small_options()
+    };
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap();
+    (io, Arc::new(store))
+}
+
 fn rejects(store: &Store, events: &[NewEvent], check: impl Fn(&InputError) -> bool) {
     let head = store.head();
     match store.append(events, None) {
@@ -934,13 +961,7 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
 /// what arrives during that sync stays queued for the next group.
 #[test]
 fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
-    let io = SimIo::new(5);
-    let options = Options {
-        segment_bytes: 1 << 20,
-        ..small_options()
-    };
-    let store =
-        Arc::new(Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap());
+    let (io, store) = store_on_held_disk(5);
     let append = |n: u64| {
         let store = store.clone();
         std::thread::spawn(move || {
@@ -951,25 +972,13 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
     io.hold_syncs();
     // A lone append handed to the writer (a blocking caller alone would commit it on its own
     // thread): the writer syncs it itself, and stops in that sync.
-    let first = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            let (sender, receiver) = std::sync::mpsc::channel();
-            let event = NewEvent::new("E", b"0".to_vec()).tag("a");
-            store
-                .append_then(&[event], None, AppendOptions::default(), move |outcome| {
-                    let _ = sender.send(outcome);
-                })
-                .unwrap();
-            receiver.recv().unwrap().unwrap()
-        })
-    };
+    let first = append_via_writer(&store, &[NewEvent::new("E", b"0".to_vec()).tag("a")]);
     wait_until("the first sync", || io.syncs_waiting() == 1);
     // Two queue behind it and, once it ends, go as one group.
     let pair: Vec<_> = (1..3).map(append).collect();
     wait_until("two queued appends", || store.stats().queue_depth == 2);
     io.let_syncs_through(1);
-    assert_eq!(first.join().unwrap(), 1);
+    assert_eq!(first.recv().unwrap().unwrap(), 1);
     wait_until("the pair's sync", || io.syncs_waiting() == 1);
     let groups = store.stats().groups;
     assert_eq!(groups, 2, "the pair went as one group");
@@ -1001,24 +1010,12 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
 /// like a small append, or synced by the writer itself, it fails.
 #[test]
 fn a_large_append_arriving_during_a_sync_is_staged_at_once() {
-    let io = SimIo::new(6);
-    let options = Options {
-        segment_bytes: 1 << 20,
-        ..small_options()
-    };
-    let store =
-        Arc::new(Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap());
+    let (io, store) = store_on_held_disk(6);
     let append_large = |tag: &str| {
-        let (sender, receiver) = std::sync::mpsc::channel();
         let events: Vec<NewEvent> = (0..64)
             .map(|n| NewEvent::new("E", format!("{n}").into_bytes()).tag(tag))
             .collect();
-        store
-            .append_then(&events, None, AppendOptions::default(), move |outcome| {
-                let _ = sender.send(outcome);
-            })
-            .unwrap();
-        receiver
+        append_via_writer(&store, &events)
     };
     io.hold_syncs();
     let first = append_large("a");
@@ -1103,12 +1100,7 @@ fn a_lone_blocking_caller_commits_on_its_own_thread() {
     store.append(&[event()], None).unwrap();
     assert_eq!(store.stats().caller_commits, 2);
     // A callback's append and an async caller's go to the writer thread.
-    let (sender, receiver) = std::sync::mpsc::channel();
-    store
-        .append_then(&[event()], None, AppendOptions::default(), move |outcome| {
-            let _ = sender.send(outcome);
-        })
-        .unwrap();
+    let receiver = append_via_writer(&store, &[event()]);
     assert_eq!(receiver.recv().unwrap().unwrap(), 4);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
