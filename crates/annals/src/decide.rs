@@ -59,10 +59,11 @@ pub trait Project {
     /// Where a decision starts: returns the state to fold into and pushes, for each part of
     /// the projection (itself, or each member of a tuple in order), its query and the position
     /// through which that state already holds the query's events. By default the initial state,
-    /// holding nothing; a [`Cached`] projection starts from the state its cache kept.
-    fn start(&self, parts: &mut Vec<Part>) -> Self::State {
+    /// holding nothing; a [`Cached`] projection starts from the state its cache kept. A
+    /// projection that holds its query lends it rather than copy it.
+    fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> Self::State {
         parts.push(Part {
-            query: self.query(),
+            query: Cow::Owned(self.query()),
             folded: 0,
         });
         self.initial()
@@ -75,7 +76,7 @@ pub trait Project {
 
     /// Folds one event into the parts that match it and have not folded it yet; `parts` are
     /// this projection's entries of what [`Project::start`] pushed.
-    fn apply_part(&self, state: &mut Self::State, event: &Event, parts: &[Part]) {
+    fn apply_part(&self, state: &mut Self::State, event: &Event, parts: &[Part<'_>]) {
         if parts.first().is_none_or(|p| event.position() > p.folded) {
             self.apply(state, event);
         }
@@ -88,8 +89,8 @@ pub trait Project {
 /// One part of a decision (see [`Project::start`]): a query, and the position through which the
 /// state the decision starts from already holds its events (0: none of them).
 #[derive(Debug, Clone)]
-pub struct Part {
-    pub query: Query,
+pub struct Part<'a> {
+    pub query: Cow<'a, Query>,
     pub folded: u64,
 }
 
@@ -141,6 +142,14 @@ impl<S: Clone, F: Fn(&mut S, &Event)> Project for Projection<S, F> {
 
     fn only_last(&self) -> bool {
         self.only_last
+    }
+
+    fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> S {
+        parts.push(Part {
+            query: Cow::Borrowed(&self.query),
+            folded: 0,
+        });
+        self.initial.clone()
     }
 }
 
@@ -253,13 +262,13 @@ where
         self.inner.only_last()
     }
 
-    fn start(&self, parts: &mut Vec<Part>) -> P::State {
+    fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> P::State {
         let (folded, state) = match self.cache.get(&self.query) {
             Some(kept) => kept,
             None => (0, self.inner.initial()),
         };
         parts.push(Part {
-            query: self.query.clone(),
+            query: Cow::Borrowed(&self.query),
             folded,
         });
         state
@@ -286,16 +295,26 @@ fn union(queries: &[Query]) -> Query {
 }
 
 /// The union of the parts' queries, and for each of its items the position after which the
-/// read must start for it: the lowest `folded` among the parts that hold the item. The parts'
-/// queries are moved into it (a decision needs only their `folded` afterwards).
-fn union_of_parts(parts: &mut [Part]) -> (Query, Vec<u64>) {
+/// read must start for it: the lowest `folded` among the parts that hold the item. Owned
+/// queries are moved into it, lent ones copied (a decision needs only the parts' `folded`
+/// afterwards).
+fn union_of_parts(parts: &mut [Part<'_>]) -> (Query, Vec<u64>) {
     if parts.iter().any(|p| p.query.matches_all()) {
         return (Query::all(), Vec::new());
     }
     let mut union = Union::default();
     for part in parts.iter_mut() {
-        for item in std::mem::take(&mut part.query.items) {
-            union.add(Cow::Owned(item), part.folded);
+        match &mut part.query {
+            Cow::Owned(query) => {
+                for item in std::mem::take(&mut query.items) {
+                    union.add(Cow::Owned(item), part.folded);
+                }
+            }
+            Cow::Borrowed(query) => {
+                for item in &query.items {
+                    union.add(Cow::Borrowed(item), part.folded);
+                }
+            }
         }
     }
     (union.query, union.afters)
@@ -338,7 +357,7 @@ macro_rules! tuple_project {
                 $(self.$index.apply(&mut state.$index, event);)+
             }
 
-            fn start(&self, parts: &mut Vec<Part>) -> Self::State {
+            fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> Self::State {
                 ($(self.$index.start(parts),)+)
             }
 
@@ -347,7 +366,7 @@ macro_rules! tuple_project {
             }
 
             #[allow(unused_assignments)]
-            fn apply_part(&self, state: &mut Self::State, event: &Event, parts: &[Part]) {
+            fn apply_part(&self, state: &mut Self::State, event: &Event, parts: &[Part<'_>]) {
                 let mut rest = parts;
                 $(
                     let (mine, others) = rest.split_at(self.$index.parts().min(rest.len()));

@@ -873,9 +873,9 @@ impl Store {
             // writer, so two racing appends can both pass.
             Some(c) => {
                 let index = self.shared.index.read();
-                let resolved = index.resolve(&c.fail_if_events_match);
                 let head = self.shared.head();
-                if let Some(p) = index.first_match_after(&resolved, c.after.unwrap_or(0)) {
+                let query = &c.fail_if_events_match;
+                if let Some(p) = index.first_query_match_after(query, c.after.unwrap_or(0)) {
                     if p <= head {
                         return Err(AppendError::ConditionFailed { position: p });
                     }

@@ -982,9 +982,8 @@ impl Writer {
             }
         }
         if let Some(condition) = &request.condition {
-            let resolved = index.resolve(&condition.fail_if_events_match);
-            if let Some(position) = index.first_match_after(&resolved, condition.after.unwrap_or(0))
-            {
+            let (query, after) = (&condition.fail_if_events_match, condition.after);
+            if let Some(position) = index.first_query_match_after(query, after.unwrap_or(0)) {
                 counters.conditions_failed.fetch_add(1, Ordering::Relaxed);
                 return Staged::Done(Err(AppendError::ConditionFailed { position }));
             }
