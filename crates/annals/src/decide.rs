@@ -47,6 +47,13 @@ pub trait Project {
     type State;
     /// The events this projection needs (for a tuple, the union of its members' queries).
     fn query(&self) -> Query;
+
+    /// The query, lent, when the projection holds it (a [`Projection`] does): a decision then
+    /// uses it without copying it. Either always `Some` (and equal to [`Project::query`]) or
+    /// always `None`.
+    fn query_ref(&self) -> Option<&Query> {
+        None
+    }
     fn initial(&self) -> Self::State;
     /// Folds one event in; for a tuple, only into the members whose query it matches.
     fn apply(&self, state: &mut Self::State, event: &Event);
@@ -130,6 +137,10 @@ impl<S: Clone, F: Fn(&mut S, &Event)> Project for Projection<S, F> {
         self.query.clone()
     }
 
+    fn query_ref(&self) -> Option<&Query> {
+        Some(&self.query)
+    }
+
     fn initial(&self) -> S {
         self.initial.clone()
     }
@@ -181,8 +192,13 @@ impl<S: Clone> StateCache<S> {
 
     /// `projection`, started from and remembered in this cache.
     pub fn cached<P: Project<State = S>>(&self, projection: P) -> Cached<'_, P> {
+        // The key: the projection's own query when it lends it.
+        let query = match projection.query_ref() {
+            Some(_) => None,
+            None => Some(projection.query()),
+        };
         Cached {
-            query: projection.query(),
+            query,
             inner: projection,
             cache: self,
         }
@@ -235,8 +251,21 @@ impl<S: Clone> StateCache<S> {
 /// A projection whose states are kept in a [`StateCache`].
 pub struct Cached<'c, P: Project> {
     inner: P,
-    query: Query,
+    /// The query, when `inner` does not lend its own.
+    query: Option<Query>,
     cache: &'c StateCache<P::State>,
+}
+
+impl<P: Project> Cached<'_, P> {
+    fn key(&self) -> &Query {
+        match &self.query {
+            Some(query) => query,
+            None => self
+                .inner
+                .query_ref()
+                .expect("a projection lends its query"),
+        }
+    }
 }
 
 impl<P> Project for Cached<'_, P>
@@ -247,7 +276,11 @@ where
     type State = P::State;
 
     fn query(&self) -> Query {
-        self.query.clone()
+        self.key().clone()
+    }
+
+    fn query_ref(&self) -> Option<&Query> {
+        Some(self.key())
     }
 
     fn initial(&self) -> P::State {
@@ -263,19 +296,20 @@ where
     }
 
     fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> P::State {
-        let (folded, state) = match self.cache.get(&self.query) {
+        let key = self.key();
+        let (folded, state) = match self.cache.get(key) {
             Some(kept) => kept,
             None => (0, self.inner.initial()),
         };
         parts.push(Part {
-            query: Cow::Borrowed(&self.query),
+            query: Cow::Borrowed(key),
             folded,
         });
         state
     }
 
     fn built(&self, state: &P::State, head: u64) {
-        self.cache.put(&self.query, head, state);
+        self.cache.put(self.key(), head, state);
     }
 }
 

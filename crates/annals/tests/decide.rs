@@ -305,6 +305,33 @@ fn a_kept_state_is_read_on_from_where_it_was_built() {
     assert_eq!(third.condition, full.condition);
 }
 
+/// Goal: a projection that does not lend its query (a tuple) is kept by its union query, and
+/// read on from where its state was built, as a lone projection is. Method: a cached pair of
+/// courses decided twice with a subscription to one of them in between, against a full read.
+#[test]
+fn a_kept_tuple_state_is_read_on_from_where_it_was_built() {
+    let store = Store::open_in_memory(Options::default()).unwrap();
+    for c in ["1", "2"] {
+        course_subscriptions::define_course(&store, c, 10).unwrap();
+    }
+    subscribe_with(&store, "1", "s0", Retry::default()).unwrap();
+    let cache = annals::decide::StateCache::new(4);
+    let pair = || cache.cached((course("1"), course("2")));
+    let first = store.decide(&pair()).unwrap();
+    assert_eq!(first.events_read, 3, "two definitions and a subscription");
+    assert_eq!(cache.len(), 1);
+    subscribe_with(&store, "2", "s1", Retry::default()).unwrap();
+    let second = store.decide(&pair()).unwrap();
+    assert_eq!(second.events_read, 1, "only the new subscription");
+    let full = store.decide(&(course("1"), course("2"))).unwrap();
+    assert_eq!(second.state, full.state);
+    assert_eq!(
+        (second.state.0.subscribed, second.state.1.subscribed),
+        (1, 1)
+    );
+    assert_eq!(second.condition, full.condition);
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
 
