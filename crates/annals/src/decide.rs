@@ -66,13 +66,14 @@ pub trait Project {
     /// Where a decision starts: returns the state to fold into and pushes, for each part of
     /// the projection (itself, or each member of a tuple in order), its query and the position
     /// through which that state already holds the query's events. By default the initial state,
-    /// holding nothing; a [`Cached`] projection starts from the state its cache kept. A
-    /// projection that holds its query lends it rather than copy it.
+    /// holding nothing; a [`Cached`] projection starts from the state its cache kept. The
+    /// query is lent when the projection lends it ([`Project::query_ref`]), else copied.
     fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> Self::State {
-        parts.push(Part {
-            query: Cow::Owned(self.query()),
-            folded: 0,
-        });
+        let query = match self.query_ref() {
+            Some(query) => Cow::Borrowed(query),
+            None => Cow::Owned(self.query()),
+        };
+        parts.push(Part { query, folded: 0 });
         self.initial()
     }
 
@@ -153,14 +154,6 @@ impl<S: Clone, F: Fn(&mut S, &Event)> Project for Projection<S, F> {
 
     fn only_last(&self) -> bool {
         self.only_last
-    }
-
-    fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> S {
-        parts.push(Part {
-            query: Cow::Borrowed(&self.query),
-            folded: 0,
-        });
-        self.initial.clone()
     }
 }
 

@@ -327,10 +327,6 @@ impl Ids {
         }
     }
 
-    fn first(&self) -> Option<&u32> {
-        self.as_slice().first()
-    }
-
     /// Sorts by `key` and drops repeated ids (equal ids have equal keys, so they end up side
     /// by side).
     fn sort_dedup_by_key(&mut self, key: impl Fn(u32) -> (usize, u32)) {
@@ -793,7 +789,7 @@ impl Index {
                 }
             }
             // Only unknown types: nothing can match.
-            ids.first()?;
+            ids.as_slice().first()?;
             ids.sort_dedup_by_key(|id| (0, id));
             Some(ids)
         };
@@ -919,12 +915,7 @@ impl Index {
         }
         if let Some((&driver, rest)) = item.tags.as_slice().split_first() {
             let list = &self.tag_postings[driver as usize];
-            return self.walk(list, window, max, out, |p| {
-                self.type_matches(item, p)
-                    && rest
-                        .iter()
-                        .all(|&t| self.tag_postings[t as usize].binary_search(&p).is_ok())
-            });
+            return self.walk(list, window, max, out, |p| self.holds(item, rest, p));
         }
         match &item.types {
             Some(types) => {
@@ -943,6 +934,17 @@ impl Index {
             // An item with no types and no tags is resolved as `All` before we get here.
             None => None,
         }
+    }
+
+    /// Whether the event at `position`, found in the item's driving tag list, matches the
+    /// item: one of its types, and the `rest` of its tags.
+    fn holds(&self, item: &ResolvedItem, rest: &[u32], position: u64) -> bool {
+        self.type_matches(item, position)
+            && rest.iter().all(|&t| {
+                self.tag_postings[t as usize]
+                    .binary_search(&position)
+                    .is_ok()
+            })
     }
 
     fn type_matches(&self, item: &ResolvedItem, position: u64) -> bool {
@@ -1028,12 +1030,7 @@ impl Index {
                 .iter()
                 .copied()
                 .take_while(|&p| p <= end)
-                .find(|&p| {
-                    self.type_matches(item, p)
-                        && rest
-                            .iter()
-                            .all(|&t| self.tag_postings[t as usize].binary_search(&p).is_ok())
-                });
+                .find(|&p| self.holds(item, rest, p));
         }
         item.types
             .as_ref()?
