@@ -22,12 +22,34 @@ fn large(size: usize) -> bool {
     size >= LARGE
 }
 
+/// Asks the kernel to back the whole 2 MiB pages inside a large block with huge pages. The
+/// index's big arrays (posting-list headers, the per-event arrays, the tag-id cache) are read
+/// at random; on 4 KiB pages most such reads also miss the TLB, and on a virtual machine a
+/// TLB miss walks two page tables. Where transparent huge pages are off, or on for every
+/// mapping already, this changes nothing.
+fn advise_huge(ptr: *mut u8, size: usize) {
+    const HUGE: usize = 2 << 20;
+    let start = (ptr as usize).next_multiple_of(HUGE);
+    let end = (ptr as usize + size) & !(HUGE - 1);
+    if end > start {
+        // SAFETY: the range lies inside a block the system allocator just handed out; the
+        // advice changes how it is backed, never its contents or permissions.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
 // SAFETY: every block is freed or resized by the allocator that made it: which one is decided
 // by the block's size alone, and `realloc` moves a block across when its size crosses `LARGE`.
 unsafe impl GlobalAlloc for Split {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if large(layout.size()) {
-            System.alloc(layout)
+            let block = System.alloc(layout);
+            if !block.is_null() {
+                advise_huge(block, layout.size());
+            }
+            block
         } else {
             mimalloc::MiMalloc.alloc(layout)
         }
@@ -35,7 +57,11 @@ unsafe impl GlobalAlloc for Split {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if large(layout.size()) {
-            System.alloc_zeroed(layout)
+            let block = System.alloc_zeroed(layout);
+            if !block.is_null() {
+                advise_huge(block, layout.size());
+            }
+            block
         } else {
             mimalloc::MiMalloc.alloc_zeroed(layout)
         }
@@ -51,7 +77,13 @@ unsafe impl GlobalAlloc for Split {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         match (large(layout.size()), large(new_size)) {
-            (true, true) => System.realloc(ptr, layout, new_size),
+            (true, true) => {
+                let block = System.realloc(ptr, layout, new_size);
+                if !block.is_null() && new_size > layout.size() {
+                    advise_huge(block, new_size);
+                }
+                block
+            }
             (false, false) => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
             _ => {
                 // SAFETY: the caller guarantees `new_size` with the old alignment is a valid

@@ -108,6 +108,21 @@ impl Mode {
 }
 
 /// The async runtime's threads: as asked, else one per core.
+/// CPU time the whole process has used so far (every thread, user and system), in
+/// microseconds.
+pub(crate) fn process_cpu_us() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill; the clock id is a constant.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) } == 0;
+    if !ok {
+        return 0;
+    }
+    now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
+}
+
 pub(crate) fn runtime_threads(asked: Option<usize>) -> usize {
     asked
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -802,4 +817,40 @@ fn recover(args: RecoverArgs) -> Result<Value, String> {
         "index_bytes_per_event": stats.index_bytes_per_event,
         "segments": stats.segments,
     }))
+}
+
+/// CPU time of each thread so far, in clock ticks: (thread id, name, user, system).
+pub(crate) fn thread_times() -> Vec<(String, String, u64, u64)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut times = Vec::new();
+    for task in tasks.flatten() {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat.split_whitespace().collect();
+        if fields.len() > 14 {
+            times.push((
+                task.file_name().to_string_lossy().into_owned(),
+                fields[1].to_string(),
+                fields[13].parse().unwrap_or(0),
+                fields[14].parse().unwrap_or(0),
+            ));
+        }
+    }
+    times
+}
+
+/// Prints the CPU each thread spent since `before` (ANNALS_BENCH_THREADS set).
+pub(crate) fn print_thread_times(before: &[(String, String, u64, u64)]) {
+    for (id, name, user, system) in thread_times() {
+        let (u0, s0) = before
+            .iter()
+            .find(|(i, ..)| *i == id)
+            .map_or((0, 0), |&(_, _, u, s)| (u, s));
+        eprintln!(
+            "thread {name} user {} system {} (clock ticks during the timed run)",
+            user - u0,
+            system - s0
+        );
+    }
 }

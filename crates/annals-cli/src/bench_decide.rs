@@ -78,6 +78,8 @@ struct RunOutcome {
     groups: u64,
     /// Microseconds spent in fdatasync during the run.
     fsync_us: u64,
+    /// CPU time of the whole process during the run, in microseconds.
+    cpu_us: u64,
     seconds: f64,
 }
 
@@ -99,10 +101,17 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
     let before = store.stats();
     let tally = Arc::new(Tally::new()?);
     let cache = Arc::new(course_subscriptions::CourseCache::new(args.state_cache));
+    let cpu_before = crate::bench::process_cpu_us();
+    let threads_before =
+        std::env::var_os("ANNALS_BENCH_THREADS").map(|_| crate::bench::thread_times());
     let seconds = match args.mode {
         Mode::Threads => run_threads(args, &store, &cache, &course_ids, &tally)?,
         Mode::Tasks => run_tasks(args, &store, &cache, &course_ids, &tally)?,
     };
+    let cpu_us = crate::bench::process_cpu_us().saturating_sub(cpu_before);
+    if let Some(before) = &threads_before {
+        crate::bench::print_thread_times(before);
+    }
     let after = store.stats();
     let fsyncs = after.fsyncs - before.fsyncs;
     let fsync_us = after.fsync_us.sum - before.fsync_us.sum;
@@ -123,6 +132,7 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
         fsyncs,
         groups: after.groups - before.groups,
         fsync_us,
+        cpu_us,
         seconds,
     })
 }
@@ -339,6 +349,10 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
         "appends_per_write": tenths(m.accepted, m.groups),
         "fsync_us_mean": m.fsync_us.checked_div(m.fsyncs).unwrap_or(0),
         "disk_busy": ((m.fsync_us as f64 / 1e6 / m.seconds) * 100.0).round() / 100.0,
+        // The whole process (clients, writer, runtime) per decision, attempts included: a
+        // steadier figure than the rate on a shared machine, and what 64 clients are bound by.
+        "cpu_us_per_decision": tenths(m.cpu_us, m.accepted + m.rejected),
+        "cpu_cores_busy": ((m.cpu_us as f64 / 1e6 / m.seconds) * 100.0).round() / 100.0,
         "decisions_per_fsync": tenths(m.accepted, m.fsyncs),
         "fsync_floor_per_sec": floor.round(),
         "fsync_floor_before_after": [floor_before.round(), floor_after.round()],

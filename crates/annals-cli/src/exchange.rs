@@ -253,7 +253,7 @@ fn pass(
     let mut matcher_ns = histogram();
     let (mut places, mut trades, mut trading_messages) = (0, 0, 0);
     let interval_ns = rate.map(|r| 1e9 / r);
-    let cpu_before = std::env::var_os("ANNALS_BENCH_THREADS").map(|_| thread_times());
+    let cpu_before = std::env::var_os("ANNALS_BENCH_THREADS").map(|_| crate::bench::thread_times());
     let started = Instant::now();
     let base_ns = clock.now_ns();
     // As fast as possible, one clock read per message: a message's latency is the time from
@@ -318,7 +318,7 @@ fn pass(
     sequencer.sync().map_err(|e| e.to_string())?;
     let seconds = started.elapsed().as_secs_f64();
     if let Some(before) = &cpu_before {
-        print_thread_times(before);
+        crate::bench::print_thread_times(before);
     }
     if failures.load(Ordering::Relaxed) > 0 {
         return Err("the journal failed during the run".into());
@@ -593,41 +593,4 @@ fn compare_seed(args: &BenchArgs) -> Result<Value, String> {
                  per-order latency",
         "rows": rows,
     }))
-}
-
-/// Diagnostics: CPU time of each thread of the process so far (Linux).
-/// CPU time of each thread so far, in clock ticks: (thread id, name, user, system).
-fn thread_times() -> Vec<(String, String, u64, u64)> {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    let mut times = Vec::new();
-    for task in tasks.flatten() {
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        let fields: Vec<&str> = stat.split_whitespace().collect();
-        if fields.len() > 14 {
-            times.push((
-                task.file_name().to_string_lossy().into_owned(),
-                fields[1].to_string(),
-                fields[13].parse().unwrap_or(0),
-                fields[14].parse().unwrap_or(0),
-            ));
-        }
-    }
-    times
-}
-
-/// Prints the CPU each thread spent since `before` (ANNALS_BENCH_THREADS set).
-fn print_thread_times(before: &[(String, String, u64, u64)]) {
-    for (id, name, user, system) in thread_times() {
-        let (u0, s0) = before
-            .iter()
-            .find(|(i, ..)| *i == id)
-            .map_or((0, 0), |&(_, _, u, s)| (u, s));
-        eprintln!(
-            "thread {name} user {} system {} (clock ticks during the timed run)",
-            user - u0,
-            system - s0
-        );
-    }
 }

@@ -563,7 +563,11 @@ impl Index {
             .next_power_of_two()
             .clamp(TAG_CACHE_SLOTS_MIN, TAG_CACHE_SLOTS_MAX);
         if slots > self.tag_cache.len() {
-            self.tag_cache = vec![EMPTY_TAG; slots];
+            // Looked up at random for every tag of every event: on 4 KiB pages nearly every
+            // lookup of a large cache would also miss the TLB.
+            let mut cache = huge_vec(slots);
+            cache.resize(slots, EMPTY_TAG);
+            self.tag_cache = cache;
         }
     }
 
