@@ -28,16 +28,21 @@ fn large(size: usize) -> bool {
 /// TLB miss walks two page tables. Where transparent huge pages are off, or on for every
 /// mapping already, this changes nothing.
 fn advise_huge(ptr: *mut u8, size: usize) {
-    const HUGE: usize = 2 << 20;
-    let start = (ptr as usize).next_multiple_of(HUGE);
-    let end = (ptr as usize + size) & !(HUGE - 1);
-    if end > start {
+    if let Some((start, len)) = huge_pages_within(ptr as usize, size) {
         // SAFETY: the range lies inside a block the system allocator just handed out; the
         // advice changes how it is backed, never its contents or permissions.
         unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
         }
     }
+}
+
+/// The whole 2 MiB pages inside the block of `size` bytes at `start`: their start and length.
+fn huge_pages_within(start: usize, size: usize) -> Option<(usize, usize)> {
+    const HUGE: usize = 2 << 20;
+    let first = start.checked_next_multiple_of(HUGE)?;
+    let end = start.checked_add(size)? & !(HUGE - 1);
+    (end > first).then(|| (first, end - first))
 }
 
 // SAFETY: every block is freed or resized by the allocator that made it: which one is decided
@@ -107,4 +112,69 @@ unsafe impl GlobalAlloc for Split {
 pub fn tune() {
     // SAFETY: sets one of mimalloc's options to a value its documentation allows.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1000) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn huge_pages_are_advised_only_inside_the_block() {
+        // Aligned at both ends: the whole block.
+        assert_eq!(
+            huge_pages_within(4 * MIB, 4 * MIB),
+            Some((4 * MIB, 4 * MIB))
+        );
+        // Unaligned start and end: the whole pages between them.
+        assert_eq!(
+            huge_pages_within(4 * MIB + 16, 5 * MIB),
+            Some((6 * MIB, 2 * MIB))
+        );
+        // No whole page inside.
+        assert_eq!(huge_pages_within(4 * MIB + 16, 2 * MIB), None);
+        assert_eq!(huge_pages_within(MIB, MIB), None);
+        // At the top of the address space nothing overflows.
+        assert_eq!(huge_pages_within(usize::MAX - MIB, 2 * MIB), None);
+    }
+
+    #[test]
+    fn blocks_keep_their_bytes_across_the_large_boundary() {
+        let alloc = Split;
+        let layout = Layout::from_size_align(MIB / 2, 16).expect("layout");
+        // SAFETY: every block is used within its size and freed with the layout it has.
+        unsafe {
+            let small = alloc.alloc(layout);
+            assert!(!small.is_null());
+            for i in 0..layout.size() {
+                *small.add(i) = (i % 251) as u8;
+            }
+            // Small to large (mimalloc to the system), large to larger, large to small.
+            let large = alloc.realloc(small, layout, 3 * MIB);
+            assert!(!large.is_null());
+            let larger = alloc.realloc(
+                large,
+                Layout::from_size_align(3 * MIB, 16).unwrap(),
+                9 * MIB,
+            );
+            assert!(!larger.is_null());
+            *larger.add(9 * MIB - 1) = 7;
+            let back = alloc.realloc(
+                larger,
+                Layout::from_size_align(9 * MIB, 16).unwrap(),
+                MIB / 4,
+            );
+            assert!(!back.is_null());
+            for i in 0..MIB / 4 {
+                assert_eq!(*back.add(i), (i % 251) as u8, "byte {i}");
+            }
+            alloc.dealloc(back, Layout::from_size_align(MIB / 4, 16).unwrap());
+            let zeroed_layout = Layout::from_size_align(5 * MIB, 4096).unwrap();
+            let zeroed = alloc.alloc_zeroed(zeroed_layout);
+            assert!(!zeroed.is_null());
+            assert!((0..5 * MIB).step_by(4093).all(|i| *zeroed.add(i) == 0));
+            alloc.dealloc(zeroed, zeroed_layout);
+        }
+    }
 }

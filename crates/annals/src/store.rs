@@ -35,8 +35,9 @@ use crate::writer::{
 struct Submit {
     /// Wait while the queue is full; otherwise fail with [`InputError::QueueFull`].
     wait_when_full: bool,
-    /// A blocking caller that is the only one waiting on the store: it may commit its append
-    /// on its own thread (see [`WriterRole::commit_alone`]).
+    /// A caller that is the only one waiting on the store (an async one only while it would
+    /// poll for its outcome anyway): it may commit its append on its own thread (see
+    /// [`WriterRole::commit_alone`]).
     alone: bool,
 }
 
@@ -735,7 +736,7 @@ impl Store {
             ReplyTo::Async(slot.clone()),
             Submit {
                 wait_when_full: false,
-                alone: false,
+                alone: waiting.will_poll(),
             },
         )?;
         // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that

@@ -1046,8 +1046,9 @@ fn a_large_append_arriving_during_a_sync_is_staged_at_once() {
 /// Goal: a blocking caller that finds the store idle (no other caller waiting, nothing queued,
 /// no sync running) commits its append on its own thread, its fdatasync included, without a
 /// hand-over to the writer thread; an append that arrives meanwhile is queued to the writer,
-/// which holds it for the running sync; callbacks and async callers never commit on their
-/// own thread.
+/// which holds it for the running sync; callbacks never commit on their own thread, and an
+/// async caller does only when it is alone on an idle store (it would otherwise hold its thread
+/// polling for its outcome).
 #[test]
 fn a_lone_blocking_caller_commits_on_its_own_thread() {
     let io = SimIo::new(7);
@@ -1099,9 +1100,11 @@ fn a_lone_blocking_caller_commits_on_its_own_thread() {
     // Idle again: the next blocking append commits on its caller's thread.
     store.append(&[event()], None).unwrap();
     assert_eq!(store.stats().caller_commits, 2);
-    // A callback's append and an async caller's go to the writer thread.
+    // A callback's append goes to the writer thread.
     let receiver = append_via_writer(&store, &[event()]);
     assert_eq!(receiver.recv().unwrap().unwrap(), 4);
+    // An async caller that will not poll (the held sync above made recent fdatasyncs slow)
+    // leaves its append to the writer thread, like a callback.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -1124,6 +1127,97 @@ fn a_lone_blocking_caller_commits_on_its_own_thread() {
     let events = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
     assert!(store.head() >= 5, "every acknowledged append is there");
     assert_eq!(events.len() as u64, store.head());
+}
+
+/// Goal: an async caller alone on an idle store whose fdatasyncs are fast (it would hold its
+/// thread polling for its outcome) commits on its own thread, as a lone blocking caller does;
+/// once fdatasyncs are slow it leaves its append to the writer thread.
+#[test]
+fn a_lone_async_caller_commits_on_its_own_thread_while_syncs_are_fast() {
+    let io = SimIo::new(9);
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for expected in 1..=3 {
+        let position = runtime
+            .block_on(store.append_async(&[event()], None, AppendOptions::default()))
+            .unwrap();
+        assert_eq!(position, expected);
+    }
+    assert_eq!(store.stats().caller_commits, 3);
+    // A slow fdatasync (held 30 ms here): the next lone async caller sleeps instead of
+    // polling, and its append goes to the writer thread.
+    io.hold_syncs();
+    let slow = {
+        let io = io.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            io.release_syncs();
+        })
+    };
+    runtime
+        .block_on(store.append_async(&[event()], None, AppendOptions::default()))
+        .unwrap();
+    slow.join().unwrap();
+    assert_eq!(
+        store.stats().caller_commits,
+        4,
+        "alone after fast fdatasyncs, it committed the slow one itself"
+    );
+    let position = runtime
+        .block_on(store.append_async(&[event()], None, AppendOptions::default()))
+        .unwrap();
+    assert_eq!(position, 5);
+    assert_eq!(
+        store.stats().caller_commits,
+        4,
+        "after a slow fdatasync the writer thread commits"
+    );
+}
+
+/// Goal: an async caller that finds another caller waiting does not commit on its runtime's
+/// thread: it is queued to the writer thread, held for the running sync, and acknowledged
+/// after the next one.
+#[test]
+fn an_async_caller_behind_another_goes_to_the_writer() {
+    let io = SimIo::new(8);
+    let store = Arc::new(
+        Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap(),
+    );
+    io.hold_syncs();
+    let lone = {
+        let store = store.clone();
+        std::thread::spawn(move || store.append(&[event()], None).unwrap())
+    };
+    wait_until("the lone caller's sync", || io.syncs_waiting() == 1);
+    assert_eq!(store.stats().caller_commits, 1);
+    let behind = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            runtime
+                .block_on(store.append_async(&[event()], None, AppendOptions::default()))
+                .unwrap()
+        })
+    };
+    wait_until("the async caller waiting", || store.stats().waiting == 2);
+    assert_eq!(
+        store.stats().head,
+        0,
+        "nothing acknowledged before its sync"
+    );
+    io.release_syncs();
+    assert_eq!(lone.join().unwrap(), 1);
+    assert_eq!(behind.join().unwrap(), 2);
+    let stats = store.stats();
+    assert_eq!(
+        (stats.groups, stats.caller_commits),
+        (2, 1),
+        "the async append was committed by the writer thread"
+    );
 }
 
 /// Goal: `Preallocation::Adaptive` fallocates a new segment once the log's fdatasyncs cover
