@@ -699,10 +699,15 @@ impl Store {
         )
     }
 
-    /// Appends without blocking the calling thread: the future resolves when the append is
-    /// acknowledged (in D3, durable). Works on any async runtime. Like
-    /// [`Store::try_append_then`], it fails with [`InputError::QueueFull`] rather than wait
-    /// when the append queue is full; back off and try again.
+    /// Appends without holding the calling thread while the append waits behind others: the
+    /// future resolves when the append is acknowledged (in D3, durable). Works on any async
+    /// runtime. Like [`Store::try_append_then`], it fails with [`InputError::QueueFull`]
+    /// rather than wait when the append queue is full; back off and try again.
+    ///
+    /// One exception: a caller alone on an idle store whose recent fdatasyncs were fast (well
+    /// under 2 ms) commits its append within its first poll, fdatasync included, instead of
+    /// handing it to the writer thread and polling for the answer, which would hold its thread
+    /// at least as long. Its task's thread is then busy for one fdatasync.
     ///
     /// Await the future to its end or drop it. The appends acknowledged by one fdatasync are
     /// woken through one of their tasks (see `AsyncSlot` in writer.rs), so a future that was
