@@ -22,39 +22,12 @@ fn large(size: usize) -> bool {
     size >= LARGE
 }
 
-/// Asks the kernel to back the whole 2 MiB pages inside a large block with huge pages. The
-/// index's big arrays (posting-list headers, the per-event arrays, the tag-id cache) are read
-/// at random; on 4 KiB pages most such reads also miss the TLB, and on a virtual machine a
-/// TLB miss walks two page tables. Where transparent huge pages are off, or on for every
-/// mapping already, this changes nothing.
-fn advise_huge(ptr: *mut u8, size: usize) {
-    if let Some((start, len)) = huge_pages_within(ptr as usize, size) {
-        // SAFETY: the range lies inside a block the system allocator just handed out; the
-        // advice changes how it is backed, never its contents or permissions.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
-    }
-}
-
-/// The whole 2 MiB pages inside the block of `size` bytes at `start`: their start and length.
-fn huge_pages_within(start: usize, size: usize) -> Option<(usize, usize)> {
-    const HUGE: usize = 2 << 20;
-    let first = start.checked_next_multiple_of(HUGE)?;
-    let end = start.checked_add(size)? & !(HUGE - 1);
-    (end > first).then(|| (first, end - first))
-}
-
 // SAFETY: every block is freed or resized by the allocator that made it: which one is decided
 // by the block's size alone, and `realloc` moves a block across when its size crosses `LARGE`.
 unsafe impl GlobalAlloc for Split {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if large(layout.size()) {
-            let block = System.alloc(layout);
-            if !block.is_null() {
-                advise_huge(block, layout.size());
-            }
-            block
+            System.alloc(layout)
         } else {
             mimalloc::MiMalloc.alloc(layout)
         }
@@ -62,11 +35,7 @@ unsafe impl GlobalAlloc for Split {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if large(layout.size()) {
-            let block = System.alloc_zeroed(layout);
-            if !block.is_null() {
-                advise_huge(block, layout.size());
-            }
-            block
+            System.alloc_zeroed(layout)
         } else {
             mimalloc::MiMalloc.alloc_zeroed(layout)
         }
@@ -82,13 +51,7 @@ unsafe impl GlobalAlloc for Split {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         match (large(layout.size()), large(new_size)) {
-            (true, true) => {
-                let block = System.realloc(ptr, layout, new_size);
-                if !block.is_null() && new_size > layout.size() {
-                    advise_huge(block, new_size);
-                }
-                block
-            }
+            (true, true) => System.realloc(ptr, layout, new_size),
             (false, false) => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
             _ => {
                 // SAFETY: the caller guarantees `new_size` with the old alignment is a valid
@@ -119,25 +82,6 @@ mod tests {
     use super::*;
 
     const MIB: usize = 1 << 20;
-
-    #[test]
-    fn huge_pages_are_advised_only_inside_the_block() {
-        // Aligned at both ends: the whole block.
-        assert_eq!(
-            huge_pages_within(4 * MIB, 4 * MIB),
-            Some((4 * MIB, 4 * MIB))
-        );
-        // Unaligned start and end: the whole pages between them.
-        assert_eq!(
-            huge_pages_within(4 * MIB + 16, 5 * MIB),
-            Some((6 * MIB, 2 * MIB))
-        );
-        // No whole page inside.
-        assert_eq!(huge_pages_within(4 * MIB + 16, 2 * MIB), None);
-        assert_eq!(huge_pages_within(MIB, MIB), None);
-        // At the top of the address space nothing overflows.
-        assert_eq!(huge_pages_within(usize::MAX - MIB, 2 * MIB), None);
-    }
 
     #[test]
     fn blocks_keep_their_bytes_across_the_large_boundary() {
