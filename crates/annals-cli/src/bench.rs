@@ -107,7 +107,6 @@ impl Mode {
     }
 }
 
-/// The async runtime's threads: as asked, else one per core.
 /// CPU time the whole process has used so far (every thread, user and system), in
 /// microseconds.
 pub(crate) fn process_cpu_us() -> u64 {
@@ -123,6 +122,7 @@ pub(crate) fn process_cpu_us() -> u64 {
     now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
 }
 
+/// The async runtime's threads: as asked, else one per core.
 pub(crate) fn runtime_threads(asked: Option<usize>) -> usize {
     asked
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -819,8 +819,16 @@ fn recover(args: RecoverArgs) -> Result<Value, String> {
     }))
 }
 
-/// CPU time of each thread so far, in clock ticks: (thread id, name, user, system).
-pub(crate) fn thread_times() -> Vec<(String, String, u64, u64)> {
+/// One thread's CPU time so far, in clock ticks: (thread id, name, user, system).
+type ThreadTime = (String, String, u64, u64);
+
+/// Each thread's CPU time so far, when ANNALS_BENCH_THREADS asks a benchmark to print it
+/// for its timed run (see [`print_thread_times`]).
+pub(crate) fn thread_times_if_asked() -> Option<Vec<ThreadTime>> {
+    std::env::var_os("ANNALS_BENCH_THREADS").map(|_| thread_times())
+}
+
+fn thread_times() -> Vec<ThreadTime> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return Vec::new();
     };
@@ -841,7 +849,7 @@ pub(crate) fn thread_times() -> Vec<(String, String, u64, u64)> {
 }
 
 /// Prints the CPU each thread spent since `before` (ANNALS_BENCH_THREADS set).
-pub(crate) fn print_thread_times(before: &[(String, String, u64, u64)]) {
+pub(crate) fn print_thread_times(before: &[ThreadTime]) {
     for (id, name, user, system) in thread_times() {
         let (u0, s0) = before
             .iter()

@@ -102,8 +102,7 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
     let tally = Arc::new(Tally::new()?);
     let cache = Arc::new(course_subscriptions::CourseCache::new(args.state_cache));
     let cpu_before = crate::bench::process_cpu_us();
-    let threads_before =
-        std::env::var_os("ANNALS_BENCH_THREADS").map(|_| crate::bench::thread_times());
+    let threads_before = crate::bench::thread_times_if_asked();
     let seconds = match args.mode {
         Mode::Threads => run_threads(args, &store, &cache, &course_ids, &tally)?,
         Mode::Tasks => run_tasks(args, &store, &cache, &course_ids, &tally)?,
