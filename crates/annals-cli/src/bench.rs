@@ -122,6 +122,23 @@ pub(crate) fn process_cpu_us() -> u64 {
     now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
 }
 
+/// CPU time another process (every thread, user and system) has used so far, in
+/// microseconds; `None` when its clock cannot be read (it has exited, or is not ours).
+pub(crate) fn process_cpu_us_of(pid: u32) -> Option<u64> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: the call only writes the clock id it is given a place for.
+    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } != 0 {
+        return None;
+    }
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    let ok = unsafe { libc::clock_gettime(clock, &mut now) } == 0;
+    ok.then(|| now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000)
+}
+
 /// The async runtime's threads: as asked, else one per core.
 pub(crate) fn runtime_threads(asked: Option<usize>) -> usize {
     asked

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
+
+use crate::http1::Http1;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum, Debug)]
 pub enum Workload {
@@ -291,6 +291,8 @@ struct Target {
     http: SocketAddr,
     grpc: Option<SocketAddr>,
     api_key: Option<String>,
+    /// The benchmark's own server process, whose CPU it reads.
+    server_pid: Option<u32>,
 }
 
 fn event_json(tags: &[String], data: &str) -> String {
@@ -345,21 +347,6 @@ fn body_for(op: Op, run_id: u64, conn: usize, n: u64, data: &str, rnd: u64) -> (
     }
 }
 
-/// An HTTP/1.1 connection to `addr`, its driver spawned.
-async fn http1_sender(
-    addr: SocketAddr,
-) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String> {
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(connection);
-    Ok(sender)
-}
-
 async fn http_connection(
     target: Arc<Target>,
     workload: Workload,
@@ -369,8 +356,8 @@ async fn http_connection(
     until: Instant,
 ) -> Tally {
     let mut tally = Tally::new();
-    let mut sender = match http1_sender(target.http).await {
-        Ok(sender) => sender,
+    let mut client = match Http1::connect(target.http).await {
+        Ok(client) => client,
         Err(e) => {
             tally.error(Op::Append, e);
             return tally;
@@ -389,23 +376,14 @@ async fn http_connection(
         let (path, body) = body_for(op, target.run_id, conn, n, &data, rnd);
         n += 1;
         let method = if op == Op::Read { "GET" } else { "POST" };
-        let mut request = http::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "annals")
-            .header("content-type", "application/json");
-        if let Some(a) = &authorization {
-            request = request.header("authorization", a.as_str());
-        }
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .expect("a valid request");
         let started = Instant::now();
-        let outcome = round_trip(&mut sender, request).await;
+        let outcome = client
+            .round_trip(method, &path, authorization.as_deref(), body.as_bytes())
+            .await;
         let answer = outcome.map(|(status, body)| {
-            if !status.is_success() {
-                Answer::Failed(format!("{status}: {}", String::from_utf8_lossy(&body)))
-            } else if op != Op::Read && contains(&body, b"\"appendConditionFailed\":true") {
+            if !(200..300).contains(&status) {
+                Answer::Failed(format!("{status}: {}", String::from_utf8_lossy(body)))
+            } else if op != Op::Read && contains(body, b"\"appendConditionFailed\":true") {
                 Answer::Conflict
             } else {
                 Answer::Ok
@@ -643,51 +621,32 @@ async fn grpc_requests(
 }
 
 impl Target {
-    /// A request of the benchmark's own (preload, set-up, counters), with the API key.
-    fn request(&self, method: &str, uri: &str, body: Bytes) -> http::Request<Full<Bytes>> {
-        let mut request = http::Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("host", "annals");
-        if let Some(k) = &self.api_key {
-            request = request.header("authorization", format!("Bearer {k}"));
-        }
-        request.body(Full::new(body)).expect("a valid request")
+    /// The Authorization header's value for the benchmark's own requests, if a key is given.
+    fn authorization(&self) -> Option<String> {
+        self.api_key.as_ref().map(|k| format!("Bearer {k}"))
     }
-}
-
-/// Sends one request and reads its whole answer.
-async fn round_trip(
-    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    request: http::Request<Full<Bytes>>,
-) -> Result<(http::StatusCode, Bytes), String> {
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, body))
 }
 
 /// Loads `events` events over HTTP in appends of 1,000, tags account:0..10000.
 async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String> {
-    let mut sender = http1_sender(target.http).await?;
+    let mut client = Http1::connect(target.http).await?;
+    let authorization = target.authorization();
     let mut i = 0;
     while i < events {
         let batch: Vec<String> = (i..(i + 1000).min(events))
             .map(|j| event_json(&[format!("account:{}", j % READ_TAGS)], data))
             .collect();
         i += batch.len() as u64;
-        let body = Bytes::from(format!(r#"{{"events":[{}]}}"#, batch.join(",")));
-        let (status, _) =
-            round_trip(&mut sender, target.request("POST", "/v1/append", body)).await?;
-        if !status.is_success() {
+        let body = format!(r#"{{"events":[{}]}}"#, batch.join(","));
+        let (status, _) = client
+            .round_trip(
+                "POST",
+                "/v1/append",
+                authorization.as_deref(),
+                body.as_bytes(),
+            )
+            .await?;
+        if !(200..300).contains(&status) {
             return Err(format!("preload failed: {status}"));
         }
     }
@@ -696,11 +655,14 @@ async fn preload(target: &Target, events: u64, data: &str) -> Result<(), String>
 
 /// Adds symbol 0 (tick 1, lot 1) to the benchmark's own exchange.
 async fn add_symbol(target: &Target) -> Result<(), String> {
-    let mut sender = http1_sender(target.http).await?;
-    let body = Bytes::from_static(br#"{"tick":1,"lot":1}"#);
-    let request = target.request("POST", "/v1/admin/exchange/symbols", body);
-    let (status, _) = round_trip(&mut sender, request).await?;
-    if !status.is_success() {
+    let mut client = Http1::connect(target.http).await?;
+    let body = br#"{"tick":1,"lot":1}"#;
+    let path = "/v1/admin/exchange/symbols";
+    let authorization = target.authorization();
+    let (status, _) = client
+        .round_trip("POST", path, authorization.as_deref(), body)
+        .await?;
+    if !(200..300).contains(&status) {
         return Err(format!("adding a symbol failed: {status}"));
     }
     Ok(())
@@ -709,13 +671,16 @@ async fn add_symbol(target: &Target) -> Result<(), String> {
 /// The server's (fsyncs, appends) from /metrics (None when it cannot be read, e.g. without
 /// the admin scope).
 async fn server_counters(target: &Target) -> Option<(f64, f64)> {
-    let mut sender = http1_sender(target.http).await.ok()?;
-    let request = target.request("GET", "/metrics", Bytes::new());
-    let (status, text) = round_trip(&mut sender, request).await.ok()?;
-    if !status.is_success() {
+    let mut client = Http1::connect(target.http).await.ok()?;
+    let authorization = target.authorization();
+    let (status, text) = client
+        .round_trip("GET", "/metrics", authorization.as_deref(), b"")
+        .await
+        .ok()?;
+    if !(200..300).contains(&status) {
         return None;
     }
-    let text = String::from_utf8_lossy(&text);
+    let text = String::from_utf8_lossy(text);
     Some((
         crate::remote::metric(&text, "annals_fsyncs_total"),
         crate::remote::metric(&text, "annals_appends_total"),
@@ -727,6 +692,9 @@ struct RunOutcome {
     seconds: f64,
     fsyncs: Option<f64>,
     appends: Option<f64>,
+    /// CPU microseconds the client and the server used during the measured seconds.
+    client_cpu_us: u64,
+    server_cpu_us: Option<u64>,
 }
 
 async fn one_run(args: &HttpArgs, target: Arc<Target>, data: Arc<String>) -> RunOutcome {
@@ -734,6 +702,24 @@ async fn one_run(args: &HttpArgs, target: Arc<Target>, data: Arc<String>) -> Run
     let start = Instant::now();
     let warmup_until = start + Duration::from_secs(1);
     let until = warmup_until + Duration::from_secs_f64(args.seconds);
+    // The CPU both sides use during the measured seconds (the server's only if it is ours).
+    let server_pid = target.server_pid;
+    let cpu = tokio::spawn(async move {
+        let read = || {
+            (
+                crate::bench::process_cpu_us(),
+                server_pid.and_then(crate::bench::process_cpu_us_of),
+            )
+        };
+        tokio::time::sleep_until(warmup_until.into()).await;
+        let (client, server) = read();
+        tokio::time::sleep_until(until.into()).await;
+        let (client_after, server_after) = read();
+        (
+            client_after.saturating_sub(client),
+            server.zip(server_after).map(|(b, a)| a.saturating_sub(b)),
+        )
+    });
     let mut tasks = Vec::new();
     for conn in 0..args.connections {
         let target = target.clone();
@@ -766,6 +752,7 @@ async fn one_run(args: &HttpArgs, target: Arc<Target>, data: Arc<String>) -> Run
         }
     }
     let seconds = args.seconds;
+    let (client_cpu_us, server_cpu_us) = cpu.await.unwrap_or((0, None));
     let after = server_counters(&target).await;
     let (fsyncs, appends) = match (before, after) {
         (Some(b), Some(a)) => (Some(a.0 - b.0), Some(a.1 - b.1)),
@@ -776,6 +763,8 @@ async fn one_run(args: &HttpArgs, target: Arc<Target>, data: Arc<String>) -> Run
         seconds,
         fsyncs,
         appends,
+        client_cpu_us,
+        server_cpu_us,
     }
 }
 
@@ -799,6 +788,7 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
             http: host_port(url)?,
             grpc: args.grpc_url.as_deref().map(host_port).transpose()?,
             api_key: args.api_key.clone(),
+            server_pid: None,
         },
         None => {
             if args.dir.exists() {
@@ -822,6 +812,7 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
                 http: server.http,
                 grpc: Some(server.grpc),
                 api_key: args.api_key.clone(),
+                server_pid: Some(server.child.id()),
             };
             own = Some(server);
             target
@@ -848,6 +839,7 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
             http: target.http,
             grpc: target.grpc,
             api_key: target.api_key.clone(),
+            server_pid: target.server_pid,
         });
         outcomes.push(runtime.block_on(one_run(&args, target, data.clone())));
     }
@@ -886,6 +878,8 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
         );
     }
     let total = rate(median);
+    let requests = total * median.seconds;
+    let per_request = |us: u64| ((us as f64 / requests.max(1.0)) * 10.0).round() / 10.0;
     let result = json!({
         "bench": "http",
         "protocol": match args.protocol { Protocol::Http => "http", Protocol::Grpc => "grpc" },
@@ -908,6 +902,10 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
             (Some(a), Some(f)) if f > 0.0 => Some(((a / f) * 10.0).round() / 10.0),
             _ => None,
         },
+        "client_cpu_us_per_request": per_request(median.client_cpu_us),
+        "server_cpu_us_per_request": median.server_cpu_us.map(per_request),
+        "cpu_cores_busy": ((median.client_cpu_us + median.server_cpu_us.unwrap_or(0)) as f64
+            / 1e6 / median.seconds * 100.0).round() / 100.0,
         "fsync_floor_per_sec": fsync_floor.map(|f| f.round()),
         "ratio_to_fsync_floor": fsync_floor.map(|f| ((total / f) * 100.0).round() / 100.0),
     });

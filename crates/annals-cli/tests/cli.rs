@@ -169,6 +169,15 @@ fn bench_http_json_contract() {
             }
         }
         assert!(last["server_fsyncs"].as_f64().unwrap() > 0.0);
+        // Both sides' CPU during the measured time, per request.
+        assert!(
+            last["client_cpu_us_per_request"].as_f64().unwrap() > 0.0,
+            "{last}"
+        );
+        assert!(
+            last["server_cpu_us_per_request"].as_f64().unwrap() > 0.0,
+            "{last}"
+        );
     }
 }
 
