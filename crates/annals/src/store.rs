@@ -35,9 +35,8 @@ use crate::writer::{
 struct Submit {
     /// Wait while the queue is full; otherwise fail with [`InputError::QueueFull`].
     wait_when_full: bool,
-    /// A caller that is the only one waiting on the store (an async one only while it would
-    /// poll for its outcome anyway): it may commit its append on its own thread (see
-    /// [`WriterRole::commit_alone`]).
+    /// A blocking caller that is the only one waiting on the store: it may commit its append
+    /// on its own thread (see [`WriterRole::commit_alone`]).
     alone: bool,
 }
 
@@ -699,15 +698,11 @@ impl Store {
         )
     }
 
-    /// Appends without holding the calling thread while the append waits behind others: the
-    /// future resolves when the append is acknowledged (in D3, durable). Works on any async
-    /// runtime. Like [`Store::try_append_then`], it fails with [`InputError::QueueFull`]
-    /// rather than wait when the append queue is full; back off and try again.
-    ///
-    /// One exception: a caller alone on an idle store whose recent fdatasyncs were fast (well
-    /// under 2 ms) commits its append within its first poll, fdatasync included, instead of
-    /// handing it to the writer thread and polling for the answer, which would hold its thread
-    /// at least as long. Its task's thread is then busy for one fdatasync.
+    /// Appends without blocking the calling thread: the future resolves when the append is
+    /// acknowledged (in D3, durable). Works on any async runtime. Like
+    /// [`Store::try_append_then`], it fails with [`InputError::QueueFull`] rather than wait
+    /// when the append queue is full; back off and try again. The append is always committed
+    /// by the writer thread, never on the caller's thread.
     ///
     /// Await the future to its end or drop it. The appends acknowledged by one fdatasync are
     /// woken through one of their tasks (see `AsyncSlot` in writer.rs), so a future that was
@@ -741,7 +736,8 @@ impl Store {
             ReplyTo::Async(slot.clone()),
             Submit {
                 wait_when_full: false,
-                alone: waiting.will_poll(),
+                // Never on a runtime's thread: see `WriterRole::commit_alone`.
+                alone: false,
             },
         )?;
         // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that
