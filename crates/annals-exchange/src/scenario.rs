@@ -15,6 +15,9 @@ pub struct Scenario {
     pub symbols: Vec<SymbolSpec>,
     pub warmup: Vec<Command>,
     pub messages: Vec<Command>,
+    /// The most orders resting at once while the warm-up and the messages are applied in
+    /// order: what an engine running the scenario should reserve room for.
+    pub peak_live_orders: usize,
 }
 
 /// The scenarios `generate` knows.
@@ -89,6 +92,8 @@ fn seed50k(messages: usize, seed: u64) -> Scenario {
         name: "seed50k",
         symbols: vec![SymbolSpec { tick: 1, lot: 1 }],
         warmup: Vec::new(),
+        // Nothing crosses: every order rests.
+        peak_live_orders: messages,
         messages: out,
     }
 }
@@ -214,6 +219,7 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
         out.clear();
         warmup.push(command);
     }
+    let mut peak_live_orders = shadow.live_orders();
     let mut stream = Vec::with_capacity(messages);
     while stream.len() < messages {
         let phase = stream.len() * 5 / messages.max(1);
@@ -306,6 +312,7 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
         };
         shadow.apply(0, &command, &mut out);
         out.clear();
+        peak_live_orders = peak_live_orders.max(shadow.live_orders());
         stream.push(command);
     }
     Scenario {
@@ -313,5 +320,30 @@ fn flow(messages: usize, seed: u64, flow: &Flow) -> Scenario {
         symbols,
         warmup,
         messages: stream,
+        peak_live_orders,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: a scenario's peak of resting orders is what an engine applying it in order holds
+    /// at most.
+    #[test]
+    fn the_peak_of_resting_orders_is_what_an_engine_holds_at_most() {
+        for name in SCENARIOS {
+            let scenario = generate(name, 20_000, 7).unwrap();
+            let mut engine = Engine::new(&scenario.symbols);
+            let mut out = Vec::new();
+            let mut peak = 0;
+            for command in scenario.warmup.iter().chain(&scenario.messages) {
+                engine.apply(0, command, &mut out);
+                out.clear();
+                peak = peak.max(engine.live_orders());
+            }
+            assert_eq!(scenario.peak_live_orders, peak, "{name}");
+            assert!(peak > 0, "{name}");
+        }
     }
 }
