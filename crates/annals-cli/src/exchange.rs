@@ -116,6 +116,8 @@ struct Pass {
     ack_ns: Option<Histogram<u64>>,
     fsyncs: u64,
     events_journaled: u64,
+    /// Bytes of records the journal wrote during the pass.
+    bytes_journaled: u64,
     replay: Option<Value>,
 }
 
@@ -327,15 +329,16 @@ fn pass(
     }
     let engine_hash = sequencer.engine().state_hash();
     let resting = sequencer.engine().live_orders();
-    let (fsyncs, events_journaled) = match (&store, &before) {
+    let (fsyncs, events_journaled, bytes_journaled) = match (&store, &before) {
         (Some(store), Some(before)) => {
             let after = store.stats();
             (
                 after.fsyncs - before.fsyncs,
                 after.events_appended - before.events_appended,
+                after.bytes_written - before.bytes_written,
             )
         }
-        _ => (0, 0),
+        _ => (0, 0, 0),
     };
     drop(sequencer);
     let replay = match store {
@@ -355,6 +358,7 @@ fn pass(
         ack_ns,
         fsyncs,
         events_journaled,
+        bytes_journaled,
         replay,
     })
 }
@@ -494,6 +498,15 @@ fn report(
         "ack_latency_us": median.ack_ns.as_ref().map(percentiles_us),
         "fsyncs": median.fsyncs,
         "events_journaled": median.events_journaled,
+        // How hard the journal pressed on the disk: bytes per event and MB/s of records.
+        "journal_bytes_per_event": if median.events_journaled > 0 {
+            ((median.bytes_journaled as f64 / median.events_journaled as f64) * 10.0).round() / 10.0
+        } else {
+            0.0
+        },
+        "journal_mb_per_sec": ((median.bytes_journaled as f64 / 1e6 / median.seconds) * 10.0)
+            .round()
+            / 10.0,
         "commands_per_fsync": if median.fsyncs > 0 {
             ((n / median.fsyncs as f64) * 10.0).round() / 10.0
         } else {

@@ -271,6 +271,13 @@ fn exchange_bench_json_contract() {
         assert_eq!(result["state_hash"], last["state_hash"], "{mode}");
         assert_eq!(result["replay"]["state_hash_matches"], true, "{result}");
         assert!(result["fsyncs"].as_u64().unwrap() > 0, "{result}");
+        // Every event is a record's entry: more than its fixed header, far less than a page.
+        let per_event = result["journal_bytes_per_event"].as_f64().unwrap();
+        assert!((24.0..1000.0).contains(&per_event), "{result}");
+        assert!(
+            result["journal_mb_per_sec"].as_f64().unwrap() > 0.0,
+            "{result}"
+        );
         for field in ["p50", "p99", "max"] {
             assert!(result["ack_latency_us"][field].is_number(), "{result}");
         }
