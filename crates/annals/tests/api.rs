@@ -1046,9 +1046,8 @@ fn a_large_append_arriving_during_a_sync_is_staged_at_once() {
 /// Goal: a blocking caller that finds the store idle (no other caller waiting, nothing queued,
 /// no sync running) commits its append on its own thread, its fdatasync included, without a
 /// hand-over to the writer thread; an append that arrives meanwhile is queued to the writer,
-/// which holds it for the running sync; callbacks never commit on their own thread, and an
-/// async caller does only when it is alone on an idle store (it would otherwise hold its thread
-/// polling for its outcome).
+/// which holds it for the running sync; callbacks and async callers never commit on their own
+/// thread.
 #[test]
 fn a_lone_blocking_caller_commits_on_its_own_thread() {
     let io = SimIo::new(7);
@@ -1097,14 +1096,17 @@ fn a_lone_blocking_caller_commits_on_its_own_thread() {
         (2, 1, 2)
     );
 
-    // Idle again: the next blocking append commits on its caller's thread.
+    // Idle again: the next blocking append commits on its caller's thread. (The writer thread
+    // answers the second caller while it still holds the writer role, and lets go of it just
+    // after; a caller arriving in between is queued, so give it that moment.)
+    wait_until("no caller waiting", || store.stats().waiting == 0);
+    std::thread::sleep(Duration::from_millis(50));
     store.append(&[event()], None).unwrap();
     assert_eq!(store.stats().caller_commits, 2);
     // A callback's append goes to the writer thread.
     let receiver = append_via_writer(&store, &[event()]);
     assert_eq!(receiver.recv().unwrap().unwrap(), 4);
-    // An async caller that will not poll (the held sync above made recent fdatasyncs slow)
-    // leaves its append to the writer thread, like a callback.
+    // An async caller leaves its append to the writer thread, like a callback.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
