@@ -465,6 +465,8 @@ struct RunResult {
     /// Groups committed, and of them those a lone caller committed on its own thread.
     groups: u64,
     caller_commits: u64,
+    /// Appends their callers staged into the next group while the writer thread synced.
+    caller_stages: u64,
     events: u64,
     seconds: f64,
     bytes_written: u64,
@@ -586,6 +588,7 @@ fn append_run(
         fsyncs: stats.fsyncs,
         groups: stats.groups,
         caller_commits: stats.caller_commits,
+        caller_stages: stats.caller_stages,
         events,
         seconds,
         bytes_written: stats.bytes_written,
@@ -644,6 +647,7 @@ fn append(args: AppendArgs) -> Result<Value, String> {
         "events_per_fsync": if mid.fsyncs == 0 { 0.0 } else { mid.events as f64 / mid.fsyncs as f64 },
         "groups": mid.groups,
         "caller_commits": mid.caller_commits,
+        "caller_stages": mid.caller_stages,
         "fsync_floor_per_sec": floor,
         "fsync_floor_before_after": floor_before_after,
         "ratio_to_fsync_floor": mid.events_per_sec / floor,

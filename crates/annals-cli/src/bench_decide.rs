@@ -76,6 +76,8 @@ struct RunOutcome {
     fsyncs: u64,
     /// Groups the writer committed (one write each) during the run.
     groups: u64,
+    /// Appends their callers staged themselves while the writer thread synced.
+    caller_stages: u64,
     /// Microseconds spent in fdatasync during the run.
     fsync_us: u64,
     /// CPU time of the whole process during the run, in microseconds.
@@ -130,6 +132,7 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
         latency_us,
         fsyncs,
         groups: after.groups - before.groups,
+        caller_stages: after.caller_stages - before.caller_stages,
         fsync_us,
         cpu_us,
         seconds,
@@ -346,6 +349,7 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
         },
         "fsyncs": m.fsyncs,
         "appends_per_write": tenths(m.accepted, m.groups),
+        "caller_stages": m.caller_stages,
         "fsync_us_mean": m.fsync_us.checked_div(m.fsyncs).unwrap_or(0),
         "disk_busy": ((m.fsync_us as f64 / 1e6 / m.seconds) * 100.0).round() / 100.0,
         // The whole process (clients, writer, runtime) per decision, attempts included: a

@@ -261,6 +261,12 @@ impl Metrics {
             "Of the groups, those a lone blocking caller committed on its own thread.",
             stats.caller_commits as f64,
         );
+        counter(
+            &mut out,
+            "annals_caller_stages_total",
+            "Appends their callers staged into the next group while the writer thread synced.",
+            stats.caller_stages as f64,
+        );
         header(
             &mut out,
             "annals_group_appends",

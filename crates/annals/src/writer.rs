@@ -15,7 +15,10 @@
 //! holder at a time stages and writes, in the order the role was taken; the syncer thread
 //! syncs what was written, unless the holder syncs the group itself because there is nothing
 //! to overlap that sync with (a lone append, or a group of small appends held for the sync
-//! before; see `Writer::commit`).
+//! before; see `Writer::commit`). The writer thread runs such a sync with the role released,
+//! and meanwhile callers stage their small appends into the next group themselves (see
+//! [`WriterRole::stage_during_sync`]), which the writer thread writes and syncs when its sync
+//! ends.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Receiver;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::checkpoint::Mark;
 use crate::error::{AppendError, InputError, StoreError};
@@ -594,12 +597,12 @@ impl Syncer {
     }
 
     /// The writer's shortcut when there is nothing to overlap the sync with (see
-    /// `Writer::commit`): sync on its own thread, saving the hand-over to the syncer thread (a
-    /// wake-up on each side). Only when no sync is running or pending; otherwise returns false
-    /// and leaves `waiters` to [`Syncer::written`].
-    fn sync_inline(
+    /// `Writer::commit`): claims the sync through `mark` for the committer, who runs it on its
+    /// own thread ([`Syncer::run_inline`]), saving the hand-over to the syncer thread (a wake-up
+    /// on each side). Only when no sync is running or pending; otherwise returns false and
+    /// leaves `waiters` to [`Syncer::written`].
+    fn claim_inline(
         &self,
-        shared: &Arc<Shared>,
         mark: Mark,
         bytes: u64,
         segment: &Arc<Segment>,
@@ -617,9 +620,18 @@ impl Syncer {
         }
         state.waiters.append(waiters);
         state.syncing = true;
-        drop(state);
-        self.sync_once(shared, (mark.head, bytes), mark, segment, true);
         true
+    }
+
+    /// Runs a sync claimed by [`Syncer::claim_inline`] and answers what it covers.
+    pub(crate) fn run_inline(&self, shared: &Arc<Shared>, sync: InlineSync) {
+        let InlineSync {
+            mark,
+            bytes,
+            segment,
+        } = sync;
+        self.sync_once(shared, (mark.head, bytes), mark, &segment, true);
+        shared.maybe_checkpoint();
     }
 }
 
@@ -737,6 +749,20 @@ pub(crate) struct Writer {
     /// The group being committed and what happened to each of its appends (kept for reuse).
     group: Vec<Request>,
     staged: Vec<Staged>,
+    /// Set while the writer thread syncs a group on its own thread with the role released:
+    /// callers may then stage small appends into the next group themselves (see
+    /// [`WriterRole::stage_during_sync`]); the writer thread commits them when its sync ends.
+    open_for_staging: bool,
+    /// Appends staged by their callers into the next group (their waiters are in `waiters`).
+    early: usize,
+}
+
+/// A group's fdatasync that its committer runs on its own thread (see `Writer::commit`).
+#[must_use]
+pub(crate) struct InlineSync {
+    mark: Mark,
+    bytes: u64,
+    segment: Arc<Segment>,
 }
 
 /// How a group came to be committed, which decides who syncs it.
@@ -781,6 +807,8 @@ impl Writer {
             segment_began: (0, 0),
             group: Vec::new(),
             staged: Vec::new(),
+            open_for_staging: false,
+            early: 0,
         }
     }
 
@@ -807,16 +835,23 @@ impl Writer {
             .map(|handle| (handle, zero_fill));
     }
 
-    /// Commits the group gathered in `self.group`.
-    fn commit_group(&mut self, origin: Origin) {
+    /// Commits the group gathered in `self.group` (and what callers staged early). Returns the
+    /// group's sync when the committer is to run it on its own thread.
+    fn commit_group(&mut self, origin: Origin) -> Option<InlineSync> {
         let mut group = std::mem::take(&mut self.group);
         let mut staged = std::mem::take(&mut self.staged);
-        self.commit(&mut group, &mut staged, origin);
+        let inline = self.commit(&mut group, &mut staged, origin);
         self.group = group;
         self.staged = staged;
+        inline
     }
 
-    fn commit(&mut self, group: &mut Vec<Request>, staged: &mut Vec<Staged>, origin: Origin) {
+    fn commit(
+        &mut self,
+        group: &mut Vec<Request>,
+        staged: &mut Vec<Staged>,
+        origin: Origin,
+    ) -> Option<InlineSync> {
         staged.clear();
         if let Some(error) = self.shared.poison_error() {
             for request in group.drain(..) {
@@ -825,7 +860,8 @@ impl Writer {
                 }
                 .into()));
             }
-            return;
+            let _ = self.abandon_early(&error.to_string(), None);
+            return None;
         }
         let appended_at = now_us();
         let mut failure: Option<StoreError> = None;
@@ -856,7 +892,7 @@ impl Writer {
         }
         if let Some(error) = failure {
             self.fail(error, group, staged);
-            return;
+            return None;
         }
         self.shared.counters.groups.fetch_add(1, Ordering::Relaxed);
         if origin == Origin::Caller {
@@ -865,10 +901,11 @@ impl Writer {
                 .caller_commits
                 .fetch_add(1, Ordering::Relaxed);
         }
+        let early = std::mem::take(&mut self.early);
         self.shared
             .counters
             .group_appends
-            .record(group.len() as u64);
+            .record((group.len() + early) as u64);
         let mark = Mark {
             head: self.next_position - 1,
             segment: self.segment.number,
@@ -883,7 +920,10 @@ impl Writer {
             self.shared.maybe_checkpoint();
         }
         // A lone small append, queued with nothing behind it: nothing to overlap its sync with.
-        let lone = group.len() == 1 && is_small(&group[0].append) && self.receiver.is_empty();
+        let lone = group.len() == 1
+            && early == 0
+            && is_small(&group[0].append)
+            && self.receiver.is_empty();
         let mut waiters = std::mem::take(&mut self.waiters);
         let mut answers = Answers::default();
         for (mut request, outcome) in group.drain(..).zip(staged.drain(..)) {
@@ -911,6 +951,7 @@ impl Writer {
             }
         }
         answers.wake();
+        let mut inline = None;
         match &self.syncer {
             Some(syncer) => {
                 // The writer syncs a group itself, saving the hand-over to the syncer thread
@@ -926,10 +967,12 @@ impl Writer {
                     && !acknowledge_now
                     && (lone || origin != Origin::Queued);
                 let bytes = self.written_bytes;
-                if sync_here
-                    && syncer.sync_inline(&self.shared, mark, bytes, &self.segment, &mut waiters)
-                {
-                    self.shared.maybe_checkpoint();
+                if sync_here && syncer.claim_inline(mark, bytes, &self.segment, &mut waiters) {
+                    inline = Some(InlineSync {
+                        mark,
+                        bytes,
+                        segment: self.segment.clone(),
+                    });
                 } else {
                     syncer.written(mark, bytes, &self.segment, &mut waiters);
                 }
@@ -941,6 +984,21 @@ impl Writer {
             }
         }
         self.waiters = waiters;
+        inline
+    }
+
+    /// The store is poisoned: answers what callers staged early, which will never be written,
+    /// the first with `first` if given, and returns `first` if there was none.
+    fn abandon_early(&mut self, reason: &str, mut first: Option<StoreError>) -> Option<StoreError> {
+        self.early = 0;
+        self.buffer.clear();
+        for w in self.waiters.drain(..) {
+            let e = first.take().unwrap_or(StoreError::Poisoned {
+                reason: reason.to_owned(),
+            });
+            w.reply.send(Err(e.into()));
+        }
+        first
     }
 
     /// A write failed: poison the store and tell every append of the group.
@@ -948,6 +1006,8 @@ impl Writer {
         let reason = error.to_string();
         self.shared.poison(reason.clone());
         let mut first = Some(error);
+        // What callers staged early went before the group: the first of them names the error.
+        first = self.abandon_early(&reason, first);
         for (request, outcome) in group.drain(..).zip(staged.drain(..)) {
             let e = match outcome {
                 Staged::Done(Err(AppendError::Input(e))) => AppendError::Input(e),
@@ -1183,7 +1243,7 @@ impl WriterRole {
             // wake-up to running with 60 us of polling, 19 us without).
             let hold = shared.options.durability == Durability::Synced;
             while let Ok(first) = self.receiver.recv() {
-                let mut bytes = first.append.body.len();
+                let bytes = first.append.body.len();
                 // In D3 an append staged while a sync runs waits for that sync and the next:
                 // staging it at once gains nothing over staging it when the running sync ends,
                 // with whatever has queued behind it by then. Staged at once, 64 deciding
@@ -1204,16 +1264,28 @@ impl WriterRole {
                 };
                 let mut writer = self.writer.lock();
                 writer.group.push(first);
-                while bytes < shared.options.group_bytes_max {
-                    match self.receiver.try_recv() {
-                        Ok(request) => {
-                            bytes += request.append.body.len();
-                            writer.group.push(request);
-                        }
-                        Err(_) => break,
+                self.gather(&mut writer, bytes);
+                let mut inline = writer.commit_group(origin);
+                // The writer thread syncs the group on its own thread with the role released:
+                // meanwhile callers stage small appends themselves (`stage_during_sync`), so
+                // the staging of the next group overlaps this sync, and when it ends the next
+                // group is written and synced at once. (Staged by the writer thread after the
+                // sync, 64 deciding clients had the disk idle a third of the time.)
+                while let (Some(sync), Some(syncer)) = (inline.take(), &self.syncer) {
+                    writer.open_for_staging = true;
+                    MutexGuard::unlocked(&mut writer, || syncer.run_inline(shared, sync));
+                    writer.open_for_staging = false;
+                    if writer.early > 0 || !writer.group.is_empty() {
+                        let bytes = writer.buffer.len()
+                            + writer
+                                .group
+                                .iter()
+                                .map(|r| r.append.body.len())
+                                .sum::<usize>();
+                        self.gather(&mut writer, bytes);
+                        inline = writer.commit_group(Origin::Held);
                     }
                 }
-                writer.commit_group(origin);
             }
         }));
         let mut writer = self.writer.lock();
@@ -1232,6 +1304,95 @@ impl WriterRole {
                     .into()));
             }
         }
+    }
+
+    /// Adds to the writer's group what waits in the queue, up to `group_bytes_max` in all.
+    fn gather(&self, writer: &mut Writer, mut bytes: usize) {
+        while bytes < self.shared.options.group_bytes_max {
+            match self.receiver.try_recv() {
+                Ok(request) => {
+                    bytes += request.append.body.len();
+                    writer.group.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Stages a small append on the calling thread into the next group while the writer thread
+    /// syncs the group before it with the role released (see `WriterRole::run`); the writer
+    /// thread writes and syncs it with the next group when that sync ends. Staging is the
+    /// checks, the record's copy into the writer's buffer and the index's additions: no I/O
+    /// and no waiting, so any caller may do it, an async runtime's thread included. Appends
+    /// queued before it are staged first (in the order they were queued), so that one caller's
+    /// appends keep the order they were submitted in. Otherwise (the role is taken, no such
+    /// sync runs, the append is large, or the next group has no room for it) hands the
+    /// request back, to be queued.
+    pub(crate) fn stage_during_sync(&self, request: Request) -> Result<(), Request> {
+        if !is_small(&request.append) {
+            return Err(request);
+        }
+        let Some(mut writer) = self.writer.try_lock() else {
+            return Err(request);
+        };
+        // A request parked in the group is to be staged before anything queued after it.
+        if !writer.open_for_staging || !writer.group.is_empty() {
+            return Err(request);
+        }
+        while self.shared.poison_error().is_none() {
+            let Ok(queued) = self.receiver.try_recv() else {
+                return self.stage_early(&mut writer, request);
+            };
+            if let Err(queued) = self.stage_early(&mut writer, queued) {
+                // No room: it goes first in the writer thread's next group, and what is still
+                // queued (this request last) follows it there.
+                writer.group.push(queued);
+                break;
+            }
+        }
+        Err(request)
+    }
+
+    /// Stages `request` into the next group for [`WriterRole::stage_during_sync`], or hands it
+    /// back when the next group or the segment has no room for it.
+    fn stage_early(&self, writer: &mut Writer, mut request: Request) -> Result<(), Request> {
+        let stored = aligned(HEADER_BYTES + request.append.body.len());
+        let buffered = writer.buffer.len() + stored;
+        if buffered > self.shared.options.group_bytes_max
+            || writer.tail + buffered as u64 > writer.segment.size
+        {
+            return Err(request);
+        }
+        let staged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            writer.stage(&request, now_us())
+        }));
+        let Ok(staged) = staged else {
+            self.shared
+                .poison("the writer panicked staging an append on its caller's thread".into());
+            request.reply.send(Err(StoreError::Poisoned {
+                reason: "the writer panicked staging this append".into(),
+            }
+            .into()));
+            return Ok(());
+        };
+        let (needed, outcome) = match staged {
+            Staged::Appended(last) => (last, Ok(last)),
+            // In D3 every outcome waits for a sync: a conflict may name a staged event.
+            Staged::Done(outcome) => (writer.next_position - 1, outcome),
+        };
+        self.shared
+            .recycle_body(std::mem::take(&mut request.append.body));
+        writer.early += 1;
+        writer.waiters.push(Waiter {
+            needed,
+            reply: request.reply,
+            outcome,
+        });
+        self.shared
+            .counters
+            .caller_stages
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Commits `request` on the calling thread, a blocking caller that is the only one waiting
@@ -1262,7 +1423,10 @@ impl WriterRole {
         }
         writer.group.push(request);
         let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            writer.commit_group(Origin::Caller);
+            let inline = writer.commit_group(Origin::Caller);
+            if let (Some(sync), Some(syncer)) = (inline, &self.syncer) {
+                syncer.run_inline(&self.shared, sync);
+            }
         }));
         if committed.is_err() {
             // The unwinding dropped the request's reply, which answered it with an error.

@@ -955,12 +955,15 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// In D3 a small append that arrives while a sync runs could not be synced before the next
-/// sync anyway: the writer holds it until the running sync ends and stages it with whatever
-/// queued behind it meanwhile, as one group (one write, one sync), which it then syncs itself:
-/// what arrives during that sync stays queued for the next group.
+/// Goal: in D3 small appends that arrive while the writer thread syncs a group are staged by
+/// their callers meanwhile (checked, copied into the next group, indexed), but neither written
+/// nor acknowledged before that sync ends; then the writer thread writes them as one group and
+/// syncs it at once, and what arrives during that sync goes the same way. Method: syncs held on
+/// a simulated disk; the store's counters of groups, caller stages, bytes written and queue
+/// depth at each step. A writer that stages each arrival as its own group, or writes it while
+/// the sync runs, or leaves it queued for the writer thread, fails.
 #[test]
-fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
+fn appends_arriving_during_a_sync_are_staged_meanwhile_and_go_as_one_group() {
     let (io, store) = store_on_held_disk(5);
     let append = |n: u64| {
         let store = store.clone();
@@ -974,31 +977,83 @@ fn appends_arriving_during_a_sync_wait_for_it_and_go_as_one_group() {
     // thread): the writer syncs it itself, and stops in that sync.
     let first = append_via_writer(&store, &[NewEvent::new("E", b"0".to_vec()).tag("a")]);
     wait_until("the first sync", || io.syncs_waiting() == 1);
-    // Two queue behind it and, once it ends, go as one group.
+    let written = store.stats().bytes_written;
+    // Two arrive meanwhile: their callers stage them, nothing is queued or written.
     let pair: Vec<_> = (1..3).map(append).collect();
-    wait_until("two queued appends", || store.stats().queue_depth == 2);
+    wait_until("two staged appends", || store.stats().caller_stages == 2);
+    let stats = store.stats();
+    assert_eq!(
+        (stats.queue_depth, stats.groups, stats.bytes_written),
+        (0, 1, written),
+        "staged, not queued, not written while the sync runs"
+    );
+    assert!(
+        pair.iter().all(|h| !h.is_finished()),
+        "nothing acknowledged"
+    );
     io.let_syncs_through(1);
     assert_eq!(first.recv().unwrap().unwrap(), 1);
     wait_until("the pair's sync", || io.syncs_waiting() == 1);
-    let groups = store.stats().groups;
-    assert_eq!(groups, 2, "the pair went as one group");
-    // Eight arrive while the pair's sync runs: all stay queued (a writer that staged each at
-    // once would leave none queued; one that left the pair's sync to the syncer would take
-    // the first and hold it).
-    let later: Vec<_> = (3..11).map(append).collect();
-    wait_until("eight queued", || store.stats().queue_depth == 8);
-    assert_eq!(
-        store.stats().groups,
-        groups,
-        "nothing staged while the sync runs"
+    let stats = store.stats();
+    assert_eq!(stats.groups, 2, "the pair went as one group");
+    assert!(
+        stats.bytes_written > written,
+        "the pair written before its sync"
     );
+    // Eight arrive while the pair's sync runs: all eight are staged, none written meanwhile.
+    let written = stats.bytes_written;
+    let later: Vec<_> = (3..11).map(append).collect();
+    wait_until("eight staged", || store.stats().caller_stages == 10);
+    let stats = store.stats();
+    assert_eq!((stats.groups, stats.bytes_written), (2, written));
     io.release_syncs();
-    for handle in pair.into_iter().chain(later) {
-        handle.join().unwrap();
-    }
+    let mut positions: Vec<u64> = pair
+        .into_iter()
+        .chain(later)
+        .map(|h| h.join().unwrap())
+        .collect();
+    positions.sort_unstable();
+    assert_eq!(positions, (2..=11).collect::<Vec<_>>());
     let stats = store.stats();
     assert_eq!(stats.head, 11);
-    assert_eq!(stats.groups, groups + 1, "the eight went as one group");
+    assert_eq!(stats.groups, 3, "the eight went as one group");
+    assert_eq!(stats.fsyncs, 3);
+}
+
+/// Goal: a caller that stages its append while the writer thread syncs first stages whatever
+/// was queued before it, so one caller's appends keep the order it submitted them in. Method:
+/// during a held sync, one thread queues a large append (large appends are never staged by
+/// their caller) and then a small one; the small one's caller must stage the large one first.
+#[test]
+fn a_caller_staging_during_a_sync_stages_what_was_queued_before_it() {
+    let (io, store) = store_on_held_disk(7);
+    io.hold_syncs();
+    let first = append_via_writer(&store, &[NewEvent::new("E", b"0".to_vec()).tag("a")]);
+    wait_until("the first sync", || io.syncs_waiting() == 1);
+    let large: Vec<NewEvent> = (0..64)
+        .map(|n| NewEvent::new("L", format!("{n}").into_bytes()).tag("b"))
+        .collect();
+    let large = append_via_writer(&store, &large);
+    assert_eq!(store.stats().queue_depth, 1, "the large append is queued");
+    let small = append_via_writer(&store, &[NewEvent::new("S", b"x".to_vec()).tag("b")]);
+    assert_eq!(store.stats().queue_depth, 0);
+    assert_eq!(
+        store.stats().caller_stages,
+        2,
+        "both staged by the small one's caller"
+    );
+    io.release_syncs();
+    assert_eq!(first.recv().unwrap().unwrap(), 1);
+    assert_eq!(large.recv().unwrap().unwrap(), 65);
+    assert_eq!(small.recv().unwrap().unwrap(), 66);
+    let types: Vec<String> = store
+        .read(&Query::all(), ReadOptions::default())
+        .unwrap()
+        .map(|e| e.unwrap().event_type().to_owned())
+        .collect();
+    assert_eq!(types.len(), 66);
+    assert_eq!(types[64], "L");
+    assert_eq!(types[65], "S");
 }
 
 /// Goal: an append of many events is synced by the syncer thread, and one that arrives while
