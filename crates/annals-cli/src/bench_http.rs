@@ -12,10 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
+use crate::grpc_client::GrpcClient;
 use crate::http1::Http1;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum, Debug)]
@@ -183,6 +183,11 @@ impl Tally {
             self.first_error = Some(message);
         }
     }
+}
+
+/// A caller's random seed: distinct per caller, never zero.
+fn seed_of(caller: usize) -> u64 {
+    (caller as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
 /// A cheap per-connection random number (xorshift64).
@@ -365,7 +370,7 @@ async fn http_connection(
     };
     let authorization = target.api_key.as_ref().map(|k| format!("Bearer {k}"));
     let mut n = 0u64;
-    let mut seed = conn as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
+    let mut seed = seed_of(conn);
     loop {
         let now = Instant::now();
         if now >= until {
@@ -400,37 +405,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// A gRPC call's request body: the 5-byte length prefix and the encoded message.
-fn grpc_frame(message: &impl prost::Message) -> Bytes {
-    let mut out = Vec::with_capacity(5 + message.encoded_len());
-    out.push(0);
-    out.extend_from_slice(&(message.encoded_len() as u32).to_be_bytes());
-    message.encode(&mut out).expect("a Vec grows");
-    Bytes::from(out)
-}
-
-/// The gRPC status of an answer: from the trailers, or from the headers of a trailers-only
-/// answer.
-fn grpc_status(headers: &http::HeaderMap, trailers: Option<&http::HeaderMap>) -> (i32, String) {
-    let source = trailers
-        .filter(|t| t.contains_key("grpc-status"))
-        .unwrap_or(headers);
-    let code = source
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    let message = source
-        .get("grpc-message")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    (code, message)
-}
-
-/// gRPC over one HTTP/2 connection, written directly on the `h2` crate: no channel buffer task
-/// and no task per request body, so that the load generator costs the shared cores as little as
-/// the HTTP one does.
+/// gRPC over one HTTP/2 connection (`grpc_client.rs`): `streams` callers share it, each with
+/// one call in flight, like one HTTP connection each, all driven by this one task.
 #[allow(clippy::too_many_arguments)]
 async fn grpc_connection(
     target: Arc<Target>,
@@ -446,111 +422,99 @@ async fn grpc_connection(
         tally.error(Op::Append, "no gRPC address".into());
         return tally;
     };
-    let stream = match tokio::net::TcpStream::connect(addr).await {
-        Ok(s) => s,
+    let authorization = target.authorization();
+    let paths = ["/umadb.v1.DCB/Append", "/umadb.v1.DCB/Read"];
+    let mut client = match GrpcClient::connect(addr, authorization.as_deref(), &paths).await {
+        Ok(client) => client,
         Err(e) => {
-            tally.error(Op::Append, format!("connect: {e}"));
+            tally.error(Op::Append, e);
             return tally;
         }
     };
-    let _ = stream.set_nodelay(true);
-    let (sender, connection) = match h2::client::Builder::new()
-        .initial_window_size(4 << 20)
-        .initial_connection_window_size(8 << 20)
-        .handshake::<_, Bytes>(stream)
-        .await
-    {
-        Ok(pair) => pair,
-        Err(e) => {
-            tally.error(Op::Append, format!("handshake: {e}"));
-            return tally;
-        }
-    };
-    tokio::spawn(connection);
-    // Several streams share the connection (HTTP/2 multiplexing), each one request at a time.
-    let streams: Vec<_> = (0..streams.max(1))
-        .map(|s| {
-            let id = conn * streams.max(1) + s;
-            tokio::spawn(grpc_requests(
-                sender.clone(),
-                addr,
-                target.clone(),
-                workload,
-                id,
-                data.clone(),
-                warmup_until,
-                until,
-            ))
-        })
+    let streams = streams.max(1);
+    let mut callers: Vec<GrpcCaller> = (0..streams)
+        .map(|s| GrpcCaller::new(conn * streams + s))
         .collect();
-    for stream in streams {
-        if let Ok(t) = stream.await {
-            tally.merge(&t);
+    for (tag, caller) in callers.iter_mut().enumerate() {
+        if let Err(e) = caller.call(&mut client, &target, workload, &data, tag) {
+            tally.error(caller.op, e);
+            return tally;
+        }
+    }
+    let mut done = Vec::new();
+    while client.pending() > 0 {
+        let round = match client.flush().await {
+            Ok(()) => client.answers(&mut done).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = round {
+            if Instant::now() >= warmup_until {
+                tally.error(Op::Append, e);
+            }
+            break;
+        }
+        for (tag, (code, message)) in done.drain(..) {
+            let caller = &mut callers[tag];
+            let answer = match code {
+                0 => Answer::Ok,
+                // FAILED_PRECONDITION: a failed condition, a correct answer.
+                9 => Answer::Conflict,
+                _ => Answer::Failed(format!("grpc status {code}: {message}")),
+            };
+            tally.settle(caller.op, caller.started, warmup_until, Ok(answer));
+            if Instant::now() >= until {
+                continue;
+            }
+            if let Err(e) = caller.call(&mut client, &target, workload, &data, tag) {
+                tally.error(caller.op, e);
+                return tally;
+            }
         }
     }
     tally
 }
 
-/// One gRPC call on `sender`: the request's headers and its one message, then the answer's
-/// messages (discarded) and its status, from the trailers or from a trailers-only answer.
-async fn grpc_call(
-    sender: &mut h2::client::SendRequest<Bytes>,
-    request: http::Request<()>,
-    body: Bytes,
-) -> Result<(i32, String), String> {
-    let mut ready = sender.clone().ready().await.map_err(|e| e.to_string())?;
-    let (response, mut outgoing) = ready
-        .send_request(request, false)
-        .map_err(|e| e.to_string())?;
-    outgoing.send_data(body, true).map_err(|e| e.to_string())?;
-    let response = response.await.map_err(|e| e.to_string())?;
-    let (parts, mut incoming) = response.into_parts();
-    if parts.headers.contains_key("grpc-status") {
-        return Ok(grpc_status(&parts.headers, None));
-    }
-    while let Some(chunk) = incoming.data().await {
-        let chunk = chunk.map_err(|e| e.to_string())?;
-        let _ = incoming.flow_control().release_capacity(chunk.len());
-    }
-    let trailers = incoming.trailers().await.map_err(|e| e.to_string())?;
-    Ok(grpc_status(&parts.headers, trailers.as_ref()))
+/// One of a gRPC connection's callers: one call at a time, each the next of its workload.
+struct GrpcCaller {
+    id: usize,
+    n: u64,
+    seed: u64,
+    /// The call in flight: what it is and when it started.
+    op: Op,
+    started: Instant,
 }
 
-/// One stream's requests, one at a time, until `until`.
-#[allow(clippy::too_many_arguments)]
-async fn grpc_requests(
-    mut sender: h2::client::SendRequest<Bytes>,
-    addr: SocketAddr,
-    target: Arc<Target>,
-    workload: Workload,
-    conn: usize,
-    data: Arc<String>,
-    warmup_until: Instant,
-    until: Instant,
-) -> Tally {
-    use umadb_proto::v1;
-    let mut tally = Tally::new();
-    let authorization = target
-        .api_key
-        .as_ref()
-        .and_then(|k| http::HeaderValue::try_from(format!("Bearer {k}")).ok());
-    let uri = |path: &str| -> http::Uri {
-        format!("http://{addr}{path}")
-            .parse()
-            .expect("a valid gRPC address")
-    };
-    let (append_uri, read_uri) = (uri("/umadb.v1.DCB/Append"), uri("/umadb.v1.DCB/Read"));
-    let mut n = 0u64;
-    let mut seed = conn as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
-    while Instant::now() < until {
-        let op = pick(workload, n + conn as u64);
-        let tag = format!("account:{}", xorshift(&mut seed) % READ_TAGS);
-        let (uri, body) = match op {
+impl GrpcCaller {
+    fn new(id: usize) -> Self {
+        GrpcCaller {
+            id,
+            n: 0,
+            seed: seed_of(id),
+            op: Op::Append,
+            started: Instant::now(),
+        }
+    }
+
+    /// Starts this caller's next call on `client`, answered with `tag`.
+    fn call(
+        &mut self,
+        client: &mut GrpcClient,
+        target: &Target,
+        workload: Workload,
+        data: &str,
+        tag: usize,
+    ) -> Result<(), String> {
+        use umadb_proto::v1;
+        let op = pick(workload, self.n + self.id as u64);
+        let tag_text = format!("account:{}", xorshift(&mut self.seed) % READ_TAGS);
+        self.op = op;
+        self.started = Instant::now();
+        let result = match op {
             Op::Append | Op::Conditional => {
-                let mut tags = vec![tag];
+                let mut tags = vec![tag_text];
                 let mut condition = None;
                 if op == Op::Conditional {
-                    let key = format!("key:{}-{conn}-{n}", target.run_id);
+                    let key = format!("key:{}-{}-{}", target.run_id, self.id, self.n);
                     tags.insert(0, key.clone());
                     condition = Some(v1::AppendCondition {
                         fail_if_events_match: Some(v1::Query {
@@ -573,51 +537,25 @@ async fn grpc_requests(
                     condition,
                     tracking_info: None,
                 };
-                (append_uri.clone(), grpc_frame(&request))
+                client.start(0, &request, tag)
             }
-            Op::Order => {
-                tally.error(op, "the orders workload is HTTP only".into());
-                return tally;
-            }
+            Op::Order => Err("the orders workload is HTTP only".into()),
             Op::Read => {
                 let request = v1::ReadRequest {
                     query: Some(v1::Query {
                         items: vec![v1::QueryItem {
                             types: Vec::new(),
-                            tags: vec![tag],
+                            tags: vec![tag_text],
                         }],
                     }),
                     ..Default::default()
                 };
-                (read_uri.clone(), grpc_frame(&request))
+                client.start(1, &request, tag)
             }
         };
-        n += 1;
-        let mut request = http::Request::new(());
-        *request.method_mut() = http::Method::POST;
-        *request.uri_mut() = uri;
-        let headers = request.headers_mut();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/grpc"),
-        );
-        headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
-        if let Some(a) = &authorization {
-            headers.insert(http::header::AUTHORIZATION, a.clone());
-        }
-        let started = Instant::now();
-        let outcome = grpc_call(&mut sender, request, body).await;
-        let answer = outcome.map(|(code, message)| match code {
-            0 => Answer::Ok,
-            // FAILED_PRECONDITION: a failed condition, a correct answer.
-            9 => Answer::Conflict,
-            _ => Answer::Failed(format!("grpc status {code}: {message}")),
-        });
-        if !tally.settle(op, started, warmup_until, answer) {
-            break;
-        }
+        self.n += 1;
+        result
     }
-    tally
 }
 
 impl Target {
@@ -747,8 +685,10 @@ async fn one_run(args: &HttpArgs, target: Arc<Target>, data: Arc<String>) -> Run
     }
     let mut tally = Tally::new();
     for task in tasks {
-        if let Ok(t) = task.await {
-            tally.merge(&t);
+        match task.await {
+            Ok(t) => tally.merge(&t),
+            // A connection's task that panicked is an error of the benchmark, not silence.
+            Err(e) => tally.error(Op::Append, format!("a connection's task failed: {e}")),
         }
     }
     let seconds = args.seconds;

@@ -6,6 +6,7 @@ mod bench_decide;
 mod bench_http;
 mod data;
 mod exchange;
+mod grpc_client;
 mod http1;
 mod inspect;
 mod readmodel;

@@ -138,10 +138,12 @@ fn bench_append_json_contract() {
 #[test]
 fn bench_http_json_contract() {
     let dir = tempfile::tempdir().unwrap();
-    for (protocol, workload) in [("http", "mixed"), ("grpc", "mixed")] {
+    // gRPC with several calls in flight on each connection (HTTP/2 streams).
+    for (protocol, workload, streams) in [("http", "mixed", "1"), ("grpc", "mixed", "4")] {
         let stdout = stdout_of(
             annals()
                 .args(["bench", "http", "--connections", "4", "--seconds", "0.5"])
+                .args(["--streams", streams])
                 .args([
                     "--preload",
                     "2000",
