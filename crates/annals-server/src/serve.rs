@@ -2,9 +2,14 @@
 //! HTTP/2 on one port, and graceful shutdown (in-flight requests finish, idle connections
 //! close).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::task::AtomicWaker;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -61,22 +66,6 @@ pub(crate) async fn serve_http(
     state: Arc<AppState>,
 ) {
     let limits = state.config.limits.clone();
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
-        // Large windows, as gRPC clients use: fewer WINDOW_UPDATE frames per request.
-        .initial_stream_window_size(4 << 20)
-        .initial_connection_window_size(8 << 20)
-        .auto_date_header(false)
-        .keep_alive_interval(Some(std::time::Duration::from_secs(20)));
-    let builder = Arc::new(builder);
     let graceful = GracefulShutdown::new();
     let mut shutdown = state.shutdown.clone();
     let connections = Arc::new(tokio::sync::Semaphore::new(limits.connections_max));
@@ -100,23 +89,25 @@ pub(crate) async fn serve_http(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let builder = builder.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
         let gauge = state.metrics.connection();
         let handshake_timeout = limits.header_timeout;
+        let limits = limits.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let _gauge = gauge;
+            let streams = ConnectionStreams::for_this_runtime();
+            let builder = builder(streams.clone(), &limits);
             match tls {
-                None => serve_connection(stream, &builder, service, watcher).await,
+                None => serve_connection(stream, &builder, service, watcher, streams).await,
                 Some(acceptor) => {
                     let Ok(Ok(stream)) =
                         tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
                     else {
                         return;
                     };
-                    serve_connection(stream, &builder, service, watcher).await
+                    serve_connection(stream, &builder, service, watcher, streams).await
                 }
             }
         });
@@ -130,14 +121,125 @@ pub(crate) async fn serve_http(
     }
 }
 
+/// A connection's server: HTTP/1.1 or HTTP/2 as the client speaks, its HTTP/2 streams run by
+/// `streams`.
+fn builder(
+    streams: ConnectionStreams,
+    limits: &crate::config::ServerLimits,
+) -> Builder<ConnectionStreams> {
+    let mut builder = Builder::new(streams);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        // Large windows, as gRPC clients use: fewer WINDOW_UPDATE frames per request.
+        .initial_stream_window_size(4 << 20)
+        .initial_connection_window_size(8 << 20)
+        .auto_date_header(false)
+        .keep_alive_interval(Some(std::time::Duration::from_secs(20)));
+    builder
+}
+
 async fn serve_connection<I>(
     io: I,
-    builder: &Builder<TokioExecutor>,
+    builder: &Builder<ConnectionStreams>,
     service: TowerToHyperService<axum::Router>,
     watcher: hyper_util::server::graceful::Watcher,
+    streams: ConnectionStreams,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    let _ = watcher.watch(connection.into_owned()).await;
+    streams.drive(watcher.watch(connection.into_owned())).await;
+}
+
+type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs an HTTP/2 connection's streams (each request's handler and answer) in the
+/// connection's own task rather than in a task each, when the server has one network thread
+/// (`--worker-threads`, by default one fewer than the cores): hyper hands each new stream to
+/// its executor, which then queues it for [`ConnectionStreams::drive`]. A stream's task of its
+/// own buys no parallelism on one thread, only a spawn, a schedule and a wake-up between the
+/// task that answers and the task that writes the answer out; run in the connection's task,
+/// the store's answer wakes the one task that does both, and a round of answers goes out in
+/// one write. gRPC over one connection with 64 calls in flight: 87-91K calls/s against
+/// 65-68K, 12.3-12.8 us of server CPU per call against 17-18 us. With several network threads
+/// each stream gets its own task as before, so that one connection's calls (a gRPC client
+/// usually has one) can run on all of them.
+#[derive(Clone)]
+pub(crate) struct ConnectionStreams {
+    queue: Arc<StreamQueue>,
+    inline: bool,
+}
+
+#[derive(Default)]
+struct StreamQueue {
+    new: parking_lot::Mutex<Vec<StreamFuture>>,
+    waker: AtomicWaker,
+}
+
+impl<F> hyper::rt::Executor<F> for ConnectionStreams
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, future: F) {
+        if !self.inline {
+            tokio::spawn(future);
+            return;
+        }
+        self.queue.new.lock().push(Box::pin(future));
+        self.queue.waker.wake();
+    }
+}
+
+impl ConnectionStreams {
+    /// Streams run inline when the current runtime has one worker thread.
+    fn for_this_runtime() -> Self {
+        let workers = tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_workers())
+            .unwrap_or(1);
+        ConnectionStreams {
+            queue: Arc::default(),
+            inline: workers <= 1,
+        }
+    }
+
+    /// Drives `connection` and the streams it starts, until the connection has ended and
+    /// every stream has finished.
+    async fn drive<C: Future>(self, connection: C) {
+        let mut connection = std::pin::pin!(connection);
+        let mut running: FuturesUnordered<StreamFuture> = FuturesUnordered::new();
+        let mut ended = false;
+        std::future::poll_fn(|cx| {
+            self.queue.waker.register(cx.waker());
+            loop {
+                if !ended && connection.as_mut().poll(cx).is_ready() {
+                    ended = true;
+                }
+                let new = std::mem::take(&mut *self.queue.new.lock());
+                let started = !new.is_empty();
+                running.extend(new);
+                let mut finished = false;
+                while let Poll::Ready(Some(())) = running.poll_next_unpin(cx) {
+                    finished = true;
+                }
+                // A stream that finished has its answer queued on the connection, and a new
+                // one may have too: the connection writes them out on its next poll.
+                if !(started || finished) || ended {
+                    break;
+                }
+            }
+            if ended && running.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
 }

@@ -1056,6 +1056,51 @@ fn a_caller_staging_during_a_sync_stages_what_was_queued_before_it() {
     assert_eq!(types[65], "S");
 }
 
+/// Goal: appends their callers staged while the writer thread synced are refused with the
+/// store's poisoning when that sync fails: never acknowledged, nothing readable, and the store
+/// takes nothing more until it is reopened, when none of them is there. Method: a held sync
+/// of the writer thread, two small appends staged meanwhile by their callers, then the held
+/// sync fails (EIO).
+#[test]
+fn appends_staged_during_a_failing_sync_are_refused_with_it() {
+    let (io, store) = store_on_held_disk(8);
+    io.hold_syncs();
+    let first = append_via_writer(&store, &[NewEvent::new("E", b"0".to_vec()).tag("a")]);
+    wait_until("the first sync", || io.syncs_waiting() == 1);
+    let staged: Vec<_> = (0..2)
+        .map(|_| append_via_writer(&store, &[NewEvent::new("S", b"x".to_vec()).tag("b")]))
+        .collect();
+    assert_eq!(store.stats().caller_stages, 2);
+    io.fail_sync(0, FaultKind::Eio, false);
+    io.release_syncs();
+    assert!(first.recv().unwrap().is_err(), "its sync failed");
+    for outcome in staged {
+        match outcome.recv().unwrap() {
+            Err(AppendError::Store(StoreError::Poisoned { .. })) => {}
+            other => panic!("a staged append after a failed sync: {other:?}"),
+        }
+    }
+    assert_eq!(store.head(), 0);
+    assert!(read_all(&store, &Query::all(), ReadOptions::forwards())
+        .unwrap()
+        .is_empty());
+    assert!(matches!(
+        store.append(&[event()], None),
+        Err(AppendError::Store(StoreError::Poisoned { .. }))
+    ));
+    drop(store);
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
+    let types: Vec<String> = read_all(&store, &Query::all(), ReadOptions::forwards())
+        .unwrap()
+        .iter()
+        .map(|e| e.event_type().to_owned())
+        .collect();
+    assert!(
+        !types.iter().any(|t| t == "S"),
+        "nothing staged after a failed sync is there: {types:?}"
+    );
+}
+
 /// Goal: an append of many events is synced by the syncer thread, and one that arrives while
 /// that sync runs is staged and written at once, not held for the sync: staging it is worth
 /// overlapping with the sync. Method: syncs held on a simulated disk; a lone 64-event append
