@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -226,15 +226,7 @@ impl GrpcClient {
     /// Waits for what the server sends next and handles all of it, adding each call it
     /// finishes to `done` as `(tag, status)`. An error means the connection is broken.
     pub(crate) async fn answers(&mut self, done: &mut Vec<(usize, Status)>) -> Result<(), String> {
-        self.input.reserve(64 << 10);
-        let n = self
-            .stream
-            .read_buf(&mut self.input)
-            .await
-            .map_err(|e| format!("receive: {e}"))?;
-        if n == 0 {
-            return Err("the server closed the connection".into());
-        }
+        crate::http1::receive(&mut self.stream, &mut self.input, 64 << 10).await?;
         let input = std::mem::take(&mut self.input);
         let mut at = 0;
         let result = loop {

@@ -97,17 +97,26 @@ impl Http1 {
         if self.input.len() > MAX_ANSWER {
             return Err("an answer larger than the client reads".into());
         }
-        self.input.reserve(16 << 10);
-        let n = self
-            .stream
-            .read_buf(&mut self.input)
-            .await
-            .map_err(|e| format!("receive: {e}"))?;
-        if n == 0 {
-            return Err("the server closed the connection".into());
-        }
-        Ok(())
+        receive(&mut self.stream, &mut self.input, 16 << 10).await
     }
+}
+
+/// Reads what the server has sent so far (at least one byte) onto the end of `input`, with
+/// room for `reserve` bytes more; an error if the server has closed the connection.
+pub(crate) async fn receive(
+    stream: &mut TcpStream,
+    input: &mut Vec<u8>,
+    reserve: usize,
+) -> Result<(), String> {
+    input.reserve(reserve);
+    let n = stream
+        .read_buf(input)
+        .await
+        .map_err(|e| format!("receive: {e}"))?;
+    if n == 0 {
+        return Err("the server closed the connection".into());
+    }
+    Ok(())
 }
 
 fn write_request(
