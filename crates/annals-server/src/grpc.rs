@@ -66,7 +66,8 @@ pub(crate) async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, state
                 .await;
         }
     });
-    crate::serve::serve_http(listener, router, tls, state).await;
+    let own_http2 = state.config.grpc_http2 == crate::config::GrpcHttp2::Own;
+    crate::serve::serve_http(listener, router, tls, state, own_http2).await;
 }
 
 const SERVICE_NAMES: [&str; 3] = ["", "umadb.v1.DCB", "umadb.UmaDBService"];

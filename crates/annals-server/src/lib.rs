@@ -10,6 +10,8 @@ pub mod auth;
 pub mod config;
 mod exchange;
 mod grpc;
+mod h2serve;
+pub mod h2wire;
 mod http;
 pub mod metrics;
 mod openapi;
@@ -167,6 +169,7 @@ impl Server {
             router,
             tls.as_ref().map(|t| t.acceptor.clone()),
             state.clone(),
+            false,
         )));
         let mut grpc_addr = None;
         if let Some(addr) = config.grpc_listen {

@@ -19,6 +19,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::TlsFiles;
+use crate::h2serve;
 use crate::AppState;
 
 /// TLS material, loaded once and shared by the HTTP and gRPC listeners.
@@ -59,14 +60,21 @@ pub(crate) fn load_tls(files: &TlsFiles) -> Result<Tls, String> {
     })
 }
 
+/// Serves `router` on `listener` until shutdown. With `own_http2` (the gRPC listener by
+/// default) connections are HTTP/2 only and answered by the server's own connection
+/// (`h2serve.rs`); otherwise hyper answers HTTP/1.1 and HTTP/2 as the client speaks.
 pub(crate) async fn serve_http(
     listener: TcpListener,
     router: axum::Router,
     tls: Option<TlsAcceptor>,
     state: Arc<AppState>,
+    own_http2: bool,
 ) {
     let limits = state.config.limits.clone();
     let graceful = GracefulShutdown::new();
+    // Each connection of our own holds a sender; the receiver sees the end of the channel once
+    // they all have finished.
+    let (alive, mut all_finished) = tokio::sync::mpsc::channel::<()>(1);
     let mut shutdown = state.shutdown.clone();
     let connections = Arc::new(tokio::sync::Semaphore::new(limits.connections_max));
     loop {
@@ -88,8 +96,23 @@ pub(crate) async fn serve_http(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let watcher = graceful.watcher();
+        let protocol = if own_http2 {
+            Protocol::Own {
+                router: router.clone(),
+                settings: h2serve::Settings {
+                    body_bytes_max: limits.body_bytes_max,
+                    preface_timeout: limits.header_timeout,
+                    body_timeout: limits.body_timeout,
+                },
+                shutdown: state.shutdown.clone(),
+                alive: alive.clone(),
+            }
+        } else {
+            Protocol::Hyper {
+                service: TowerToHyperService::new(router.clone()),
+                watcher: graceful.watcher(),
+            }
+        };
         let tls = tls.clone();
         let gauge = state.metrics.connection();
         let handshake_timeout = limits.header_timeout;
@@ -97,27 +120,66 @@ pub(crate) async fn serve_http(
         tokio::spawn(async move {
             let _permit = permit;
             let _gauge = gauge;
-            let streams = ConnectionStreams::for_this_runtime();
-            let builder = builder(streams.clone(), &limits);
             match tls {
-                None => serve_connection(stream, &builder, service, watcher, streams).await,
+                None => serve_io(stream, protocol, &limits).await,
                 Some(acceptor) => {
                     let Ok(Ok(stream)) =
                         tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
                     else {
                         return;
                     };
-                    serve_connection(stream, &builder, service, watcher, streams).await
+                    serve_io(stream, protocol, &limits).await
                 }
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.drain_timeout, graceful.shutdown())
+    drop(alive);
+    let drained = async {
+        graceful.shutdown().await;
+        let _ = all_finished.recv().await;
+    };
+    if tokio::time::timeout(limits.drain_timeout, drained)
         .await
         .is_err()
     {
         eprintln!("annals: http: connections still open after the drain timeout");
+    }
+}
+
+/// Who answers a connection.
+enum Protocol {
+    Hyper {
+        service: TowerToHyperService<axum::Router>,
+        watcher: hyper_util::server::graceful::Watcher,
+    },
+    Own {
+        router: axum::Router,
+        settings: h2serve::Settings,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+        alive: tokio::sync::mpsc::Sender<()>,
+    },
+}
+
+async fn serve_io<I>(io: I, protocol: Protocol, limits: &crate::config::ServerLimits)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    match protocol {
+        Protocol::Hyper { service, watcher } => {
+            let streams = ConnectionStreams::for_this_runtime();
+            let builder = builder(streams.clone(), limits);
+            serve_connection(io, &builder, service, watcher, streams).await
+        }
+        Protocol::Own {
+            router,
+            settings,
+            shutdown,
+            alive,
+        } => {
+            h2serve::serve(io, router, settings, shutdown).await;
+            drop(alive);
+        }
     }
 }
 
