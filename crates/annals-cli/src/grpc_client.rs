@@ -23,31 +23,7 @@ use std::net::SocketAddr;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-// Frame types (RFC 9113 section 6).
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const PUSH_PROMISE: u8 = 0x5;
-const PING: u8 = 0x6;
-const GOAWAY: u8 = 0x7;
-const WINDOW_UPDATE: u8 = 0x8;
-const CONTINUATION: u8 = 0x9;
-
-// Frame flags.
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
-
-// Settings.
-const SETTINGS_ENABLE_PUSH: u16 = 0x2;
-const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
-const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
-const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
+use annals_server::h2wire::*;
 
 /// The window this client gives each stream and the connection: a benchmark's answers never
 /// wait for it.
@@ -56,11 +32,6 @@ const RECEIVE_WINDOW: u32 = 1 << 30;
 const MAX_FRAME_IN: usize = 1 << 20;
 /// The connection's window is handed back once this much data has been read.
 const WINDOW_STEP: u64 = 16 << 20;
-/// Until the server's settings say otherwise (RFC 9113 section 6.5.2).
-const DEFAULT_WINDOW: i64 = 65_535;
-const DEFAULT_MAX_FRAME: usize = 16_384;
-/// Stream identifiers run out here; a connection this old must be replaced.
-const LAST_STREAM_ID: u32 = (1 << 31) - 1;
 
 /// A finished call: its gRPC status code and message. A call the server reset, or that ended
 /// without a status, is `UNKNOWN` (2) with a message saying so.
@@ -158,11 +129,7 @@ impl GrpcClient {
             (SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW),
             (SETTINGS_MAX_FRAME_SIZE, MAX_FRAME_IN as u32),
         ];
-        frame_head(&mut client.out, settings.len() * 6, SETTINGS, 0, 0);
-        for (id, value) in settings {
-            client.out.extend_from_slice(&id.to_be_bytes());
-            client.out.extend_from_slice(&value.to_be_bytes());
-        }
+        annals_server::h2wire::settings(&mut client.out, &settings);
         window_update(&mut client.out, 0, RECEIVE_WINDOW - DEFAULT_WINDOW as u32);
         client.flush().await?;
         let mut none = Vec::new();
@@ -230,10 +197,10 @@ impl GrpcClient {
         let input = std::mem::take(&mut self.input);
         let mut at = 0;
         let result = loop {
-            let frame = match next_frame(&input[at..]) {
+            let frame = match next_frame(&input[at..], MAX_FRAME_IN) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break Ok(()),
-                Err(e) => break Err(e),
+                Err(len) => break Err(format!("a frame of {len} bytes")),
             };
             at += 9 + frame.payload.len();
             if let Err(e) = self.frame(frame, done) {
@@ -327,13 +294,14 @@ impl GrpcClient {
         match kind {
             DATA => {
                 self.unreturned += payload.len() as u64;
-                unpadded(flags, payload)?;
+                unpadded(flags, payload).ok_or("padding longer than its frame")?;
                 if flags & END_STREAM != 0 {
                     self.finish(stream_id, done);
                 }
             }
             HEADERS => {
-                let mut fragment = unpadded(flags, payload)?;
+                let mut fragment =
+                    unpadded(flags, payload).ok_or("padding longer than its frame")?;
                 if flags & PRIORITY != 0 {
                     fragment = fragment.get(5..).ok_or("a short HEADERS frame")?;
                 }
@@ -474,62 +442,8 @@ impl GrpcClient {
     }
 }
 
-struct Frame<'a> {
-    kind: u8,
-    flags: u8,
-    stream_id: u32,
-    payload: &'a [u8],
-}
-
-/// The first frame in `input` once it has arrived whole (an error if it is larger than this
-/// client accepts).
-fn next_frame(input: &[u8]) -> Result<Option<Frame<'_>>, String> {
-    let Some(head) = input.get(..9) else {
-        return Ok(None);
-    };
-    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-    if len > MAX_FRAME_IN {
-        return Err(format!("a frame of {len} bytes"));
-    }
-    Ok(input.get(9..9 + len).map(|payload| Frame {
-        kind: head[3],
-        flags: head[4],
-        stream_id: be_u32(&head[5..9]).expect("four bytes") & LAST_STREAM_ID,
-        payload,
-    }))
-}
-
-/// A frame's payload without its padding.
-fn unpadded(flags: u8, payload: &[u8]) -> Result<&[u8], String> {
-    if flags & PADDED == 0 {
-        return Ok(payload);
-    }
-    let pad = *payload.first().ok_or("a padded frame with no length")? as usize;
-    payload
-        .len()
-        .checked_sub(1 + pad)
-        .map(|end| &payload[1..1 + end])
-        .ok_or_else(|| "padding longer than its frame".into())
-}
-
-fn be_u32(bytes: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(bytes.get(..4)?.try_into().ok()?))
-}
-
 fn parse<T: std::str::FromStr>(value: &[u8]) -> Option<T> {
     std::str::from_utf8(value).ok()?.parse().ok()
-}
-
-fn frame_head(out: &mut Vec<u8>, len: usize, kind: u8, flags: u8, stream_id: u32) {
-    out.extend_from_slice(&(len as u32).to_be_bytes()[1..]);
-    out.push(kind);
-    out.push(flags);
-    out.extend_from_slice(&stream_id.to_be_bytes());
-}
-
-fn window_update(out: &mut Vec<u8>, stream_id: u32, increment: u32) {
-    frame_head(out, 4, WINDOW_UPDATE, 0, stream_id);
-    out.extend_from_slice(&increment.to_be_bytes());
 }
 
 /// The HPACK header block of a gRPC call to `path` (RFC 7541): `:method POST` and `:scheme
@@ -546,40 +460,15 @@ fn header_block(path: &str, authority: &str, authorization: Option<&str>) -> Vec
     let mut out = Vec::new();
     integer(&mut out, 7, 0x80, METHOD_POST);
     integer(&mut out, 7, 0x80, SCHEME_HTTP);
-    let literal = |out: &mut Vec<u8>, first: u8, name: usize, value: &str| {
-        integer(out, 4, first, name);
-        integer(out, 7, 0, value.len());
-        out.extend_from_slice(value.as_bytes());
-    };
-    literal(&mut out, 0x00, PATH, path);
-    literal(&mut out, 0x00, AUTHORITY, authority);
-    literal(&mut out, 0x00, CONTENT_TYPE, "application/grpc");
+    literal(&mut out, 0x00, PATH, b"", path.as_bytes());
+    literal(&mut out, 0x00, AUTHORITY, b"", authority.as_bytes());
+    literal(&mut out, 0x00, CONTENT_TYPE, b"", b"application/grpc");
     if let Some(authorization) = authorization {
-        literal(&mut out, 0x10, AUTHORIZATION, authorization);
+        literal(&mut out, 0x10, AUTHORIZATION, b"", authorization.as_bytes());
     }
     // `te: trailers`, a name the static table lacks.
-    out.push(0x00);
-    for text in ["te", "trailers"] {
-        integer(&mut out, 7, 0, text.len());
-        out.extend_from_slice(text.as_bytes());
-    }
+    literal(&mut out, 0x00, 0, b"te", b"trailers");
     out
-}
-
-/// An HPACK integer with an `bits`-bit prefix, the first byte's other bits `first`.
-fn integer(out: &mut Vec<u8>, bits: u32, first: u8, value: usize) {
-    let max = (1usize << bits) - 1;
-    if value < max {
-        out.push(first | value as u8);
-        return;
-    }
-    out.push(first | max as u8);
-    let mut rest = value - max;
-    while rest >= 128 {
-        out.push((rest % 128) as u8 | 0x80);
-        rest /= 128;
-    }
-    out.push(rest as u8);
 }
 
 #[cfg(test)]
@@ -588,23 +477,6 @@ mod tests {
     use bytes::Bytes;
     use std::time::Duration;
     use umadb_proto::v1;
-
-    #[test]
-    fn integers_take_their_prefix_then_sevens() {
-        // RFC 7541 appendix C.1: 10 and 1337 with a 5-bit prefix, 42 with an 8-bit one.
-        let mut out = Vec::new();
-        integer(&mut out, 5, 0, 10);
-        assert_eq!(out, [10]);
-        out.clear();
-        integer(&mut out, 5, 0, 1337);
-        assert_eq!(out, [31, 154, 10]);
-        out.clear();
-        integer(&mut out, 8, 0, 42);
-        assert_eq!(out, [42]);
-        out.clear();
-        integer(&mut out, 4, 0x10, 15);
-        assert_eq!(out, [0x1f, 0]);
-    }
 
     #[test]
     fn a_header_block_decodes_to_the_call() {
@@ -629,14 +501,6 @@ mod tests {
         .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
         .collect();
         assert_eq!(headers, expected);
-    }
-
-    #[test]
-    fn padding_is_cut_and_checked() {
-        assert_eq!(unpadded(0, b"abc").unwrap(), b"abc");
-        assert_eq!(unpadded(PADDED, b"\x02abcXY").unwrap(), b"abc");
-        assert!(unpadded(PADDED, b"\x05ab").is_err());
-        assert!(unpadded(PADDED, b"").is_err());
     }
 
     /// An HTTP/2 server on the `h2` crate that answers by path: `Ok` with one message (the

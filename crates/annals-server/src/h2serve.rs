@@ -913,3 +913,424 @@ fn encode_fields(out: &mut Vec<u8>, headers: &http::HeaderMap) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use tokio::io::DuplexStream;
+
+    fn settings() -> Settings {
+        Settings {
+            body_bytes_max: 100,
+            preface_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_millis(200),
+        }
+    }
+
+    /// Sets its flag when dropped.
+    struct Guard(Arc<AtomicBool>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    struct Routes {
+        /// The body of `/never` was dropped.
+        dropped: Arc<AtomicBool>,
+        /// `/slow` answers once notified.
+        release: Arc<tokio::sync::Notify>,
+    }
+
+    fn router() -> (axum::Router, Routes) {
+        use axum::routing::post;
+        let routes = Routes {
+            dropped: Arc::default(),
+            release: Arc::default(),
+        };
+        let (dropped, release) = (routes.dropped.clone(), routes.release.clone());
+        let router = axum::Router::new()
+            .route("/echo", post(|body: Bytes| async move { body }))
+            .route(
+                "/len",
+                post(|body: Bytes| async move { body.len().to_string() }),
+            )
+            .route(
+                "/stream",
+                post(|| async {
+                    // Ten chunks of 10,000 bytes, then trailers.
+                    let mut frames: Vec<Result<_, std::convert::Infallible>> = (0..10u8)
+                        .map(|i| Ok(http_body::Frame::data(Bytes::from(vec![i; 10_000]))))
+                        .collect();
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                    frames.push(Ok(http_body::Frame::trailers(trailers)));
+                    let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+                    Body::new(body)
+                }),
+            )
+            .route(
+                "/never",
+                post(move || async move {
+                    let guard = Guard(dropped);
+                    let stream = futures_util::stream::pending::<
+                        Result<http_body::Frame<Bytes>, std::convert::Infallible>,
+                    >()
+                    .map(move |frame| {
+                        let _ = &guard;
+                        frame
+                    });
+                    Body::new(http_body_util::StreamBody::new(stream))
+                }),
+            )
+            .route(
+                "/slow",
+                post(move || async move {
+                    release.notified().await;
+                    "done"
+                }),
+            );
+        (router, routes)
+    }
+
+    /// A server connection on one end of an in-memory pipe; the other end, the routes' probes,
+    /// the shutdown switch and the connection's task.
+    fn start() -> (
+        DuplexStream,
+        Routes,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (router, routes) = router();
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let task = tokio::spawn(serve(server, router, settings(), shutdown_rx));
+        (client, routes, shutdown, task)
+    }
+
+    async fn h2_client(io: DuplexStream, window: u32) -> h2::client::SendRequest<Bytes> {
+        let (client, connection) = h2::client::Builder::new()
+            .initial_window_size(window)
+            .handshake::<_, Bytes>(io)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+    }
+
+    fn post_to(path: &str) -> http::Request<()> {
+        http::Request::builder()
+            .method("POST")
+            .uri(format!("http://test{path}"))
+            .body(())
+            .unwrap()
+    }
+
+    /// Sends `body` to `path` and reads the whole answer, handing the window back as it goes.
+    async fn call(
+        client: &mut h2::client::SendRequest<Bytes>,
+        path: &str,
+        body: Bytes,
+    ) -> (http::StatusCode, Vec<u8>, Option<http::HeaderMap>) {
+        let answer = async {
+            let mut client = client.clone().ready().await.unwrap();
+            let (response, mut send) = client.send_request(post_to(path), false).unwrap();
+            send.reserve_capacity(body.len());
+            send.send_data(body, true).unwrap();
+            let response = response.await.unwrap();
+            let status = response.status();
+            let mut body = response.into_body();
+            let mut data = Vec::new();
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.unwrap();
+                body.flow_control().release_capacity(chunk.len()).unwrap();
+                data.extend_from_slice(&chunk);
+            }
+            let trailers = body.trailers().await.unwrap();
+            (status, data, trailers)
+        };
+        tokio::time::timeout(Duration::from_secs(10), answer)
+            .await
+            .expect("the whole answer within 10 s")
+    }
+
+    #[tokio::test]
+    async fn answers_go_out_as_the_clients_windows_allow() {
+        let (io, _routes, _shutdown, _task) = start();
+        // A stream window of 1,000 bytes: every answer below waits for WINDOW_UPDATEs.
+        let mut client = h2_client(io, 1_000).await;
+        let (status, data, trailers) = call(&mut client, "/stream", Bytes::new()).await;
+        assert_eq!(status, http::StatusCode::OK);
+        assert_eq!(data.len(), 100_000);
+        assert!(data
+            .chunks(10_000)
+            .enumerate()
+            .all(|(i, c)| c.iter().all(|&b| b == i as u8)));
+        assert_eq!(trailers.unwrap()["grpc-status"], "0");
+        // Several at once on the one connection, each with its own window.
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let mut client = client.clone();
+                tokio::spawn(async move { call(&mut client, "/stream", Bytes::new()).await })
+            })
+            .collect();
+        for call in calls {
+            assert_eq!(call.await.unwrap().1.len(), 100_000);
+        }
+        // A request body within the limit comes back whole.
+        let body = Bytes::from((0..90u8).collect::<Vec<_>>());
+        let (status, data, _) = call(&mut client, "/echo", body.clone()).await;
+        assert_eq!((status, &data[..]), (http::StatusCode::OK, &body[..]));
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_limit_is_cut_and_the_rest_refused() {
+        let (io, _routes, _shutdown, _task) = start();
+        let mut client = h2_client(io, 1 << 20).await;
+        let mut ready = client.clone().ready().await.unwrap();
+        let (response, mut send) = ready.send_request(post_to("/len"), false).unwrap();
+        send.reserve_capacity(1_000);
+        send.send_data(Bytes::from(vec![7u8; 1_000]), false)
+            .unwrap();
+        let response = response.await.unwrap();
+        let mut body = response.into_body();
+        let data = body.data().await.unwrap().unwrap();
+        // The limit (100) and the five bytes of a gRPC message's prefix.
+        assert_eq!(&data[..], b"105");
+        // The connection serves on.
+        let (status, data, _) = call(&mut client, "/len", Bytes::from_static(b"abc")).await;
+        assert_eq!((status, &data[..]), (http::StatusCode::OK, &b"3"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_reset_stream_stops_its_work() {
+        let (io, routes, _shutdown, _task) = start();
+        let client = h2_client(io, 1 << 20).await;
+        let mut ready = client.clone().ready().await.unwrap();
+        let (response, mut send) = ready.send_request(post_to("/never"), false).unwrap();
+        send.send_data(Bytes::new(), true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert!(!routes.dropped.load(Ordering::SeqCst));
+        send.send_reset(h2::Reason::CANCEL);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !routes.dropped.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the body outlived its stream");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(response);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_in_time_is_cancelled() {
+        let (io, _routes, _shutdown, _task) = start();
+        let client = h2_client(io, 1 << 20).await;
+        let mut ready = client.clone().ready().await.unwrap();
+        let (response, _send) = ready.send_request(post_to("/echo"), false).unwrap();
+        let error = tokio::time::timeout(Duration::from_secs(5), response)
+            .await
+            .expect("the stream is reset within a tick of the deadline")
+            .unwrap_err();
+        assert_eq!(error.reason(), Some(h2::Reason::CANCEL));
+    }
+
+    #[tokio::test]
+    async fn shutdown_sends_goaway_and_open_streams_finish() {
+        let (io, routes, shutdown, task) = start();
+        let client = h2_client(io, 1 << 20).await;
+        let mut ready = client.clone().ready().await.unwrap();
+        let (response, mut send) = ready.send_request(post_to("/slow"), false).unwrap();
+        send.send_data(Bytes::new(), true).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        shutdown.send(true).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A new stream after GOAWAY is refused.
+        let refused = async {
+            let mut ready = client.clone().ready().await?;
+            let (response, _) = ready.send_request(post_to("/len"), true)?;
+            response.await
+        }
+        .await;
+        assert!(refused.is_err());
+        assert!(!task.is_finished());
+        routes.release.notify_one();
+        let mut body = response.await.unwrap().into_body();
+        assert_eq!(&body.data().await.unwrap().unwrap()[..], b"done");
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the connection ends once its streams have")
+            .unwrap();
+    }
+
+    // Raw frames, for what a well-behaved client never sends.
+
+    /// `POST path` as a header block of literals.
+    fn request_block(path: &str) -> Vec<u8> {
+        let mut block = Vec::new();
+        integer(&mut block, 7, 0x80, 3); // :method POST
+        integer(&mut block, 7, 0x80, 6); // :scheme http
+        literal(&mut block, 0x00, 4, b"", path.as_bytes());
+        literal(&mut block, 0x00, 1, b"", b"test");
+        block
+    }
+
+    /// Frames as (kind, flags, stream, payload) until the server closes the connection or
+    /// `last` says enough.
+    async fn frames_until(
+        io: &mut DuplexStream,
+        last: impl Fn(u8, u8) -> bool,
+    ) -> Vec<(u8, u8, u32, Vec<u8>)> {
+        let mut input = Vec::new();
+        let mut frames = Vec::new();
+        loop {
+            while let Some(frame) = next_frame(&input, 1 << 24).unwrap() {
+                let done = last(frame.kind, frame.flags);
+                let len = frame.wire_len();
+                frames.push((
+                    frame.kind,
+                    frame.flags,
+                    frame.stream_id,
+                    frame.payload.to_vec(),
+                ));
+                input.drain(..len);
+                if done {
+                    return frames;
+                }
+            }
+            let mut buffer = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(5), io.read(&mut buffer))
+                .await
+                .expect("the server answers")
+                .unwrap();
+            if n == 0 {
+                return frames;
+            }
+            input.extend_from_slice(&buffer[..n]);
+        }
+    }
+
+    #[tokio::test]
+    async fn continuation_ping_and_unknown_frames() {
+        let (mut io, _routes, _shutdown, _task) = start();
+        let mut out = PREFACE.to_vec();
+        crate::h2wire::settings(&mut out, &[]);
+        // A frame of a type this server does not know, to be ignored.
+        frame_head(&mut out, 3, 0xfa, 0, 0);
+        out.extend_from_slice(b"???");
+        frame_head(&mut out, 8, PING, 0, 0);
+        out.extend_from_slice(b"12345678");
+        // The request's header block split over HEADERS and a CONTINUATION.
+        let block = request_block("/echo");
+        let (first, second) = block.split_at(3);
+        frame_head(&mut out, first.len(), HEADERS, 0, 1);
+        out.extend_from_slice(first);
+        frame_head(&mut out, second.len(), CONTINUATION, END_HEADERS, 1);
+        out.extend_from_slice(second);
+        frame_head(&mut out, 5, DATA, END_STREAM, 1);
+        out.extend_from_slice(b"hello");
+        io.write_all(&out).await.unwrap();
+        let frames = frames_until(&mut io, |kind, flags| {
+            kind == DATA && flags & END_STREAM != 0
+        })
+        .await;
+        assert!(frames
+            .iter()
+            .any(|f| f.0 == PING && f.1 == ACK && f.3 == b"12345678"));
+        let headers = frames.iter().find(|f| f.0 == HEADERS && f.2 == 1).unwrap();
+        let mut decoder = loona_hpack::Decoder::new();
+        let fields = decoder.decode(&headers.3).unwrap();
+        assert!(fields.contains(&(b":status".to_vec(), b"200".to_vec())));
+        let data: Vec<u8> = frames
+            .iter()
+            .filter(|f| f.0 == DATA && f.2 == 1)
+            .flat_map(|f| f.3.clone())
+            .collect();
+        assert_eq!(data, b"hello");
+    }
+
+    #[tokio::test]
+    async fn protocol_errors_end_the_connection_with_goaway() {
+        // A frame a client may not send.
+        let (mut io, _routes, _shutdown, task) = start();
+        let mut out = PREFACE.to_vec();
+        crate::h2wire::settings(&mut out, &[]);
+        frame_head(&mut out, 4, PUSH_PROMISE, END_HEADERS, 1);
+        out.extend_from_slice(&[0, 0, 0, 2]);
+        io.write_all(&out).await.unwrap();
+        let frames = frames_until(&mut io, |_, _| false).await;
+        let goaway = frames.iter().find(|f| f.0 == GOAWAY).expect("GOAWAY");
+        assert_eq!(be_u32(&goaway.3[4..]), Some(PROTOCOL_ERROR));
+        task.await.unwrap();
+
+        // A frame larger than this server accepts.
+        let (mut io, _routes, _shutdown, task) = start();
+        let mut out = PREFACE.to_vec();
+        frame_head(&mut out, DEFAULT_MAX_FRAME + 1, DATA, 0, 1);
+        io.write_all(&out).await.unwrap();
+        let frames = frames_until(&mut io, |_, _| false).await;
+        let goaway = frames.iter().find(|f| f.0 == GOAWAY).expect("GOAWAY");
+        assert_eq!(be_u32(&goaway.3[4..]), Some(FRAME_SIZE_ERROR));
+        task.await.unwrap();
+
+        // A header block HPACK cannot decode (an index past both tables).
+        let (mut io, _routes, _shutdown, task) = start();
+        let mut out = PREFACE.to_vec();
+        frame_head(&mut out, 2, HEADERS, END_HEADERS | END_STREAM, 1);
+        out.extend_from_slice(&[0xff, 0x7f]);
+        io.write_all(&out).await.unwrap();
+        let frames = frames_until(&mut io, |_, _| false).await;
+        let goaway = frames.iter().find(|f| f.0 == GOAWAY).expect("GOAWAY");
+        assert_eq!(be_u32(&goaway.3[4..]), Some(COMPRESSION_ERROR));
+        task.await.unwrap();
+
+        // Not HTTP/2 at all: closed without a word.
+        let (mut io, _routes, _shutdown, task) = start();
+        io.write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(frames_until(&mut io, |_, _| false).await.is_empty());
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_malformed_request_resets_its_stream_only() {
+        let (mut io, _routes, _shutdown, _task) = start();
+        let mut out = PREFACE.to_vec();
+        // No :path.
+        let mut block = Vec::new();
+        integer(&mut block, 7, 0x80, 3);
+        integer(&mut block, 7, 0x80, 6);
+        frame_head(&mut out, block.len(), HEADERS, END_HEADERS | END_STREAM, 1);
+        out.extend_from_slice(&block);
+        // A pseudo-header after a regular one.
+        let mut block = request_block("/len");
+        literal(&mut block, 0x00, 0, b"x-late", b"1");
+        literal(&mut block, 0x00, 0, b":path", b"/len");
+        frame_head(&mut out, block.len(), HEADERS, END_HEADERS | END_STREAM, 3);
+        out.extend_from_slice(&block);
+        // Then a good one.
+        let block = request_block("/len");
+        frame_head(&mut out, block.len(), HEADERS, END_HEADERS | END_STREAM, 5);
+        out.extend_from_slice(&block);
+        io.write_all(&out).await.unwrap();
+        let frames = frames_until(&mut io, |kind, flags| {
+            kind == DATA && flags & END_STREAM != 0
+        })
+        .await;
+        for stream in [1, 3] {
+            let reset = frames
+                .iter()
+                .find(|f| f.0 == RST_STREAM && f.2 == stream)
+                .expect("the malformed request's stream is reset");
+            assert_eq!(be_u32(&reset.3), Some(PROTOCOL_ERROR));
+        }
+        let data: Vec<u8> = frames
+            .iter()
+            .filter(|f| f.0 == DATA && f.2 == 5)
+            .flat_map(|f| f.3.clone())
+            .collect();
+        assert_eq!(data, b"0");
+    }
+}
