@@ -37,7 +37,8 @@ const BATCH_MAX: u32 = 5000;
 
 /// Serves the DCB service (under both names) and gRPC health on `listener`, through the same
 /// accept loop, limits and graceful shutdown as HTTP (`serve.rs`): tonic's routes become one
-/// more axum router, and hyper answers HTTP/2 on it.
+/// more axum router, and the server's own HTTP/2 connection (`h2serve.rs`) answers on it, or
+/// hyper with `grpc_http2 = "hyper"`.
 pub(crate) async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, state: Arc<AppState>) {
     let (reporter, health) = tonic_health::server::health_reporter();
     for name in SERVICE_NAMES {
