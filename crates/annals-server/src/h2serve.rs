@@ -41,6 +41,9 @@ const MAX_STREAMS: usize = 256;
 /// The window each stream and the connection get from us: large, as gRPC clients use, so that
 /// requests never wait for WINDOW_UPDATE frames.
 const STREAM_WINDOW: u32 = 4 << 20;
+/// The connection's window: at least this, and twice the largest request body. The bytes of
+/// bodies still arriving are handed back only once their request is dispatched, so that a
+/// connection holds at most its window in bodies however many streams it opens.
 const CONNECTION_WINDOW: u32 = 8 << 20;
 /// The largest header list a request may have (advertised), and the most a header block may
 /// take on the wire across its CONTINUATION frames.
@@ -53,7 +56,7 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What a connection needs from the server's configuration.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Settings {
     /// The largest request message (the handlers check it; bodies are cut a little past it).
     pub body_bytes_max: usize,
@@ -169,6 +172,9 @@ struct Stream {
     send_window: i64,
     recv_window: i64,
     recv_unacked: u32,
+    /// Bytes of this stream's body, still being gathered, not yet handed back on the
+    /// connection.
+    held: u32,
     /// Stops the handler or the body pump when the stream goes away.
     abort: Option<AbortHandle>,
     /// Data that did not fit the windows, and the body to go on with once it has gone out.
@@ -202,6 +208,8 @@ struct Connection {
     /// What the client may still send on the connection, and what we have not handed back.
     recv_window: i64,
     recv_unacked: u32,
+    /// The window we give the connection.
+    connection_window: u32,
     headers_in: Option<HeaderBlock>,
     /// We sent GOAWAY (no new streams); the client did; a connection error ended it.
     goaway_sent: bool,
@@ -231,6 +239,12 @@ impl Connection {
             peer_max_frame: DEFAULT_MAX_FRAME,
             recv_window: DEFAULT_WINDOW,
             recv_unacked: 0,
+            connection_window: settings
+                .body_bytes_max
+                .saturating_add(5)
+                .saturating_mul(2)
+                .clamp(CONNECTION_WINDOW as usize, MAX_WINDOW as usize)
+                as u32,
             headers_in: None,
             goaway_sent: false,
             peer_gone: false,
@@ -252,7 +266,7 @@ impl Connection {
                 (SETTINGS_ENABLE_PUSH, 0),
             ],
         );
-        let more = CONNECTION_WINDOW - DEFAULT_WINDOW as u32;
+        let more = self.connection_window - DEFAULT_WINDOW as u32;
         window_update(&mut self.out, 0, more);
         self.recv_window += i64::from(more);
     }
@@ -404,6 +418,7 @@ impl Connection {
                 send_window: self.peer_initial_window,
                 recv_window: i64::from(STREAM_WINDOW),
                 recv_unacked: 0,
+                held: 0,
                 abort: None,
                 parked: None,
             },
@@ -500,11 +515,11 @@ impl Connection {
         if self.recv_window < 0 {
             return self.fail(FLOW_CONTROL_ERROR);
         }
-        self.recv_unacked += len;
-        if self.recv_unacked >= CONNECTION_WINDOW / 2 {
-            window_update(&mut self.out, 0, self.recv_unacked);
-            self.recv_window += i64::from(self.recv_unacked);
-            self.recv_unacked = 0;
+        match self.streams.get_mut(&id) {
+            Some(stream) if matches!(stream.receiving, Receiving::Open { .. }) => {
+                stream.held += len
+            }
+            _ => self.release(len),
         }
         let Some(data) = unpadded(frame.flags, frame.payload) else {
             return self.fail(PROTOCOL_ERROR);
@@ -634,6 +649,17 @@ impl Connection {
         self.resume();
     }
 
+    /// Hands `n` bytes back to the client on the connection (in one WINDOW_UPDATE once half
+    /// the window has come back).
+    fn release(&mut self, n: u32) {
+        self.recv_unacked += n;
+        if self.recv_unacked >= self.connection_window / 2 {
+            window_update(&mut self.out, 0, self.recv_unacked);
+            self.recv_window += i64::from(self.recv_unacked);
+            self.recv_unacked = 0;
+        }
+    }
+
     /// The client has sent the whole request (or as much of its body as is read): hands it to
     /// the router.
     fn end_request(&mut self, id: u32) {
@@ -645,6 +671,8 @@ impl Connection {
         else {
             return;
         };
+        let held = std::mem::take(&mut stream.held);
+        self.release(held);
         let request = request.map(|()| Body::from(body.freeze()));
         let answer = tower::ServiceExt::oneshot(self.router.clone(), request);
         let work: Boxed = Box::pin(async move {
@@ -854,6 +882,7 @@ impl Connection {
             if let Some(abort) = stream.abort {
                 abort.abort();
             }
+            self.release(stream.held);
         }
     }
 
@@ -1003,10 +1032,21 @@ mod tests {
         watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
     ) {
+        start_with(settings())
+    }
+
+    fn start_with(
+        settings: Settings,
+    ) -> (
+        DuplexStream,
+        Routes,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (client, server) = tokio::io::duplex(1 << 20);
         let (router, routes) = router();
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let task = tokio::spawn(serve(server, router, settings(), shutdown_rx));
+        let task = tokio::spawn(serve(server, router, settings, shutdown_rx));
         (client, routes, shutdown, task)
     }
 
@@ -1332,5 +1372,57 @@ mod tests {
             .flat_map(|f| f.3.clone())
             .collect();
         assert_eq!(data, b"0");
+    }
+
+    #[tokio::test]
+    async fn bodies_still_arriving_hold_the_connections_window() {
+        let mut settings = settings();
+        settings.body_bytes_max = 4 << 20;
+        settings.body_timeout = Duration::from_secs(60);
+        let (mut io, _routes, _shutdown, _task) = start_with(settings);
+        let connection_increments = |frames: &[(u8, u8, u32, Vec<u8>)]| -> Vec<u32> {
+            frames
+                .iter()
+                .filter(|f| f.0 == WINDOW_UPDATE && f.2 == 0)
+                .map(|f| be_u32(&f.3).unwrap())
+                .collect()
+        };
+        let ping = |out: &mut Vec<u8>, payload: &[u8; 8]| {
+            frame_head(out, 8, PING, 0, 0);
+            out.extend_from_slice(payload);
+        };
+        let mut out = PREFACE.to_vec();
+        for id in [1, 3] {
+            let block = request_block("/len");
+            frame_head(&mut out, block.len(), HEADERS, END_HEADERS, id);
+            out.extend_from_slice(&block);
+        }
+        io.write_all(&out).await.unwrap();
+        // Two bodies of 3 MiB each, neither ended: 6 MiB, more than half the window.
+        let chunk = vec![1u8; DEFAULT_MAX_FRAME];
+        for _ in 0..(3 << 20) / DEFAULT_MAX_FRAME {
+            for id in [1, 3] {
+                let mut out = Vec::new();
+                frame_head(&mut out, chunk.len(), DATA, 0, id);
+                out.extend_from_slice(&chunk);
+                io.write_all(&out).await.unwrap();
+            }
+        }
+        let mut out = Vec::new();
+        ping(&mut out, b"gathered");
+        io.write_all(&out).await.unwrap();
+        let frames = frames_until(&mut io, |kind, flags| kind == PING && flags == ACK).await;
+        let window = (8u32 << 20).max(2 * ((4 << 20) + 5));
+        // Only the first widening, in the server's preface.
+        assert_eq!(connection_increments(&frames), [window - 65_535]);
+        // Both requests end: their bodies are dispatched and their bytes handed back.
+        let mut out = Vec::new();
+        for id in [1, 3] {
+            frame_head(&mut out, 0, DATA, END_STREAM, id);
+        }
+        ping(&mut out, b"finished");
+        io.write_all(&out).await.unwrap();
+        let frames = frames_until(&mut io, |kind, flags| kind == PING && flags == ACK).await;
+        assert_eq!(connection_increments(&frames), [6 << 20]);
     }
 }
