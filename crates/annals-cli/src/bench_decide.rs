@@ -49,10 +49,12 @@ pub struct DecideArgs {
     /// blocking in `decide_and_append`).
     #[arg(long, value_enum, default_value = "tasks")]
     mode: Mode,
-    /// Threads of the async runtime in `tasks` mode; default: one per core. On two cores, 64
-    /// clients over 1,000 courses made 14.6x the fsync floor with two threads against 12.5x
-    /// with one (eight alternations): with one, the decisions woken by a sync are decided one
-    /// after another, and many miss the next group.
+    /// Threads of the async runtime in `tasks` mode; default: one fewer than the cores (at
+    /// least one), as the server. On two cores, since callers stage their appends while the
+    /// writer syncs, 64 clients over 1,000 courses made 28.5x and 20.5x the fsync floor with
+    /// one thread against 21.4x and 15.5x with two (two alternations; before that change two
+    /// threads had been ahead, 14.6x against 12.5x, when the decisions woken by a sync were
+    /// decided one after another and many missed the next group).
     #[arg(long)]
     runtime_threads: Option<usize>,
     /// Course states kept between decisions (`annals::decide::StateCache`), shared by all
