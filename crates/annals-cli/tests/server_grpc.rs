@@ -43,7 +43,18 @@ fn condition(query: DcbQuery, after: Option<u64>) -> Option<DcbAppendCondition> 
 #[test]
 fn umadb_rust_client_covers_the_dcb_api() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path(), &[]);
+    rust_client_covers_the_dcb_api(&ServerProcess::start(dir.path(), &[]));
+}
+
+/// The same through hyper's HTTP/2 server, which `grpc_http2 = "hyper"` keeps for comparison.
+#[test]
+fn umadb_rust_client_covers_the_dcb_api_through_hyper() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("ANNALS_GRPC_HTTP2", "hyper")];
+    rust_client_covers_the_dcb_api(&ServerProcess::start_with_env(dir.path(), &[], &env));
+}
+
+fn rust_client_covers_the_dcb_api(server: &ServerProcess) {
     let client = UmaDbClient::new(server.grpc_url()).connect().unwrap();
     assert_eq!(
         client.check_health("umadb.v1.DCB").unwrap(),

@@ -501,6 +501,7 @@ mod tests {
 data_dir = "/srv/annals"
 grpc_listen = "off"
 durability = "d2"
+grpc_http2 = "hyper"
 api_keys = [{ key = "file-key-0123456789", scopes = ["read"] }]
 [limits]
 tags_per_event_max = 4
@@ -513,6 +514,7 @@ body_timeout_ms = 500
         assert_eq!(config.data_dir, PathBuf::from("/srv/annals"));
         assert_eq!(config.grpc_listen, None);
         assert_eq!(config.durability, Durability::SyncedLater);
+        assert_eq!(config.grpc_http2, GrpcHttp2::Hyper);
         assert_eq!(config.limits.store.tags_per_event_max, 4);
         assert_eq!(config.limits.body_timeout, Duration::from_millis(500));
         assert!(!config.api_keys.is_empty());
@@ -520,10 +522,12 @@ body_timeout_ms = 500
             .apply_env([
                 ("ANNALS_DURABILITY".to_string(), "d3".to_string()),
                 ("ANNALS_HTTP_LISTEN".to_string(), "0.0.0.0:9000".to_string()),
+                ("ANNALS_GRPC_HTTP2".to_string(), "own".to_string()),
                 ("UNRELATED".to_string(), "x".to_string()),
             ])
             .unwrap();
         assert_eq!(config.durability, Durability::Synced);
+        assert_eq!(config.grpc_http2, GrpcHttp2::Own);
         assert!(config.exposed());
     }
 
@@ -542,6 +546,10 @@ body_timeout_ms = 500
             .apply_env([("ANNALS_TLS_CERT".to_string(), "c.pem".to_string())])
             .unwrap_err();
         assert!(err.contains("together"), "{err}");
+        let err = Config::default()
+            .apply_env([("ANNALS_GRPC_HTTP2".to_string(), "h3".to_string())])
+            .unwrap_err();
+        assert!(err.contains("neither"), "{err}");
         assert!(parse_listen("nowhere").is_err());
         assert_eq!(parse_listen("OFF").unwrap(), None);
     }
