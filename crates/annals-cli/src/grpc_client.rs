@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use annals_server::h2wire::*;
+use crate::h2wire::*;
 
 /// The window this client gives each stream and the connection: a benchmark's answers never
 /// wait for it.
@@ -129,7 +129,7 @@ impl GrpcClient {
             (SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW),
             (SETTINGS_MAX_FRAME_SIZE, MAX_FRAME_IN as u32),
         ];
-        annals_server::h2wire::settings(&mut client.out, &settings);
+        crate::h2wire::settings(&mut client.out, &settings);
         window_update(&mut client.out, 0, RECEIVE_WINDOW - DEFAULT_WINDOW as u32);
         client.flush().await?;
         let mut none = Vec::new();

@@ -7,6 +7,7 @@ mod bench_http;
 mod data;
 mod exchange;
 mod grpc_client;
+mod h2wire;
 mod http1;
 mod inspect;
 mod readmodel;

@@ -46,14 +46,6 @@ fn umadb_rust_client_covers_the_dcb_api() {
     rust_client_covers_the_dcb_api(&ServerProcess::start(dir.path(), &[]));
 }
 
-/// The same through hyper's HTTP/2 server, which `grpc_http2 = "hyper"` keeps for comparison.
-#[test]
-fn umadb_rust_client_covers_the_dcb_api_through_hyper() {
-    let dir = tempfile::tempdir().unwrap();
-    let env = [("ANNALS_GRPC_HTTP2", "hyper")];
-    rust_client_covers_the_dcb_api(&ServerProcess::start_with_env(dir.path(), &[], &env));
-}
-
 fn rust_client_covers_the_dcb_api(server: &ServerProcess) {
     let client = UmaDbClient::new(server.grpc_url()).connect().unwrap();
     assert_eq!(
@@ -154,16 +146,18 @@ fn rust_client_covers_the_dcb_api(server: &ServerProcess) {
             .unwrap(),
         5
     );
-    // Ids make retries idempotent; metadata travels both ways.
+    // A conditional append retried with the same ids answers where it is stored; metadata
+    // travels both ways.
     let mut paid = event("Paid", &["invoice:1"], "100");
     paid.uuid = Some(uuid::Uuid::from_u128(0x1234));
     paid.metadata = vec![
         ("correlation".into(), "abc".into()),
         ("user".into(), "ada".into()),
     ];
-    let first = client.append(vec![paid.clone()], None, None).unwrap();
+    let once = || condition(tags(&["invoice:1"]), None);
+    let first = client.append(vec![paid.clone()], once(), None).unwrap();
     assert_eq!(
-        client.append(vec![paid.clone()], None, None).unwrap(),
+        client.append(vec![paid.clone()], once(), None).unwrap(),
         first
     );
     let (stored, _) = client
@@ -359,18 +353,17 @@ fn legacy_service_name_and_auth_codes() {
         let err = dcb.append(bad).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.message().contains("twice"), "{}", err.message());
+        // An unreadable UUID is a deserialization error, as UmaDB answers it.
         let mut bad = append(Some("writer-key-0000000002"));
         bad.get_mut().events[0].uuid = "not-a-uuid".into();
         assert_eq!(
             dcb.append(bad).await.unwrap_err().code(),
-            tonic::Code::InvalidArgument
+            tonic::Code::DataLoss
         );
-        let mut bad = append(Some("writer-key-0000000002"));
-        bad.get_mut().events.clear();
-        assert_eq!(
-            dcb.append(bad).await.unwrap_err().code(),
-            tonic::Code::InvalidArgument
-        );
+        // No events: nothing appended, position 0.
+        let mut empty = append(Some("writer-key-0000000002"));
+        empty.get_mut().events.clear();
+        assert_eq!(dcb.append(empty).await.unwrap().into_inner().position, 0);
         let mut head = tonic::Request::new(umadb_proto::v1::HeadRequest {});
         head.metadata_mut().insert(
             "authorization",
@@ -466,19 +459,23 @@ fn tls_with_api_key_through_umadb_client() {
     assert_ne!(String::from_utf8_lossy(&plain.stdout), "200");
 }
 
-/// Goal: UmaDB's Python client (the `umadb` package) works against Annals unchanged. The test
-/// command installs it (scripts/setup); elsewhere the test says how to.
+/// Goal: UmaDB's Python client (the `umadb` package), and the Python eventsourcing library's
+/// UmaDB recorders and DCB application built on it, work against Annals unchanged. The test
+/// command installs them (scripts/setup); elsewhere the test says how to.
 #[test]
 fn umadb_python_client() {
     let python = std::env::var("ANNALS_PYTHON").unwrap_or_else(|_| "python3".into());
     let has_umadb = std::process::Command::new(&python)
-        .args(["-c", "import umadb, pytest"])
+        .args([
+            "-c",
+            "import umadb, pytest, eventsourcing, eventsourcing_umadb",
+        ])
         .status()
         .is_ok_and(|s| s.success());
     if !has_umadb {
         assert!(
             std::env::var_os("ANNALS_REQUIRE_PYTHON").is_none(),
-            "{python} lacks the umadb and pytest packages: run scripts/setup"
+            "{python} lacks the umadb, eventsourcing and pytest packages: run scripts/setup"
         );
         eprintln!("skipped: {python} lacks umadb/pytest (scripts/test installs them)");
         return;
@@ -486,11 +483,17 @@ fn umadb_python_client() {
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(dir.path(), &[]);
     let tests = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-    let out = std::process::Command::new(&python)
+    let mut pytest = std::process::Command::new(&python);
+    pytest
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", tests])
         .env("ANNALS_GRPC_URL", server.grpc_url())
-        .output()
-        .unwrap();
+        .env("ANNALS_BIN", env!("CARGO_BIN_EXE_annals"));
+    // UmaDB's own server, when scripts/setup built it: the eventsourcing tests run on it too.
+    let umadb = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/umadb/bin/umadb");
+    if std::path::Path::new(umadb).exists() {
+        pytest.env("ANNALS_UMADB_BIN", umadb);
+    }
+    let out = pytest.output().unwrap();
     assert!(
         out.status.success(),
         "pytest failed:\n{}\n{}",
@@ -701,4 +704,70 @@ fn unary_calls_answer_bad_framing_and_change_nothing() {
             None
         );
     });
+}
+
+/// Goal: one behaviour for ids through both APIs. An append with ids and a condition, sent over
+/// HTTP, then retried over gRPC and over HTTP again, answers the original position each time;
+/// the same events without a condition are appended again through either; an append of no
+/// events answers position 0 through both. Method: one server, the same appends through
+/// UmaDB's Rust client and the HTTP API, positions and the stored events compared.
+#[test]
+fn ids_and_empty_appends_behave_alike_over_http_and_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    let client = UmaDbClient::new(server.grpc_url()).connect().unwrap();
+    let id = "0b8e3c1a-7d5f-4a9e-8c2b-3f4e5d6c7b8a";
+    let over_http = format!(
+        r#"{{"events":[{{"type":"Paid","tags":["invoice:7"],"data":"1","id":"{id}"}}],
+            "condition":{{"failIfEventsMatch":{{"items":[{{"tags":["invoice:7"]}}]}}}}}}"#
+    );
+    let first = server.append(&over_http);
+    assert_eq!(first["appendConditionFailed"], false);
+    let position = first["position"].as_u64().unwrap();
+    // The same append retried over HTTP: the condition fails on exactly its own event.
+    let again = server.append(&over_http);
+    assert_eq!(again["appendConditionFailed"], false, "{again}");
+    assert_eq!(again["position"].as_u64(), Some(position));
+    // And over gRPC.
+    let mut paid = event("Paid", &["invoice:7"], "1");
+    paid.uuid = Some(id.parse().unwrap());
+    let guarded = condition(tags(&["invoice:7"]), None);
+    assert_eq!(
+        client
+            .append(vec![paid.clone()], guarded.clone(), None)
+            .unwrap(),
+        position
+    );
+    // Another id under the same condition is a conflict, through both.
+    let other = over_http.replace(id, "0b8e3c1a-7d5f-4a9e-8c2b-3f4e5d6c7b8b");
+    let refused = server.append(&other);
+    assert_eq!(refused["appendConditionFailed"], true);
+    assert_eq!(refused["conflictPosition"].as_u64(), Some(position));
+    let mut stranger = paid.clone();
+    stranger.uuid = Some("0b8e3c1a-7d5f-4a9e-8c2b-3f4e5d6c7b8b".parse().unwrap());
+    assert!(matches!(
+        client.append(vec![stranger], guarded, None),
+        Err(DcbError::IntegrityError(_))
+    ));
+    // Without a condition, an id is no obstacle through either API.
+    let unguarded =
+        format!(r#"{{"events":[{{"type":"Paid","tags":["invoice:7"],"data":"1","id":"{id}"}}]}}"#);
+    assert_eq!(
+        server.append(&unguarded)["position"].as_u64(),
+        Some(position + 1)
+    );
+    assert_eq!(client.append(vec![paid], None, None).unwrap(), position + 2);
+    assert_eq!(
+        server
+            .read(r#"{"items":[{"tags":["invoice:7"]}]}"#, "{}")
+            .len(),
+        3
+    );
+    // No events: position 0 through both, nothing stored.
+    assert_eq!(
+        server.append(r#"{"events":[]}"#)["position"].as_u64(),
+        Some(0)
+    );
+    assert_eq!(client.append(vec![], None, None).unwrap(), 0);
+    assert_eq!(server.head(), position + 2);
 }

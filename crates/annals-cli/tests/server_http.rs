@@ -281,7 +281,6 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("wrong type for data", "POST", "/v1/append".into(), r#"{"events":[{"type":"E","data":5}]}"#.into(), 400, "invalid_body", "invalid type"),
         ("wrong type for tags", "POST", "/v1/append".into(), r#"{"events":[{"type":"E","data":"","tags":"a"}]}"#.into(), 400, "invalid_body", "invalid type"),
         ("missing data", "POST", "/v1/append".into(), r#"{"events":[{"type":"E"}]}"#.into(), 400, "invalid_body", "missing field `data`"),
-        ("no events", "POST", "/v1/append".into(), r#"{"events":[]}"#.into(), 400, "no_events", "at least one event"),
         ("empty type", "POST", "/v1/append".into(), append_body(&[("", &[], "")], None), 400, "invalid_type", "empty type"),
         ("type too long", "POST", "/v1/append".into(), append_body(&[(&"T".repeat(33), &[], "")], None), 400, "invalid_type", "limit is 32"),
         ("too many events", "POST", "/v1/append".into(), append_body(&many_events, None), 400, "too_many_events", "limit is 10"),

@@ -27,8 +27,6 @@ pub struct Config {
     /// leaving a core to the store's writer and syncer threads. Measured on two cores: one
     /// runtime thread serves 20-35% more appends than two, which fight the writer for the CPU.
     pub worker_threads: Option<usize>,
-    /// Which HTTP/2 server answers gRPC connections.
-    pub grpc_http2: GrpcHttp2,
     /// Read models the server keeps up to date (see [`crate::readmodels`]).
     pub read_models: Vec<ReadModelSpec>,
     /// The matching engine the server hosts, journaled in its store; `None`: no exchange.
@@ -75,29 +73,6 @@ impl ExchangeConfig {
                     _ => "d2",
                 },
                 durability
-            )),
-        }
-    }
-}
-
-/// The HTTP/2 server behind the gRPC listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GrpcHttp2 {
-    /// The server's own connection (`h2serve.rs`): one task per connection, frames handled in
-    /// place; a third less CPU per call than hyper for clients with a call at a time.
-    Own,
-    /// hyper's HTTP/2 server, as the HTTP listener uses (kept to compare against).
-    Hyper,
-}
-
-impl std::str::FromStr for GrpcHttp2 {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "own" => Ok(GrpcHttp2::Own),
-            "hyper" => Ok(GrpcHttp2::Hyper),
-            _ => Err(format!(
-                "grpc_http2: {s:?} is neither \"own\" nor \"hyper\""
             )),
         }
     }
@@ -163,6 +138,13 @@ pub struct ServerLimits {
     pub query_param_bytes_max: usize,
     /// Open connections per listener; further connections are closed at once.
     pub connections_max: usize,
+    /// Open connections per listener from one IP address, so that a few peers cannot take
+    /// every slot.
+    pub connections_per_peer_max: usize,
+    /// Bytes of one request's headers (HTTP/1.1 head, HTTP/2 header list), URL included.
+    pub header_list_bytes_max: usize,
+    /// HTTP/2 streams open at once on one connection.
+    pub streams_per_connection_max: u32,
     /// Live subscriptions (HTTP and gRPC together); further ones get 503 / UNAVAILABLE.
     pub subscribers_max: usize,
     /// Time a client has to send its request headers.
@@ -181,6 +163,9 @@ impl Default for ServerLimits {
             body_bytes_max: 16 << 20,
             query_param_bytes_max: 64 << 10,
             connections_max: 4096,
+            connections_per_peer_max: 1024,
+            header_list_bytes_max: 160 << 10,
+            streams_per_connection_max: 256,
             subscribers_max: 1024,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
@@ -205,7 +190,6 @@ impl Default for Config {
             tls: None,
             limits: ServerLimits::default(),
             worker_threads: None,
-            grpc_http2: GrpcHttp2::Own,
             read_models: Vec::new(),
             exchange: None,
         }
@@ -220,7 +204,6 @@ impl Default for Config {
 /// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
 /// durability = "d3"
 /// worker_threads = 1                 # network threads; default: cores - 1
-/// grpc_http2 = "own"                 # or "hyper": which HTTP/2 server answers gRPC
 /// api_keys_file = "/etc/annals/keys"
 /// [tls]
 /// cert = "/etc/annals/cert.pem"
@@ -251,7 +234,6 @@ pub struct ConfigFile {
     pub api_keys_file: Option<PathBuf>,
     pub tls: Option<TlsFiles>,
     pub worker_threads: Option<usize>,
-    pub grpc_http2: Option<String>,
     #[serde(default)]
     pub limits: LimitsFile,
     #[serde(default)]
@@ -275,6 +257,9 @@ pub struct LimitsFile {
     pub body_bytes_max: Option<usize>,
     pub query_param_bytes_max: Option<usize>,
     pub connections_max: Option<usize>,
+    pub connections_per_peer_max: Option<usize>,
+    pub header_list_bytes_max: Option<usize>,
+    pub streams_per_connection_max: Option<u32>,
     pub subscribers_max: Option<usize>,
     pub header_timeout_ms: Option<u64>,
     pub body_timeout_ms: Option<u64>,
@@ -337,11 +322,6 @@ impl Config {
         if let Some(n) = file.worker_threads {
             self.worker_threads = Some(n.max(1));
         }
-        if let Some(server) = file.grpc_http2 {
-            self.grpc_http2 = server
-                .parse()
-                .map_err(|e| format!("config file {}: {e}", path.display()))?;
-        }
         self.limits.apply(&file.limits);
         for spec in file.read_models {
             spec.validate()
@@ -400,11 +380,6 @@ impl Config {
                 "ANNALS_TLS_CERT" => cert = Some(PathBuf::from(value)),
                 "ANNALS_TLS_KEY" => key = Some(PathBuf::from(value)),
                 "ANNALS_EXCHANGE" => self.set_exchange_mode(&value)?,
-                "ANNALS_GRPC_HTTP2" => {
-                    self.grpc_http2 = value
-                        .parse()
-                        .map_err(|e| format!("ANNALS_GRPC_HTTP2: {e}"))?
-                }
                 "ANNALS_WORKER_THREADS" => {
                     let n: usize = value
                         .parse()
@@ -464,6 +439,15 @@ impl ServerLimits {
         set(&mut self.body_bytes_max, file.body_bytes_max);
         set(&mut self.query_param_bytes_max, file.query_param_bytes_max);
         set(&mut self.connections_max, file.connections_max);
+        set(
+            &mut self.connections_per_peer_max,
+            file.connections_per_peer_max,
+        );
+        set(&mut self.header_list_bytes_max, file.header_list_bytes_max);
+        set(
+            &mut self.streams_per_connection_max,
+            file.streams_per_connection_max,
+        );
         set(&mut self.subscribers_max, file.subscribers_max);
         if let Some(ms) = file.header_timeout_ms {
             self.header_timeout = Duration::from_millis(ms);
@@ -501,7 +485,6 @@ mod tests {
 data_dir = "/srv/annals"
 grpc_listen = "off"
 durability = "d2"
-grpc_http2 = "hyper"
 api_keys = [{ key = "file-key-0123456789", scopes = ["read"] }]
 [limits]
 tags_per_event_max = 4
@@ -514,7 +497,6 @@ body_timeout_ms = 500
         assert_eq!(config.data_dir, PathBuf::from("/srv/annals"));
         assert_eq!(config.grpc_listen, None);
         assert_eq!(config.durability, Durability::SyncedLater);
-        assert_eq!(config.grpc_http2, GrpcHttp2::Hyper);
         assert_eq!(config.limits.store.tags_per_event_max, 4);
         assert_eq!(config.limits.body_timeout, Duration::from_millis(500));
         assert!(!config.api_keys.is_empty());
@@ -522,12 +504,10 @@ body_timeout_ms = 500
             .apply_env([
                 ("ANNALS_DURABILITY".to_string(), "d3".to_string()),
                 ("ANNALS_HTTP_LISTEN".to_string(), "0.0.0.0:9000".to_string()),
-                ("ANNALS_GRPC_HTTP2".to_string(), "own".to_string()),
                 ("UNRELATED".to_string(), "x".to_string()),
             ])
             .unwrap();
         assert_eq!(config.durability, Durability::Synced);
-        assert_eq!(config.grpc_http2, GrpcHttp2::Own);
         assert!(config.exposed());
     }
 

@@ -37,8 +37,7 @@ const BATCH_MAX: u32 = 5000;
 
 /// Serves the DCB service (under both names) and gRPC health on `listener`, through the same
 /// accept loop, limits and graceful shutdown as HTTP (`serve.rs`): tonic's routes become one
-/// more axum router, and the server's own HTTP/2 connection (`h2serve.rs`) answers on it, or
-/// hyper with `grpc_http2 = "hyper"`.
+/// more axum router, answered by hyper.
 pub(crate) async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, state: Arc<AppState>) {
     let (reporter, health) = tonic_health::server::health_reporter();
     for name in SERVICE_NAMES {
@@ -67,8 +66,7 @@ pub(crate) async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, state
                 .await;
         }
     });
-    let own_http2 = state.config.grpc_http2 == crate::config::GrpcHttp2::Own;
-    crate::serve::serve_http(listener, router, tls, state, own_http2).await;
+    crate::serve::serve_http(listener, router, tls, state).await;
 }
 
 const SERVICE_NAMES: [&str; 3] = ["", "umadb.v1.DCB", "umadb.UmaDBService"];
@@ -145,17 +143,24 @@ fn to_sequenced(event: &Event) -> v1::SequencedEvent {
     }
 }
 
+/// An event of an append request. An empty uuid and the nil UUID both mean "no id".
 fn to_new_event(index: usize, event: v1::Event) -> Result<NewEvent, Status> {
     let id = if event.uuid.is_empty() {
         None
     } else {
-        Some(uuid::Uuid::parse_str(&event.uuid).map_err(|_| {
+        // UmaDB answers an unreadable UUID as a deserialization error (DATA_LOSS, CORRUPTION);
+        // its clients expect that.
+        let id = uuid::Uuid::parse_str(&event.uuid).map_err(|_| {
             status(
-                Code::InvalidArgument,
-                ErrorType::Serialization,
-                format!("event {index}: invalid UUID {:?}", event.uuid),
+                Code::DataLoss,
+                ErrorType::Corruption,
+                format!(
+                    "deserialization error: event {index}: invalid UUID {:?}",
+                    event.uuid
+                ),
             )
-        })?)
+        })?;
+        Some(id).filter(|id| !id.is_nil())
     };
     let metadata = if event.metadata.is_empty() {
         Bytes::new()
@@ -236,6 +241,10 @@ impl Service {
         options.from = request.start;
         options.limit = request.limit.map(u64::from);
         let limited = request.limit.is_some();
+        if request.limit == Some(0) {
+            // Nothing may be sent: no message at all, as UmaDB answers.
+            return Ok(Box::pin(futures_util::stream::empty()));
+        }
         let batch = request
             .batch_size
             .unwrap_or(BATCH_DEFAULT)
@@ -382,17 +391,14 @@ impl Service {
             .await
         {
             Ok(position) => Ok(position),
-            Err(AppendError::ConditionFailed { position }) => Err(status(
+            // UmaDB's integrity errors read "integrity error: ..."; adapters match on the word.
+            Err(
+                e @ (AppendError::ConditionFailed { .. }
+                | AppendError::TrackingNotIncreasing { .. }),
+            ) => Err(status(
                 Code::FailedPrecondition,
                 ErrorType::Integrity,
-                format!(
-                    "append condition failed: event at position {position} matches the condition"
-                ),
-            )),
-            Err(e @ AppendError::TrackingNotIncreasing { .. }) => Err(status(
-                Code::FailedPrecondition,
-                ErrorType::Integrity,
-                e.to_string(),
+                format!("Integrity error: {e}"),
             )),
             Err(AppendError::Input(e)) => {
                 if matches!(e, annals::InputError::QueueFull { .. }) {
@@ -650,7 +656,25 @@ async fn unary_message<M: Message + Default>(
         }
         if let Some(len) = length {
             if buffer.len() >= 5 + len {
-                return M::decode(&buffer[5..5 + len]).map_err(|e| Status::internal(e.to_string()));
+                let message =
+                    M::decode(&buffer[5..5 + len]).map_err(|e| Status::internal(e.to_string()))?;
+                // Read the body to its end, as tonic does: answering a stream whose request is
+                // still open makes HTTP/2 reset it, and the client's end-of-stream then arrives
+                // on a reset stream, which hyper counts against the connection as an error
+                // reset (and sends GOAWAY after too many).
+                let mut extra = buffer.len() - (5 + len);
+                while let Some(frame) = body.frame().await {
+                    let frame = frame.map_err(|e| Status::from_error(e.into()))?;
+                    if let Ok(data) = frame.into_data() {
+                        extra += data.len();
+                        if extra > limit {
+                            return Err(Status::out_of_range(
+                                "the request body goes on past its one message",
+                            ));
+                        }
+                    }
+                }
+                return Ok(message);
             }
         }
         match body.frame().await {

@@ -146,7 +146,6 @@ fn input_error(e: &InputError) -> ApiError {
         InputError::TooManyQueryItems { .. } | InputError::QueryItemTooLarge { .. } => {
             "query_too_large"
         }
-        InputError::IdConflict { .. } | InputError::DuplicateId { .. } => "id_conflict",
         InputError::QueueFull { .. } => {
             return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", e.to_string())
         }
@@ -154,12 +153,7 @@ fn input_error(e: &InputError) -> ApiError {
         InputError::InvalidTrackingSource { .. } => "invalid_tracking",
         _ => "invalid_input",
     };
-    let status = if kind == "id_conflict" {
-        StatusCode::CONFLICT
-    } else {
-        StatusCode::BAD_REQUEST
-    };
-    ApiError::new(status, kind, e.to_string())
+    ApiError::new(StatusCode::BAD_REQUEST, kind, e.to_string())
 }
 
 fn store_error(e: &StoreError) -> ApiError {

@@ -10,11 +10,10 @@ pub mod auth;
 pub mod config;
 mod exchange;
 mod grpc;
-mod h2serve;
-pub mod h2wire;
 mod http;
 pub mod metrics;
 mod openapi;
+mod peers;
 pub mod readmodels;
 mod serve;
 pub mod wire;
@@ -74,6 +73,12 @@ impl AppState {
         condition: Option<&AppendCondition>,
         tracking: Option<Tracking>,
     ) -> Result<u64, AppendError> {
+        // No events: nothing to append and nothing to check; the answer is position 0, as
+        // UmaDB's store answers it (the embedded API refuses it as a likely mistake). A
+        // tracking position needs an event to travel with.
+        if events.is_empty() && tracking.is_none() {
+            return Ok(0);
+        }
         let options = AppendOptions {
             tracking,
             ..AppendOptions::default()
@@ -169,7 +174,6 @@ impl Server {
             router,
             tls.as_ref().map(|t| t.acceptor.clone()),
             state.clone(),
-            false,
         )));
         let mut grpc_addr = None;
         if let Some(addr) = config.grpc_listen {

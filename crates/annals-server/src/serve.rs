@@ -1,6 +1,6 @@
-//! The HTTP accept loop: a connection limit, header and TLS handshake timeouts, HTTP/1.1 and
-//! HTTP/2 on one port, and graceful shutdown (in-flight requests finish, idle connections
-//! close).
+//! The HTTP accept loop: a connection limit and a share of it per peer, a deadline for a
+//! connection's first bytes, header and TLS handshake timeouts, HTTP/1.1 and HTTP/2 on one
+//! port (hyper), and graceful shutdown (in-flight requests finish, idle connections close).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,7 +19,6 @@ use tokio_rustls::rustls;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::TlsFiles;
-use crate::h2serve;
 use crate::AppState;
 
 /// TLS material, loaded once and shared by the HTTP and gRPC listeners.
@@ -60,25 +59,23 @@ pub(crate) fn load_tls(files: &TlsFiles) -> Result<Tls, String> {
     })
 }
 
-/// Serves `router` on `listener` until shutdown. With `own_http2` (the gRPC listener by
-/// default) connections are HTTP/2 only and answered by the server's own connection
-/// (`h2serve.rs`); otherwise hyper answers HTTP/1.1 and HTTP/2 as the client speaks.
+/// Serves `router` on `listener` until shutdown: hyper answers HTTP/1.1 and HTTP/2 as the
+/// client speaks, with its protections on (see [`builder`]).
 pub(crate) async fn serve_http(
     listener: TcpListener,
     router: axum::Router,
     tls: Option<TlsAcceptor>,
     state: Arc<AppState>,
-    own_http2: bool,
 ) {
     let limits = state.config.limits.clone();
     let graceful = GracefulShutdown::new();
-    // Each connection of our own holds a sender; the receiver sees the end of the channel once
-    // they all have finished.
-    let (alive, mut all_finished) = tokio::sync::mpsc::channel::<()>(1);
     let mut shutdown = state.shutdown.clone();
     let connections = Arc::new(tokio::sync::Semaphore::new(limits.connections_max));
+    let peers = Arc::new(crate::peers::PeerSlots::new(
+        limits.connections_per_peer_max,
+    ));
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(e) => {
@@ -90,56 +87,43 @@ pub(crate) async fn serve_http(
             },
             _ = shutdown.changed() => break,
         };
+        // Over the connection limit, or over this peer's share of it: close at once.
+        let Some(peer_slot) = peers.take(peer.ip()) else {
+            drop(stream);
+            continue;
+        };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
-            // Over the connection limit: close at once.
             drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let protocol = if own_http2 {
-            Protocol::Own {
-                router: router.clone(),
-                settings: h2serve::Settings {
-                    body_bytes_max: limits.body_bytes_max,
-                    preface_timeout: limits.header_timeout,
-                    body_timeout: limits.body_timeout,
-                },
-                shutdown: state.shutdown.clone(),
-                alive: alive.clone(),
-            }
-        } else {
-            Protocol::Hyper {
-                service: TowerToHyperService::new(router.clone()),
-                watcher: graceful.watcher(),
-            }
-        };
+        let service = TowerToHyperService::new(router.clone());
+        let watcher = graceful.watcher();
         let tls = tls.clone();
         let gauge = state.metrics.connection();
-        let handshake_timeout = limits.header_timeout;
         let limits = limits.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let _peer_slot = peer_slot;
             let _gauge = gauge;
+            let deadline = limits.header_timeout;
             match tls {
-                None => serve_io(stream, protocol, &limits).await,
+                None => {
+                    serve_io(FirstBytes::new(stream, deadline), service, watcher, &limits).await
+                }
                 Some(acceptor) => {
                     let Ok(Ok(stream)) =
-                        tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
+                        tokio::time::timeout(deadline, acceptor.accept(stream)).await
                     else {
                         return;
                     };
-                    serve_io(stream, protocol, &limits).await
+                    serve_io(FirstBytes::new(stream, deadline), service, watcher, &limits).await
                 }
             }
         });
     }
     drop(listener);
-    drop(alive);
-    let drained = async {
-        graceful.shutdown().await;
-        let _ = all_finished.recv().await;
-    };
-    if tokio::time::timeout(limits.drain_timeout, drained)
+    if tokio::time::timeout(limits.drain_timeout, graceful.shutdown())
         .await
         .is_err()
     {
@@ -147,44 +131,25 @@ pub(crate) async fn serve_http(
     }
 }
 
-/// Who answers a connection.
-enum Protocol {
-    Hyper {
-        service: TowerToHyperService<axum::Router>,
-        watcher: hyper_util::server::graceful::Watcher,
-    },
-    Own {
-        router: axum::Router,
-        settings: h2serve::Settings,
-        shutdown: tokio::sync::watch::Receiver<bool>,
-        alive: tokio::sync::mpsc::Sender<()>,
-    },
-}
-
-async fn serve_io<I>(io: I, protocol: Protocol, limits: &crate::config::ServerLimits)
-where
+async fn serve_io<I>(
+    io: I,
+    service: TowerToHyperService<axum::Router>,
+    watcher: hyper_util::server::graceful::Watcher,
+    limits: &crate::config::ServerLimits,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    match protocol {
-        Protocol::Hyper { service, watcher } => {
-            let streams = ConnectionStreams::for_this_runtime();
-            let builder = builder(streams.clone(), limits);
-            serve_connection(io, &builder, service, watcher, streams).await
-        }
-        Protocol::Own {
-            router,
-            settings,
-            shutdown,
-            alive,
-        } => {
-            h2serve::serve(io, router, settings, shutdown).await;
-            drop(alive);
-        }
-    }
+    let streams = ConnectionStreams::for_this_runtime();
+    let builder = builder(streams.clone(), limits);
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    streams.drive(watcher.watch(connection.into_owned())).await;
 }
 
 /// A connection's server: HTTP/1.1 or HTTP/2 as the client speaks, its HTTP/2 streams run by
-/// `streams`.
+/// `streams`. hyper's protections stay on at their defaults (reset-flood accounting, pending
+/// accept resets, CONTINUATION and header-list limits); on top of them: a header list of at
+/// most `header_list_bytes_max`, at most `streams_per_connection_max` streams at once, and a
+/// keep-alive PING whose answer must come within `header_timeout`.
 fn builder(
     streams: ConnectionStreams,
     limits: &crate::config::ServerLimits,
@@ -194,30 +159,99 @@ fn builder(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        .max_buf_size(limits.header_list_bytes_max.max(8192))
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
+        .max_concurrent_streams(limits.streams_per_connection_max)
+        .max_header_list_size(limits.header_list_bytes_max as u32)
         // Large windows, as gRPC clients use: fewer WINDOW_UPDATE frames per request.
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(8 << 20)
+        .max_send_buf_size(1 << 20)
         .auto_date_header(false)
-        .keep_alive_interval(Some(std::time::Duration::from_secs(20)));
+        .keep_alive_interval(Some(std::time::Duration::from_secs(20)))
+        .keep_alive_timeout(limits.header_timeout);
     builder
 }
 
-async fn serve_connection<I>(
+/// A connection's I/O that must deliver its first bytes within a deadline: a peer that opens a
+/// connection and sends nothing loses it, before hyper's own timers (which start with the
+/// first request) could apply.
+struct FirstBytes<I> {
     io: I,
-    builder: &Builder<ConnectionStreams>,
-    service: TowerToHyperService<axum::Router>,
-    watcher: hyper_util::server::graceful::Watcher,
-    streams: ConnectionStreams,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    streams.drive(watcher.watch(connection.into_owned())).await;
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<I> FirstBytes<I> {
+    fn new(io: I, within: std::time::Duration) -> Self {
+        FirstBytes {
+            io,
+            deadline: Some(Box::pin(tokio::time::sleep(within))),
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for FirstBytes<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let read = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Some(deadline) = this.deadline.as_mut() {
+            match &read {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => this.deadline = None,
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no request within the header timeout",
+                    )));
+                }
+                _ => {}
+            }
+        }
+        read
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for FirstBytes<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;

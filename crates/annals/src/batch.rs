@@ -32,7 +32,8 @@ use crate::record::{self, EncodedAppend, ENTRY_FIXED_BYTES, HEADER_BYTES};
 pub struct EventBatch {
     body: Vec<u8>,
     count: u32,
-    has_ids: bool,
+    /// Events pushed with an id.
+    ids: u32,
     limits: Limits,
 }
 
@@ -56,7 +57,7 @@ impl EventBatch {
         EventBatch {
             body,
             count: 0,
-            has_ids: false,
+            ids: 0,
             limits: limits.clone(),
         }
     }
@@ -85,7 +86,7 @@ impl EventBatch {
     pub fn clear(&mut self) {
         self.body.clear();
         self.count = 0;
-        self.has_ids = false;
+        self.ids = 0;
     }
 
     /// Adds a [`NewEvent`] (checked as [`crate::Store::append`] checks it).
@@ -93,14 +94,8 @@ impl EventBatch {
         let index = self.len();
         let bytes = record::validate_event(index, event, &self.limits)?;
         self.check_room(bytes)?;
-        if let Some(id) = event.id {
-            let duplicate = record::Entries::new(&self.body, self.count)
-                .trusted()
-                .any(|(_, entry, layout)| layout.id(entry) == Some(id));
-            if duplicate {
-                return Err(InputError::DuplicateId { id });
-            }
-            self.has_ids = true;
+        if record::stored_id(event).is_some() {
+            self.ids += 1;
         }
         record::encode_entry(&mut self.body, event);
         self.count += 1;
@@ -158,7 +153,7 @@ impl EventBatch {
             body_crc: crc32c::crc32c(&self.body),
             body: self.body,
             event_count: self.count,
-            has_ids: self.has_ids,
+            all_ids: self.ids == self.count,
             trailer_len: 0,
         })
     }

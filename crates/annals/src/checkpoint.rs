@@ -7,7 +7,7 @@
 //! reserved u32, end offset u64, last record offset u64; type count, tag count, id count (u64
 //! each); type names and tag names (u32 length + bytes each); event types (u32 per event);
 //! locations (u64 per event); each type's then each tag's postings (u64 count + u64s); ids
-//! (16-byte id, u64 position, u32 content CRC each); tracking (u64 count, then per source u32
+//! (16-byte id, u64 position each, positions ascending); tracking (u64 count, then per source u32
 //! length + bytes and u64 position); then CRC32C of everything before it, and "ANNALEND".
 
 use std::path::Path;
@@ -22,7 +22,7 @@ pub const FILE_NAME: &str = "index.checkpoint";
 const TEMP_NAME: &str = "index.checkpoint.tmp";
 const MAGIC: &[u8; 8] = b"ANNALCKP";
 const END: &[u8; 8] = b"ANNALEND";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// Where the log stood when the checkpoint was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,12 +130,7 @@ fn write_in_steps(
         let index = index.read();
         let mark = *published.lock();
         let head = mark.head;
-        let ids: Vec<(u128, (u64, u32))> = index
-            .ids
-            .iter()
-            .filter(|(_, &(p, _))| p <= head)
-            .map(|(&id, &entry)| (id, entry))
-            .collect();
+        let ids: Vec<(u64, u128)> = index.ids.up_to(head).collect();
         let tracking: Vec<(Box<str>, u64)> = index
             .tracking
             .keys()
@@ -218,10 +213,9 @@ fn write_in_steps(
             }
             sink.flush_full()?;
         }
-        for (id, (p, crc)) in &ids {
+        for (p, id) in &ids {
             sink.put(&id.to_le_bytes());
             sink.put(&p.to_le_bytes());
-            sink.put(&crc.to_le_bytes());
             sink.flush_full()?;
         }
         sink.put(&(tracking.len() as u64).to_le_bytes());
@@ -331,7 +325,7 @@ fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
     let last_record_offset = c.u64()?;
     let type_count = c.count(4)?;
     let tag_count = c.count(4)?;
-    let id_count = c.count(28)?;
+    let id_count = c.count(24)?;
     let n = usize::try_from(head).ok()?;
     let mut index = Index::default();
     for (names, ids, postings, count) in [
@@ -389,14 +383,15 @@ fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
         }
     }
     index.ids.reserve(id_count);
+    let mut previous = 0;
     for _ in 0..id_count {
         let id = u128::from_le_bytes(c.take(16)?.try_into().ok()?);
         let position = c.u64()?;
-        let crc = c.u32()?;
-        if position == 0 || position > head {
+        if position <= previous || position > head {
             return None;
         }
-        index.ids.insert(id, (position, crc));
+        previous = position;
+        index.ids.push(position, id);
     }
     let sources = c.count(12)?;
     for _ in 0..sources {

@@ -109,13 +109,6 @@ pub enum InputError {
         count: usize,
         max: usize,
     },
-    #[error(
-        "event id {id} is already stored with different content (or the retry does not match \
-         the original append)"
-    )]
-    IdConflict { id: uuid::Uuid },
-    #[error("event id {id} appears twice in one append")]
-    DuplicateId { id: uuid::Uuid },
     #[error("the append queue is full ({depth} appends waiting); retry later")]
     QueueFull { depth: usize },
     #[error("read options: {0}")]

@@ -169,8 +169,9 @@ pub(crate) struct Index {
     pub(crate) event_types: Vec<u32>,
     /// Where each event's entry lies, by position - 1.
     pub(crate) locations: Vec<u64>,
-    /// Event ids, for idempotent retries: the position and the CRC32C of the event's content.
-    pub(crate) ids: Map<u128, (u64, u32)>,
+    /// The ids of the events that carry one, by position (ascending), for recognising the retry
+    /// of a conditional append. An id is not a key: several events may carry the same one.
+    pub(crate) ids: IdColumn,
     /// Tracking positions by source, as `(last position of the record that set it, value)`,
     /// oldest first. The writer sets them before the record is acknowledged, so readers see
     /// the newest entry at or below the published head; older entries are pruned once a
@@ -610,8 +611,7 @@ impl Index {
         self.event_types.push(type_id);
         self.locations.push(location);
         if let Some(id) = layout.id(entry) {
-            let crc = crc32c::crc32c(layout.content(entry));
-            self.ids.insert(id.as_u128(), (position, crc));
+            self.ids.push(position, id.as_u128());
         }
     }
 
@@ -652,9 +652,31 @@ impl Index {
             .copied()
     }
 
-    /// The position and content CRC of the event stored with this id.
-    pub(crate) fn id_entry(&self, id: u128) -> Option<(u64, u32)> {
-        self.ids.get(&id).copied()
+    /// The id of the event at `position`, if it carries one.
+    pub(crate) fn id_at(&self, position: u64) -> Option<u128> {
+        self.ids.get(position)
+    }
+
+    /// The first `max` positions after `after` (staged events included) that match `query`,
+    /// fewer when there are not so many.
+    pub(crate) fn first_matches_after(&self, query: &Query, after: u64, max: usize) -> Vec<u64> {
+        let resolved = self.resolve_after(query, &[]);
+        let mut out = Vec::with_capacity(max.min(1024));
+        let mut window = Window {
+            forward: true,
+            start: after.saturating_add(1),
+            end: self.len(),
+        };
+        while out.len() < max && !window.is_empty() {
+            match self
+                .collect(&resolved, window, max - out.len(), &mut out)
+                .resume
+            {
+                Some(next) => window.start = next,
+                None => break,
+            }
+        }
+        out
     }
 
     /// Checks that the index holds the event at `position` as the log does: its type, and the
@@ -752,7 +774,7 @@ impl Index {
             + postings(&self.tag_postings)
             + self.event_types.capacity() * 4
             + self.locations.capacity() * 8
-            + self.ids.capacity() * 32
+            + self.ids.bytes_used()
     }
 
     pub(crate) fn tag_count(&self) -> usize {
@@ -1047,6 +1069,47 @@ impl Index {
                     .filter(|&p| p <= end)
             })
             .min()
+    }
+}
+
+/// Event ids by position, in two parallel columns (24 bytes per event with an id).
+#[derive(Default)]
+pub(crate) struct IdColumn {
+    positions: Vec<u64>,
+    ids: Vec<u128>,
+}
+
+impl IdColumn {
+    pub(crate) fn push(&mut self, position: u64, id: u128) {
+        assert!(
+            self.positions.last().is_none_or(|&p| p < position),
+            "ids are pushed in position order"
+        );
+        self.positions.push(position);
+        self.ids.push(id);
+    }
+
+    pub(crate) fn get(&self, position: u64) -> Option<u128> {
+        let i = first_at_least(&self.positions, position);
+        (self.positions.get(i) == Some(&position)).then(|| self.ids[i])
+    }
+
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.positions.reserve(additional);
+        self.ids.reserve(additional);
+    }
+
+    /// The entries up to `head`, in position order.
+    pub(crate) fn up_to(&self, head: u64) -> impl Iterator<Item = (u64, u128)> + '_ {
+        let end = first_at_least(&self.positions, head.saturating_add(1));
+        self.positions[..end]
+            .iter()
+            .copied()
+            .zip(self.ids[..end].iter().copied())
+    }
+
+    fn bytes_used(&self) -> usize {
+        self.positions.capacity() * 8 + self.ids.capacity() * 16
     }
 }
 

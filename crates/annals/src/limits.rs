@@ -16,7 +16,9 @@ pub struct Limits {
     pub tag_bytes_max: usize,
     /// Bytes in one event type.
     pub type_bytes_max: usize,
-    /// Items in one query.
+    /// Items in one query. As many as events in one append by default: recorders that guard
+    /// each event of an append with a query item of its own (the Python eventsourcing
+    /// library's do) must fit.
     pub query_items_max: usize,
     /// Types, and separately tags, in one query item.
     pub query_item_values_max: usize,
@@ -33,7 +35,7 @@ impl Default for Limits {
             tags_per_event_max: 32,
             tag_bytes_max: 256,
             type_bytes_max: 256,
-            query_items_max: 64,
+            query_items_max: 10_000,
             query_item_values_max: 64,
             queue_depth_max: 4096,
         }

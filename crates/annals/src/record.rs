@@ -64,7 +64,9 @@ pub struct EncodedAppend {
     pub body: Vec<u8>,
     pub body_crc: u32,
     pub event_count: u32,
-    pub has_ids: bool,
+    /// Every event carries an id, so that a failed condition may be recognised as the retry of
+    /// an append already stored (see the writer's retry check).
+    pub all_ids: bool,
     /// Bytes at the end of `body` that hold the tracking trailer (0 without tracking).
     pub trailer_len: u32,
 }
@@ -132,15 +134,7 @@ pub fn encode_append_tracked(
             });
         }
     }
-    let mut has_ids = false;
-    for (i, event) in events.iter().enumerate() {
-        if let Some(id) = event.id {
-            has_ids = true;
-            if events[..i].iter().any(|e| e.id == Some(id)) {
-                return Err(InputError::DuplicateId { id });
-            }
-        }
-    }
+    let all_ids = events.iter().all(|e| stored_id(e).is_some());
     let mut body = Vec::with_capacity(total - HEADER_BYTES);
     for event in events {
         encode_entry(&mut body, event);
@@ -157,8 +151,14 @@ pub fn encode_append_tracked(
         body,
         body_crc,
         event_count: events.len() as u32,
-        has_ids,
+        all_ids,
     })
+}
+
+/// The id an event is stored with: the nil UUID, which clients send for an event without one,
+/// means no id.
+pub(crate) fn stored_id(event: &NewEvent) -> Option<Uuid> {
+    event.id.filter(|id| !id.is_nil())
 }
 
 /// Checks one event and returns its encoded length.
@@ -195,7 +195,7 @@ pub(crate) fn validate_event(
             max: limits.event_bytes_max,
         });
     }
-    let id_len = if event.id.is_some() { 16 } else { 0 };
+    let id_len = if stored_id(event).is_some() { 16 } else { 0 };
     Ok(ENTRY_FIXED_BYTES + id_len + type_len + tags_len + payload)
 }
 
@@ -255,9 +255,10 @@ pub(crate) fn encode_entry(body: &mut Vec<u8>, event: &NewEvent) {
     body.extend_from_slice(&(event.tags.len() as u16).to_le_bytes());
     body.extend_from_slice(&(event.data.len() as u32).to_le_bytes());
     body.extend_from_slice(&(event.metadata.len() as u32).to_le_bytes());
-    let flags = if event.id.is_some() { FLAG_ID } else { 0 };
+    let id = stored_id(event);
+    let flags = if id.is_some() { FLAG_ID } else { 0 };
     body.extend_from_slice(&[flags, 0, 0, 0]);
-    if let Some(id) = event.id {
+    if let Some(id) = id {
         body.extend_from_slice(id.as_bytes());
     }
     body.extend_from_slice(event.event_type.as_bytes());
@@ -527,13 +528,8 @@ impl EntryLayout {
             .get(ENTRY_FIXED_BYTES..ENTRY_FIXED_BYTES + 16)?
             .try_into()
             .ok()?;
-        Some(Uuid::from_bytes(bytes))
-    }
-
-    /// The entry without its position-dependent prefix (length and record offset): what two
-    /// appends of the same event have in common.
-    pub fn content<'a>(&self, entry: &'a [u8]) -> &'a [u8] {
-        entry.get(8..self.entry_len as usize).unwrap_or(&[])
+        // Records written before the nil UUID meant "no id" may hold it.
+        Some(Uuid::from_bytes(bytes)).filter(|id| !id.is_nil())
     }
 }
 

@@ -29,7 +29,7 @@ use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::checkpoint::Mark;
-use crate::error::{AppendError, InputError, StoreError};
+use crate::error::{AppendError, StoreError};
 use crate::index::{location, Ahead, AheadStage};
 use crate::options::Durability;
 use crate::query::AppendCondition;
@@ -1033,17 +1033,16 @@ impl Writer {
         // (Held for the whole staging, it had 64 deciding clients spend a fifth of their
         // time spinning and parking on it.)
         let index = self.shared.index.read();
-        if append.has_ids {
-            if let Some(outcome) = idempotent_outcome(&index, append) {
-                if outcome.is_ok() {
-                    counters.idempotent_retries.fetch_add(1, Ordering::Relaxed);
-                }
-                return Staged::Done(outcome.map_err(AppendError::Input));
-            }
-        }
         if let Some(condition) = &request.condition {
-            let (query, after) = (&condition.fail_if_events_match, condition.after);
-            if let Some(position) = index.first_query_match_after(query, after.unwrap_or(0)) {
+            let (query, after) = (
+                &condition.fail_if_events_match,
+                condition.after.unwrap_or(0),
+            );
+            if let Some(position) = index.first_query_match_after(query, after) {
+                if let Some(last) = retried_append(&index, append, query, after) {
+                    counters.idempotent_retries.fetch_add(1, Ordering::Relaxed);
+                    return Staged::Done(Ok(last));
+                }
                 counters.conditions_failed.fetch_add(1, Ordering::Relaxed);
                 return Staged::Done(Err(AppendError::ConditionFailed { position }));
             }
@@ -1437,54 +1436,28 @@ impl WriterRole {
     }
 }
 
-/// If the append's events carry ids already stored: the original last position when this is a
-/// faithful retry, an error when it is not. None when none of the ids is stored.
-fn idempotent_outcome(
+/// When a conditional append fails: the position of the last event of the append it retries,
+/// if it is one. It is when every event carries an id and the first events matching the
+/// condition's query after its `after` are as many as the append's and carry the same ids in
+/// the same order (UmaDB's rule; an id is not a key, and content is not compared).
+fn retried_append(
     index: &crate::index::Index,
     append: &EncodedAppend,
-) -> Option<Result<u64, InputError>> {
-    let mut found = 0u32;
-    let mut first_position = 0u64;
-    let mut conflict = None;
-    for (i, (_, entry, layout)) in Entries::new(append.entries(), append.event_count).enumerate() {
-        let Some(id) = layout.id(entry) else {
-            continue;
-        };
-        match index.id_entry(id.as_u128()) {
-            Some((position, crc)) => {
-                if found == 0 {
-                    first_position = position.saturating_sub(i as u64);
-                }
-                found += 1;
-                let same = position == first_position + i as u64
-                    && crc == crc32c::crc32c(layout.content(entry));
-                if !same && conflict.is_none() {
-                    conflict = Some(id);
-                }
-            }
-            None => {
-                if conflict.is_none() {
-                    conflict = Some(id);
-                }
-            }
-        }
-    }
-    if found == 0 {
+    query: &crate::Query,
+    after: u64,
+) -> Option<u64> {
+    if !append.all_ids {
         return None;
     }
-    match conflict {
-        Some(id) => Some(Err(InputError::IdConflict { id })),
-        None if found == append.event_count => {
-            Some(Ok(first_position + u64::from(append.event_count) - 1))
-        }
-        None => {
-            // Some events had no id while others matched: not a faithful retry.
-            let id = Entries::new(append.entries(), append.event_count)
-                .find_map(|(_, e, l)| l.id(e))
-                .unwrap_or_default();
-            Some(Err(InputError::IdConflict { id }))
-        }
+    let count = append.event_count as usize;
+    let matches = index.first_matches_after(query, after, count);
+    if matches.len() != count {
+        return None;
     }
+    let same = Entries::new(append.entries(), append.event_count)
+        .zip(&matches)
+        .all(|((_, entry, layout), &p)| layout.id(entry).map(|id| id.as_u128()) == index.id_at(p));
+    same.then(|| matches[count - 1])
 }
 
 #[cfg(test)]

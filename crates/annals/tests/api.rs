@@ -1,4 +1,4 @@
-//! The embedded API's edges: limits on both sides, idempotent retries, the directory lock,
+//! The embedded API's edges: limits on both sides, retries recognised by ids, the directory lock,
 //! durability classes, subscriptions.
 mod common;
 
@@ -270,63 +270,75 @@ fn queue_depth_limit() {
     assert_eq!(store.append(&[event()], None).unwrap(), 3);
 }
 
-/// Goal: retrying an append whose events carry ids returns the original position; a retry that
-/// differs is refused; nothing is stored twice, also across a reopen (ids are in the checkpoint
-/// and rebuilt from the log).
+/// Goal: ids follow UmaDB's rule. An id is not a key: appends without a failing condition are
+/// stored whatever ids they carry (the same id twice, the nil UUID meaning "no id"). When a
+/// condition fails and the first events matching its query after `after` carry exactly the
+/// append's ids in order, the append is a retry and answers the position of the last of them;
+/// any other difference (an id changed, one event missing an id, a different count) leaves the
+/// failure standing. The ids survive a reopen, from the checkpoint and from a rebuild.
 #[test]
-fn idempotent_retries() {
+fn retries_recognised_by_ids() {
     let io = SimIo::new(9);
     let open =
         || Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
     let id1 = uuid::Uuid::from_u128(1);
     let id2 = uuid::Uuid::from_u128(2);
+    let invoice = || Query::item(QueryItem::tags(["invoice:1"]));
     let batch = vec![
-        NewEvent::new("E", "one").id(id1),
-        NewEvent::new("E", "two").id(id2),
+        NewEvent::new("E", "one").tag("invoice:1").id(id1),
+        NewEvent::new("E", "two").tag("invoice:1").id(id2),
     ];
+    let condition = AppendCondition::new(invoice(), Some(1));
     let store = open();
     store.append(&[event()], None).unwrap();
-    assert_eq!(store.append(&batch, None).unwrap(), 3);
-    assert_eq!(store.append(&batch, None).unwrap(), 3);
+    assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
+    // The same append again: its condition fails on exactly its own events.
+    assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
     assert_eq!(store.head(), 3);
+    // Content is not compared: the ids and their order decide.
     let changed = vec![
-        NewEvent::new("E", "one").id(id1),
-        NewEvent::new("E", "TWO").id(id2),
+        NewEvent::new("E", "ONE").tag("invoice:1").id(id1),
+        NewEvent::new("E", "TWO").tag("invoice:1").id(id2),
     ];
-    assert!(matches!(
-        store.append(&changed, None),
-        Err(AppendError::Input(InputError::IdConflict { .. }))
-    ));
-    // Every event already stored with the same content: the retry answers where it is.
-    assert_eq!(
-        store
-            .append(&[NewEvent::new("E", "one").id(id1)], None)
-            .unwrap(),
-        2
-    );
-    // A stored id beside a new one is not a retry of anything.
-    let mixed = vec![
-        NewEvent::new("E", "one").id(id1),
-        NewEvent::new("E", "new").id(uuid::Uuid::from_u128(3)),
-    ];
-    assert!(matches!(
-        store.append(&mixed, None),
-        Err(AppendError::Input(InputError::IdConflict { .. }))
-    ));
+    assert_eq!(store.append(&changed, Some(&condition)).unwrap(), 3);
+    let conflict = |events: &[NewEvent]| match store.append(events, Some(&condition)) {
+        Err(AppendError::ConditionFailed { position }) => position,
+        other => panic!("expected the condition to fail, got {other:?}"),
+    };
+    // The first events matching are compared, as many as the append has: the first one alone
+    // is a retry of its own.
+    assert_eq!(store.append(&batch[..1], Some(&condition)).unwrap(), 2);
+    // Order, a missing id or a different id: the failure stands.
+    assert_eq!(conflict(&[batch[1].clone(), batch[0].clone()]), 2);
+    assert_eq!(conflict(&batch[1..]), 2);
+    let mut no_id = batch.clone();
+    no_id[1].id = None;
+    assert_eq!(conflict(&no_id), 2);
+    let mut nil = batch.clone();
+    nil[1].id = Some(uuid::Uuid::nil());
+    assert_eq!(conflict(&nil), 2);
+    let mut other = batch.clone();
+    other[1].id = Some(uuid::Uuid::from_u128(3));
+    assert_eq!(conflict(&other), 2);
+    // Without a failing condition, ids are no obstacle: the same ids are stored again, and the
+    // same id twice in one append too.
+    assert_eq!(store.append(&batch, None).unwrap(), 5);
     let twice = vec![
         NewEvent::new("E", "x").id(id1),
         NewEvent::new("E", "x").id(id1),
     ];
-    assert!(matches!(
-        store.append(&twice, None),
-        Err(AppendError::Input(InputError::DuplicateId { .. }))
-    ));
-    store.close().unwrap();
-    let store = open();
-    assert_eq!(store.append(&batch, None).unwrap(), 3);
+    assert_eq!(store.append(&twice, None).unwrap(), 7);
+    // The nil UUID is stored as no id.
+    let nil_event = NewEvent::new("E", "nil").id(uuid::Uuid::nil());
+    assert_eq!(store.append(&[nil_event], None).unwrap(), 8);
     let events = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
-    assert_eq!(events.len(), 3);
     assert_eq!(events[1].id(), Some(id1));
+    assert_eq!(events[0].id(), None);
+    assert_eq!(events[7].id(), None);
+    store.close().unwrap();
+    // From the checkpoint, then from a rebuild: the retry is still recognised.
+    let store = open();
+    assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
     drop(store);
     io.delete_file(&Path::new(DIR).join(annals::files::CHECKPOINT));
     let store = open();
@@ -334,7 +346,12 @@ fn idempotent_retries() {
         store.open_report().index,
         annals::IndexSource::Rebuilt { .. }
     ));
-    assert_eq!(store.append(&batch, None).unwrap(), 3);
+    assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
+    assert_eq!(
+        store.stats().idempotent_retries,
+        1,
+        "counted since the reopen"
+    );
 }
 
 /// Goal: a second open of the same directory fails with a clear error while the first is open,

@@ -1,7 +1,6 @@
 //! HTTP/2 on the wire (RFC 9113) and the part of HPACK (RFC 7541) that a sender of literals
 //! needs: frame types, flags and settings, splitting frames off a buffer, writing frame heads.
-//! Shared by the server's own HTTP/2 connections (`h2serve`) and the load generator's gRPC
-//! client in the `annals` binary.
+//! Used by the load generator's gRPC client.
 
 /// What every HTTP/2 connection begins with, from the client.
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -9,7 +8,6 @@ pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 // Frame types (RFC 9113 section 6).
 pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
-pub const PRIORITY_FRAME: u8 = 0x2;
 pub const RST_STREAM: u8 = 0x3;
 pub const SETTINGS: u8 = 0x4;
 pub const PUSH_PROMISE: u8 = 0x5;
@@ -26,31 +24,15 @@ pub const PADDED: u8 = 0x8;
 pub const PRIORITY: u8 = 0x20;
 
 // Settings (RFC 9113 section 6.5.2).
-pub const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;
 pub const SETTINGS_ENABLE_PUSH: u16 = 0x2;
 pub const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
 pub const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
 pub const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
-pub const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
 
-// Error codes (RFC 9113 section 7).
-pub const NO_ERROR: u32 = 0x0;
-pub const PROTOCOL_ERROR: u32 = 0x1;
-pub const INTERNAL_ERROR: u32 = 0x2;
-pub const FLOW_CONTROL_ERROR: u32 = 0x3;
-pub const STREAM_CLOSED: u32 = 0x5;
-pub const FRAME_SIZE_ERROR: u32 = 0x6;
-pub const REFUSED_STREAM: u32 = 0x7;
-pub const CANCEL: u32 = 0x8;
-pub const COMPRESSION_ERROR: u32 = 0x9;
-pub const ENHANCE_YOUR_CALM: u32 = 0xb;
-
-/// A window until the peer's settings say otherwise, and the largest a window may grow.
+/// A window until the peer's settings say otherwise.
 pub const DEFAULT_WINDOW: i64 = 65_535;
-pub const MAX_WINDOW: i64 = (1 << 31) - 1;
-/// The frame size every endpoint accepts until it says otherwise, and the largest allowed.
+/// The frame size every endpoint accepts until it says otherwise.
 pub const DEFAULT_MAX_FRAME: usize = 16_384;
-pub const MAX_FRAME_LIMIT: usize = (1 << 24) - 1;
 /// Stream identifiers are 31 bits.
 pub const LAST_STREAM_ID: u32 = (1 << 31) - 1;
 
@@ -60,13 +42,6 @@ pub struct Frame<'a> {
     pub flags: u8,
     pub stream_id: u32,
     pub payload: &'a [u8],
-}
-
-impl Frame<'_> {
-    /// The bytes the frame took on the wire.
-    pub fn wire_len(&self) -> usize {
-        9 + self.payload.len()
-    }
 }
 
 /// The first frame in `input` once it has arrived whole; an error if its header announces more
@@ -111,17 +86,6 @@ pub fn frame_head(out: &mut Vec<u8>, len: usize, kind: u8, flags: u8, stream_id:
 pub fn window_update(out: &mut Vec<u8>, stream_id: u32, increment: u32) {
     frame_head(out, 4, WINDOW_UPDATE, 0, stream_id);
     out.extend_from_slice(&increment.to_be_bytes());
-}
-
-pub fn rst_stream(out: &mut Vec<u8>, stream_id: u32, code: u32) {
-    frame_head(out, 4, RST_STREAM, 0, stream_id);
-    out.extend_from_slice(&code.to_be_bytes());
-}
-
-pub fn goaway(out: &mut Vec<u8>, last_stream_id: u32, code: u32) {
-    frame_head(out, 8, GOAWAY, 0, 0);
-    out.extend_from_slice(&last_stream_id.to_be_bytes());
-    out.extend_from_slice(&code.to_be_bytes());
 }
 
 /// A SETTINGS frame with `settings` as (identifier, value) pairs.
@@ -202,7 +166,7 @@ mod tests {
             (frame.kind, frame.flags, frame.stream_id, frame.payload),
             (DATA, END_STREAM, 5, &b"abc"[..])
         );
-        assert_eq!(frame.wire_len(), 12);
+        assert_eq!(frame.payload.len(), 3);
         assert_eq!(next_frame(&out, 2).err(), Some(3));
     }
 }

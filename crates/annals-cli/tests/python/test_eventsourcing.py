@@ -1,0 +1,198 @@
+"""The Python eventsourcing library's UmaDB recorders and its DCB application, unchanged,
+against Annals.
+
+The library ships test cases for every recorder; they assume an empty store, so each test here
+starts its own `annals serve` on a fresh data directory (ANNALS_BIN names the binary). When
+ANNALS_UMADB_BIN names UmaDB's own server, every test also runs against it, which shows the
+same calls pass there.
+"""
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+from uuid import uuid4
+
+import eventsourcing.dcb.tests as dcb_tests
+import eventsourcing.tests.persistence as persistence_tests
+import umadb
+from eventsourcing.domain import event
+from eventsourcing.pydantic.application import DcbApplication
+from eventsourcing.pydantic.immutable import Decision
+from eventsourcing.pydantic.mutable import EnduringObject
+from eventsourcing_umadb.recorders import (
+    UmaDbAggregateRecorder,
+    UmaDbApplicationRecorder,
+    UmaDbDcbRecorder,
+)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server on a fresh store: Annals (`annals serve`) or UmaDB's."""
+
+    def __init__(self, kind):
+        self.dir = tempfile.TemporaryDirectory()
+        if kind == "annals":
+            command = [
+                os.environ["ANNALS_BIN"], "serve", "--data-dir", self.dir.name,
+                "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+            ]
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+            for line in self.process.stdout:
+                if line.startswith("annals: listening "):
+                    grpc = [p for p in line.split() if p.startswith("grpc=")][0]
+                    self.url = "http://" + grpc[len("grpc="):]
+                    break
+            else:
+                raise RuntimeError("annals serve did not start")
+        else:
+            port = free_port()
+            command = [
+                os.environ["ANNALS_UMADB_BIN"], "--listen", f"127.0.0.1:{port}",
+                "--db-path", os.path.join(self.dir.name, "uma.db"),
+            ]
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+            self.url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+        self.dir.cleanup()
+
+
+KINDS = ["annals"] + (["umadb"] if os.environ.get("ANNALS_UMADB_BIN") else [])
+
+
+class OnFreshServer:
+    """Starts a server of `KIND` before each test and stops it after."""
+
+    KIND = "annals"
+
+    def setUp(self):
+        self.server = Server(self.KIND)
+        self.client = umadb.Client(self.server.url)
+        super().setUp()
+
+    def tearDown(self):
+        super().tearDown()
+        self.client.close()
+        self.server.stop()
+
+
+class AggregateRecorderCase(OnFreshServer):
+    LIBRARY_CASE = persistence_tests.AggregateRecorderTestCase
+    # Storing the same events (same ids) again is recognised as a retry, not refused: UmaDB's
+    # rule for a conditional append whose condition fails on exactly its own events.
+    recorder_supports_idempotent_appends = True
+
+    def create_recorder(self):
+        return UmaDbAggregateRecorder(umadb=self.client)
+
+
+class ApplicationRecorderCase(OnFreshServer):
+    LIBRARY_CASE = persistence_tests.ApplicationRecorderTestCase
+    recorder_supports_idempotent_appends = True
+    INITIAL_VERSION = 0
+
+    def create_recorder(self):
+        return UmaDbApplicationRecorder(umadb=self.client)
+
+
+class DcbRecorderCase(OnFreshServer):
+    LIBRARY_CASE = dcb_tests.DcbRecorderTestCase
+
+    def test_append_read(self):
+        self._test_append_read(UmaDbDcbRecorder(self.client))
+
+    def test_append_subscribe(self):
+        self._test_append_subscribe(UmaDbDcbRecorder(self.client))
+
+
+class Dog(EnduringObject):
+    class Registered(Decision):
+        dog_id: str
+        name: str
+
+    class TrickAdded(Decision):
+        dog_id: str
+        trick: str
+
+    @event(Registered)
+    def __init__(self, *, dog_id: str, name: str) -> None:
+        self.id = dog_id
+        self.name = name
+        self.tricks: list[str] = []
+
+    @event(TrickAdded)
+    def add_trick(self, trick: str) -> None:
+        self.tricks.append(trick)
+
+
+class TrainingSchool(DcbApplication):
+    def register(self, name):
+        dog = Dog(dog_id=str(uuid4()), name=name)
+        self.repository.save(dog)
+        return dog.id
+
+    def add_trick(self, dog_id, trick):
+        dog = self.repository.get(dog_id, Dog)
+        dog.add_trick(trick)
+        self.repository.save(dog)
+
+    def get_dog(self, dog_id):
+        dog = self.repository.get(dog_id, Dog)
+        return {"name": dog.name, "tricks": tuple(dog.tricks)}
+
+
+class DcbApplicationCase(OnFreshServer):
+    LIBRARY_CASE = unittest.TestCase
+
+    def test_application(self):
+        app = TrainingSchool(
+            env={"PERSISTENCE_MODULE": "eventsourcing_umadb", "UMADB_URI": self.server.url}
+        )
+        dog_id = app.register("Fido")
+        app.add_trick(dog_id, "roll over")
+        app.add_trick(dog_id, "play dead")
+        self.assertEqual(
+            app.get_dog(dog_id), {"name": "Fido", "tricks": ("roll over", "play dead")}
+        )
+        other = app.register("Rex")
+        self.assertEqual(app.get_dog(other), {"name": "Rex", "tricks": ()})
+
+
+# One concrete test class per case and kind of server, named after both: the case's methods,
+# then the library's test case (its tests and assertions).
+for _case in (AggregateRecorderCase, ApplicationRecorderCase, DcbRecorderCase, DcbApplicationCase):
+    for _kind in KINDS:
+        _name = f"Test{_case.__name__}On{_kind.capitalize()}"
+        globals()[_name] = type(_name, (_case, _case.LIBRARY_CASE), {"KIND": _kind})
+del _case, _kind, _name
+
+# UmaDB takes the nil UUID (the library's "no id") for an id: storing an event without an id a
+# second time is then taken for a retry of the first, and the IntegrityError the test expects
+# does not come. Annals reads the nil UUID as no id.
+if "umadb" in KINDS:
+
+    @unittest.expectedFailure
+    def _insert_select_on_umadb(self):
+        persistence_tests.ApplicationRecorderTestCase.test_insert_select(self)
+
+    TestApplicationRecorderCaseOnUmadb.test_insert_select = _insert_select_on_umadb
