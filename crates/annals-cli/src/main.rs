@@ -1,14 +1,6 @@
-//! The `annals` command: inspect a store and measure it.
+//! The `annals` command: run the server, and read, write and inspect a store.
 
-mod alloc;
-mod bench;
-mod bench_decide;
-mod bench_http;
 mod data;
-mod exchange;
-mod grpc_client;
-mod h2wire;
-mod http1;
 mod inspect;
 mod readmodel;
 mod remote;
@@ -17,7 +9,7 @@ mod serve;
 use clap::{Parser, Subcommand};
 
 #[global_allocator]
-static ALLOCATOR: alloc::Split = alloc::Split;
+static ALLOCATOR: annals_server::alloc::Split = annals_server::alloc::Split;
 
 #[derive(Parser)]
 #[command(name = "annals", version, about = "Annals: a durable DCB event store")]
@@ -79,19 +71,13 @@ enum Command {
     ///   annals stats --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     #[command(verbatim_doc_comment)]
     Stats(inspect::StatsArgs),
-    /// The matching engine: benchmarks.
-    #[command(subcommand)]
-    Exchange(exchange::ExchangeCommand),
     /// Read models: status and lag, counts, rebuilds.
     #[command(subcommand)]
     Readmodel(readmodel::ReadModelCommand),
-    /// Benchmarks; each prints one JSON object as its last line.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
 }
 
 fn main() {
-    alloc::tune();
+    annals_server::alloc::tune();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
@@ -103,8 +89,6 @@ fn main() {
         Command::Verify(args) => inspect::verify(args),
         Command::Stats(args) => inspect::stats(args),
         Command::Readmodel(command) => readmodel::run(command),
-        Command::Exchange(command) => exchange::run(command),
-        Command::Bench(command) => bench::run(command),
     };
     if let Err(message) = result {
         eprintln!("error: {message}");

@@ -248,13 +248,6 @@ fn every_command_has_help_with_an_example() {
             "{command} --help lacks an example:\n{out}"
         );
     }
-    for bench in ["append", "read", "recover", "fsync", "http"] {
-        let out = ok(&["bench", bench, "--help"]);
-        assert!(
-            out.contains("Example"),
-            "bench {bench} --help lacks an example:\n{out}"
-        );
-    }
 }
 
 /// Goal: `stats --url` reports a running server's head, class and counters (admin scope), and

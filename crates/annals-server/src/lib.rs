@@ -6,6 +6,7 @@
 //! see a file or an offset. Appends go through the store's callback API, so no runtime thread
 //! ever blocks on the writer or an fsync.
 
+pub mod alloc;
 pub mod auth;
 pub mod config;
 mod exchange;
@@ -83,7 +84,8 @@ impl AppState {
             tracking,
             ..AppendOptions::default()
         };
-        let deadline = Instant::now() + Duration::from_secs(1);
+        // A full queue is retried for up to a second; the clock is read only then.
+        let mut deadline = None;
         loop {
             match self
                 .store
@@ -91,7 +93,9 @@ impl AppState {
                 .await
             {
                 Err(AppendError::Input(InputError::QueueFull { .. }))
-                    if Instant::now() < deadline =>
+                    if Instant::now()
+                        < *deadline
+                            .get_or_insert_with(|| Instant::now() + Duration::from_secs(1)) =>
                 {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }

@@ -1,6 +1,6 @@
-//! `annals bench ...`: benchmarks as programs. Each prints one JSON object as its last line,
-//! with every figure labelled by its durability class and measured beside the raw fdatasync
-//! rate of the same directory, in the same run.
+//! The store's benchmarks (append, read, recover, fsync) and the command list. Each benchmark
+//! prints one JSON object as its last line, with every figure labelled by its durability class
+//! and measured beside the raw fdatasync rate of the same directory, in the same run.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -23,31 +23,42 @@ pub enum BenchCommand {
     /// Appends from N writers (async tasks or threads); reports throughput, latency and fsyncs
     /// per batch.
     ///
-    /// Example: annals bench append --dir /tmp/a --writers 64 --batch 1 --events 200000 --conditional
+    /// Example: annals-bench append --dir /tmp/a --writers 64 --batch 1 --events 200000 --conditional
     Append(AppendArgs),
     /// Full scans and selective reads (one tag among 100,000, ten events each).
     ///
-    /// Example: annals bench read --dir /tmp/r --events 1000000
+    /// Example: annals-bench read --dir /tmp/r --events 1000000
     Read(ReadArgs),
     /// Open time with the checkpoint and when rebuilding, and index bytes per event.
     ///
-    /// Example: annals bench recover --dir /tmp/c --events 10000000
+    /// Example: annals-bench recover --dir /tmp/c --events 10000000
     Recover(RecoverArgs),
     /// Load over HTTP or gRPC from concurrent connections against a server (its own, started
     /// on --dir, unless --url is given): append, conditional append, read or mixed workloads.
     ///
-    /// Example: annals bench http --connections 64 --workload conditional --seconds 10
+    /// Example: annals-bench http --connections 64 --workload conditional --seconds 10
     Http(crate::bench_http::HttpArgs),
     /// The course-subscription decision (two projections, one read, one conditional append)
     /// from N clients, embedded; decisions per second beside the fsync floor.
     ///
-    /// Example: annals bench decide --clients 64 --courses 1000 --seconds 5
+    /// Example: annals-bench decide --clients 64 --courses 1000 --seconds 5
     Decide(crate::bench_decide::DecideArgs),
     /// The raw fdatasync rate of a directory (small write + fdatasync in a loop), on a
     /// preallocated and on a growing file, and per CPU with the looping thread held on each.
     ///
-    /// Example: annals bench fsync --dir /tmp/f
+    /// Example: annals-bench fsync --dir /tmp/f
     Fsync(FsyncArgs),
+    /// The matching engine on a deterministic scenario, through its journal: throughput,
+    /// trades, the matcher's latency, the acknowledgement latency of durable modes, fsyncs and
+    /// the state hash.
+    ///
+    /// Example: annals-bench exchange --scenario normal --messages 5000000 --durability d3-pipelined
+    Exchange(crate::exchange::BenchArgs),
+    /// UmaDB's own Rust client against Annals and against UmaDB's server, in the same run:
+    /// conditional appends from tasks sharing one channel, beside the fsync floor.
+    ///
+    /// Example: annals-bench umadb --writers 64 --seconds 10 --umadb-bin target/umadb/bin/umadb
+    Umadb(crate::bench_umadb::UmadbArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -260,6 +271,8 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Recover(args) => recover(args)?,
         BenchCommand::Http(args) => crate::bench_http::run(args)?,
         BenchCommand::Decide(args) => crate::bench_decide::run(args)?,
+        BenchCommand::Exchange(args) => crate::exchange::run(args)?,
+        BenchCommand::Umadb(args) => crate::bench_umadb::run(args)?,
         BenchCommand::Fsync(args) => {
             std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
             let seconds = Duration::from_secs_f64(args.seconds);

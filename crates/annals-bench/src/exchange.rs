@@ -1,4 +1,4 @@
-//! `annals exchange`: the matching engine's benchmark, in every durability mode.
+//! `annals-bench exchange`: the matching engine's benchmark, in every durability mode.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,16 +13,6 @@ use annals_exchange::{
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 use std::sync::Mutex;
-
-#[derive(clap::Subcommand)]
-pub enum ExchangeCommand {
-    /// Runs a deterministic scenario through the matcher and its journal and prints, as its
-    /// last line, one JSON object: throughput, trades, resting orders, the matcher's latency,
-    /// the acknowledgement latency of durable modes, fsyncs and the state hash.
-    ///
-    /// Example: annals exchange bench --scenario normal --messages 5000000 --durability d3-pipelined
-    Bench(BenchArgs),
-}
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -80,17 +70,11 @@ fn preallocation_for(args: &BenchArgs, mode: Mode) -> Preallocation {
     })
 }
 
-pub fn run(command: ExchangeCommand) -> Result<(), String> {
-    match command {
-        ExchangeCommand::Bench(args) => {
-            let result = if args.compare_seed {
-                compare_seed(&args)?
-            } else {
-                bench(&args)?
-            };
-            println!("{result}");
-            Ok(())
-        }
+pub fn run(args: BenchArgs) -> Result<Value, String> {
+    if args.compare_seed {
+        compare_seed(&args)
+    } else {
+        bench(&args)
     }
 }
 

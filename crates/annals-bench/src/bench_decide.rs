@@ -1,4 +1,4 @@
-//! `annals bench decide`: the course-subscription decision (read two projections in one read,
+//! `annals-bench decide`: the course-subscription decision (read two projections in one read,
 //! append one event under the condition that protects them) from N client threads, embedded,
 //! in D3 unless told otherwise, optionally with the course states kept between decisions.
 

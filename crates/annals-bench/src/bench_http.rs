@@ -1,4 +1,4 @@
-//! `annals bench http`: a load generator against a running server, over HTTP or gRPC.
+//! `annals-bench http`: a load generator against a running server, over HTTP or gRPC.
 //!
 //! Each connection sends one request at a time and waits for its answer (like a k6 virtual
 //! user); latencies go into per-operation HDR histograms. Without `--url` the benchmark starts
@@ -236,7 +236,7 @@ fn start_server(
     extra: &[&str],
 ) -> Result<OwnServer, String> {
     use std::io::BufRead;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = crate::server_binary()?;
     let mut child = Command::new(exe)
         .arg("serve")
         .arg("--data-dir")
@@ -620,8 +620,8 @@ async fn server_counters(target: &Target) -> Option<(f64, f64)> {
     }
     let text = String::from_utf8_lossy(text);
     Some((
-        crate::remote::metric(&text, "annals_fsyncs_total"),
-        crate::remote::metric(&text, "annals_appends_total"),
+        metric(&text, "annals_fsyncs_total"),
+        metric(&text, "annals_appends_total"),
     ))
 }
 
@@ -851,4 +851,15 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
     });
     drop(own);
     Ok(result)
+}
+
+/// The value of an unlabelled metric in Prometheus text (0 when absent).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
 }

@@ -1,0 +1,426 @@
+//! `annals-bench umadb`: the clients UmaDB's users have, against Annals and against UmaDB's own
+//! server, in the same run. UmaDB's Rust client (`umadb-client`), as its users write it: one
+//! client (one channel, one HTTP/2 connection) shared by N async tasks, each appending with a
+//! condition on its own stream (checked, never failing). Runs alternate between the two
+//! servers, each on a fresh store in the same directory, and the raw fdatasync rate of that
+//! directory is measured before and after. Every figure is D3 (both servers sync before they
+//! acknowledge).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+use umadb_client::AsyncUmaDbClient;
+use umadb_dcb::{DcbAppendCondition, DcbEvent, DcbEventStoreAsync, DcbQuery, DcbQueryItem};
+
+#[derive(clap::Args, Clone)]
+pub struct UmadbArgs {
+    /// Tasks appending at once, all through one client (one channel).
+    #[arg(long, default_value_t = 64)]
+    writers: usize,
+    /// Events per append.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Measured seconds per run (after one second of warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 256)]
+    event_bytes: usize,
+    #[arg(long, default_value_t = 2)]
+    tags: usize,
+    /// Runs per server, alternated; figures are the median run's.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Directory for both servers' stores (emptied before each run) and the fsync floor.
+    #[arg(long, default_value = "/tmp/annals-bench-umadb")]
+    dir: PathBuf,
+    /// UmaDB's server binary (scripts/setup builds it into target/umadb/bin/umadb); without
+    /// it, only Annals is measured.
+    #[arg(long, env = "ANNALS_UMADB_BIN")]
+    umadb_bin: Option<PathBuf>,
+    /// Threads of the client's async runtime; default: one fewer than the cores (at least
+    /// one), as the server's.
+    #[arg(long)]
+    runtime_threads: Option<usize>,
+    /// Drive an Annals server already running at this gRPC URL (to profile it) instead of
+    /// starting one; UmaDB's server is then not measured.
+    #[arg(long)]
+    url: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Peer {
+    Annals,
+    Umadb,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Annals => "annals",
+            Peer::Umadb => "umadb",
+        }
+    }
+}
+
+/// A server process on a fresh store.
+struct Running {
+    child: Child,
+    url: String,
+    /// Annals' HTTP address, for its counters.
+    http: Option<String>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // SAFETY: signals our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A server this benchmark runs, or one running already (`--url`).
+enum Server {
+    Ours(Running),
+    Given(String),
+}
+
+impl Server {
+    fn url(&self) -> String {
+        match self {
+            Server::Ours(r) => r.url.clone(),
+            Server::Given(url) => url.clone(),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Server::Ours(r) => Some(r.child.id()),
+            Server::Given(_) => None,
+        }
+    }
+
+    fn fsyncs(&self) -> Option<f64> {
+        match self {
+            Server::Ours(r) => fsyncs(r),
+            Server::Given(_) => None,
+        }
+    }
+}
+
+fn start(peer: Peer, args: &UmadbArgs, dir: &Path) -> Result<Running, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    match peer {
+        Peer::Annals => {
+            use std::io::BufRead;
+            let mut child = Command::new(crate::server_binary()?)
+                .arg("serve")
+                .arg("--data-dir")
+                .arg(dir)
+                .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| format!("cannot start annals: {e}"))?;
+            let stdout = child.stdout.take().ok_or("no stdout")?;
+            let mut lines = std::io::BufReader::new(stdout).lines();
+            let mut found = None;
+            for line in lines.by_ref() {
+                let line = line.map_err(|e| e.to_string())?;
+                if let Some(rest) = line.strip_prefix("annals: listening ") {
+                    let part = |key: &str| {
+                        rest.split_whitespace()
+                            .find_map(|p| p.strip_prefix(key).map(str::to_owned))
+                    };
+                    found = Some((part("http="), part("grpc=")));
+                    break;
+                }
+            }
+            std::thread::spawn(move || for _ in lines {});
+            match found {
+                Some((http, Some(grpc))) => Ok(Running {
+                    child,
+                    url: format!("http://{grpc}"),
+                    http,
+                }),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    Err("annals did not report its addresses".into())
+                }
+            }
+        }
+        Peer::Umadb => {
+            let binary = args.umadb_bin.as_ref().ok_or("no UmaDB binary")?;
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| e.to_string())?
+                .port();
+            let child = Command::new(binary)
+                .arg("--listen")
+                .arg(format!("127.0.0.1:{port}"))
+                .arg("--db-path")
+                .arg(dir.join("uma.db"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                if Instant::now() > deadline {
+                    return Err("UmaDB's server did not listen".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(Running {
+                child,
+                url: format!("http://127.0.0.1:{port}"),
+                http: None,
+            })
+        }
+    }
+}
+
+/// Annals' fsync count from its metrics (blocking HTTP/1.1 GET; None for UmaDB).
+fn fsyncs(running: &Running) -> Option<f64> {
+    use std::io::{Read, Write};
+    let http = running.http.as_ref()?;
+    let mut stream = std::net::TcpStream::connect(http).ok()?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nhost: {http}\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix("annals_fsyncs_total ")
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+struct Outcome {
+    appends: u64,
+    failed: u64,
+    seconds: f64,
+    latency_us: Histogram<u64>,
+    server_cpu_us: Option<u64>,
+    client_cpu_us: u64,
+    fsyncs: Option<f64>,
+    first_error: Option<String>,
+}
+
+fn one_run(peer: Peer, args: &UmadbArgs, run: usize) -> Result<Outcome, String> {
+    let dir = args.dir.join(format!("{}-{run}", peer.name()));
+    let server = match &args.url {
+        Some(url) => Server::Given(url.clone()),
+        None => Server::Ours(start(peer, args, &dir)?),
+    };
+    let pid = server.pid();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(crate::bench::runtime_threads(args.runtime_threads))
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = runtime
+        .block_on(AsyncUmaDbClient::connect(server.url(), None, None, None))
+        .map_err(|e| format!("{}: connect: {e}", peer.name()))?;
+    let client = Arc::new(client);
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let appends = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let first_error = Arc::new(Mutex::new(None::<String>));
+    let histogram = Arc::new(Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?,
+    ));
+    let data = vec![b'x'; args.event_bytes];
+    let mut tasks = Vec::new();
+    for writer in 0..args.writers {
+        let client = client.clone();
+        let (measuring, stop) = (measuring.clone(), stop.clone());
+        let (appends, failed) = (appends.clone(), failed.clone());
+        let (first_error, histogram) = (first_error.clone(), histogram.clone());
+        let data = data.clone();
+        let (batch, tag_count) = (args.batch, args.tags);
+        tasks.push(runtime.spawn(async move {
+            let stream = format!("stream:{run}:{writer}");
+            let mut tags = vec![stream.clone()];
+            tags.extend((1..tag_count).map(|t| format!("kind:{t}")));
+            let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+            let mut last: Option<u64> = None;
+            while !stop.load(Ordering::Relaxed) {
+                let events: Vec<DcbEvent> = (0..batch)
+                    .map(|_| DcbEvent {
+                        event_type: "Appended".into(),
+                        tags: tags.clone(),
+                        data: data.clone(),
+                        uuid: None,
+                        metadata: Vec::new(),
+                    })
+                    .collect();
+                let condition = DcbAppendCondition {
+                    fail_if_events_match: DcbQuery {
+                        items: vec![DcbQueryItem {
+                            types: Vec::new(),
+                            tags: vec![stream.clone()],
+                        }],
+                    },
+                    after: last,
+                };
+                let started = Instant::now();
+                let outcome = client.append(events, Some(condition), None).await;
+                let measured = measuring.load(Ordering::Relaxed);
+                match outcome {
+                    Ok(position) => {
+                        last = Some(position);
+                        if measured {
+                            appends.fetch_add(1, Ordering::Relaxed);
+                            let _ = local.record(started.elapsed().as_micros().max(1) as u64);
+                        }
+                    }
+                    Err(e) => {
+                        if measured {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        first_error.lock().unwrap().get_or_insert(e.to_string());
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            }
+            histogram.lock().unwrap().add(&local).unwrap();
+        }));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let fsyncs_before = server.fsyncs();
+    let cpu_before = pid.and_then(crate::bench::process_cpu_us_of);
+    let client_cpu_before = crate::bench::process_cpu_us();
+    let started = Instant::now();
+    measuring.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_secs_f64(args.seconds));
+    measuring.store(false, Ordering::Relaxed);
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_after = pid.and_then(crate::bench::process_cpu_us_of);
+    let client_cpu_us = crate::bench::process_cpu_us().saturating_sub(client_cpu_before);
+    let fsyncs_after = server.fsyncs();
+    stop.store(true, Ordering::Relaxed);
+    runtime.block_on(async {
+        for task in tasks {
+            let _ = task.await;
+        }
+    });
+    drop(client);
+    drop(runtime);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    let latency_us = histogram.lock().unwrap().clone();
+    let first_error = first_error.lock().unwrap().clone();
+    Ok(Outcome {
+        appends: appends.load(Ordering::Relaxed),
+        failed: failed.load(Ordering::Relaxed),
+        seconds,
+        latency_us,
+        server_cpu_us: cpu_before.zip(cpu_after).map(|(a, b)| b.saturating_sub(a)),
+        client_cpu_us,
+        fsyncs: fsyncs_before.zip(fsyncs_after).map(|(a, b)| b - a),
+        first_error,
+    })
+}
+
+fn summary(args: &UmadbArgs, mut outcomes: Vec<Outcome>) -> Value {
+    let rate = |o: &Outcome| o.appends as f64 / o.seconds;
+    let runs: Vec<f64> = outcomes.iter().map(|o| rate(o).round()).collect();
+    let failed: u64 = outcomes.iter().map(|o| o.failed).sum();
+    let first_error = outcomes.iter().find_map(|o| o.first_error.clone());
+    outcomes.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    let median = &outcomes[outcomes.len() / 2];
+    let h = &median.latency_us;
+    json!({
+        "appends_per_sec": rate(median).round(),
+        "events_per_sec": (rate(median) * args.batch as f64).round(),
+        "runs_appends_per_sec": runs,
+        "latency_us": {
+            "p50": h.value_at_quantile(0.5), "p90": h.value_at_quantile(0.9),
+            "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999),
+            "max": h.max(),
+        },
+        "failed_calls": failed,
+        "first_error": first_error,
+        "server_cpu_us_per_append": median.server_cpu_us
+            .map(|us| (us as f64 / median.appends.max(1) as f64 * 10.0).round() / 10.0),
+        "client_cpu_us_per_append":
+            (median.client_cpu_us as f64 / median.appends.max(1) as f64 * 10.0).round() / 10.0,
+        "appends_per_fsync": median.fsyncs
+            .map(|f| (median.appends as f64 / f.max(1.0) * 10.0).round() / 10.0),
+    })
+}
+
+pub fn run(args: UmadbArgs) -> Result<Value, String> {
+    std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let floor_before = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(2))?;
+    let mut peers = vec![Peer::Annals];
+    if args.umadb_bin.is_some() && args.url.is_none() {
+        peers.push(Peer::Umadb);
+    }
+    let mut outcomes: Vec<Vec<Outcome>> = peers.iter().map(|_| Vec::new()).collect();
+    for run in 0..args.runs.max(1) {
+        // Alternate which server goes first, so that neither always meets a warmer disk.
+        let mut order: Vec<usize> = (0..peers.len()).collect();
+        if run % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let outcome = one_run(peers[i], &args, run)?;
+            eprintln!(
+                "run {run} {}: {:.0} appends/s, {} failed",
+                peers[i].name(),
+                outcome.appends as f64 / outcome.seconds,
+                outcome.failed
+            );
+            outcomes[i].push(outcome);
+        }
+    }
+    let floor_after = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(2))?;
+    let floor = (floor_before + floor_after) / 2.0;
+    let mut result = json!({
+        "workload": "umadb_client_conditional_append",
+        "client": "umadb-client 0.7.8 (Rust): one client, one channel, shared by all writers",
+        "writers": args.writers,
+        "batch": args.batch,
+        "event_bytes": args.event_bytes,
+        "tags": args.tags,
+        "durability": "d3",
+        "seconds": args.seconds,
+        "runs": args.runs,
+        "fsync_floor_per_sec": floor.round(),
+        "fsync_floor_before_after_per_sec": [floor_before.round(), floor_after.round()],
+    });
+    let mut medians = Vec::new();
+    for (peer, outcomes) in peers.iter().zip(outcomes) {
+        let s = summary(&args, outcomes);
+        medians.push(s["appends_per_sec"].as_f64().unwrap_or(0.0));
+        result[peer.name()] = s;
+    }
+    let ratio = |x: f64, y: f64| (x / y.max(1.0) * 100.0).round() / 100.0;
+    result["annals_to_fsync_floor"] = json!(ratio(medians[0], floor));
+    if let Some(&umadb) = medians.get(1) {
+        result["annals_to_umadb"] = json!(ratio(medians[0], umadb));
+        result["umadb_to_fsync_floor"] = json!(ratio(umadb, floor));
+    }
+    Ok(result)
+}

@@ -1,0 +1,268 @@
+//! The benchmarks' JSON contract: each prints, as its last line, one JSON object with the
+//! fields its users read.
+
+use std::process::Command;
+
+fn bench() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_annals-bench"));
+    // The server the HTTP benchmark starts: the workspace's `annals`, built beside this one.
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_annals-bench"));
+    command.env("ANNALS_BIN", exe.with_file_name("annals"));
+    command
+}
+
+/// Runs a command, requires success (showing its stderr otherwise), and returns its stdout.
+fn stdout_of(command: &mut Command) -> Vec<u8> {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Goal: every benchmark's help says what it measures and gives an example.
+#[test]
+fn every_benchmark_has_help_with_an_example() {
+    for name in [
+        "append", "read", "recover", "fsync", "http", "decide", "exchange", "umadb",
+    ] {
+        let out = stdout_of(bench().args([name, "--help"]));
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains("Example"),
+            "{name} --help lacks an example:\n{out}"
+        );
+    }
+}
+
+/// Goal: `annals-bench append` prints, as its last line, one JSON object with the fields the issue
+/// names. Method: a tiny D3 run on a temporary directory.
+#[test]
+fn bench_append_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = stdout_of(
+        bench()
+            .args([
+                "append",
+                "--writers",
+                "4",
+                "--batch",
+                "2",
+                "--events",
+                "400",
+                "--conditional",
+            ])
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    let stdout = String::from_utf8(stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for field in [
+        "workload",
+        "writers",
+        "batch",
+        "events",
+        "event_bytes",
+        "durability",
+        "events_per_sec",
+        "appends_per_sec",
+        "latency_us",
+        "fsyncs",
+        "events_per_fsync",
+        "fsync_floor_per_sec",
+    ] {
+        assert!(!last[field].is_null(), "missing {field} in {last}");
+    }
+    for p in ["p50", "p90", "p99", "p999", "max"] {
+        assert!(last["latency_us"][p].is_u64(), "latency_us.{p}");
+    }
+    assert_eq!(last["durability"], "d3");
+    assert_eq!(last["events"], 400);
+    assert!(last["fsyncs"].as_u64().unwrap() > 0);
+}
+
+/// Goal: `annals-bench http` starts its own server, drives every workload over HTTP and gRPC,
+/// and prints the JSON contract as its last line: requests_per_sec, errors and latency_ms
+/// {p50, p90, p99, max} per operation, with the fsync floor of the same directory.
+#[test]
+fn bench_http_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    // gRPC with several calls in flight on each connection (HTTP/2 streams).
+    for (protocol, workload, streams) in [("http", "mixed", "1"), ("grpc", "mixed", "4")] {
+        let stdout = stdout_of(
+            bench()
+                .args(["http", "--connections", "4", "--seconds", "0.5"])
+                .args(["--streams", streams])
+                .args([
+                    "--preload",
+                    "2000",
+                    "--protocol",
+                    protocol,
+                    "--workload",
+                    workload,
+                ])
+                .arg("--dir")
+                .arg(dir.path().join(protocol)),
+        );
+        let stdout = String::from_utf8(stdout).unwrap();
+        let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(last["protocol"], protocol);
+        assert_eq!(last["errors"], 0, "{last}");
+        assert_eq!(last["conflicts"], 0, "condition keys are unique: {last}");
+        assert_eq!(last["durability"], "d3");
+        assert!(last["requests_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(last["fsync_floor_per_sec"].as_f64().unwrap() > 0.0);
+        for op in ["append", "conditional_append", "read"] {
+            let o = &last["operations"][op];
+            assert!(o["requests"].as_u64().unwrap() > 0, "{op}: {last}");
+            for p in ["p50", "p90", "p99", "max"] {
+                assert!(o["latency_ms"][p].is_f64(), "{op}.latency_ms.{p}");
+            }
+        }
+        assert!(last["server_fsyncs"].as_f64().unwrap() > 0.0);
+        // Both sides' CPU during the measured time, per request.
+        assert!(
+            last["client_cpu_us_per_request"].as_f64().unwrap() > 0.0,
+            "{last}"
+        );
+        assert!(
+            last["server_cpu_us_per_request"].as_f64().unwrap() > 0.0,
+            "{last}"
+        );
+    }
+}
+
+/// Goal: `annals-bench decide` runs the course-subscription decision and prints the JSON
+/// contract as its last line: decisions_per_sec, retries, latency_us {p50, p99} and
+/// fsync_floor_per_sec.
+#[test]
+fn bench_decide_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = stdout_of(
+        bench()
+            .args(["decide", "--clients", "4", "--seconds", "0.5"])
+            .args(["--courses", "20", "--students", "200"])
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    let stdout = String::from_utf8(stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for field in [
+        "decisions_per_sec",
+        "retries",
+        "fsync_floor_per_sec",
+        "accepted",
+        "rejected",
+    ] {
+        assert!(last[field].is_number(), "missing {field} in {last}");
+    }
+    assert!(last["latency_us"]["p50"].is_u64() && last["latency_us"]["p99"].is_u64());
+    assert!(last["accepted"].as_u64().unwrap() > 0);
+    assert_eq!(last["durability"], "d3");
+}
+
+/// Goal: `annals-bench exchange` ends with one JSON line holding the fields the issue names,
+/// its runs agree on the state hash (the same seed gives the same books), and a journaled mode
+/// that is not built yet is refused rather than faked.
+#[test]
+fn exchange_bench_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |seed: &str| {
+        let stdout = stdout_of(
+            bench()
+                .args(["exchange", "--scenario", "normal"])
+                .args(["--messages", "20000", "--runs", "2", "--seed", seed])
+                .arg("--dir")
+                .arg(dir.path()),
+        );
+        let stdout = String::from_utf8(stdout).unwrap();
+        serde_json::from_str::<serde_json::Value>(stdout.lines().last().unwrap()).unwrap()
+    };
+    let last = run("1");
+    for field in [
+        "messages_per_sec",
+        "orders_per_sec",
+        "trades",
+        "trade_ratio",
+        "resting_orders",
+        "fsyncs",
+        "fsync_floor_per_sec",
+    ] {
+        assert!(last[field].is_number(), "missing {field} in {last}");
+    }
+    for field in ["p50", "p90", "p99", "p999", "max"] {
+        assert!(last["latency_ns"][field].is_u64(), "latency_ns.{field}");
+    }
+    assert_eq!(last["scenario"], "normal");
+    assert_eq!(last["messages"], 20000);
+    assert_eq!(last["durability"], "d0");
+    assert!(last["trades"].as_u64().unwrap() > 0);
+    assert!(last["resting_orders"].as_u64().unwrap() >= 1000);
+    let ratio = last["trade_ratio"].as_f64().unwrap();
+    assert!((0.02..=0.06).contains(&ratio), "trade ratio {ratio}");
+    // Deterministic: the same seed, the same state; another seed, another.
+    assert_eq!(run("1")["state_hash"], last["state_hash"]);
+    assert_ne!(run("2")["state_hash"], last["state_hash"]);
+    // The journaled modes end in the same books; their acknowledgements are timed, their
+    // fsyncs counted, and the journal replays to the live state.
+    let journaled = |mode: &str, messages: &str| {
+        let stdout = stdout_of(
+            bench()
+                .args(["exchange", "--scenario", "normal", "--seed", "1"])
+                .args(["--messages", messages, "--runs", "1", "--durability", mode])
+                .arg("--dir")
+                .arg(dir.path()),
+        );
+        let stdout = String::from_utf8(stdout).unwrap();
+        serde_json::from_str::<serde_json::Value>(stdout.lines().last().unwrap()).unwrap()
+    };
+    for mode in ["d3-pipelined", "d2-critical"] {
+        let result = journaled(mode, "20000");
+        assert_eq!(result["durability"], mode);
+        assert_eq!(result["state_hash"], last["state_hash"], "{mode}");
+        assert_eq!(result["replay"]["state_hash_matches"], true, "{result}");
+        assert!(result["fsyncs"].as_u64().unwrap() > 0, "{result}");
+        // Every event is a record's entry: more than its fixed header, far less than a page.
+        let per_event = result["journal_bytes_per_event"].as_f64().unwrap();
+        assert!((24.0..1000.0).contains(&per_event), "{result}");
+        assert!(
+            result["journal_mb_per_sec"].as_f64().unwrap() > 0.0,
+            "{result}"
+        );
+        for field in ["p50", "p99", "max"] {
+            assert!(result["ack_latency_us"][field].is_number(), "{result}");
+        }
+    }
+    let per_order = journaled("d3-per-order", "300");
+    // One fsync per command (the warm-up is synced before the measured run).
+    assert!(per_order["fsyncs"].as_u64().unwrap() >= 300, "{per_order}");
+    assert!(per_order["commands_per_fsync"].as_f64().unwrap() <= 1.0);
+    let refused = bench()
+        .args(["exchange", "--durability", "d9", "--messages", "10"])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("unknown exchange durability"));
+    // The four modes side by side with the seed documents' figures.
+    let stdout = stdout_of(
+        bench()
+            .args(["exchange", "--compare-seed", "--messages", "2000"])
+            .args(["--runs", "1"])
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    let stdout = String::from_utf8(stdout).unwrap();
+    let table: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(table["scenario"], "seed50k");
+    let rows = table["rows"].as_array().unwrap();
+    let modes: Vec<_> = rows
+        .iter()
+        .map(|r| r["ours"]["durability"].clone())
+        .collect();
+    assert_eq!(modes, ["d0", "d3-per-order", "d2-critical", "d3-pipelined"]);
+    assert!(stdout.contains("production_safe"), "{stdout}");
+}
