@@ -45,6 +45,15 @@ pub struct ServeArgs {
     /// TLS private key (PEM). Env: ANNALS_TLS_KEY
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// A web origin (scheme://host:port) whose pages may call the HTTP API from a browser,
+    /// besides the server's own; repeat for several. Env: ANNALS_ALLOWED_ORIGINS (comma
+    /// separated). Default: none.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    allow_origin: Vec<String>,
+    /// Serve everyone who can connect when listening beyond loopback without API keys
+    /// (refused otherwise). Env: ANNALS_ALLOW_UNAUTHENTICATED_NETWORK=1. Default: off.
+    #[arg(long)]
+    allow_unauthenticated_network: bool,
 }
 
 /// Defaults, then the config file, then the environment, then flags.
@@ -82,6 +91,12 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     }
     if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
         config.tls = Some(annals_server::TlsFiles { cert, key });
+    }
+    for origin in &args.allow_origin {
+        config.add_allowed_origin(origin)?;
+    }
+    if args.allow_unauthenticated_network {
+        config.allow_unauthenticated_network = true;
     }
     Ok(config)
 }

@@ -113,8 +113,9 @@ fn dcb_semantics_over_http() {
         Some(r#"{"failIfEventsMatch":{"items":[{"types":["CourseDefined"]}]}}"#),
     ));
     assert_eq!(r["conflictPosition"], 1);
-    // Idempotent retry by id returns the original position.
-    let body = r#"{"events":[{"type":"Paid","tags":["invoice:7"],"data":"100","id":"8c0b6a3e-4d44-4b4a-9f0e-1c2d3e4f5a6b"}]}"#;
+    // A conditional append retried with the same ids returns the original position.
+    let body = r#"{"events":[{"type":"Paid","tags":["invoice:7"],"data":"100","id":"8c0b6a3e-4d44-4b4a-9f0e-1c2d3e4f5a6b"}],
+        "condition":{"failIfEventsMatch":{"items":[{"tags":["invoice:7"]}]}}}"#;
     let first = server.append(body)["position"].as_u64().unwrap();
     let again = server.append(body)["position"].as_u64().unwrap();
     assert_eq!(first, again);
@@ -330,7 +331,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     // A body that never finishes arrives too slowly: 408, nothing appended.
     let mut slow = TcpStream::connect(server.http).unwrap();
     slow.write_all(
-        b"POST /v1/append HTTP/1.1\r\nhost: t\r\ncontent-length: 1000\r\n\r\n{\"events\":[",
+        b"POST /v1/append HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"events\":[",
     )
     .unwrap();
     let started = Instant::now();
@@ -355,7 +356,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     // Abandoned connections mid-request and mid-stream.
     for _ in 0..20 {
         let mut gone = TcpStream::connect(server.http).unwrap();
-        let _ = gone.write_all(b"POST /v1/append HTTP/1.1\r\ncontent-length: 50\r\n\r\n{\"ev");
+        let _ = gone.write_all(b"POST /v1/append HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n{\"ev");
         drop(gone);
         let sub = Stream::open(server.http, "/v1/subscribe", &[]);
         drop(sub);
@@ -645,7 +646,7 @@ fn concurrent_appends_share_fdatasyncs() {
                         format!(r#"{{"failIfEventsMatch":{{"items":[{{"tags":["{key}"]}}]}}}}"#);
                     let body = append_body(&[("E", &[&key], "x")], Some(&condition));
                     let head = format!(
-                        "POST /v1/append HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n",
+                        "POST /v1/append HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
                         body.len()
                     );
                     writer.write_all(head.as_bytes()).unwrap();
@@ -707,7 +708,7 @@ fn sigterm_drains_and_exits_cleanly() {
                     let body = append_body(&[("E", &[&format!("client:{c}")], &format!("{c}-{i}"))], None);
                     let Ok(mut stream) = TcpStream::connect(addr) else { break };
                     let head = format!(
-                        "POST /v1/append HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+                        "POST /v1/append HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
                         body.len()
                     );
                     if stream.write_all(head.as_bytes()).and_then(|_| stream.write_all(body.as_bytes())).is_err() {

@@ -29,6 +29,12 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Read models the server keeps up to date (see [`crate::readmodels`]).
     pub read_models: Vec<ReadModelSpec>,
+    /// Web origins (`scheme://host:port`) whose pages may call the HTTP API from a browser,
+    /// besides the server's own. Other origins are refused.
+    pub allowed_origins: Vec<String>,
+    /// Listen beyond loopback with no API keys, serving anyone who can connect. Refused
+    /// unless set.
+    pub allow_unauthenticated_network: bool,
     /// The matching engine the server hosts, journaled in its store; `None`: no exchange.
     pub exchange: Option<ExchangeConfig>,
 }
@@ -191,6 +197,8 @@ impl Default for Config {
             limits: ServerLimits::default(),
             worker_threads: None,
             read_models: Vec::new(),
+            allowed_origins: Vec::new(),
+            allow_unauthenticated_network: false,
             exchange: None,
         }
     }
@@ -234,6 +242,9 @@ pub struct ConfigFile {
     pub api_keys_file: Option<PathBuf>,
     pub tls: Option<TlsFiles>,
     pub worker_threads: Option<usize>,
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    pub allow_unauthenticated_network: Option<bool>,
     #[serde(default)]
     pub limits: LimitsFile,
     #[serde(default)]
@@ -322,6 +333,13 @@ impl Config {
         if let Some(n) = file.worker_threads {
             self.worker_threads = Some(n.max(1));
         }
+        for origin in file.allowed_origins {
+            self.add_allowed_origin(&origin)
+                .map_err(|e| format!("config file {}: {e}", path.display()))?;
+        }
+        if let Some(allow) = file.allow_unauthenticated_network {
+            self.allow_unauthenticated_network = allow;
+        }
         self.limits.apply(&file.limits);
         for spec in file.read_models {
             spec.validate()
@@ -380,6 +398,22 @@ impl Config {
                 "ANNALS_TLS_CERT" => cert = Some(PathBuf::from(value)),
                 "ANNALS_TLS_KEY" => key = Some(PathBuf::from(value)),
                 "ANNALS_EXCHANGE" => self.set_exchange_mode(&value)?,
+                "ANNALS_ALLOWED_ORIGINS" => {
+                    for origin in value.split(',').filter(|o| !o.trim().is_empty()) {
+                        self.add_allowed_origin(origin)?;
+                    }
+                }
+                "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK" => {
+                    self.allow_unauthenticated_network = match value.as_str() {
+                        "1" | "true" | "yes" => true,
+                        "0" | "false" | "no" | "" => false,
+                        _ => {
+                            return Err(format!(
+                            "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK: {value:?} is not true or false"
+                        ))
+                        }
+                    }
+                }
                 "ANNALS_WORKER_THREADS" => {
                     let n: usize = value
                         .parse()
@@ -420,6 +454,34 @@ impl Config {
             None => self.exchange = Some(ExchangeConfig::new(mode)),
         }
         Ok(())
+    }
+
+    /// Adds a web origin allowed to call the API from a browser: `scheme://host[:port]`.
+    pub fn add_allowed_origin(&mut self, origin: &str) -> Result<(), String> {
+        let origin = origin.trim().trim_end_matches('/');
+        let valid = (origin.starts_with("http://") || origin.starts_with("https://"))
+            && !origin["https://".len().min(origin.len())..].contains('/');
+        if !valid {
+            return Err(format!(
+                "allowed origin {origin:?}: expected scheme://host[:port], as a browser sends it"
+            ));
+        }
+        self.allowed_origins.push(origin.to_ascii_lowercase());
+        Ok(())
+    }
+
+    /// The reason to refuse this configuration at start, if any: a listener beyond loopback
+    /// with no API keys, unless explicitly allowed.
+    pub fn refusal(&self) -> Option<String> {
+        if self.exposed() && self.api_keys.is_empty() && !self.allow_unauthenticated_network {
+            return Some(format!(
+                "refusing to listen beyond loopback (http {}, grpc {}) without API keys: anyone                  who can connect could read and append. Configure keys (--api-keys-file FILE,                  ANNALS_API_KEYS=key=read,append or api_keys in the config file), or pass                  --allow-unauthenticated-network to serve everyone on purpose",
+                self.http_listen,
+                self.grpc_listen
+                    .map_or_else(|| "off".to_string(), |a| a.to_string())
+            ));
+        }
+        None
     }
 
     /// True when a listener is bound beyond loopback.

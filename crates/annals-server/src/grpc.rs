@@ -34,6 +34,11 @@ use crate::AppState;
 
 const BATCH_DEFAULT: u32 = 100;
 const BATCH_MAX: u32 = 5000;
+/// Stored bytes of events in one streamed message (at least one event): a batch of large
+/// events is cut into several messages, so what a stream holds for its client is bounded
+/// whatever the events' size, and each message stays within what clients decode by default
+/// (4 MiB).
+const MESSAGE_BYTES_MAX: usize = 2 << 20;
 
 /// Serves the DCB service (under both names) and gRPC health on `listener`, through the same
 /// accept loop, limits and graceful shutdown as HTTP (`serve.rs`): tonic's routes become one
@@ -66,7 +71,7 @@ pub(crate) async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, state
                 .await;
         }
     });
-    crate::serve::serve_http(listener, router, tls, state).await;
+    crate::serve::serve_http(listener, router, tls, state, crate::serve::Protocols::Http2).await;
 }
 
 const SERVICE_NAMES: [&str; 3] = ["", "umadb.v1.DCB", "umadb.UmaDBService"];
@@ -273,9 +278,13 @@ impl Service {
                     return None;
                 }
                 let mut events = Vec::with_capacity(batch.min(1024));
-                while events.len() < batch {
+                let mut bytes = 0usize;
+                while events.len() < batch && bytes < MESSAGE_BYTES_MAX {
                     match r.iter.next() {
-                        Some(Ok(event)) => events.push(to_sequenced(&event)),
+                        Some(Ok(event)) => {
+                            bytes += event.stored_bytes();
+                            events.push(to_sequenced(&event));
+                        }
                         Some(Err(e)) => {
                             r.done = true;
                             return Some((Err(read_status(&e)), r));
@@ -349,7 +358,7 @@ impl Service {
                 return None;
             }
             let batch = tokio::select! {
-                batch = f.subscription.next_batch(batch) => batch,
+                batch = f.subscription.next_batch_bytes(batch, MESSAGE_BYTES_MAX) => batch,
                 _ = f.shutdown.changed() => return None,
             };
             match batch {

@@ -29,6 +29,9 @@ use crate::AppState;
 const READ_CHUNK_BYTES: usize = 64 << 10;
 /// Events per subscription batch.
 const SUBSCRIBE_BATCH: usize = 256;
+/// Stored bytes of events per chunk of a live stream (at least one event): what one stream
+/// holds in memory for its client, whatever the events' size.
+pub(crate) const STREAM_CHUNK_BYTES: usize = 1 << 20;
 /// How often an idle SSE stream sends a comment, so dead clients are noticed.
 pub(crate) const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
 
@@ -55,7 +58,56 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            refuse_other_origins,
+        ))
         .with_state(state)
+}
+
+/// Refuses a browser's request sent by a page of another origin (its `Origin` header names
+/// neither this server nor a configured origin): with no API keys configured, any page open
+/// in a local browser could otherwise append events or read them.
+async fn refuse_other_origins(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(origin) = request.headers().get(http::header::ORIGIN) {
+        let allowed = origin.to_str().ok().is_some_and(|origin| {
+            let origin = origin.trim_end_matches('/').to_ascii_lowercase();
+            same_origin(&origin, request.headers())
+                || state.config.allowed_origins.contains(&origin)
+        });
+        if !allowed {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "origin_not_allowed",
+                format!(
+                    "requests from pages of {} are not allowed; allow an origin with \
+                     --allow-origin",
+                    String::from_utf8_lossy(origin.as_bytes())
+                ),
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether `origin` (lower case) is this server as the request addressed it (`Host`).
+fn same_origin(origin: &str, headers: &HeaderMap) -> bool {
+    let Some(host) = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+    else {
+        return false;
+    };
+    let host = host.to_ascii_lowercase();
+    origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .is_some_and(|rest| rest == host)
 }
 
 impl IntoResponse for ApiError {
@@ -64,6 +116,12 @@ impl IntoResponse for ApiError {
         response
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"annals\""),
+            );
+        }
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()
@@ -386,6 +444,20 @@ async fn append_inner(
         };
         ApiError::bad_request(kind, format!("append body: {e}"))
     })?;
+    for (index, event) in parsed.events.iter().enumerate() {
+        if let Some(metadata) = event.metadata {
+            let depth = wire::json_depth(metadata.get().as_bytes());
+            if depth > wire::METADATA_DEPTH_MAX {
+                return Err(ApiError::bad_request(
+                    "metadata_too_deep",
+                    format!(
+                        "event {index}: metadata nests {depth} levels deep (the limit is {})",
+                        wire::METADATA_DEPTH_MAX
+                    ),
+                ));
+            }
+        }
+    }
     let events: Vec<NewEvent> = parsed
         .events
         .into_iter()
@@ -432,8 +504,28 @@ async fn append_inner(
 /// Reads a request body within the configured size and time limits.
 pub(crate) async fn read_body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
     let limits = &state.config.limits;
-    // The body is parsed as JSON whatever its Content-Type says: clients such as curl -d or
-    // k6 send JSON without declaring it, and a body that is not JSON fails to parse anyway.
+    // A JSON body must say so: a browser sends a page's form or text/plain body to any origin
+    // without asking first, but never application/json.
+    let json = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let media = v
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            media == JSON || (media.starts_with("application/") && media.ends_with("+json"))
+        });
+    if !json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the body must be JSON sent with Content-Type: application/json",
+        ));
+    }
     let declared = request
         .headers()
         .get(CONTENT_LENGTH)
@@ -608,7 +700,7 @@ impl Follower {
         let keepalive = tokio::time::sleep(SSE_KEEPALIVE);
         tokio::pin!(keepalive);
         let batch = tokio::select! {
-            batch = self.subscription.next_batch(SUBSCRIBE_BATCH) => batch.ok()?,
+            batch = self.subscription.next_batch_bytes(SUBSCRIBE_BATCH, STREAM_CHUNK_BYTES) => batch.ok()?,
             _ = self.shutdown.changed() => return None,
             _ = &mut keepalive, if self.sse => return Some(Bytes::from_static(b": keepalive\n\n")),
         };

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod config;
 mod exchange;
 mod grpc;
+mod guard;
 mod http;
 pub mod metrics;
 mod openapi;
@@ -120,6 +121,9 @@ pub struct Server {
 impl Server {
     /// Opens the store and binds the listeners. Call from within a Tokio runtime.
     pub async fn start(config: Config) -> Result<Server, String> {
+        if let Some(refusal) = config.refusal() {
+            return Err(refusal);
+        }
         let mut options = Options {
             durability: config.durability,
             ..Options::default()
@@ -140,6 +144,9 @@ impl Server {
 
     /// Serves an already opened store.
     pub async fn start_with_store(config: Config, store: Arc<Store>) -> Result<Server, String> {
+        if let Some(refusal) = config.refusal() {
+            return Err(refusal);
+        }
         let tls = match &config.tls {
             Some(files) => Some(serve::load_tls(files)?),
             None => None,
@@ -178,6 +185,7 @@ impl Server {
             router,
             tls.as_ref().map(|t| t.acceptor.clone()),
             state.clone(),
+            serve::Protocols::Both,
         )));
         let mut grpc_addr = None;
         if let Some(addr) = config.grpc_listen {

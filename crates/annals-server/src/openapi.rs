@@ -13,7 +13,7 @@ fn error_response(description: &str) -> Value {
 fn auth_errors() -> Value {
     json!({
         "401": error_response("No API key, or one that is not configured (only when keys are configured)."),
-        "403": error_response("The API key lacks the scope this endpoint needs, or (exchange) is bound to other accounts (kind forbidden_account).")
+        "403": error_response("The API key lacks the scope this endpoint needs, or (exchange) is bound to other accounts (kind forbidden_account), or a browser page of another origin sent the request (kind origin_not_allowed).")
     })
 }
 
@@ -102,7 +102,7 @@ pub(crate) fn document() -> String {
                         "type": { "type": "string", "minLength": 1 },
                         "tags": { "type": "array", "items": { "type": "string", "minLength": 1 }, "uniqueItems": true },
                         "data": { "type": "string", "description": "Stored as its UTF-8 bytes." },
-                        "id": { "type": "string", "format": "uuid", "description": "Makes a retry idempotent: the same events with the same ids return the original position." },
+                        "id": { "type": "string", "format": "uuid", "description": "Not a key: events with the same id may be stored. When a conditional append fails and the first events matching its condition after `after` carry exactly the append's ids in order, the append is a retry and answers their last position. The nil UUID means no id." },
                         "metadata": { "description": "Any JSON value, stored as its text." }
                     }
                 },
@@ -179,8 +179,9 @@ pub(crate) fn document() -> String {
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendResponse" } } } },
                     "400": error_response("Malformed JSON, unknown fields, wrong types, or a limit broken (events, tags, sizes)."),
                     "408": error_response("The body did not arrive within the body timeout."),
-                    "409": error_response("An event id already stored with other content, or a tracking position not above the recorded one."),
+                    "409": error_response("A tracking position not above the one recorded for its source."),
                     "413": error_response("The body exceeds the configured limit."),
+                    "415": error_response("The body was not sent as application/json."),
                     "503": error_response("The append queue stayed full, the store is poisoned by a failed write or fsync, or the server is shutting down.")
                 }), auth_errors())
             } },

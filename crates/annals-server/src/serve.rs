@@ -59,13 +59,24 @@ pub(crate) fn load_tls(files: &TlsFiles) -> Result<Tls, String> {
     })
 }
 
+/// What a listener speaks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocols {
+    /// HTTP/1.1 and HTTP/2, as the client speaks (the HTTP port).
+    Both,
+    /// HTTP/2 alone (the gRPC port): anything else is not a client of ours, and a connection
+    /// that does not open with the HTTP/2 preface is closed.
+    Http2,
+}
+
 /// Serves `router` on `listener` until shutdown: hyper answers HTTP/1.1 and HTTP/2 as the
-/// client speaks, with its protections on (see [`builder`]).
+/// client speaks (or HTTP/2 alone), with its protections on (see [`builder`]).
 pub(crate) async fn serve_http(
     listener: TcpListener,
     router: axum::Router,
     tls: Option<TlsAcceptor>,
     state: Arc<AppState>,
+    protocols: Protocols,
 ) {
     let limits = state.config.limits.clone();
     let graceful = GracefulShutdown::new();
@@ -109,7 +120,8 @@ pub(crate) async fn serve_http(
             let deadline = limits.header_timeout;
             match tls {
                 None => {
-                    serve_io(FirstBytes::new(stream, deadline), service, watcher, &limits).await
+                    let io = crate::guard::Guarded::new(stream, deadline);
+                    serve_io(io, service, watcher, &limits, protocols).await
                 }
                 Some(acceptor) => {
                     let Ok(Ok(stream)) =
@@ -117,7 +129,8 @@ pub(crate) async fn serve_http(
                     else {
                         return;
                     };
-                    serve_io(FirstBytes::new(stream, deadline), service, watcher, &limits).await
+                    let io = crate::guard::Guarded::new(stream, deadline);
+                    serve_io(io, service, watcher, &limits, protocols).await
                 }
             }
         });
@@ -136,13 +149,25 @@ async fn serve_io<I>(
     service: TowerToHyperService<axum::Router>,
     watcher: hyper_util::server::graceful::Watcher,
     limits: &crate::config::ServerLimits,
+    protocols: Protocols,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let streams = ConnectionStreams::for_this_runtime();
     let builder = builder(streams.clone(), limits);
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    streams.drive(watcher.watch(connection.into_owned())).await;
+    match protocols {
+        Protocols::Both => {
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            streams.drive(watcher.watch(connection.into_owned())).await;
+        }
+        Protocols::Http2 => {
+            // (`serve_connection_with_upgrades` would detect the version whatever the builder
+            // says.)
+            let builder = builder.http2_only();
+            let connection = builder.serve_connection(TokioIo::new(io), service);
+            streams.drive(watcher.watch(connection.into_owned())).await;
+        }
+    }
 }
 
 /// A connection's server: HTTP/1.1 or HTTP/2 as the client speaks, its HTTP/2 streams run by
@@ -174,84 +199,6 @@ fn builder(
         .keep_alive_interval(Some(std::time::Duration::from_secs(20)))
         .keep_alive_timeout(limits.header_timeout);
     builder
-}
-
-/// A connection's I/O that must deliver its first bytes within a deadline: a peer that opens a
-/// connection and sends nothing loses it, before hyper's own timers (which start with the
-/// first request) could apply.
-struct FirstBytes<I> {
-    io: I,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl<I> FirstBytes<I> {
-    fn new(io: I, within: std::time::Duration) -> Self {
-        FirstBytes {
-            io,
-            deadline: Some(Box::pin(tokio::time::sleep(within))),
-        }
-    }
-}
-
-impl<I: AsyncRead + Unpin> AsyncRead for FirstBytes<I> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let this = &mut *self;
-        let read = Pin::new(&mut this.io).poll_read(cx, buf);
-        if let Some(deadline) = this.deadline.as_mut() {
-            match &read {
-                Poll::Ready(Ok(())) if buf.filled().len() > before => this.deadline = None,
-                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
-                    return Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no request within the header timeout",
-                    )));
-                }
-                _ => {}
-            }
-        }
-        read
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for FirstBytes<I> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
 }
 
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;

@@ -66,6 +66,37 @@ impl WireEvent<'_> {
     }
 }
 
+/// How deeply arrays and objects may nest in an event's metadata: it is served back inside
+/// every read answer, where a deeper value would break clients' JSON parsers.
+pub const METADATA_DEPTH_MAX: usize = 32;
+
+/// The deepest nesting of arrays and objects in valid JSON text.
+pub fn json_depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 fn share_or_own(text: Cow<'_, str>, body: &Bytes) -> Bytes {
     match text {
         Cow::Borrowed(s) => body.slice_ref(s.as_bytes()),
@@ -332,6 +363,21 @@ fn needs_escape(word: u64) -> bool {
     let zero_in = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
     control | zero_in(word ^ (ONES * u64::from(b'"'))) | zero_in(word ^ (ONES * u64::from(b'\\')))
         != 0
+}
+
+#[cfg(test)]
+mod depth_tests {
+    use super::json_depth;
+
+    /// Goal: nesting is counted through arrays and objects, and brackets inside strings
+    /// (escaped quotes included) are not.
+    #[test]
+    fn nesting_is_counted_outside_strings() {
+        assert_eq!(json_depth(b"1"), 0);
+        assert_eq!(json_depth(br#"{"a":[1,{"b":2}]}"#), 3);
+        assert_eq!(json_depth(br#"{"a":"[[[[\"{{"}"#), 1);
+        assert_eq!(json_depth(&[b'['; 100_000]), 100_000);
+    }
 }
 
 #[cfg(test)]

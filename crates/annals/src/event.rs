@@ -102,6 +102,12 @@ impl Event {
         &self.entry[self.layout.data_range()]
     }
 
+    /// The bytes the event takes as stored: type, tags, id, metadata and data with their
+    /// framing. What a batch of events holds in memory is about the sum of these.
+    pub fn stored_bytes(&self) -> usize {
+        self.entry.len()
+    }
+
     /// The data as shared bytes, without copying.
     pub fn data_bytes(&self) -> Bytes {
         self.entry.slice(self.layout.data_range())

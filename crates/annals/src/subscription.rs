@@ -67,10 +67,22 @@ impl Subscription {
     /// Moves up to `max` matching events that are already acknowledged into `out`, without
     /// waiting. Returns how many it moved; 0 means the subscription has caught up with the head.
     pub fn try_next_batch(&mut self, max: usize, out: &mut Vec<Event>) -> Result<usize, ReadError> {
-        let mut moved = 0;
-        while moved < max {
+        self.try_next_batch_bytes(max, usize::MAX, out)
+    }
+
+    /// Like [`Subscription::try_next_batch`], stopping also once the events moved hold
+    /// `bytes_max` stored bytes (at least one event is moved, whatever its size).
+    pub fn try_next_batch_bytes(
+        &mut self,
+        max: usize,
+        bytes_max: usize,
+        out: &mut Vec<Event>,
+    ) -> Result<usize, ReadError> {
+        let (mut moved, mut bytes) = (0, 0usize);
+        while moved < max && bytes < bytes_max {
             match self.try_next()? {
                 Some(event) => {
+                    bytes = bytes.saturating_add(event.stored_bytes());
                     out.push(event);
                     moved += 1;
                 }
@@ -117,10 +129,21 @@ impl Subscription {
     /// This is the same step as the blocking iterator: read to the head, then wait for it to
     /// move.
     pub async fn next_batch(&mut self, max: usize) -> Result<Vec<Event>, ReadError> {
+        self.next_batch_bytes(max, usize::MAX).await
+    }
+
+    /// Like [`Subscription::next_batch`], the batch holding at most `bytes_max` stored bytes
+    /// (or one event, if that one is larger): what a stream keeps in memory for a client is
+    /// bounded whatever the events' size.
+    pub async fn next_batch_bytes(
+        &mut self,
+        max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<Event>, ReadError> {
         let mut out = Vec::new();
         loop {
             let listener = self.shared.head_changed.listen();
-            if self.try_next_batch(max.max(1), &mut out)? > 0 {
+            if self.try_next_batch_bytes(max.max(1), bytes_max, &mut out)? > 0 {
                 return Ok(out);
             }
             if self.shared.closed.load(Ordering::Acquire) {

@@ -187,8 +187,28 @@ impl Response {
     }
 }
 
-/// One request on a fresh connection (`Connection: close`).
+/// One request on a fresh connection (`Connection: close`); a body without a Content-Type
+/// goes as `application/json`.
 pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    let mut headers = headers.to_vec();
+    if !body.is_empty()
+        && !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
+        headers.push(("content-type", "application/json"));
+    }
+    request_exactly(addr, method, path, &headers, body)
+}
+
+/// One request on a fresh connection (`Connection: close`), with only the headers given.
+pub fn request_exactly(
     addr: SocketAddr,
     method: &str,
     path: &str,

@@ -82,7 +82,7 @@ def test_conditions_and_conflicts(client):
 
 def test_retry_recognised_by_uuid(client):
     t = ns("invoice")
-    event = Event(event_type="InvoiceCreated", tags=[t], data=b"1", uuid=str(uuid.uuid4()))
+    event = Event(event_type="InvoiceCreated", tags=[t], data=b"1", uuid=uuid.uuid4())
     once = AppendCondition(fail_if_events_match=by_tag(t))
     first = client.append([event], condition=once)
     # The same append again: its condition fails on exactly its own event, so it is a retry.
@@ -91,7 +91,7 @@ def test_retry_recognised_by_uuid(client):
     # Another event with the same id but no condition is simply appended: an id is not a key.
     assert client.append([event]) > first
     assert len(list(client.read(query=by_tag(t)))) == 2
-    other = Event(event_type="InvoiceCreated", tags=[t], data=b"2", uuid=str(uuid.uuid4()))
+    other = Event(event_type="InvoiceCreated", tags=[t], data=b"2", uuid=uuid.uuid4())
     with pytest.raises(umadb.IntegrityError, match="(?i)integrity"):
         client.append([other], condition=once)
 

@@ -1,0 +1,466 @@
+//! The network edge under attack, on loopback: every finding of the edge's review reproduced
+//! and shown closed (HTTP/2 conformance is tests/h2spec.rs). Silent connections, one peer holding every slot, browsers' cross-origin requests and non-JSON
+//! bodies, listening beyond loopback without keys, deeply nested metadata, refusals without a
+//! JSON body, floods of HTTP/2 frames, and the memory a stalled live stream holds.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{request, request_exactly, ServerProcess};
+
+/// A server with `limits` (TOML lines of the `[limits]` section) from a config file.
+fn server_with(dir: &Path, limits: &str, extra: &[&str]) -> ServerProcess {
+    let config = dir.join("annals.toml");
+    std::fs::write(&config, format!("[limits]\n{limits}\n")).unwrap();
+    let data = dir.join("data");
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ServerProcess::start(&data, &args)
+}
+
+/// Whether the peer closed `stream` (EOF or reset) within `within`.
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The server process's resident memory, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// The median time of `n` HEAD requests on fresh connections.
+fn head_latency(addr: SocketAddr, n: usize) -> Duration {
+    let mut times: Vec<Duration> = (0..n)
+        .map(|_| {
+            let started = Instant::now();
+            let r = request(addr, "GET", "/v1/head", &[], b"");
+            assert_eq!(r.status, 200);
+            started.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[n / 2]
+}
+
+/// Goal: a connection that sends nothing is closed within the header timeout on both ports,
+/// and one peer address cannot hold more than its share of the connection slots. Method: a
+/// 300 ms header timeout and a share of 8; silent connections on both ports must be closed by
+/// then; 8 silent connections from one address, then a ninth refused at once.
+#[test]
+fn silent_connections_are_closed_and_a_peer_gets_its_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(
+        dir.path(),
+        "header_timeout_ms = 300\nconnections_per_peer_max = 8",
+        &[],
+    );
+    for addr in [server.http, server.grpc.unwrap()] {
+        let mut silent = TcpStream::connect(addr).unwrap();
+        let started = Instant::now();
+        assert!(closed_within(&mut silent, Duration::from_secs(5)), "{addr}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+    let mut held: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(server.http).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut ninth = TcpStream::connect(server.http).unwrap();
+    assert!(
+        closed_within(&mut ninth, Duration::from_millis(250)),
+        "a ninth connection from the same address is refused"
+    );
+    // Once the silent ones are closed by the timeout, the slots are free again.
+    for c in &mut held {
+        assert!(closed_within(c, Duration::from_secs(5)));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(server.get("/v1/head").status, 200);
+}
+
+/// Goal: a browser page of another origin can neither append nor read, and a body not sent as
+/// JSON is refused (415), so that no page open in a local browser can write to a store
+/// without keys; the server's own origin and configured origins are served. Method: appends
+/// with text/plain, form and no Content-Type, and requests carrying foreign, own and
+/// configured `Origin` headers; the head must not move on a refusal.
+#[test]
+fn browsers_of_other_origins_and_non_json_bodies_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &["--allow-origin", "https://console.example"]);
+    let body = br#"{"events":[{"type":"T","tags":[],"data":"x"}]}"#;
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let headers: Vec<(&str, &str)> = content_type
+            .map(|c| ("content-type", c))
+            .into_iter()
+            .collect();
+        let r = request_exactly(server.http, "POST", "/v1/append", &headers, body);
+        assert_eq!(r.status, 415, "{content_type:?}: {}", r.text());
+        assert_eq!(r.kind(), "unsupported_media_type");
+    }
+    let json = ("content-type", "application/json");
+    let foreign = request(
+        server.http,
+        "POST",
+        "/v1/append",
+        &[json, ("origin", "http://evil.example")],
+        body,
+    );
+    assert_eq!(foreign.status, 403, "{}", foreign.text());
+    assert_eq!(foreign.kind(), "origin_not_allowed");
+    let read = request(
+        server.http,
+        "GET",
+        "/v1/read",
+        &[("origin", "http://evil.example")],
+        b"",
+    );
+    assert_eq!(read.status, 403);
+    assert_eq!(server.head(), 0, "nothing refused was appended");
+    // The server's own origin (as the request addressed it) and a configured one.
+    for origin in ["http://test", "https://console.example"] {
+        let r = request(
+            server.http,
+            "POST",
+            "/v1/append",
+            &[json, ("origin", origin)],
+            body,
+        );
+        assert_eq!(r.status, 200, "{origin}: {}", r.text());
+    }
+    // application/json with a charset is JSON too.
+    let r = request(
+        server.http,
+        "POST",
+        "/v1/append",
+        &[("content-type", "application/json; charset=utf-8")],
+        body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(server.head(), 3);
+}
+
+/// Goal: listening beyond loopback without API keys is refused, with a message saying how to
+/// configure keys, unless the flag that says so is given. Method: `annals serve --http
+/// 0.0.0.0:0` without keys (refused, exit 1), then with --allow-unauthenticated-network
+/// (serves), then with a key (serves).
+#[test]
+fn listening_beyond_loopback_needs_keys_or_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
+        .args([
+            "serve",
+            "--http",
+            "0.0.0.0:0",
+            "--grpc",
+            "off",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("a"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("without API keys"), "{stderr}");
+    assert!(stderr.contains("--api-keys-file"), "{stderr}");
+    assert!(
+        stderr.contains("--allow-unauthenticated-network"),
+        "{stderr}"
+    );
+    // With the flag, and with a key, it serves.
+    let starts = |name: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
+            .args([
+                "serve",
+                "--http",
+                "0.0.0.0:0",
+                "--grpc",
+                "off",
+                "--data-dir",
+            ])
+            .arg(dir.path().join(name))
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let listening = std::io::BufRead::lines(stdout)
+            .map_while(Result::ok)
+            .any(|l| l.starts_with("annals: listening "));
+        let _ = child.kill();
+        let _ = child.wait();
+        listening
+    };
+    assert!(starts("b", &["--allow-unauthenticated-network"], &[]));
+    assert!(starts(
+        "c",
+        &[],
+        &[("ANNALS_API_KEYS", "a-key-00000000001=read,append")]
+    ));
+}
+
+/// Goal: metadata nested deeper than the limit is refused (a client's JSON parser would fail
+/// on every read that served it); every refusal carries the JSON error body, 414 and 431
+/// included; a 401 names its scheme. Method: metadata 100,000 and 33 levels deep (refused)
+/// and 32 (stored); a head larger than the limit; a URI beyond hyper's limit; a request
+/// without a key on a keyed server.
+#[test]
+fn deep_metadata_and_bodyless_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(dir.path(), "header_list_bytes_max = 16384", &[]);
+    let deep = |levels: usize| {
+        format!(
+            r#"{{"events":[{{"type":"T","data":"x","metadata":{}1{}}}]}}"#,
+            "[".repeat(levels),
+            "]".repeat(levels)
+        )
+    };
+    for levels in [100_000, 33] {
+        let r = server.post("/v1/append", &deep(levels));
+        assert_eq!(r.status, 400, "{levels}: {}", r.text());
+        assert_eq!(r.kind(), "metadata_too_deep");
+    }
+    assert_eq!(server.post("/v1/append", &deep(32)).status, 200);
+    assert_eq!(server.head(), 1);
+    // A head beyond the limit: hyper refuses it before any handler; the answer still says why.
+    let big = "x".repeat(20_000);
+    let r = request(server.http, "GET", "/v1/head", &[("x-filler", &big)], b"");
+    assert_eq!(r.status, 431);
+    assert_eq!(r.kind(), "headers_too_large");
+    let long_path = format!("/v1/head?{}", "a".repeat(70_000));
+    let r = request(server.http, "GET", &long_path, &[], b"");
+    assert!(r.status == 414 || r.status == 431, "{}", r.status);
+    assert!(!r.kind().is_empty(), "a JSON error body: {:?}", r.text());
+    let keyed_dir = tempfile::tempdir().unwrap();
+    let keyed = ServerProcess::start_with_env(
+        keyed_dir.path(),
+        &[],
+        &[("ANNALS_API_KEYS", "a-key-00000000001=read")],
+    );
+    let r = keyed.get("/v1/head");
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.header("www-authenticate"),
+        Some("Bearer realm=\"annals\"")
+    );
+}
+
+/// HTTP/2 frames written by hand.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + payload.len());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+/// A header block for `POST /umadb.v1.DCB/Head`, as HPACK literals without indexing.
+fn head_call_headers() -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (&b":method"[..], &b"POST"[..]),
+        (b":scheme", b"http"),
+        (b":path", b"/umadb.v1.DCB/Head"),
+        (b":authority", b"test"),
+        (b"content-type", b"application/grpc"),
+    ] {
+        block.push(0x00);
+        block.push(name.len() as u8);
+        block.extend_from_slice(name);
+        block.push(value.len() as u8);
+        block.extend_from_slice(value);
+    }
+    block
+}
+
+/// Opens an HTTP/2 connection (preface and empty SETTINGS written).
+fn h2_connect(addr: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.write_all(PREFACE).unwrap();
+    stream.write_all(&frame(SETTINGS, 0, 0, &[])).unwrap();
+    stream
+}
+
+/// Keeps writing `next` frames until the server closes the connection (true) or `within`
+/// passes (false).
+fn flood_until_closed(
+    stream: &mut TcpStream,
+    within: Duration,
+    mut next: impl FnMut(u32) -> Vec<u8>,
+) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 65536];
+    let mut i = 0u32;
+    while started.elapsed() < within {
+        let bytes: Vec<u8> = (0..64)
+            .flat_map(|_| {
+                i += 1;
+                next(i)
+            })
+            .collect();
+        match stream.write_all(&bytes) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return true,
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Goal: the HTTP/2 floods the edge review found unbounded close the abusive connection while
+/// another client keeps its latency: rapid reset (a stream opened and reset, again and
+/// again), an endless CONTINUATION flood, and a header block never finished. Method: each
+/// flood on the gRPC port for at most 10 s; the server must close the connection; then HTTP
+/// requests of another client must be answered about as fast as before.
+#[test]
+fn http2_floods_close_the_abusive_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(dir.path(), "header_timeout_ms = 2000", &[]);
+    let grpc = server.grpc.unwrap();
+    let before = head_latency(server.http, 21);
+    let block = head_call_headers();
+    // Rapid reset.
+    let mut rapid = h2_connect(grpc);
+    let closed = flood_until_closed(&mut rapid, Duration::from_secs(10), |i| {
+        let id = 2 * i - 1;
+        let mut out = frame(HEADERS, END_HEADERS, id, &block);
+        out.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
+        out
+    });
+    assert!(closed, "a rapid-reset connection is closed");
+    // CONTINUATION flood: a header block that never ends.
+    let mut continuation = h2_connect(grpc);
+    continuation
+        .write_all(&frame(HEADERS, END_STREAM, 1, &block[..4]))
+        .unwrap();
+    let closed = flood_until_closed(&mut continuation, Duration::from_secs(10), |_| {
+        frame(CONTINUATION, 0, 1, &[])
+    });
+    assert!(closed, "an endless CONTINUATION flood is closed");
+    // A header block left unfinished, then silence: closed by the keep-alive or timeout.
+    let mut unfinished = h2_connect(grpc);
+    unfinished
+        .write_all(&frame(HEADERS, END_STREAM, 1, &block[..4]))
+        .unwrap();
+    assert!(
+        closed_within(&mut unfinished, Duration::from_secs(30)),
+        "an unfinished header block does not hold the connection"
+    );
+    let after = head_latency(server.http, 21);
+    assert!(
+        after < before * 10 + Duration::from_millis(20),
+        "another client's latency held: {before:?} before, {after:?} after"
+    );
+}
+
+/// Goal: a live stream whose client does not read holds a bounded number of bytes, whatever
+/// the events' size. Method: 300 events of 1 MiB appended while two SSE subscribers that never
+/// read and two gRPC Read calls that never read are open; the server's resident memory may
+/// not grow by more than a bounded amount (the events are in the page cache, not the heap).
+#[test]
+fn stalled_streams_hold_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(
+        dir.path(),
+        "event_bytes_max = 1100000\nbody_bytes_max = 2000000",
+        &[],
+    );
+    let pid = server.child.id();
+    let data = "x".repeat(1 << 20);
+    let body = format!(r#"{{"events":[{{"type":"Big","tags":["big"],"data":"{data}"}}]}}"#);
+    for _ in 0..20 {
+        assert_eq!(server.post("/v1/append", &body).status, 200);
+    }
+    let baseline = rss_bytes(pid);
+    // Two SSE subscribers that never read.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(server.http).unwrap();
+        s.write_all(b"GET /v1/subscribe?after=0 HTTP/1.1\r\nhost: test\r\naccept: text/event-stream\r\n\r\n")
+            .unwrap();
+        stalled.push(s);
+    }
+    // Two gRPC reads with the largest batch size that never read (HTTP/2, window untouched).
+    let read_call = {
+        let mut message = Vec::new();
+        // ReadRequest { batch_size: 5000 } (field 6, varint).
+        message.extend_from_slice(&[0x30, 0x88, 0x27]);
+        let mut body = vec![0u8];
+        body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        body.extend_from_slice(&message);
+        body
+    };
+    for _ in 0..2 {
+        let mut c = h2_connect(server.grpc.unwrap());
+        let mut block = Vec::new();
+        for (name, value) in [
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/umadb.v1.DCB/Read"),
+            (b":authority", b"test"),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+        ] {
+            block.push(0x00);
+            block.push(name.len() as u8);
+            block.extend_from_slice(name);
+            block.push(value.len() as u8);
+            block.extend_from_slice(value);
+        }
+        c.write_all(&frame(HEADERS, END_HEADERS, 1, &block))
+            .unwrap();
+        c.write_all(&frame(0x0, END_STREAM, 1, &read_call)).unwrap();
+        stalled.push(c);
+    }
+    for _ in 0..280 {
+        assert_eq!(server.post("/v1/append", &body).status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let grown = rss_bytes(pid).saturating_sub(baseline);
+    assert!(
+        grown < 120 << 20,
+        "four stalled streams over 300 MiB of events grew the server by {} MiB",
+        grown >> 20
+    );
+    drop(stalled);
+}

@@ -1,0 +1,119 @@
+//! HTTP/2 conformance of both ports: h2spec (installed by scripts/setup) against a running
+//! server. Alone in its test binary, so that no other test competes for the CPU while h2spec
+//! times its cases.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use common::ServerProcess;
+
+/// The h2spec binary scripts/setup installs, if present.
+fn h2spec() -> Option<std::path::PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/h2spec");
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("ANNALS_REQUIRE_PEERS").is_none(),
+        "h2spec is missing at {}: run scripts/setup",
+        path.display()
+    );
+    eprintln!("skipped: h2spec is not installed (scripts/setup installs it)");
+    None
+}
+
+/// The h2spec cases that failed, as "package: name", from its JUnit report.
+fn h2spec_failures(binary: &Path, addr: SocketAddr, path: &str) -> (usize, Vec<String>) {
+    let report = tempfile::NamedTempFile::new().unwrap();
+    let _ = std::process::Command::new(binary)
+        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+        .args(["-P", path, "--timeout", "2", "-j"])
+        .arg(report.path())
+        .output()
+        .unwrap();
+    let xml = std::fs::read_to_string(report.path()).unwrap();
+    let mut total = 0;
+    let mut failed = Vec::new();
+    for case in xml.split("<testcase ").skip(1) {
+        total += 1;
+        let attr = |name: &str| {
+            case.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let body = case.split("</testcase>").next().unwrap_or_default();
+        if body.contains("<error") || body.contains("<failure") {
+            failed.push(format!("{}: {}", attr("package"), attr("classname")));
+        }
+    }
+    (total, failed)
+}
+
+/// The failures that h2spec's section confirms when run alone: h2spec times each case (2 s),
+/// and a machine busy with the other tests can miss one.
+fn confirmed(binary: &Path, addr: SocketAddr, path: &str, failed: Vec<String>) -> Vec<String> {
+    failed
+        .into_iter()
+        .filter(|f| {
+            let section = f.split(':').next().unwrap_or_default();
+            let out = std::process::Command::new(binary)
+                .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+                .args(["-P", path, "--timeout", "5", section])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let name = f.split_once(": ").map_or("", |(_, n)| n);
+            text.lines().any(|l| l.contains('×') && l.contains(name))
+        })
+        .collect()
+}
+
+/// Goal: both ports pass h2spec (HTTP/2 conformance, with its HPACK cases: table-size
+/// updates beyond the limit among them) but for the cases documented as artifacts of what is
+/// served there. Method: h2spec's 145 cases against the gRPC port (a unary call's path) and
+/// the HTTP port (`/v1/head`), failures compared with the documented list.
+#[test]
+fn h2spec_passes_but_for_the_documented_artifacts() {
+    let Some(binary) = h2spec() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    // gRPC answers a unary call's errors as HEADERS alone (no DATA frame), which two generic
+    // cases expect; the server answers each request before h2spec's next arrives, so its
+    // stream limit is never exceeded; an invalid preface is closed with a reset.
+    let (total, failed) = h2spec_failures(&binary, server.grpc.unwrap(), "/umadb.v1.DCB/Head");
+    assert_eq!(total, 145, "{failed:?}");
+    let failed = confirmed(&binary, server.grpc.unwrap(), "/umadb.v1.DCB/Head", failed);
+    let expected_grpc = [
+        "generic/2: Sends a WINDOW_UPDATE frame on half-closed (remote) stream",
+        "generic/2: Sends a PRIORITY frame on half-closed (remote) stream",
+        "http2/3.5: Sends invalid connection preface",
+        "http2/5.1.2: Sends HEADERS frames that causes their advertised concurrent stream limit to be exceeded",
+    ];
+    for f in &failed {
+        assert!(
+            expected_grpc.contains(&f.as_str()),
+            "gRPC port: unexpected failure {f}"
+        );
+    }
+    // The HTTP port speaks HTTP/1.1 too: an invalid HTTP/2 preface is read as HTTP/1.1; a GET
+    // is answered before the second HEADERS frame h2spec sends after it.
+    let (_, failed) = h2spec_failures(&binary, server.http, "/v1/head");
+    let failed = confirmed(&binary, server.http, "/v1/head", failed);
+    let expected_http = [
+        "http2/3.5: Sends invalid connection preface",
+        "http2/8.1: Sends a second HEADERS frame without the END_STREAM flag",
+        "http2/5.1.2: Sends HEADERS frames that causes their advertised concurrent stream limit to be exceeded",
+    ];
+    for f in &failed {
+        assert!(
+            expected_http.contains(&f.as_str()),
+            "HTTP port: unexpected failure {f}"
+        );
+    }
+}
