@@ -431,43 +431,21 @@ async fn scenario(pair: &mut Pair) {
 
     // Conditions: passing, failing, `after` beyond the head, and retries recognised by ids.
     let acct = || query(vec![item(&[], &["account:9"])]);
-    let opened = pair
-        .append(
-            "condition passes",
-            conditional(
-                vec![with_id(event("Opened", &["account:9"], ""), ID_A)],
-                acct(),
-                None,
-            ),
+    // One event opening account 9 under the condition that nothing about it exists yet.
+    let open_nine = |data: &str, id: &str| {
+        conditional(
+            vec![with_id(event("Opened", &["account:9"], data), id)],
+            acct(),
+            None,
         )
+    };
+    let opened = pair.append("condition passes", open_nine("", ID_A)).await;
+    pair.append("the same append again: a retry", open_nine("", ID_A))
         .await;
-    pair.append(
-        "the same append again: a retry",
-        conditional(
-            vec![with_id(event("Opened", &["account:9"], ""), ID_A)],
-            acct(),
-            None,
-        ),
-    )
-    .await;
-    pair.append(
-        "a retry with other content",
-        conditional(
-            vec![with_id(event("Opened", &["account:9"], "other"), ID_A)],
-            acct(),
-            None,
-        ),
-    )
-    .await;
-    pair.append(
-        "another id: the condition fails",
-        conditional(
-            vec![with_id(event("Opened", &["account:9"], ""), ID_B)],
-            acct(),
-            None,
-        ),
-    )
-    .await;
+    pair.append("a retry with other content", open_nine("other", ID_A))
+        .await;
+    pair.append("another id: the condition fails", open_nine("", ID_B))
+        .await;
     pair.append(
         "no id: the condition fails",
         conditional(vec![event("Opened", &["account:9"], "")], acct(), None),

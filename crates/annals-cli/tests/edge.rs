@@ -287,15 +287,16 @@ const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
-/// A header block for `POST /umadb.v1.DCB/Head`, as HPACK literals without indexing.
-fn head_call_headers() -> Vec<u8> {
+/// A header block for a gRPC call to `path`, as HPACK literals without indexing.
+fn call_headers(path: &str) -> Vec<u8> {
     let mut block = Vec::new();
     for (name, value) in [
         (&b":method"[..], &b"POST"[..]),
         (b":scheme", b"http"),
-        (b":path", b"/umadb.v1.DCB/Head"),
+        (b":path", path.as_bytes()),
         (b":authority", b"test"),
         (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
     ] {
         block.push(0x00);
         block.push(name.len() as u8);
@@ -358,7 +359,7 @@ fn http2_floods_close_the_abusive_connection() {
     let server = server_with(dir.path(), "header_timeout_ms = 2000", &[]);
     let grpc = server.grpc.unwrap();
     let before = head_latency(server.http, 21);
-    let block = head_call_headers();
+    let block = call_headers("/umadb.v1.DCB/Head");
     // Rapid reset.
     let mut rapid = h2_connect(grpc);
     let closed = flood_until_closed(&mut rapid, Duration::from_secs(10), |i| {
@@ -432,21 +433,7 @@ fn stalled_streams_hold_bounded_memory() {
     };
     for _ in 0..2 {
         let mut c = h2_connect(server.grpc.unwrap());
-        let mut block = Vec::new();
-        for (name, value) in [
-            (&b":method"[..], &b"POST"[..]),
-            (b":scheme", b"http"),
-            (b":path", b"/umadb.v1.DCB/Read"),
-            (b":authority", b"test"),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-        ] {
-            block.push(0x00);
-            block.push(name.len() as u8);
-            block.extend_from_slice(name);
-            block.push(value.len() as u8);
-            block.extend_from_slice(value);
-        }
+        let block = call_headers("/umadb.v1.DCB/Read");
         c.write_all(&frame(HEADERS, END_HEADERS, 1, &block))
             .unwrap();
         c.write_all(&frame(0x0, END_STREAM, 1, &read_call)).unwrap();

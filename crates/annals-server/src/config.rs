@@ -589,9 +589,19 @@ body_timeout_ms = 500
             .unwrap_err();
         assert!(err.contains("together"), "{err}");
         let err = Config::default()
-            .apply_env([("ANNALS_GRPC_HTTP2".to_string(), "h3".to_string())])
+            .apply_env([(
+                "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK".to_string(),
+                "maybe".to_string(),
+            )])
             .unwrap_err();
-        assert!(err.contains("neither"), "{err}");
+        assert!(err.contains("not true or false"), "{err}");
+        let err = Config::default()
+            .apply_env([(
+                "ANNALS_ALLOWED_ORIGINS".to_string(),
+                "evil.example".to_string(),
+            )])
+            .unwrap_err();
+        assert!(err.contains("scheme://host"), "{err}");
         assert!(parse_listen("nowhere").is_err());
         assert_eq!(parse_listen("OFF").unwrap(), None);
     }
