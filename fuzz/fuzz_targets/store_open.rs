@@ -25,9 +25,14 @@ fuzz_target!(|input: &[u8]| {
     let offset = u16::from_le_bytes([offset_bytes[0], offset_bytes[1]]) as usize;
     let io = SimIo::new(1);
     let dir = Path::new(DIR);
-    let options = || Options {
-        segment_bytes: 64 << 10,
-        ..Options::default()
+    let options = || {
+        let mut options = Options {
+            segment_bytes: 64 << 10,
+            ..Options::default()
+        };
+        options.limits.append_bytes_max = 16 << 10;
+        options.limits.event_bytes_max = 8 << 10;
+        options
     };
     {
         let store = Store::open_with_io(Arc::new(io.clone()), dir, options()).unwrap();
@@ -65,6 +70,6 @@ fuzz_target!(|input: &[u8]| {
             }
             assert!(n <= head);
         }
-        let _ = store.check();
+        let _ = store.check(&mut |_, _| {});
     }
 });

@@ -1,0 +1,136 @@
+"""UmaDB's Python client (the `umadb` package) appending as its users write it: conditional
+appends of one 256-byte event with 2 tags from N threads, each with its own client, against
+Annals and against UmaDB's own server, each started on a fresh store in DIR, in alternated
+runs. Prints one JSON line: each server's median appends per second, latency percentiles
+(microseconds) and failed calls. D3 on both servers.
+
+Usage: target/python/bin/python bench/python_client.py --annals-bin target/release/annals \
+           --umadb-bin target/umadb/bin/umadb [--threads N] [--seconds S] [--runs R] [--dir DIR]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+from umadb import AppendCondition, Client, Event, Query, QueryItem
+
+
+def writer(url, seconds, latencies, stop_at, errors):
+    client = Client(url)
+    stream = f"stream:{uuid.uuid4().hex}"
+    data = b"x" * 256
+    last = None
+    while time.monotonic() < stop_at:
+        condition = AppendCondition(
+            fail_if_events_match=Query(items=[QueryItem(tags=[stream])]), after=last
+        )
+        started = time.perf_counter_ns()
+        try:
+            last = client.append(
+                [Event(event_type="Appended", tags=[stream, "kind:1"], data=data)],
+                condition=condition,
+            )
+            latencies.append((time.perf_counter_ns() - started) // 1000)
+        except Exception as e:  # counted, not hidden
+            errors.append(str(e))
+    client.close()
+
+
+def start(kind, binary, directory):
+    """A server on a fresh store in `directory`: (process, gRPC URL)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+    if kind == "annals":
+        process = subprocess.Popen(
+            [binary, "serve", "--data-dir", directory, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, text=True)
+        for line in process.stdout:
+            if line.startswith("annals: listening "):
+                grpc = [p for p in line.split() if p.startswith("grpc=")][0][len("grpc="):]
+                threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()
+                return process, f"http://{grpc}"
+        raise RuntimeError("annals did not start")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [binary, "--listen", f"127.0.0.1:{port}", "--db-path", os.path.join(directory, "uma.db")],
+        stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def one_run(url, threads, seconds):
+    latencies, errors = [], []
+    stop_at = time.monotonic() + seconds
+    workers = [
+        threading.Thread(target=writer, args=(url, seconds, latencies, stop_at, errors))
+        for _ in range(threads)
+    ]
+    started = time.monotonic()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    elapsed = time.monotonic() - started
+    latencies.sort()
+
+    def pct(q):
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else None
+
+    return {
+        "appends_per_sec": round(len(latencies) / elapsed),
+        "failed_calls": len(errors),
+        "latency_us": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
+                       "max": latencies[-1] if latencies else None},
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--annals-bin", required=True)
+    parser.add_argument("--umadb-bin")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", default="/tmp/annals-bench-python")
+    args = parser.parse_args()
+    servers = [("annals", args.annals_bin)] + ([("umadb", args.umadb_bin)] if args.umadb_bin else [])
+    results = {kind: [] for kind, _ in servers}
+    for run in range(args.runs):
+        order = servers if run % 2 == 0 else list(reversed(servers))
+        for kind, binary in order:
+            process, url = start(kind, binary, os.path.join(args.dir, kind))
+            try:
+                results[kind].append(one_run(url, args.threads, args.seconds))
+            finally:
+                process.terminate()
+                process.wait()
+    out = {"workload": "umadb_python_client_conditional_append", "client": "umadb 0.7.8 (Python)",
+           "threads": args.threads, "durability": "d3", "runs": args.runs, "seconds": args.seconds}
+    for kind, runs in results.items():
+        runs.sort(key=lambda r: r["appends_per_sec"])
+        median = dict(runs[len(runs) // 2])
+        median["runs_appends_per_sec"] = [r["appends_per_sec"] for r in runs]
+        median["failed_calls"] = sum(r["failed_calls"] for r in runs)
+        out[kind] = median
+    if "umadb" in out:
+        out["annals_to_umadb"] = round(out["annals"]["appends_per_sec"] / max(1, out["umadb"]["appends_per_sec"]), 2)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
