@@ -246,8 +246,14 @@ impl Metrics {
         counter(
             &mut out,
             "annals_idempotent_retries_total",
-            "Appends answered with the position of an earlier identical append.",
+            "Conditional appends recognised by their ids as retries of appends already stored.",
             stats.idempotent_retries as f64,
+        );
+        counter(
+            &mut out,
+            "annals_checkpoints_failed_total",
+            "Background index checkpoints that failed (the log stays the truth).",
+            stats.checkpoints_failed as f64,
         );
         counter(
             &mut out,

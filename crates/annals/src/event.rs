@@ -12,8 +12,11 @@ pub struct NewEvent {
     pub tags: Vec<String>,
     pub data: Bytes,
     pub metadata: Bytes,
-    /// An id makes retries idempotent: appending the same events with the same ids again
-    /// returns the original position instead of appending twice.
+    /// An optional id. It is not a key (several events may carry the same one): it lets a
+    /// conditional append whose condition fails be recognised as the retry of one already
+    /// stored, when the first events matching the condition after its `after` carry exactly
+    /// the append's ids in order; it then answers their last position. The nil UUID means no
+    /// id.
     pub id: Option<Uuid>,
 }
 

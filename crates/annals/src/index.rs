@@ -1,4 +1,5 @@
-//! The in-memory indexes: by type, by tag, by event id, and each position's place on disk.
+//! The in-memory indexes: by type, by tag, the ids of events by position, and each position's
+//! place on disk.
 //!
 //! Derived from the log, never the source of truth: rebuilt by scanning segments, or loaded from
 //! a checkpoint. The writer adds events as it stages them (before they are durable); readers

@@ -47,6 +47,9 @@ pub(crate) struct Counters {
     pub(crate) events: AtomicU64,
     pub(crate) conditions_failed: AtomicU64,
     pub(crate) idempotent_retries: AtomicU64,
+    /// Background checkpoints that failed (the log stays the truth; the next open scans
+    /// further).
+    pub(crate) checkpoints_failed: AtomicU64,
     pub(crate) groups: AtomicU64,
     /// Groups committed by the appending caller on its own thread (see `WriterRole`).
     pub(crate) caller_commits: AtomicU64,
@@ -220,7 +223,12 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name("annals-checkpoint".into())
             .spawn(move || {
-                let _ = shared.checkpoint();
+                if shared.checkpoint().is_err() {
+                    shared
+                        .counters
+                        .checkpoints_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 shared.checkpointing.store(false, Ordering::Release);
             });
         match spawned {
@@ -291,7 +299,13 @@ pub struct Stats {
     pub appends: u64,
     pub events_appended: u64,
     pub conditions_failed: u64,
+    /// Conditional appends whose condition failed on exactly their own events (same ids):
+    /// answered as retries of appends already stored.
     pub idempotent_retries: u64,
+    /// Background index checkpoints that failed since open (a failure is not fatal: the log
+    /// is the truth, and the next open scans further; repeated failures say the disk or the
+    /// directory needs a look).
+    pub checkpoints_failed: u64,
     pub groups: u64,
     /// Of `groups`, those a caller that found the store idle committed on its own thread.
     pub caller_commits: u64,
@@ -1077,6 +1091,7 @@ impl Store {
             events_appended: c.events.load(Ordering::Relaxed),
             conditions_failed: c.conditions_failed.load(Ordering::Relaxed),
             idempotent_retries: c.idempotent_retries.load(Ordering::Relaxed),
+            checkpoints_failed: c.checkpoints_failed.load(Ordering::Relaxed),
             groups: c.groups.load(Ordering::Relaxed),
             caller_commits: c.caller_commits.load(Ordering::Relaxed),
             caller_stages: c.caller_stages.load(Ordering::Relaxed),

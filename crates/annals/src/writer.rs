@@ -1,8 +1,9 @@
 //! The one writer: group commit without a timer.
 //!
 //! Appends wait in a bounded queue. The writer takes the first, drains whatever else is already
-//! waiting (up to `group_bytes_max`), and for each append in order: checks idempotency and its
-//! condition against the index (which already holds the earlier appends of this group), stages
+//! waiting (up to `group_bytes_max`), and for each append in order: checks its condition
+//! against the index (which already holds the earlier appends of this group; a failed one may
+//! be the retry of an append already stored, recognised by its ids), stages
 //! its record in one buffer and its events in the index. Then it writes the buffer, issues ONE
 //! fdatasync (in D3), publishes the new head and acknowledges the whole group. The index lock is
 //! taken per append, never across I/O: shared for the checks (the writer is the index's only

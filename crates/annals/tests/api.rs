@@ -1406,3 +1406,33 @@ fn adaptive_preallocation_follows_the_bytes_per_fdatasync() {
         }
     }
 }
+
+/// Goal: a background checkpoint that fails is counted and visible in the stats, and changes
+/// nothing else: appends go on and the store reopens whole from its log. Method: a directory
+/// standing where the checkpoint's temporary file is written, so every background checkpoint
+/// fails, on the real file system; appends past the checkpoint interval; the counter is read.
+#[test]
+fn failed_background_checkpoints_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("index.checkpoint.tmp")).unwrap();
+    let options = || Options {
+        checkpoint_interval_events: 10,
+        ..Options::default()
+    };
+    let store = Store::open(dir.path(), options()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut appended = 0;
+    while store.stats().checkpoints_failed == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed checkpoint counted"
+        );
+        store.append(&[event()], None).unwrap();
+        appended += 1;
+    }
+    assert_eq!(store.head(), appended);
+    drop(store);
+    std::fs::remove_dir(dir.path().join("index.checkpoint.tmp")).unwrap();
+    let store = Store::open(dir.path(), options()).unwrap();
+    assert_eq!(store.head(), appended);
+}
