@@ -43,7 +43,7 @@ fuzz_target!(|input: &[u8]| {
         store.close().unwrap();
     }
     let file = if choice % 2 == 0 {
-        dir.join(annals::files::segment(0))
+        dir.join(annals::files::segment(1))
     } else {
         dir.join(annals::files::CHECKPOINT)
     };
