@@ -152,9 +152,8 @@ pub(crate) fn process_cpu_us_of(pid: u32) -> Option<u64> {
 }
 
 /// The async runtime's threads: as asked, else as the server's default (one fewer than the
-/// cores, at least one, leaving a core to the store's writer). Measured on two cores, one
-/// runtime thread against two: 64 writers 24.8x against 22.7x the raw fdatasync rate, 64
-/// deciding clients 28.5x against 21.4x, one deciding client 0.84-0.87x against 0.81-0.82x.
+/// cores, at least one, leaving a core to the store's writer): a second thread fights the
+/// writer and syncer for the CPU (docs/DECISIONS.md, R1).
 pub(crate) fn runtime_threads(asked: Option<usize>) -> usize {
     asked
         .unwrap_or_else(|| {
@@ -338,8 +337,8 @@ pub fn fsync_floor(dir: &Path, preallocated: bool, duration: Duration) -> Result
 /// The raw fdatasync rate ([`fsync_floor`], preallocated) of a thread held on each CPU this
 /// process may run on in turn, keyed by CPU number. On a virtual machine whose disk
 /// interrupts all arrive at one CPU, a thread elsewhere waits for an inter-processor wake-up
-/// after each fdatasync: 2-vCPU machines here measured 6.1-6.7K/s on the interrupts' CPU and
-/// 3.8-5.7K/s on the other, so any figure of a synced path depends on where its thread ran.
+/// after each fdatasync, so any figure of a synced path depends on where its thread ran
+/// (docs/DECISIONS.md, R2).
 fn fsync_floor_per_cpu(
     dir: &Path,
     each: Duration,

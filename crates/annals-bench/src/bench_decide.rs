@@ -30,10 +30,9 @@ pub struct DecideArgs {
     #[arg(long, default_value_t = 1000)]
     capacity: u32,
     /// Students; each may join at most 3 courses. Enough that a run stays in a steady state:
-    /// with 100,000, a run fast enough to accept 300,000 subscriptions in its five seconds
-    /// filled every student's three courses, most of its last decisions were refusals (which
-    /// append nothing), and its rate depended on how fast it had been (runs of one sitting
-    /// between 64K and 231K decisions/s). With a million, nearly every decision appends.
+    /// with too few, a fast run fills every student's courses, its last decisions are mostly
+    /// refusals (which append nothing), and its rate depends on how fast it had been
+    /// (docs/DECISIONS.md, R13). With a million, nearly every decision appends.
     #[arg(long, default_value_t = 1_000_000)]
     students: u32,
     /// Measured seconds per run.
@@ -50,11 +49,7 @@ pub struct DecideArgs {
     #[arg(long, value_enum, default_value = "tasks")]
     mode: Mode,
     /// Threads of the async runtime in `tasks` mode; default: one fewer than the cores (at
-    /// least one), as the server. On two cores, since callers stage their appends while the
-    /// writer syncs, 64 clients over 1,000 courses made 28.5x and 20.5x the fsync floor with
-    /// one thread against 21.4x and 15.5x with two (two alternations; before that change two
-    /// threads had been ahead, 14.6x against 12.5x, when the decisions woken by a sync were
-    /// decided one after another and many missed the next group).
+    /// least one), as the server (docs/DECISIONS.md, R1).
     #[arg(long)]
     runtime_threads: Option<usize>,
     /// Course states kept between decisions (`annals::decide::StateCache`), shared by all

@@ -56,8 +56,7 @@ pub struct BenchArgs {
     /// store's default, which picks per segment from the bytes per fdatasync). Default: zeros
     /// for d3-per-order, whose small fdatasyncs stay pure data flushes in zeroed space;
     /// fallocate for the batched modes, which write hundreds of MB/s and would write as many
-    /// zeros again (pipelined on `normal`, six alternations: median 1.07M messages/s with
-    /// zeros, 1.28M with fallocate, acknowledgement p99 34-48 ms against 15-27 ms).
+    /// zeros again (docs/DECISIONS.md, R3).
     #[arg(long)]
     preallocate: Option<Preallocation>,
 }
@@ -191,9 +190,8 @@ fn pass(
     let store = fresh_store(&store_dir, mode, preallocation_for(args, mode))?;
     let mut engine = Engine::new(&[]);
     // Room for the most orders the scenario holds at once, no more: a table sized for every
-    // message would only spread the live orders over more cache lines. (`normal` rests at most
-    // about 9K orders; tables reserved for 65K made D0 matching 6.0-7.6M messages/s, reserved
-    // for 16K 8.0-8.8M, in alternation: the order maps' lookups missed the cache.)
+    // message would only spread the live orders over more cache lines (docs/DECISIONS.md,
+    // R4).
     engine.reserve(scenario.peak_live_orders);
     let options = SequencerOptions {
         batch_events: args.batch.max(1),

@@ -209,10 +209,8 @@ pub struct SequencerOptions {
     /// Batches handed to the store and not yet acknowledged before the matcher waits: bounds
     /// the memory the queue holds when the matcher outruns the disk, and with it the
     /// acknowledgement latency. The queue must be deep enough to ride out the disk's slow
-    /// fdatasyncs: on the `normal` scenario (D3, 512 events per batch), 8 batches gave
-    /// 0.85-1.19M messages/s with an acknowledgement p99 of 22-28 ms, 16 gave 1.01-1.14M and
-    /// 32-35 ms, 32 gave 0.97-1.43M and 36-48 ms (p50 1.9-4.3 ms), in alternation; 64
-    /// gave a median acknowledgement of 22 ms.
+    /// fdatasyncs, and no deeper: more batches in flight raise the acknowledgement latency
+    /// without raising throughput (docs/DECISIONS.md, R5).
     pub batches_in_flight: u64,
 }
 

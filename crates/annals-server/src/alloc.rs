@@ -2,8 +2,7 @@
 //!
 //! The server's request path (hyper, h2, tonic) allocates and frees many small buffers per
 //! request, and glibc's malloc spent a tenth of the server's time on them (consolidating and
-//! unlinking free chunks); with mimalloc, gRPC appends went from below the speed of HTTP ones
-//! to level with them, and the exchange's pipelined mode gained a sixth. Large blocks stay with
+//! unlinking free chunks), which mimalloc does not (docs/DECISIONS.md, R17). Large blocks stay with
 //! glibc, which maps them from the system and grows them with `mremap`: the index's per-event
 //! arrays and posting lists double in place, where mimalloc would copy hundreds of megabytes
 //! into freshly touched pages (on a virtual machine, a host page fault per page).

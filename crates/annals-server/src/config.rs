@@ -24,8 +24,8 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     pub limits: ServerLimits,
     /// Threads of the network runtime; `None` means one fewer than the cores (at least one),
-    /// leaving a core to the store's writer and syncer threads. Measured on two cores: one
-    /// runtime thread serves 20-35% more appends than two, which fight the writer for the CPU.
+    /// leaving a core to the store's writer and syncer threads, which a second runtime thread
+    /// would fight for the CPU (docs/DECISIONS.md, R1).
     pub worker_threads: Option<usize>,
     /// Read models the server keeps up to date (see [`crate::readmodels`]).
     pub read_models: Vec<ReadModelSpec>,

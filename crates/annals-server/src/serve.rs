@@ -210,8 +210,7 @@ type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// own buys no parallelism on one thread, only a spawn, a schedule and a wake-up between the
 /// task that answers and the task that writes the answer out; run in the connection's task,
 /// the store's answer wakes the one task that does both, and a round of answers goes out in
-/// one write. gRPC over one connection with 64 calls in flight: 87-91K calls/s against
-/// 65-68K, 12.3-12.8 us of server CPU per call against 17-18 us. With several network threads
+/// one write (docs/DECISIONS.md, R6). With several network threads
 /// each stream gets its own task as before, so that one connection's calls (a gRPC client
 /// usually has one) can run on all of them.
 #[derive(Clone)]

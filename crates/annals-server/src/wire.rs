@@ -283,9 +283,9 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Writes `bytes` as a JSON string if they are UTF-8 and returns true; otherwise leaves `out`
-/// as it was and returns false. One pass both checks and escapes: event data (256 bytes, ten
-/// events to a read) went through `str::from_utf8` and then the escaping scan, 10% of a
-/// server's CPU for selective reads.
+/// as it was and returns false. One pass both checks and escapes: two passes (`str::from_utf8`,
+/// then the escaping scan) were a tenth of a server's CPU for selective reads
+/// (docs/DECISIONS.md, R14).
 pub fn write_bytes_as_str(out: &mut Vec<u8>, bytes: &[u8]) -> bool {
     write_json_string(out, bytes, true)
 }

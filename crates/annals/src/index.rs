@@ -186,11 +186,10 @@ pub(crate) struct Index {
     /// A direct-mapped cache of tag ids in front of `tag_ids`, indexed by the tag's hash: a
     /// store with a large tag table (one tag per order, per customer...) would otherwise pay a
     /// cache miss into that table for every tag of every event, even for the few thousand tags
-    /// that recur (accounts, live orders). 64K slots, 2 MiB, allocated on first use: 8K slots
-    /// missed often behind 2,000 accounts and 7,000 live orders (the exchange's normal
-    /// scenario), and the writer spent 15% more CPU per event. The cache grows with the tag
-    /// table, to twice as many slots as tags, up to 512K slots (16 MiB): behind 100,000
-    /// tags drawn at random, 64K slots missed a third of the time.
+    /// that recur (accounts, live orders). 64K slots, 2 MiB, allocated on first use, growing
+    /// with the tag table to twice as many slots as tags, up to 512K slots (16 MiB): smaller
+    /// caches missed often behind the exchange's accounts and live orders, and behind many
+    /// tags drawn at random (docs/DECISIONS.md, R15).
     tag_cache: Vec<CachedTag>,
 }
 
@@ -1362,8 +1361,8 @@ fn intern(
 
 /// The lock around the index: many readers, one writer (the writer thread, for a few
 /// microseconds per append). A futex lock that spins briefly and then sleeps: parking_lot's
-/// `RwLock` calls `sched_yield` up to seven times before it parks, and with 64 deciding
-/// clients on two cores those yields were 6% of all CPU time.
+/// `RwLock` calls `sched_yield` up to seven times before it parks, a visible share of the CPU
+/// with many deciding clients on two cores (docs/DECISIONS.md, R16).
 #[derive(Default)]
 pub(crate) struct IndexLock(std::sync::RwLock<Index>);
 

@@ -378,8 +378,7 @@ impl Tracking {
 /// How long a lone async caller spins on its outcome between yields to the runtime. Each yield
 /// schedules the task anew, and a runtime with an idle worker wakes that worker to steal it:
 /// yielding after every check kept both cores busy and the writer thread waiting for one
-/// (a lone async writer 0.85-0.95x the raw fdatasync rate, p99 150-400 us; spinning 10 us
-/// between yields 0.99-1.12x, p99 130-140 us). The runtime's thread is held at most this long.
+/// (docs/DECISIONS.md, R7). The runtime's thread is held at most this long.
 const LONE_SPIN: Duration = Duration::from_micros(10);
 
 struct YieldOnce(bool);

@@ -97,9 +97,8 @@ const LONE_POLL_MAX: Duration = Duration::from_millis(2);
 ///
 /// A caller that waits alone polls for its outcome, for about one and a half recent
 /// fdatasyncs, before it sleeps. Nothing else then wants the CPU, and on a virtual machine
-/// whose idle cores halt, waking a sleeping caller costs tens of microseconds: an async
-/// client's runtime thread, woken on a halted core, measured 85 us from wake-up to running,
-/// a quarter of a 300 us decision. When other callers wait too, or the disk is slow enough
+/// whose idle cores halt, waking a sleeping caller costs tens of microseconds, a good part
+/// of a decision (docs/DECISIONS.md, R8). When other callers wait too, or the disk is slow enough
 /// that the wake-up is noise, it sleeps at once: polling would take a core from the others.
 pub(crate) struct Waiting<'a> {
     shared: &'a Shared,
@@ -961,9 +960,7 @@ impl Writer {
                 // append, a lone small append, or a group held for the sync before (the small
                 // appends arriving during this sync would be held for it anyway). Large
                 // appends and groups behind them go to the syncer, so that the writer is free
-                // to stage the next while the disk syncs. (64 writers of one event, ten
-                // alternations: held groups synced by the syncer made a median 18.0x the raw
-                // fdatasync rate, synced by the writer 21.8x, ahead in nine of the ten.)
+                // to stage the next while the disk syncs (docs/DECISIONS.md, R9).
                 let sync_here = durability == Durability::Synced
                     && !acknowledge_now
                     && (lone || origin != Origin::Queued);
@@ -1239,21 +1236,16 @@ impl WriterRole {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // Blocks for the next append rather than polling for it: on a machine with few
             // cores the client the writer has just woken often runs on the writer's core, and
-            // a polling writer kept it waiting (a lone decision client measured 58 us from
-            // wake-up to running with 60 us of polling, 19 us without).
+            // a polling writer kept it waiting (docs/DECISIONS.md, R10).
             let hold = shared.options.durability == Durability::Synced;
             while let Ok(first) = self.receiver.recv() {
                 let bytes = first.append.body.len();
                 // In D3 an append staged while a sync runs waits for that sync and the next:
                 // staging it at once gains nothing over staging it when the running sync ends,
-                // with whatever has queued behind it by then. Staged at once, 64 deciding
-                // clients made groups of three appends (the writer's staging, write and
-                // hand-over per group took a third of a core); held, groups of twenty.
-                // Large appends go at once: their staging is worth overlapping with the sync.
-                // (Held, the exchange's journal batches of 512 events had their staging fall
-                // between one sync and the next, the writer idle while the disk synced and the
-                // disk idle while the writer staged: 0.97-1.57M messages/s against 1.23-1.81M
-                // staged at once, in alternation.)
+                // with whatever has queued behind it by then, and held appends make groups
+                // several times larger. Large appends go at once: their staging is worth
+                // overlapping with the sync, or writer and disk sit idle in turn
+                // (docs/DECISIONS.md, R11).
                 let origin = if hold && is_small(&first.append) {
                     if let Some(syncer) = &self.syncer {
                         syncer.wait_for_running_sync();
@@ -1407,9 +1399,8 @@ impl WriterRole {
     /// moment none may be waiting on the store while tens of requests wait in the runtime,
     /// where the store cannot see them. Letting a lone async caller commit (and fdatasync) on
     /// its runtime's thread fed on itself: each such commit held a runtime thread for an
-    /// fdatasync, so the next request reached the store alone too. 64 HTTP connections made
-    /// 1.1 appends per fdatasync and 4K requests/s, against 31 and 42K/s with every async
-    /// append handed to the writer thread.
+    /// fdatasync, so the next request reached the store alone too, and group commit collapsed
+    /// to about one append per fdatasync (docs/DECISIONS.md, R12).
     pub(crate) fn commit_alone(&self, request: Request) -> Result<(), Request> {
         if !self.receiver.is_empty() || self.syncer.as_ref().is_some_and(|s| s.busy()) {
             return Err(request);
