@@ -213,11 +213,11 @@ fn pick(workload: Workload, n: u64) -> Op {
     }
 }
 
-/// A server started for the benchmark: killed on drop.
-struct OwnServer {
-    child: Child,
-    http: SocketAddr,
-    grpc: SocketAddr,
+/// A server started for the benchmark: stopped on drop.
+pub(crate) struct OwnServer {
+    pub(crate) child: Child,
+    pub(crate) http: SocketAddr,
+    pub(crate) grpc: SocketAddr,
 }
 
 impl Drop for OwnServer {
@@ -230,7 +230,7 @@ impl Drop for OwnServer {
     }
 }
 
-fn start_server(
+pub(crate) fn start_server(
     dir: &std::path::Path,
     durability: &str,
     extra: &[&str],
@@ -620,8 +620,8 @@ async fn server_counters(target: &Target) -> Option<(f64, f64)> {
     }
     let text = String::from_utf8_lossy(text);
     Some((
-        metric(&text, "annals_fsyncs_total"),
-        metric(&text, "annals_appends_total"),
+        annals_server::metrics::sample(&text, "annals_fsyncs_total"),
+        annals_server::metrics::sample(&text, "annals_appends_total"),
     ))
 }
 
@@ -851,15 +851,4 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
     });
     drop(own);
     Ok(result)
-}
-
-/// The value of an unlabelled metric in Prometheus text (0 when absent).
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)?
-                .strip_prefix(' ')
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0.0)
 }

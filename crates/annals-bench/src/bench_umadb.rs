@@ -67,104 +67,73 @@ impl Peer {
     }
 }
 
-/// A server process on a fresh store.
-struct Running {
+/// UmaDB's server process; killed on drop.
+struct UmadbProcess {
     child: Child,
     url: String,
-    /// Annals' HTTP address, for its counters.
-    http: Option<String>,
 }
 
-impl Drop for Running {
+impl Drop for UmadbProcess {
     fn drop(&mut self) {
-        // SAFETY: signals our own child.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-/// A server this benchmark runs, or one running already (`--url`).
+/// The server a run drives: one this benchmark started on a fresh store, or one running
+/// already (`--url`).
 enum Server {
-    Ours(Running),
+    Annals(crate::bench_http::OwnServer),
+    Umadb(UmadbProcess),
     Given(String),
 }
 
 impl Server {
     fn url(&self) -> String {
         match self {
-            Server::Ours(r) => r.url.clone(),
+            Server::Annals(s) => format!("http://{}", s.grpc),
+            Server::Umadb(u) => u.url.clone(),
             Server::Given(url) => url.clone(),
         }
     }
 
     fn pid(&self) -> Option<u32> {
         match self {
-            Server::Ours(r) => Some(r.child.id()),
+            Server::Annals(s) => Some(s.child.id()),
+            Server::Umadb(u) => Some(u.child.id()),
             Server::Given(_) => None,
         }
     }
 
+    /// Annals' fsync count from its metrics (blocking HTTP/1.1 GET; None for the others).
     fn fsyncs(&self) -> Option<f64> {
-        match self {
-            Server::Ours(r) => fsyncs(r),
-            Server::Given(_) => None,
-        }
+        use std::io::{Read, Write};
+        let Server::Annals(s) = self else {
+            return None;
+        };
+        let mut stream = std::net::TcpStream::connect(s.http).ok()?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+            s.http
+        )
+        .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        Some(annals_server::metrics::sample(&text, "annals_fsyncs_total"))
     }
 }
 
-fn start(peer: Peer, args: &UmadbArgs, dir: &Path) -> Result<Running, String> {
+/// Starts `peer` on a fresh store in `dir`.
+fn start(peer: Peer, args: &UmadbArgs, dir: &Path) -> Result<Server, String> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     match peer {
-        Peer::Annals => {
-            use std::io::BufRead;
-            let mut child = Command::new(crate::server_binary()?)
-                .arg("serve")
-                .arg("--data-dir")
-                .arg(dir)
-                .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| format!("cannot start annals: {e}"))?;
-            let stdout = child.stdout.take().ok_or("no stdout")?;
-            let mut lines = std::io::BufReader::new(stdout).lines();
-            let mut found = None;
-            for line in lines.by_ref() {
-                let line = line.map_err(|e| e.to_string())?;
-                if let Some(rest) = line.strip_prefix("annals: listening ") {
-                    let part = |key: &str| {
-                        rest.split_whitespace()
-                            .find_map(|p| p.strip_prefix(key).map(str::to_owned))
-                    };
-                    found = Some((part("http="), part("grpc=")));
-                    break;
-                }
-            }
-            std::thread::spawn(move || for _ in lines {});
-            match found {
-                Some((http, Some(grpc))) => Ok(Running {
-                    child,
-                    url: format!("http://{grpc}"),
-                    http,
-                }),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    Err("annals did not report its addresses".into())
-                }
-            }
-        }
+        Peer::Annals => Ok(Server::Annals(crate::bench_http::start_server(
+            dir,
+            "d3",
+            &[],
+        )?)),
         Peer::Umadb => {
             let binary = args.umadb_bin.as_ref().ok_or("no UmaDB binary")?;
             let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -180,6 +149,10 @@ fn start(peer: Peer, args: &UmadbArgs, dir: &Path) -> Result<Running, String> {
                 .stderr(Stdio::inherit())
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+            let process = UmadbProcess {
+                child,
+                url: format!("http://127.0.0.1:{port}"),
+            };
             let deadline = Instant::now() + Duration::from_secs(30);
             while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
                 if Instant::now() > deadline {
@@ -187,31 +160,9 @@ fn start(peer: Peer, args: &UmadbArgs, dir: &Path) -> Result<Running, String> {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Ok(Running {
-                child,
-                url: format!("http://127.0.0.1:{port}"),
-                http: None,
-            })
+            Ok(Server::Umadb(process))
         }
     }
-}
-
-/// Annals' fsync count from its metrics (blocking HTTP/1.1 GET; None for UmaDB).
-fn fsyncs(running: &Running) -> Option<f64> {
-    use std::io::{Read, Write};
-    let http = running.http.as_ref()?;
-    let mut stream = std::net::TcpStream::connect(http).ok()?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nhost: {http}\r\nconnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    text.lines().find_map(|l| {
-        l.strip_prefix("annals_fsyncs_total ")
-            .and_then(|v| v.trim().parse().ok())
-    })
 }
 
 struct Outcome {
@@ -229,7 +180,7 @@ fn one_run(peer: Peer, args: &UmadbArgs, run: usize) -> Result<Outcome, String> 
     let dir = args.dir.join(format!("{}-{run}", peer.name()));
     let server = match &args.url {
         Some(url) => Server::Given(url.clone()),
-        None => Server::Ours(start(peer, args, &dir)?),
+        None => start(peer, args, &dir)?,
     };
     let pid = server.pid();
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -106,7 +106,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
 fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Result<(), String> {
     let text = remote.call("GET", "/metrics", Vec::new())?;
     let text = String::from_utf8_lossy(&text);
-    let value = |name: &str| crate::remote::metric(&text, name);
+    let value = |name: &str| annals_server::metrics::sample(&text, name);
     let durability = text
         .lines()
         .find_map(|l| l.strip_prefix("annals_durability_info{class=\""))

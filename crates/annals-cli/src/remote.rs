@@ -253,14 +253,3 @@ fn server_error(status: http::StatusCode, body: &[u8]) -> String {
         .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
     format!("the server answered {status}: {message}")
 }
-
-/// The value of an unlabelled sample in Prometheus text (0 when absent).
-pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)?
-                .strip_prefix(' ')
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0.0)
-}

@@ -30,6 +30,12 @@ impl<I> Guarded<I> {
     }
 }
 
+/// Whether `bytes` begin an answer hyper may have written bodyless (414 or 431): only those
+/// are looked at closer.
+fn is_refusal_head(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"HTTP/1.1 431 ") || bytes.starts_with(b"HTTP/1.1 414 ")
+}
+
 /// The JSON answer replacing hyper's bodyless `status` refusal, if `head` is one.
 fn replacement(head: &[u8]) -> Option<Vec<u8>> {
     let (status, reason, kind, message) = if head.starts_with(b"HTTP/1.1 431 ") {
@@ -135,7 +141,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Guarded<I> {
         if this.drain(cx)?.is_pending() {
             return Poll::Pending;
         }
-        if buf.starts_with(b"HTTP/1.1 4") {
+        if is_refusal_head(buf) {
             if let Some(done) = this.replace(cx, buf) {
                 return done;
             }
@@ -153,7 +159,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Guarded<I> {
             return Poll::Pending;
         }
         let first = bufs.iter().find(|b| !b.is_empty());
-        if first.is_some_and(|b| b.starts_with(b"HTTP/1.1 4")) {
+        if first.is_some_and(|b| is_refusal_head(b)) {
             let whole: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
             if let Some(done) = this.replace(cx, &whole) {
                 return done;

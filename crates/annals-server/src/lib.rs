@@ -121,6 +121,8 @@ pub struct Server {
 impl Server {
     /// Opens the store and binds the listeners. Call from within a Tokio runtime.
     pub async fn start(config: Config) -> Result<Server, String> {
+        // Refused before the store is opened (and its directory locked);
+        // `start_with_store` checks again for callers that open the store themselves.
         if let Some(refusal) = config.refusal() {
             return Err(refusal);
         }

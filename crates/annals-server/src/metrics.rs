@@ -525,3 +525,15 @@ pub fn render_exchange(out: &mut String, stats: &annals_exchange::ServiceStats) 
         let _ = writeln!(out, "{name} {}", field(stats));
     }
 }
+
+/// The value of an unlabelled sample in Prometheus text, as `/metrics` writes it (0 when
+/// absent): for tools that read a running server's counters.
+pub fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
