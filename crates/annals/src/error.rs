@@ -41,6 +41,21 @@ pub enum StoreError {
     Closed,
     #[error("invalid store option: {0}")]
     InvalidOption(String),
+    /// The database behind the store refused or could not be reached; nothing was appended.
+    /// The handle stays usable: it reconnects, and a later append may succeed.
+    #[error("the database is unavailable ({reason}); nothing was appended, retry later")]
+    Unavailable { reason: String },
+    /// The database may or may not have committed the append (the connection was lost while
+    /// the commit was in flight). Read to find out, or retry with event ids, which make the
+    /// retry of a conditional append recognisable.
+    #[error(
+        "the outcome of the append is unknown ({reason}): it may or may not be stored; read \
+         to find out, or retry it with the same event ids"
+    )]
+    OutcomeUnknown { reason: String },
+    /// The database holds something this build cannot use (a newer schema, a damaged row).
+    #[error("database: {0}")]
+    Database(String),
 }
 
 impl StoreError {

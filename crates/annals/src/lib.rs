@@ -35,6 +35,7 @@ mod index;
 pub mod io;
 mod limits;
 mod options;
+mod postgres;
 mod query;
 mod read;
 pub mod readmodel;
@@ -55,7 +56,7 @@ pub use limits::Limits;
 pub use options::{Durability, Options, Preallocation};
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
-pub use store::{AppendOptions, IndexSource, LiveCheck, OpenReport, Stats, Store, Tracking};
+pub use store::{AppendOptions, DatabaseStats, IndexSource, LiveCheck, OpenReport, Stats, Store, Tracking};
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};
 

@@ -83,6 +83,40 @@ impl EncodedAppend {
     }
 }
 
+impl EncodedAppend {
+    /// Rebuilds an append from a body stored elsewhere (a database row), checking that it
+    /// holds `event_count` well-formed entries followed by an empty or valid tracking
+    /// trailer.
+    pub(crate) fn from_stored(body: Vec<u8>, event_count: u32) -> Result<EncodedAppend, String> {
+        if event_count == 0 {
+            return Err("an append without events".into());
+        }
+        let mut entries_len = 0;
+        let mut all_ids = true;
+        let mut seen = 0;
+        for (offset, entry, layout) in Entries::new(&body, event_count).take(event_count as usize)
+        {
+            entries_len = offset + entry.len();
+            all_ids &= layout.id(entry).is_some();
+            seen += 1;
+        }
+        if seen != event_count {
+            return Err(format!("{seen} well-formed entries of {event_count}"));
+        }
+        let trailer = &body[entries_len..];
+        if !trailer.is_empty() && decode_trailer(trailer).is_none() {
+            return Err("a malformed tracking trailer".into());
+        }
+        Ok(EncodedAppend {
+            body_crc: crc32c::crc32c(&body),
+            trailer_len: trailer.len() as u32,
+            body,
+            event_count,
+            all_ids,
+        })
+    }
+}
+
 /// Decodes a tracking trailer: the source and its position. None when empty or malformed.
 pub fn decode_trailer(trailer: &[u8]) -> Option<(&str, u64)> {
     let len = u16_at(trailer, 0)? as usize;

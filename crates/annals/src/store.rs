@@ -288,6 +288,10 @@ pub struct OpenReport {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Stats {
     pub head: u64,
+    /// Which backend holds the log: "files" or "postgres".
+    pub backend: &'static str,
+    /// The database backend's counters (None on files).
+    pub database: Option<DatabaseStats>,
     pub durability: &'static str,
     pub durability_description: &'static str,
     pub segments: usize,
@@ -399,6 +403,21 @@ impl std::future::Future for YieldOnce {
     }
 }
 
+/// Counters of the PostgreSQL backend.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DatabaseStats {
+    /// Group commits (one statement, one database commit each).
+    pub commits: u64,
+    /// Group commits that found another server had committed first, and were checked again.
+    pub conflicts: u64,
+    /// Appends committed by other servers and taken into this one's log.
+    pub followed: u64,
+    /// Connections made again after one was lost.
+    pub reconnects: u64,
+    /// Appends answered with an unknown outcome (the connection was lost during the commit).
+    pub unknown_outcomes: u64,
+}
+
 /// A durable DCB event store. See the crate documentation for a tour.
 pub struct Store {
     shared: Arc<Shared>,
@@ -409,6 +428,9 @@ pub struct Store {
     syncer: Option<(Arc<Syncer>, JoinHandle<()>)>,
     notifier: Option<(Arc<Notifier>, JoinHandle<()>)>,
     report: OpenReport,
+    /// The database backend, when the log lives in PostgreSQL: appends go through it, and the
+    /// rest of the store is the memory-only mirror it keeps (see postgres.rs).
+    remote: Option<crate::postgres::Remote>,
 }
 
 const LOCK_FILE: &str = "LOCK";
@@ -591,7 +613,46 @@ impl Store {
             syncer,
             notifier,
             report,
+            remote: None,
         })
+    }
+
+    /// Opens the store whose log lives in the PostgreSQL database at `url` (a libpq-style
+    /// connection string or URL; several hosts may be given, with
+    /// `target_session_attrs=read-write` to find the primary). Creates the schema on first use
+    /// and loads the log into memory. Several stores, in this process or others, may open the
+    /// same database: each takes in what the others commit. The durability is D3: an append
+    /// is acknowledged once the database has committed it (with its `synchronous_commit`
+    /// setting in force).
+    pub fn open_postgres(url: &str, options: Options) -> Result<Store, StoreError> {
+        if options.durability != Durability::Synced {
+            return Err(StoreError::InvalidOption(format!(
+                "a PostgreSQL store acknowledges an append once the database has committed it \
+                 (D3); {} is not available there",
+                options.durability.label()
+            )));
+        }
+        let mut mirror = options;
+        mirror.durability = Durability::Memory;
+        mirror.checkpoint_on_close = false;
+        let mut store =
+            Self::open_with_io(Arc::new(SimIo::memory()), Path::new("/postgres"), mirror)?;
+        let sender = store.sender.clone().ok_or(StoreError::Closed)?;
+        store.remote = Some(crate::postgres::Remote::start(
+            url,
+            store.shared.clone(),
+            sender,
+        )?);
+        Ok(store)
+    }
+
+    /// Which backend holds the log: "files" or "postgres".
+    pub fn backend(&self) -> &'static str {
+        if self.remote.is_some() {
+            "postgres"
+        } else {
+            "files"
+        }
     }
 
     /// What opening found: where the index came from, whether a torn tail was cut.
@@ -600,6 +661,9 @@ impl Store {
     }
 
     pub fn durability(&self) -> Durability {
+        if self.remote.is_some() {
+            return Durability::Synced;
+        }
         self.shared.options.durability
     }
 
@@ -897,7 +961,7 @@ impl Store {
             }
             None => None,
         };
-        if options.require_synced && self.shared.options.durability == Durability::Memory {
+        if options.require_synced && self.durability() == Durability::Memory {
             return Err(StoreError::InvalidOption(
                 "a memory-only (D0) store cannot make an append durable".into(),
             )
@@ -927,7 +991,24 @@ impl Store {
             condition,
             require_synced: options.require_synced,
             reply: Reply::new(reply),
+            appended_at: None,
         };
+        if let Some(remote) = &self.remote {
+            return remote
+                .submit(request, how.wait_when_full)
+                .map_err(|e| match e {
+                    TrySendError::Full(r) => {
+                        r.reply.disarm();
+                        AppendError::Input(InputError::QueueFull {
+                            depth: remote.queue_depth(),
+                        })
+                    }
+                    TrySendError::Disconnected(r) => {
+                        r.reply.disarm();
+                        AppendError::Store(StoreError::Closed)
+                    }
+                });
+        }
         let request = if how.alone {
             match self.role.commit_alone(request) {
                 Ok(()) => return Ok(()),
@@ -1074,8 +1155,10 @@ impl Store {
         let fsyncs = c.fsyncs.load(Ordering::Relaxed);
         Stats {
             head,
-            durability: self.shared.options.durability.label(),
-            durability_description: self.shared.options.durability.description(),
+            backend: self.backend(),
+            database: self.remote.as_ref().map(|r| r.stats()),
+            durability: self.durability().label(),
+            durability_description: self.durability().description(),
             segments: self.shared.segments.read().len(),
             segment_bytes: self.shared.options.segment_bytes,
             types,
@@ -1106,7 +1189,10 @@ impl Store {
             fsync_us_max: c.fsync_us_max.load(Ordering::Relaxed),
             fsync_us: c.fsync_us.snapshot(),
             group_appends: c.group_appends.snapshot(),
-            queue_depth: self.sender.as_ref().map_or(0, |s| s.len()),
+            queue_depth: match &self.remote {
+                Some(remote) => remote.queue_depth(),
+                None => self.sender.as_ref().map_or(0, |s| s.len()),
+            },
             waiting: self.shared.waiting.load(Ordering::Relaxed),
             poisoned: self.shared.poison_error().map(|e| e.to_string()),
         }
@@ -1124,6 +1210,10 @@ impl Store {
     }
 
     fn shutdown(&mut self) -> Result<(), StoreError> {
+        // The backend first: what it has committed still goes to the mirror's writer.
+        if let Some(mut remote) = self.remote.take() {
+            remote.stop();
+        }
         let Some(sender) = self.sender.take() else {
             return Ok(());
         };
@@ -1162,6 +1252,10 @@ impl Store {
 
     /// The log is durable through this position (a lower bound).
     pub fn synced(&self) -> u64 {
+        if self.remote.is_some() {
+            // Everything the mirror holds was committed by the database first.
+            return self.head();
+        }
         self.shared.synced.load(Ordering::Acquire)
     }
 

@@ -309,7 +309,7 @@ impl Reply {
         self.0 = None;
     }
 
-    fn send(mut self, outcome: Result<u64, AppendError>) {
+    pub(crate) fn send(mut self, outcome: Result<u64, AppendError>) {
         match self.0.take() {
             Some(ReplyTo::Blocking(c)) => c.set(outcome),
             Some(ReplyTo::Callback(f)) => f(outcome),
@@ -340,9 +340,12 @@ pub(crate) struct Request {
     pub(crate) condition: Option<AppendCondition>,
     pub(crate) require_synced: bool,
     pub(crate) reply: Reply,
+    /// The append time to record, when it was decided elsewhere (by the database backend,
+    /// which committed the append before it reaches this writer); otherwise the group's.
+    pub(crate) appended_at: Option<u64>,
 }
 
-fn now_us() -> u64 {
+pub(crate) fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
@@ -1023,6 +1026,7 @@ impl Writer {
     /// Checks one request and, if it may go, adds its record to the buffer and its events to
     /// the index.
     fn stage(&mut self, request: &Request, appended_at: u64) -> Staged {
+        let appended_at = request.appended_at.unwrap_or(appended_at);
         let counters = &self.shared.counters;
         let append = &request.append;
         let tracking = append.tracking();
@@ -1432,7 +1436,7 @@ impl WriterRole {
 /// if it is one. It is when every event carries an id and the first events matching the
 /// condition's query after its `after` are as many as the append's and carry the same ids in
 /// the same order (UmaDB's rule; an id is not a key, and content is not compared).
-fn retried_append(
+pub(crate) fn retried_append(
     index: &crate::index::Index,
     append: &EncodedAppend,
     query: &crate::Query,

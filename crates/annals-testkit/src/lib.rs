@@ -1,0 +1,339 @@
+//! Throwaway PostgreSQL clusters for tests, made the way a user would: `initdb` into a
+//! temporary directory, `pg_ctl` to start it on a free loopback port, removed at the end. A
+//! cluster can be killed (SIGKILL to the postmaster), restarted, and given a streaming standby
+//! that it waits for on every commit (synchronous replication), which can then be promoted.
+//!
+//! The binaries are found in `ANNALS_PG_BIN`, else in the newest `/usr/lib/postgresql/*/bin`
+//! (Debian's packages), else beside `initdb` on the `PATH`. PostgreSQL refuses to run as root;
+//! under root the commands run as the `postgres` user (Debian's packages create it), through
+//! `runuser`.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where PostgreSQL's programs are, or None when it is not installed.
+pub fn bin_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("ANNALS_PG_BIN") {
+        return Some(PathBuf::from(dir));
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    if let Some((_, bin)) = versions.pop() {
+        return Some(bin);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).find(|dir| dir.join("initdb").exists() && dir.join("pg_ctl").exists())
+}
+
+/// Whether the tests must find PostgreSQL (the test command says so); otherwise a test
+/// without it skips, saying why.
+pub fn required() -> bool {
+    std::env::var_os("ANNALS_REQUIRE_POSTGRES").is_some_and(|v| v == "1")
+}
+
+/// A running (or stopped) throwaway cluster.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    run_as_postgres: bool,
+}
+
+impl Cluster {
+    /// A fresh cluster with PostgreSQL's defaults (fsync on, synchronous_commit on), started;
+    /// None when PostgreSQL is not installed and the tests do not require it.
+    pub fn start() -> Option<Cluster> {
+        Self::start_with(&[])
+    }
+
+    /// [`Cluster::start`] with extra `postgresql.conf` lines.
+    pub fn start_with(settings: &[&str]) -> Option<Cluster> {
+        let Some(bin) = bin_dir() else {
+            if required() {
+                panic!("PostgreSQL is required (ANNALS_REQUIRE_POSTGRES=1) but initdb was not found; run scripts/setup");
+            }
+            eprintln!("skipped: PostgreSQL is not installed (run scripts/setup)");
+            return None;
+        };
+        let cluster = Self::init(bin, None);
+        cluster.configure(settings);
+        cluster.start_server();
+        Some(cluster)
+    }
+
+    fn init(bin: PathBuf, from: Option<&Cluster>) -> Cluster {
+        let run_as_postgres = unsafe { libc::geteuid() } == 0;
+        let dir = tempfile::Builder::new()
+            .prefix("annals-pg")
+            .tempdir()
+            .expect("a temporary directory");
+        let cluster = Cluster {
+            dir,
+            bin,
+            port: free_port(),
+            run_as_postgres,
+        };
+        if run_as_postgres {
+            let status = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(cluster.dir.path())
+                .status()
+                .expect("chown");
+            assert!(status.success(), "chown the cluster's directory to postgres");
+        }
+        match from {
+            None => cluster.run(
+                "initdb",
+                &[
+                    "-D",
+                    cluster.data().to_str().unwrap(),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--no-instructions",
+                ],
+            ),
+            Some(primary) => cluster.run(
+                "pg_basebackup",
+                &[
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &primary.port.to_string(),
+                    "-U",
+                    "postgres",
+                    "-D",
+                    cluster.data().to_str().unwrap(),
+                    "-R",
+                    "-X",
+                    "stream",
+                    "--checkpoint=fast",
+                ],
+            ),
+        }
+        cluster
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Appends lines to postgresql.conf (they take effect at the next start).
+    pub fn configure(&self, settings: &[&str]) {
+        use std::io::Write;
+        let conf = self.data().join("postgresql.conf");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .expect("postgresql.conf");
+        writeln!(file, "\n# set by the test").unwrap();
+        writeln!(file, "port = {}", self.port).unwrap();
+        writeln!(file, "listen_addresses = '127.0.0.1'").unwrap();
+        writeln!(file, "unix_socket_directories = ''").unwrap();
+        for line in settings {
+            writeln!(file, "{line}").unwrap();
+        }
+    }
+
+    fn start_server(&self) {
+        let log = self.dir.path().join("log");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                self.data().to_str().unwrap(),
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        );
+    }
+
+    /// A connection string for the cluster's `postgres` database.
+    pub fn url(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the postmaster with SIGKILL (its backends go with it when it is gone), as a
+    /// machine's loss would.
+    pub fn kill9(&self) {
+        if let Some(pid) = self.postmaster_pid() {
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            // The backends notice their postmaster is gone and exit; wait for the port to free.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                assert!(Instant::now() < deadline, "the killed cluster still answers");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            // Children may linger a moment after the port closes.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// Starts the cluster again after a stop or a kill (crash recovery runs).
+    pub fn restart(&self) {
+        let _ = std::fs::remove_file(self.data().join("postmaster.pid"));
+        self.start_server();
+    }
+
+    /// Stops the cluster (fast shutdown).
+    pub fn stop(&self) {
+        self.run(
+            "pg_ctl",
+            &["-D", self.data().to_str().unwrap(), "-m", "fast", "-w", "stop"],
+        );
+    }
+
+    /// A streaming standby of this cluster, started, that this cluster then waits for on
+    /// every commit (`synchronous_standby_names = '*'`, reloaded).
+    pub fn synchronous_standby(&self) -> Cluster {
+        let standby = Self::init(self.bin.clone(), Some(self));
+        standby.configure(&[]);
+        standby.start_server();
+        self.sql("ALTER SYSTEM SET synchronous_standby_names = '*'");
+        self.sql("SELECT pg_reload_conf()");
+        // Wait until the standby streams synchronously.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let state = self.sql_value("SELECT coalesce(max(sync_state), '') FROM pg_stat_replication");
+            if state == "sync" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the standby never became synchronous");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        standby
+    }
+
+    /// Promotes a standby to primary and waits until it accepts writes.
+    pub fn promote(&self) {
+        self.run(
+            "pg_ctl",
+            &["-D", self.data().to_str().unwrap(), "-w", "promote"],
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.sql_value("SELECT pg_is_in_recovery()") != "f" {
+            assert!(Instant::now() < deadline, "the standby never left recovery");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Runs SQL through psql; panics on failure.
+    pub fn sql(&self, sql: &str) {
+        let out = self.psql(sql);
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The single value a query answers, as psql prints it.
+    pub fn sql_value(&self, sql: &str) -> String {
+        let out = self.psql(sql);
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn psql(&self, sql: &str) -> std::process::Output {
+        let psql = self.bin.join("psql");
+        let psql = if psql.exists() { psql } else { PathBuf::from("psql") };
+        Command::new(psql)
+            .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres"])
+            .args(["-d", "postgres", "-c", sql])
+            .output()
+            .expect("run psql")
+    }
+
+    fn postmaster_pid(&self) -> Option<i32> {
+        let text = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let path = self.bin.join(program);
+        let mut command = if self.run_as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&path);
+            c
+        } else {
+            Command::new(&path)
+        };
+        let out = command
+            .args(args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", path.display()));
+        if !out.status.success() {
+            let log = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
+            panic!(
+                "{program} {args:?} failed: {}{}\nserver log:\n{log}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    /// The cluster's directory (data and server log).
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.postmaster_pid().is_some() {
+            let path = self.bin.join("pg_ctl");
+            let data = self.data();
+            let mut command = if self.run_as_postgres {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(&path);
+                c
+            } else {
+                Command::new(&path)
+            };
+            let _ = command
+                .args(["-D", data.to_str().unwrap(), "-m", "immediate", "-w", "stop"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A loopback port nobody listens on at the moment.
+pub fn free_port() -> u16 {
+    TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}

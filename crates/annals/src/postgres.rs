@@ -1,0 +1,893 @@
+//! The PostgreSQL backend: the log lives in a database that people already run with
+//! replication, failover and backups, and several Annals servers may serve it at once.
+//!
+//! The seam is where an append becomes durable. On files, the writer checks an append's
+//! condition against the in-memory index, stages it and makes it durable with an fdatasync. Here
+//! a committer thread checks it against the same index, makes it durable with one database
+//! statement per group of appends, and only then hands it to the same writer, which runs over a
+//! memory-only log that mirrors the database (positions included). So conditions, the index,
+//! reads, subscriptions and decisions are the file store's own code; what differs is who
+//! decides that an append is stored, and that the mirror also takes in what other servers
+//! commit.
+//!
+//! The database holds three tables (created on first use; see `SCHEMA`): `annals_appends`, one
+//! row per append (its first and last position, its append time and its events encoded exactly
+//! as in a segment's record body, tracking trailer included), `annals_head`, one row holding the
+//! position of the last committed event, and `annals_schema`, the schema's version.
+//!
+//! A group commits with one statement, run outside an explicit transaction (so one round trip
+//! and the statement's own commit): it moves the head row from the head the group was checked
+//! against to the group's last position, and inserts the group's rows only if that move
+//! happened. The head row serialises writers on every server: a concurrent group waits for its
+//! lock, then finds the head moved and inserts nothing. Its server then reads what the other
+//! committed, checks its appends again and retries. Committed appends therefore always form a
+//! dense prefix of positions, committed in order, so any snapshot of the table is gapless, and
+//! a condition is checked against every append committed before it, by any server.
+//!
+//! Nothing here needs locking of PostgreSQL's own (advisory locks, `SELECT ... FOR UPDATE`,
+//! serializable isolation): one row updated with a compare, which PostgreSQL-compatible
+//! distributed databases also offer. The PostgreSQL-only parts are `pg_notify` in the commit
+//! and `LISTEN` on a second connection, a wake-up for followers whose correctness never depends
+//! on it (they also poll), and `ON CONFLICT DO NOTHING` when creating the schema.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use parking_lot::{Condvar, Mutex};
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{Client, Config, NoTls, Statement};
+
+use crate::error::{AppendError, StoreError};
+use crate::query::Query;
+use crate::record::{EncodedAppend, Entries, EntryLayout};
+use crate::store::Shared;
+use crate::writer::{now_us, retried_append, Reply, ReplyTo, Request};
+
+/// The schema version this build creates and understands.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The statements that create the schema; each is idempotent.
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS annals_schema (
+        id integer PRIMARY KEY CHECK (id = 1),
+        version integer NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS annals_head (
+        id integer PRIMARY KEY CHECK (id = 1),
+        position bigint NOT NULL CHECK (position >= 0))",
+    "CREATE TABLE IF NOT EXISTS annals_appends (
+        first_position bigint PRIMARY KEY,
+        last_position bigint NOT NULL,
+        appended_at_us bigint NOT NULL,
+        body bytea NOT NULL,
+        CHECK (first_position >= 1 AND last_position >= first_position))",
+    "INSERT INTO annals_schema (id, version) VALUES (1, 1) ON CONFLICT (id) DO NOTHING",
+    "INSERT INTO annals_head (id, position) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+];
+
+/// One group's commit: moves the head from $1 to $2 and inserts the rows only if it moved.
+/// Answers the number of rows inserted (0: another server committed first).
+const COMMIT: &str = "WITH head AS (
+        UPDATE annals_head SET position = $2 WHERE id = 1 AND position = $1 RETURNING position
+    ), added AS (
+        INSERT INTO annals_appends (first_position, last_position, appended_at_us, body)
+        SELECT f, l, t, b FROM unnest($3::int8[], $4::int8[], $5::int8[], $6::bytea[]) AS a(f, l, t, b)
+        WHERE EXISTS (SELECT 1 FROM head)
+        RETURNING 1
+    )
+    SELECT count(*) FROM added, (SELECT pg_notify('annals_appended', $2::text)) AS wake";
+
+const HEAD: &str = "SELECT position FROM annals_head WHERE id = 1";
+
+const FETCH: &str = "SELECT first_position, last_position, appended_at_us, body FROM annals_appends
+    WHERE first_position > $1 AND first_position <= $2 ORDER BY first_position LIMIT $3";
+
+/// Rows fetched per round trip while following the database.
+const FETCH_ROWS: i64 = 2048;
+
+/// Appends committed with one statement at most.
+const GROUP_APPENDS_MAX: usize = 4096;
+
+/// How often a server with nothing to append looks for what others committed, when no
+/// notification wakes it sooner.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Counters of the database backend, for [`crate::Stats`].
+#[derive(Default)]
+pub(crate) struct RemoteCounters {
+    /// Group commits that succeeded.
+    pub(crate) commits: AtomicU64,
+    /// Group commits that found the head moved by another server and were checked again.
+    pub(crate) conflicts: AtomicU64,
+    /// Appends of other servers taken into this one's log.
+    pub(crate) followed: AtomicU64,
+    pub(crate) reconnects: AtomicU64,
+    /// Appends answered with an unknown outcome.
+    pub(crate) unknown: AtomicU64,
+}
+
+/// The database backend of an open [`crate::Store`].
+pub(crate) struct Remote {
+    sender: Option<Sender<Request>>,
+    committer: Option<JoinHandle<()>>,
+    listener: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    pub(crate) counters: Arc<RemoteCounters>,
+}
+
+impl Remote {
+    /// Connects, creates or checks the schema, loads the database's log into the store's
+    /// memory-only log (`inner`, still empty) and starts the committer and the listener.
+    pub(crate) fn start(
+        url: &str,
+        inner: Arc<Shared>,
+        inner_sender: Sender<Request>,
+    ) -> Result<Remote, StoreError> {
+        let config = parse_config(url)?;
+        let warned = Arc::new(AtomicBool::new(false));
+        let mut client =
+            connect(&config, Some(warned.clone())).map_err(|e| unavailable("connect", &e))?;
+        ensure_schema(&mut client)?;
+        let counters = Arc::new(RemoteCounters::default());
+        let mut committer = Committer {
+            config: config.clone(),
+            connection: None,
+            inner,
+            inner_sender,
+            counters: counters.clone(),
+            warned,
+            verify_on_connect: false,
+            group_time: 0,
+        };
+        committer.adopt(client)?;
+        committer.follow()?;
+        let limit = committer.inner.options.limits.queue_depth_max;
+        let (sender, receiver) = crossbeam_channel::bounded(limit);
+        let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let committer = std::thread::Builder::new()
+            .name("annals-pg-committer".into())
+            .spawn(move || committer.run(receiver, wake_rx))
+            .map_err(|e| StoreError::Unavailable {
+                reason: format!("spawn the committer thread: {e}"),
+            })?;
+        let listener = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("annals-pg-listener".into())
+                .spawn(move || listen(config, wake_tx, stop))
+                .map_err(|e| StoreError::Unavailable {
+                    reason: format!("spawn the listener thread: {e}"),
+                })?
+        };
+        Ok(Remote {
+            sender: Some(sender),
+            committer: Some(committer),
+            listener: Some(listener),
+            stop,
+            counters,
+        })
+    }
+
+    /// Hands an append to the committer; the request comes back when the queue is full or
+    /// closed.
+    pub(crate) fn submit(&self, request: Request, wait: bool) -> Result<(), TrySendError<Request>> {
+        let Some(sender) = &self.sender else {
+            return Err(TrySendError::Disconnected(request));
+        };
+        if wait {
+            sender
+                .send(request)
+                .map_err(|e| TrySendError::Disconnected(e.into_inner()))
+        } else {
+            sender.try_send(request)
+        }
+    }
+
+    pub(crate) fn stats(&self) -> crate::store::DatabaseStats {
+        let c = &self.counters;
+        crate::store::DatabaseStats {
+            commits: c.commits.load(Ordering::Relaxed),
+            conflicts: c.conflicts.load(Ordering::Relaxed),
+            followed: c.followed.load(Ordering::Relaxed),
+            reconnects: c.reconnects.load(Ordering::Relaxed),
+            unknown_outcomes: c.unknown.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn queue_depth(&self) -> usize {
+        self.sender.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// Stops taking appends, lets the committer finish what it holds, stops the listener.
+    pub(crate) fn stop(&mut self) {
+        self.sender = None;
+        if let Some(handle) = self.committer.take() {
+            let _ = handle.join();
+        }
+        self.stop.store(true, Ordering::Release);
+        if let Some(handle) = self.listener.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn parse_config(url: &str) -> Result<Config, StoreError> {
+    let mut config: Config = url
+        .parse()
+        .map_err(|e| StoreError::InvalidOption(format!("PostgreSQL connection string: {e}")))?;
+    if config.get_application_name().is_none() {
+        config.application_name("annals");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    config.keepalives(true);
+    config.keepalives_idle(Duration::from_secs(10));
+    Ok(config)
+}
+
+/// Connects; `warned` is set when the server says a commit happened locally but its
+/// replication was not confirmed (see [`Committer::commit`]).
+fn connect(config: &Config, warned: Option<Arc<AtomicBool>>) -> Result<Client, postgres::Error> {
+    let mut config = config.clone();
+    if let Some(warned) = warned {
+        config.notice_callback(move |notice| {
+            // PostgreSQL's words when a wait for synchronous replication is cancelled after the
+            // local commit: the commit is not known to be on the standby.
+            if notice.message().contains("committed locally") {
+                warned.store(true, Ordering::Release);
+            }
+        });
+    }
+    config.connect(NoTls)
+}
+
+fn unavailable(what: &str, e: &postgres::Error) -> StoreError {
+    StoreError::Unavailable {
+        reason: format!("PostgreSQL {what}: {}", describe(e)),
+    }
+}
+
+/// The error with the database's own message when it sent one.
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// Creates the schema when missing; refuses one newer than this build.
+fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
+    let mut last = None;
+    // Two servers creating the schema at once may collide in the catalog: try again.
+    for _ in 0..5 {
+        let created = SCHEMA
+            .iter()
+            .try_for_each(|statement| client.batch_execute(statement).map(drop));
+        match created {
+            Ok(()) => {
+                last = None;
+                break;
+            }
+            Err(e) => {
+                last = Some(e);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    if let Some(e) = last {
+        return Err(unavailable("create the schema", &e));
+    }
+    let version: i32 = client
+        .query_one("SELECT version FROM annals_schema WHERE id = 1", &[])
+        .map_err(|e| unavailable("read the schema version", &e))?
+        .get(0);
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Database(format!(
+            "the database holds an Annals schema of version {version}, newer than this build's \
+             ({SCHEMA_VERSION}); run a newer Annals"
+        )));
+    }
+    Ok(())
+}
+
+/// One connection with its prepared statements.
+struct Connection {
+    client: Client,
+    commit: Statement,
+    head: Statement,
+    fetch: Statement,
+}
+
+/// Answers that the mirror log must give, counted down as its writer answers them.
+#[derive(Default)]
+struct Applied {
+    state: Mutex<(usize, Option<String>)>,
+    done: Condvar,
+}
+
+impl Applied {
+    fn expect(&self, n: usize) {
+        self.state.lock().0 += n;
+    }
+
+    fn answer(&self, error: Option<String>) {
+        let mut state = self.state.lock();
+        state.0 -= 1;
+        if state.1.is_none() {
+            state.1 = error;
+        }
+        if state.0 == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    /// Waits until every expected answer is in; the first error, if any.
+    fn wait(&self) -> Option<String> {
+        let mut state = self.state.lock();
+        while state.0 > 0 {
+            self.done.wait(&mut state);
+        }
+        state.1.take()
+    }
+}
+
+/// An append of this server's group that passed its checks.
+struct Accepted {
+    request: Request,
+    first: u64,
+    last: u64,
+}
+
+/// The committer thread's state.
+struct Committer {
+    config: Config,
+    connection: Option<Connection>,
+    /// The memory-only log that mirrors the database.
+    inner: Arc<Shared>,
+    inner_sender: Sender<Request>,
+    counters: Arc<RemoteCounters>,
+    /// Set by the connection's notice callback (see [`connect`]).
+    warned: Arc<AtomicBool>,
+    /// After a lost connection: check on reconnecting that the database still holds the
+    /// mirror's last append (a failover to a standby that lacks it would leave the mirror
+    /// ahead of the log).
+    verify_on_connect: bool,
+    /// The append time of the group last committed.
+    group_time: u64,
+}
+
+impl Committer {
+    fn adopt(&mut self, client: Client) -> Result<(), StoreError> {
+        let mut client = client;
+        let prepare = |client: &mut Client, sql: &str| {
+            client
+                .prepare(sql)
+                .map_err(|e| unavailable("prepare a statement", &e))
+        };
+        let commit = prepare(&mut client, COMMIT)?;
+        let head = prepare(&mut client, HEAD)?;
+        let fetch = prepare(&mut client, FETCH)?;
+        self.connection = Some(Connection {
+            client,
+            commit,
+            head,
+            fetch,
+        });
+        Ok(())
+    }
+
+    /// The connection, made anew if the last one was lost.
+    fn connection(&mut self) -> Result<&mut Connection, StoreError> {
+        if self.connection.is_none() {
+            let client = connect(&self.config, Some(self.warned.clone()))
+                .map_err(|e| unavailable("connect", &e))?;
+            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+            self.adopt(client)?;
+            if self.verify_on_connect {
+                self.verify_mirror()?;
+                self.verify_on_connect = false;
+            }
+        }
+        Ok(self.connection.as_mut().expect("connected above"))
+    }
+
+    /// Drops the connection after an error that may have left it unusable.
+    fn lost(&mut self, e: &postgres::Error) {
+        if e.as_db_error().is_none() || e.is_closed() {
+            self.connection = None;
+            self.verify_on_connect = true;
+        }
+    }
+
+    fn run(mut self, receiver: Receiver<Request>, wake: Receiver<u64>) {
+        let mut group = Vec::new();
+        loop {
+            crossbeam_channel::select! {
+                recv(receiver) -> request => match request {
+                    Ok(request) => {
+                        group.push(request);
+                        let mut bytes = group[0].append.body.len();
+                        while group.len() < GROUP_APPENDS_MAX
+                            && bytes < self.inner.options.group_bytes_max
+                        {
+                            match receiver.try_recv() {
+                                Ok(request) => {
+                                    bytes += request.append.body.len();
+                                    group.push(request);
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        self.commit_group(&mut group);
+                    }
+                    Err(_) => return,
+                },
+                recv(wake) -> head => {
+                    let behind = head.map_or(true, |h| h > self.inner.head());
+                    if behind {
+                        let _ = self.follow();
+                    }
+                }
+                default(POLL) => {
+                    let _ = self.follow();
+                }
+            }
+        }
+    }
+
+    /// Takes into the mirror what the database holds beyond it.
+    fn follow(&mut self) -> Result<(), StoreError> {
+        let result = self.follow_once();
+        if let Err(StoreError::Database(reason)) = &result {
+            // The mirror can no longer be trusted to hold what the database holds.
+            self.inner.poison(reason.clone());
+        }
+        result
+    }
+
+    fn follow_once(&mut self) -> Result<(), StoreError> {
+        let connection = self.connection()?;
+        let row = connection.client.query_one(&connection.head, &[]);
+        let target = match row {
+            Ok(row) => row.get::<_, i64>(0) as u64,
+            Err(e) => {
+                let error = unavailable("read the head", &e);
+                self.lost(&e);
+                return Err(error);
+            }
+        };
+        let mut local = self.inner.head();
+        if target < local {
+            return Err(StoreError::Database(format!(
+                "the database's log ends at position {target}, before this server's at {local}: \
+                 it lost committed appends (a failover to a standby that did not have them?); \
+                 restart this server to follow the database as it is"
+            )));
+        }
+        while local < target {
+            let connection = self.connection()?;
+            let rows = connection.client.query(
+                &connection.fetch,
+                &[&(local as i64), &(target as i64), &FETCH_ROWS],
+            );
+            let rows = match rows {
+                Ok(rows) => rows,
+                Err(e) => {
+                    let error = unavailable("read appends", &e);
+                    self.lost(&e);
+                    return Err(error);
+                }
+            };
+            if rows.is_empty() {
+                return Err(StoreError::Database(format!(
+                    "the head says {target} but no append starts after {local}"
+                )));
+            }
+            let applied = Arc::new(Applied::default());
+            for row in rows {
+                let (first, last, at, body) = (
+                    row.get::<_, i64>(0) as u64,
+                    row.get::<_, i64>(1) as u64,
+                    row.get::<_, i64>(2) as u64,
+                    row.get::<_, Vec<u8>>(3),
+                );
+                if first != local + 1 || last < first || last > target {
+                    applied.wait();
+                    return Err(StoreError::Database(format!(
+                        "an append at positions {first}..={last} follows position {local}: the \
+                         table annals_appends is not a gapless log"
+                    )));
+                }
+                let append = match EncodedAppend::from_stored(body, (last - first + 1) as u32) {
+                    Ok(append) => append,
+                    Err(why) => {
+                        applied.wait();
+                        return Err(StoreError::Database(format!(
+                            "the append at position {first} is malformed: {why}"
+                        )));
+                    }
+                };
+                let expected = last;
+                applied.expect(1);
+                let done = applied.clone();
+                let reply = ReplyTo::Callback(Box::new(move |outcome| {
+                    done.answer(match outcome {
+                        Ok(p) if p == expected => None,
+                        other => Some(format!(
+                            "the mirror took the append at {first}..={expected} as {other:?}"
+                        )),
+                    })
+                }));
+                self.forward(append, at, Reply::new(reply));
+                local = last;
+                self.counters.followed.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(error) = applied.wait() {
+                return Err(StoreError::Database(error));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands a committed append to the mirror's writer.
+    fn forward(&self, append: EncodedAppend, appended_at: u64, reply: Reply) {
+        let request = Request {
+            append,
+            condition: None,
+            require_synced: false,
+            reply,
+            appended_at: Some(appended_at),
+        };
+        if let Err(e) = self.inner_sender.send(request) {
+            e.into_inner().reply.send(Err(StoreError::Closed.into()));
+        }
+    }
+
+    /// Checks that the database holds the mirror's last append, byte for byte.
+    fn verify_mirror(&mut self) -> Result<(), StoreError> {
+        let head = self.inner.head();
+        if head == 0 {
+            return Ok(());
+        }
+        let connection = self.connection.as_mut().expect("connected");
+        let row = connection
+            .client
+            .query_opt(
+                "SELECT last_position FROM annals_appends WHERE first_position <= $1 \
+                 ORDER BY first_position DESC LIMIT 1",
+                &[&(head as i64)],
+            )
+            .map_err(|e| unavailable("verify the log", &e))?;
+        match row.map(|r| r.get::<_, i64>(0) as u64) {
+            Some(last) if last == head => Ok(()),
+            found => {
+                let reason = format!(
+                    "after reconnecting, the database holds no append ending at position {head}, \
+                     the last this server holds (found {found:?}): it lost committed appends; \
+                     restart this server to follow the database as it is"
+                );
+                self.inner.poison(reason.clone());
+                Err(StoreError::Database(reason))
+            }
+        }
+    }
+
+    /// Checks, commits and hands to the mirror one group of this server's appends; answers
+    /// every request of the group.
+    fn commit_group(&mut self, group: &mut Vec<Request>) {
+        let mut pending: Vec<Request> = std::mem::take(group);
+        let mut attempts = 0u32;
+        while !pending.is_empty() {
+            attempts += 1;
+            if let Some(e) = self.inner.poison_error() {
+                for request in pending.drain(..) {
+                    request.reply.send(Err(StoreError::Poisoned {
+                        reason: e.to_string(),
+                    }
+                    .into()));
+                }
+                return;
+            }
+            // The mirror must hold what the database holds before a condition is checked: a
+            // fresh connection or a lost race means another server may have committed.
+            if attempts > 1 || self.connection.is_none() {
+                if let Err(e) = self.follow() {
+                    for request in pending.drain(..) {
+                        request.reply.send(Err(clone_error(&e).into()));
+                    }
+                    return;
+                }
+            }
+            let head = self.inner.head();
+            let accepted = check(&self.inner, head, &mut pending);
+            if accepted.is_empty() {
+                return;
+            }
+            match self.commit(head, &accepted) {
+                Ok(true) => {
+                    self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                    self.hand_over(accepted);
+                    return;
+                }
+                Ok(false) => {
+                    self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                    pending = accepted.into_iter().map(|a| a.request).collect();
+                }
+                Err(error) => {
+                    if matches!(error, StoreError::OutcomeUnknown { .. }) {
+                        self.counters
+                            .unknown
+                            .fetch_add(accepted.len() as u64, Ordering::Relaxed);
+                    }
+                    for a in accepted {
+                        a.request.reply.send(Err(clone_error(&error).into()));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Runs the group's statement: true when committed, false when another server moved the
+    /// head first (nothing was inserted). An error whose outcome cannot be known is
+    /// [`StoreError::OutcomeUnknown`]; one the database reported is [`StoreError::Unavailable`]
+    /// (the statement, and so its transaction, failed: nothing was committed).
+    fn commit(&mut self, head: u64, accepted: &[Accepted]) -> Result<bool, StoreError> {
+        let now = now_us();
+        let last = accepted.last().expect("a group").last;
+        let firsts: Vec<i64> = accepted.iter().map(|a| a.first as i64).collect();
+        let lasts: Vec<i64> = accepted.iter().map(|a| a.last as i64).collect();
+        let times: Vec<i64> = vec![now as i64; accepted.len()];
+        let bodies: Vec<&[u8]> = accepted
+            .iter()
+            .map(|a| a.request.append.body.as_slice())
+            .collect();
+        self.warned.store(false, Ordering::Release);
+        let connection = self.connection()?;
+        let outcome = connection.client.query_one(
+            &connection.commit,
+            &[
+                &(head as i64),
+                &(last as i64),
+                &firsts,
+                &lasts,
+                &times,
+                &bodies,
+            ],
+        );
+        match outcome {
+            Ok(row) => {
+                if self.warned.load(Ordering::Acquire) {
+                    // Committed on the primary, not confirmed by its synchronous standby: a
+                    // failover may lose it. Neither success nor failure can be promised.
+                    self.connection = None;
+                    self.verify_on_connect = true;
+                    return Err(StoreError::OutcomeUnknown {
+                        reason: "PostgreSQL committed locally but did not confirm replication"
+                            .into(),
+                    });
+                }
+                let inserted: i64 = row.get(0);
+                debug_assert!(inserted == 0 || inserted as usize == accepted.len());
+                if inserted != 0 && inserted as usize != accepted.len() {
+                    return Err(StoreError::Database(format!(
+                        "a group of {} appends committed {inserted} rows",
+                        accepted.len()
+                    )));
+                }
+                // The appends' time, for the mirror: the one the database holds.
+                self.group_time = now;
+                Ok(inserted > 0)
+            }
+            Err(e) if e.as_db_error().is_some() => {
+                let error = unavailable("commit", &e);
+                self.lost(&e);
+                Err(error)
+            }
+            Err(e) => {
+                self.lost(&e);
+                Err(StoreError::OutcomeUnknown {
+                    reason: format!("the connection to PostgreSQL failed during the commit: {e}"),
+                })
+            }
+        }
+    }
+
+    /// Hands a committed group to the mirror, each append answered from there; waits until
+    /// the mirror holds it, so that the next group is checked against it.
+    fn hand_over(&mut self, accepted: Vec<Accepted>) {
+        let applied = Arc::new(Applied::default());
+        applied.expect(accepted.len());
+        let at = self.group_time;
+        for a in accepted {
+            let Accepted {
+                request,
+                first,
+                last,
+            } = a;
+            let Request { append, reply, .. } = request;
+            let done = applied.clone();
+            let inner = self.inner.clone();
+            let answer = ReplyTo::Callback(Box::new(move |outcome| {
+                let fits = matches!(outcome, Ok(p) if p == last);
+                if !fits {
+                    // Committed in the database, but the mirror disagrees: this server can no
+                    // longer answer for the log until it is restarted.
+                    inner.poison(format!(
+                        "the mirror took the committed append at {first}..={last} as {outcome:?}"
+                    ));
+                }
+                done.answer(None);
+                // The database committed it: that is the append's outcome.
+                reply.send(Ok(last));
+            }));
+            self.forward(append, at, Reply::new(answer));
+        }
+        applied.wait();
+    }
+}
+
+/// Checks each pending append against the mirror at `head` and against the appends of the
+/// group accepted before it; answers those whose outcome is already known (a failed
+/// condition, a retry recognised, a tracking position not above the recorded one) and
+/// returns the others with their positions.
+fn check(inner: &Shared, head: u64, pending: &mut Vec<Request>) -> Vec<Accepted> {
+    let index = inner.index.read();
+    debug_assert_eq!(index.len(), head, "the mirror's index is at its head");
+    let mut accepted: Vec<Accepted> = Vec::with_capacity(pending.len());
+    let mut next = head + 1;
+    for request in pending.drain(..) {
+        let append = &request.append;
+        if let Some(condition) = &request.condition {
+            let (query, after) = (
+                &condition.fail_if_events_match,
+                condition.after.unwrap_or(0),
+            );
+            let found = index
+                .first_query_match_after(query, after)
+                .or_else(|| first_match_in_group(&accepted, query, after));
+            if let Some(position) = found {
+                let outcome = match retried_append(&index, append, query, after) {
+                    Some(last) => {
+                        inner
+                            .counters
+                            .idempotent_retries
+                            .fetch_add(1, Ordering::Relaxed);
+                        Ok(last)
+                    }
+                    None => {
+                        inner
+                            .counters
+                            .conditions_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                        Err(AppendError::ConditionFailed { position })
+                    }
+                };
+                request.reply.send(outcome);
+                continue;
+            }
+        }
+        if let Some((source, given)) = append.tracking() {
+            let in_group = accepted
+                .iter()
+                .filter_map(|a| a.request.append.tracking())
+                .filter(|(s, _)| *s == source)
+                .map(|(_, p)| p)
+                .max();
+            let recorded = in_group.or_else(|| index.tracking_staged(source));
+            if let Some(recorded) = recorded.filter(|&r| given <= r) {
+                let name = source.to_owned();
+                request
+                    .reply
+                    .send(Err(AppendError::TrackingNotIncreasing {
+                        name,
+                        recorded,
+                        given,
+                    }));
+                continue;
+            }
+        }
+        let first = next;
+        let last = first + u64::from(append.event_count) - 1;
+        next = last + 1;
+        accepted.push(Accepted {
+            request,
+            first,
+            last,
+        });
+    }
+    accepted
+}
+
+/// The first event of the group's accepted appends after `after` that `query` matches.
+fn first_match_in_group(accepted: &[Accepted], query: &Query, after: u64) -> Option<u64> {
+    accepted.iter().find_map(|a| {
+        let append = &a.request.append;
+        Entries::new(append.entries(), append.event_count)
+            .trusted()
+            .zip(a.first..)
+            .find(|((_, entry, layout), position)| {
+                *position > after && matches(query, entry, layout)
+            })
+            .map(|(_, position)| position)
+    })
+}
+
+fn matches(query: &Query, entry: &[u8], layout: &EntryLayout) -> bool {
+    let mut tags = Vec::new();
+    let mut rest = layout.tag_bytes(entry);
+    while let Some((tag, more)) = crate::record::split_tag(rest) {
+        tags.push(std::str::from_utf8(tag).unwrap_or(""));
+        rest = more;
+    }
+    query.matches(layout.event_type(entry), tags.iter().copied())
+}
+
+/// StoreError is not Clone (it may hold an io::Error); the backend's own errors are.
+fn clone_error(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable { reason } => StoreError::Unavailable {
+            reason: reason.clone(),
+        },
+        StoreError::OutcomeUnknown { reason } => StoreError::OutcomeUnknown {
+            reason: reason.clone(),
+        },
+        StoreError::Database(reason) => StoreError::Poisoned {
+            reason: reason.clone(),
+        },
+        StoreError::Poisoned { reason } => StoreError::Poisoned {
+            reason: reason.clone(),
+        },
+        other => StoreError::Unavailable {
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// The listener thread: wakes the committer when another server commits. A wake-up only; the
+/// committer polls as well.
+fn listen(config: Config, wake: Sender<u64>, stop: Arc<AtomicBool>) {
+    let mut client: Option<Client> = None;
+    let mut retry_at = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let Some(c) = client.as_mut() else {
+            if Instant::now() < retry_at {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            match connect(&config, None) {
+                Ok(mut c) => match c.batch_execute("LISTEN annals_appended") {
+                    Ok(()) => client = Some(c),
+                    Err(_) => retry_at = Instant::now() + Duration::from_secs(1),
+                },
+                Err(_) => retry_at = Instant::now() + Duration::from_secs(1),
+            }
+            continue;
+        };
+        let next = c
+            .notifications()
+            .timeout_iter(Duration::from_millis(200))
+            .next()
+            .map(|n| n.map(|n| n.payload().parse().unwrap_or(u64::MAX)));
+        match next {
+            Ok(Some(head)) => {
+                let _ = wake.try_send(head);
+            }
+            Ok(None) => {}
+            Err(_) => {
+                client = None;
+                retry_at = Instant::now() + Duration::from_millis(200);
+            }
+        }
+    }
+}
