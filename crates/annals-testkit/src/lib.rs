@@ -33,7 +33,8 @@ pub fn bin_dir() -> Option<PathBuf> {
         return Some(bin);
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).find(|dir| dir.join("initdb").exists() && dir.join("pg_ctl").exists())
+    std::env::split_paths(&path)
+        .find(|dir| dir.join("initdb").exists() && dir.join("pg_ctl").exists())
 }
 
 /// Whether the tests must find PostgreSQL (the test command says so); otherwise a test
@@ -90,7 +91,10 @@ impl Cluster {
                 .arg(cluster.dir.path())
                 .status()
                 .expect("chown");
-            assert!(status.success(), "chown the cluster's directory to postgres");
+            assert!(
+                status.success(),
+                "chown the cluster's directory to postgres"
+            );
         }
         match from {
             None => cluster.run(
@@ -185,7 +189,10 @@ impl Cluster {
             // The backends notice their postmaster is gone and exit; wait for the port to free.
             let deadline = Instant::now() + Duration::from_secs(30);
             while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                assert!(Instant::now() < deadline, "the killed cluster still answers");
+                assert!(
+                    Instant::now() < deadline,
+                    "the killed cluster still answers"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
             // Children may linger a moment after the port closes.
@@ -203,7 +210,14 @@ impl Cluster {
     pub fn stop(&self) {
         self.run(
             "pg_ctl",
-            &["-D", self.data().to_str().unwrap(), "-m", "fast", "-w", "stop"],
+            &[
+                "-D",
+                self.data().to_str().unwrap(),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ],
         );
     }
 
@@ -218,11 +232,15 @@ impl Cluster {
         // Wait until the standby streams synchronously.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let state = self.sql_value("SELECT coalesce(max(sync_state), '') FROM pg_stat_replication");
+            let state =
+                self.sql_value("SELECT coalesce(max(sync_state), '') FROM pg_stat_replication");
             if state == "sync" {
                 break;
             }
-            assert!(Instant::now() < deadline, "the standby never became synchronous");
+            assert!(
+                Instant::now() < deadline,
+                "the standby never became synchronous"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         standby
@@ -264,10 +282,21 @@ impl Cluster {
 
     fn psql(&self, sql: &str) -> std::process::Output {
         let psql = self.bin.join("psql");
-        let psql = if psql.exists() { psql } else { PathBuf::from("psql") };
+        let psql = if psql.exists() {
+            psql
+        } else {
+            PathBuf::from("psql")
+        };
         Command::new(psql)
             .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1"])
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
             .args(["-d", "postgres", "-c", sql])
             .output()
             .expect("run psql")
@@ -322,7 +351,14 @@ impl Drop for Cluster {
                 Command::new(&path)
             };
             let _ = command
-                .args(["-D", data.to_str().unwrap(), "-m", "immediate", "-w", "stop"])
+                .args([
+                    "-D",
+                    data.to_str().unwrap(),
+                    "-m",
+                    "immediate",
+                    "-w",
+                    "stop",
+                ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();

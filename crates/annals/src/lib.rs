@@ -56,7 +56,9 @@ pub use limits::Limits;
 pub use options::{Durability, Options, Preallocation};
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
-pub use store::{AppendOptions, DatabaseStats, IndexSource, LiveCheck, OpenReport, Stats, Store, Tracking};
+pub use store::{
+    AppendOptions, DatabaseStats, IndexSource, LiveCheck, OpenReport, Stats, Store, Tracking,
+};
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};
 

@@ -111,6 +111,8 @@ pub(crate) struct RemoteCounters {
 /// The database backend of an open [`crate::Store`].
 pub(crate) struct Remote {
     sender: Option<Sender<Request>>,
+    /// Asks the committer to take in what the database holds now; it answers with its head.
+    refresh: Sender<Sender<Result<u64, StoreError>>>,
     committer: Option<JoinHandle<()>>,
     listener: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
@@ -146,10 +148,11 @@ impl Remote {
         let limit = committer.inner.options.limits.queue_depth_max;
         let (sender, receiver) = crossbeam_channel::bounded(limit);
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
+        let (refresh, refresh_rx) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
         let committer = std::thread::Builder::new()
             .name("annals-pg-committer".into())
-            .spawn(move || committer.run(receiver, wake_rx))
+            .spawn(move || committer.run(receiver, wake_rx, refresh_rx))
             .map_err(|e| StoreError::Unavailable {
                 reason: format!("spawn the committer thread: {e}"),
             })?;
@@ -164,6 +167,7 @@ impl Remote {
         };
         Ok(Remote {
             sender: Some(sender),
+            refresh,
             committer: Some(committer),
             listener: Some(listener),
             stop,
@@ -173,6 +177,7 @@ impl Remote {
 
     /// Hands an append to the committer; the request comes back when the queue is full or
     /// closed.
+    #[allow(clippy::result_large_err)] // handed back by value, as the writer's routes do
     pub(crate) fn submit(&self, request: Request, wait: bool) -> Result<(), TrySendError<Request>> {
         let Some(sender) = &self.sender else {
             return Err(TrySendError::Disconnected(request));
@@ -195,6 +200,14 @@ impl Remote {
             reconnects: c.reconnects.load(Ordering::Relaxed),
             unknown_outcomes: c.unknown.load(Ordering::Relaxed),
         }
+    }
+
+    /// Takes in what the database holds now (what other servers committed until this call);
+    /// answers the head after that.
+    pub(crate) fn refresh(&self) -> Result<u64, StoreError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.refresh.send(tx).map_err(|_| StoreError::Closed)?;
+        rx.recv().map_err(|_| StoreError::Closed)?
     }
 
     pub(crate) fn queue_depth(&self) -> usize {
@@ -409,7 +422,12 @@ impl Committer {
         }
     }
 
-    fn run(mut self, receiver: Receiver<Request>, wake: Receiver<u64>) {
+    fn run(
+        mut self,
+        receiver: Receiver<Request>,
+        wake: Receiver<u64>,
+        refresh: Receiver<Sender<Result<u64, StoreError>>>,
+    ) {
         let mut group = Vec::new();
         loop {
             crossbeam_channel::select! {
@@ -432,6 +450,12 @@ impl Committer {
                     }
                     Err(_) => return,
                 },
+                recv(refresh) -> asked => {
+                    if let Ok(answer) = asked {
+                        let outcome = self.follow().map(|()| self.inner.head());
+                        let _ = answer.send(outcome.map_err(|e| clone_error(&e)));
+                    }
+                }
                 recv(wake) -> head => {
                     let behind = head.map_or(true, |h| h > self.inner.head());
                     if behind {
@@ -787,13 +811,11 @@ fn check(inner: &Shared, head: u64, pending: &mut Vec<Request>) -> Vec<Accepted>
             let recorded = in_group.or_else(|| index.tracking_staged(source));
             if let Some(recorded) = recorded.filter(|&r| given <= r) {
                 let name = source.to_owned();
-                request
-                    .reply
-                    .send(Err(AppendError::TrackingNotIncreasing {
-                        name,
-                        recorded,
-                        given,
-                    }));
+                request.reply.send(Err(AppendError::TrackingNotIncreasing {
+                    name,
+                    recorded,
+                    given,
+                }));
                 continue;
             }
         }

@@ -94,8 +94,7 @@ impl EncodedAppend {
         let mut entries_len = 0;
         let mut all_ids = true;
         let mut seen = 0;
-        for (offset, entry, layout) in Entries::new(&body, event_count).take(event_count as usize)
-        {
+        for (offset, entry, layout) in Entries::new(&body, event_count).take(event_count as usize) {
             entries_len = offset + entry.len();
             all_ids &= layout.id(entry).is_some();
             seen += 1;

@@ -646,6 +646,17 @@ impl Store {
         Ok(store)
     }
 
+    /// Takes in what the log's backend holds now, and answers the head. On PostgreSQL, a store
+    /// follows what other servers commit within moments (woken by the database, or polling);
+    /// this waits for it, for a caller that needs to read what was appended elsewhere. On
+    /// files, this store is the only writer: the head as it is.
+    pub fn refresh(&self) -> Result<u64, StoreError> {
+        match &self.remote {
+            Some(remote) => remote.refresh(),
+            None => Ok(self.head()),
+        }
+    }
+
     /// Which backend holds the log: "files" or "postgres".
     pub fn backend(&self) -> &'static str {
         if self.remote.is_some() {

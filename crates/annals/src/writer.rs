@@ -21,6 +21,10 @@
 //! [`WriterRole::stage_during_sync`]), which the writer thread writes and syncs when its sync
 //! ends.
 
+// Requests are handed back by value where they cannot be taken (queue full, role busy): boxing
+// them to shrink the `Err` would cost an allocation per append.
+#![allow(clippy::result_large_err)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};

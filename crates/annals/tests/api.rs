@@ -1,5 +1,6 @@
-//! The embedded API's edges: limits on both sides, retries recognised by ids, the directory lock,
-//! durability classes, subscriptions.
+//! The embedded API's edges on files: limits on both sides, the directory lock,
+//! durability classes, the writer's routes (the semantics both backends share are in
+//! tests/backends.rs).
 mod common;
 
 use std::path::Path;
@@ -270,90 +271,6 @@ fn queue_depth_limit() {
     assert_eq!(store.append(&[event()], None).unwrap(), 3);
 }
 
-/// Goal: ids follow UmaDB's rule. An id is not a key: appends without a failing condition are
-/// stored whatever ids they carry (the same id twice, the nil UUID meaning "no id"). When a
-/// condition fails and the first events matching its query after `after` carry exactly the
-/// append's ids in order, the append is a retry and answers the position of the last of them;
-/// any other difference (an id changed, one event missing an id, a different count) leaves the
-/// failure standing. The ids survive a reopen, from the checkpoint and from a rebuild.
-#[test]
-fn retries_recognised_by_ids() {
-    let io = SimIo::new(9);
-    let open =
-        || Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
-    let id1 = uuid::Uuid::from_u128(1);
-    let id2 = uuid::Uuid::from_u128(2);
-    let invoice = || Query::item(QueryItem::tags(["invoice:1"]));
-    let batch = vec![
-        NewEvent::new("E", "one").tag("invoice:1").id(id1),
-        NewEvent::new("E", "two").tag("invoice:1").id(id2),
-    ];
-    let condition = AppendCondition::new(invoice(), Some(1));
-    let store = open();
-    store.append(&[event()], None).unwrap();
-    assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
-    // The same append again: its condition fails on exactly its own events.
-    assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
-    assert_eq!(store.head(), 3);
-    // Content is not compared: the ids and their order decide.
-    let changed = vec![
-        NewEvent::new("E", "ONE").tag("invoice:1").id(id1),
-        NewEvent::new("E", "TWO").tag("invoice:1").id(id2),
-    ];
-    assert_eq!(store.append(&changed, Some(&condition)).unwrap(), 3);
-    let conflict = |events: &[NewEvent]| match store.append(events, Some(&condition)) {
-        Err(AppendError::ConditionFailed { position }) => position,
-        other => panic!("expected the condition to fail, got {other:?}"),
-    };
-    // The first events matching are compared, as many as the append has: the first one alone
-    // is a retry of its own.
-    assert_eq!(store.append(&batch[..1], Some(&condition)).unwrap(), 2);
-    // Order, a missing id or a different id: the failure stands.
-    assert_eq!(conflict(&[batch[1].clone(), batch[0].clone()]), 2);
-    assert_eq!(conflict(&batch[1..]), 2);
-    let mut no_id = batch.clone();
-    no_id[1].id = None;
-    assert_eq!(conflict(&no_id), 2);
-    let mut nil = batch.clone();
-    nil[1].id = Some(uuid::Uuid::nil());
-    assert_eq!(conflict(&nil), 2);
-    let mut other = batch.clone();
-    other[1].id = Some(uuid::Uuid::from_u128(3));
-    assert_eq!(conflict(&other), 2);
-    // Without a failing condition, ids are no obstacle: the same ids are stored again, and the
-    // same id twice in one append too.
-    assert_eq!(store.append(&batch, None).unwrap(), 5);
-    let twice = vec![
-        NewEvent::new("E", "x").id(id1),
-        NewEvent::new("E", "x").id(id1),
-    ];
-    assert_eq!(store.append(&twice, None).unwrap(), 7);
-    // The nil UUID is stored as no id.
-    let nil_event = NewEvent::new("E", "nil").id(uuid::Uuid::nil());
-    assert_eq!(store.append(&[nil_event], None).unwrap(), 8);
-    let events = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
-    assert_eq!(events[1].id(), Some(id1));
-    assert_eq!(events[0].id(), None);
-    assert_eq!(events[7].id(), None);
-    store.close().unwrap();
-    // From the checkpoint, then from a rebuild: the retry is still recognised.
-    let store = open();
-    assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
-    drop(store);
-    io.delete_file(&Path::new(DIR).join(annals::files::CHECKPOINT));
-    let store = open();
-    assert!(matches!(
-        store.open_report().index,
-        annals::IndexSource::Rebuilt { .. }
-    ));
-    assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
-    assert_eq!(
-        store.stats().idempotent_retries,
-        1,
-        "counted since the reopen"
-    );
-}
-
 /// Goal: a second open of the same directory fails with a clear error while the first is open,
 /// on the real file system (flock) and on the simulated one.
 #[test]
@@ -425,95 +342,6 @@ fn durability_classes() {
         2,
         "the synced append (and the one before it) survive"
     );
-}
-
-/// Goal: subscriptions deliver every matching event exactly once and in order, from the past
-/// into the live tail, for several subscribers that start while appends are running.
-#[test]
-fn subscriptions_catch_up_then_follow() {
-    let store = Arc::new(sim_store(small_options()));
-    append_numbered(&store, 0..50, |i| format!("k{}", i % 3));
-    let total = 400u64;
-    let writer = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            append_numbered(&store, 50..total, |i| format!("k{}", i % 3));
-        })
-    };
-    let subscribers: Vec<_> = (0..4u64)
-        .map(|s| {
-            let store = store.clone();
-            std::thread::spawn(move || {
-                let (query, expected): (Query, Vec<u64>) = if s == 0 {
-                    (Query::all(), (s * 10 + 1..=total).collect())
-                } else {
-                    let tag = format!("k{}", s % 3);
-                    (
-                        Query::item(QueryItem::tags([tag])),
-                        (s * 10 + 1..=total)
-                            .filter(|p| (p - 1) % 3 == s % 3)
-                            .collect(),
-                    )
-                };
-                let mut sub = store.subscribe(&query, s * 10).unwrap();
-                let mut got = Vec::new();
-                while got.len() < expected.len() {
-                    let e = sub
-                        .next_timeout(Some(Duration::from_secs(20)))
-                        .unwrap()
-                        .expect("subscription stalled");
-                    got.push(e.position());
-                }
-                assert_eq!(got, expected, "subscriber {s}");
-                assert!(sub
-                    .next_timeout(Some(Duration::from_millis(20)))
-                    .unwrap()
-                    .is_none());
-            })
-        })
-        .collect();
-    writer.join().unwrap();
-    for s in subscribers {
-        s.join().unwrap();
-    }
-}
-
-/// Goal: DCB edge cases: empty store, `after` beyond the head, match-all items, limit 0.
-#[test]
-fn dcb_edges() {
-    let store = sim_store(small_options());
-    assert!(read_all(&store, &Query::all(), ReadOptions::forwards())
-        .unwrap()
-        .is_empty());
-    assert!(read_all(&store, &Query::all(), ReadOptions::backwards())
-        .unwrap()
-        .is_empty());
-    let beyond = AppendCondition::new(Query::all(), Some(1000));
-    assert_eq!(store.append(&[event()], Some(&beyond)).unwrap(), 1);
-    let any = AppendCondition::new(Query::all(), None);
-    assert_eq!(
-        store
-            .append(&[event()], Some(&any))
-            .unwrap_err()
-            .conflict_position(),
-        Some(1)
-    );
-    let any_item = Query::item(QueryItem::default());
-    assert_eq!(
-        read_all(&store, &any_item, ReadOptions::forwards())
-            .unwrap()
-            .len(),
-        1
-    );
-    assert!(
-        read_all(&store, &Query::all(), ReadOptions::forwards().limit(0))
-            .unwrap()
-            .is_empty()
-    );
-    let unknown_type = AppendCondition::new(Query::item(QueryItem::types(["Nope"])), None);
-    assert_eq!(store.append(&[event()], Some(&unknown_type)).unwrap(), 2);
-    let e = &read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap()[0];
-    assert!(e.appended_at_us() > 1_600_000_000_000_000);
 }
 
 /// Goal: background checkpoints keep a crashed store's open short: after a crash, opening scans
@@ -619,129 +447,6 @@ fn checkpoint_ahead_of_the_log_is_rebuilt() {
         store.open_report().index
     );
     common::check_index_matches_scan(&store).unwrap();
-}
-
-fn tracked(source: &str, position: u64) -> AppendOptions {
-    AppendOptions {
-        tracking: Some(annals::Tracking::new(source, position)),
-        ..AppendOptions::default()
-    }
-}
-
-/// Goal: a tracking position is recorded atomically with its append, only increases (a
-/// repeated or lower one fails with a typed error and appends nothing), is independent per
-/// source, and survives reopening from the checkpoint, from a full rebuild, and a crash that
-/// drops unsynced data (where it goes back exactly with its events).
-#[test]
-fn tracking_positions() {
-    let io = SimIo::new(41);
-    let options = Options {
-        checkpoint_on_close: true,
-        ..small_options()
-    };
-    let open = |io: &SimIo| {
-        Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone()).unwrap()
-    };
-    let store = open(&io);
-    assert_eq!(store.tracking("projector"), None);
-    store
-        .append_with(&[event()], None, tracked("projector", 3))
-        .unwrap();
-    assert_eq!(store.tracking("projector"), Some(3));
-    for stale in [3, 2] {
-        match store.append_with(&[event()], None, tracked("projector", stale)) {
-            Err(AppendError::TrackingNotIncreasing {
-                name,
-                recorded,
-                given,
-            }) => {
-                assert_eq!((name.as_str(), recorded, given), ("projector", 3, stale));
-            }
-            other => panic!("expected a tracking error, got {other:?}"),
-        }
-    }
-    assert_eq!(
-        store.head(),
-        1,
-        "a refused tracking position appends nothing"
-    );
-    store
-        .append_with(&[event(), event()], None, tracked("projector", 10))
-        .unwrap();
-    store
-        .append_with(&[event()], None, tracked("other", 1))
-        .unwrap();
-    // A failed condition records nothing either.
-    let condition = AppendCondition::new(Query::all(), Some(0));
-    assert!(store
-        .append_with(&[event()], Some(&condition), tracked("projector", 11))
-        .is_err());
-    assert_eq!(store.tracking("projector"), Some(10));
-    // Limits on the source name.
-    for bad in ["", "a\u{1}b"] {
-        assert!(matches!(
-            store.append_with(&[event()], None, tracked(bad, 1)),
-            Err(AppendError::Input(InputError::InvalidTrackingSource { .. }))
-        ));
-    }
-    store.close().unwrap();
-    // From the checkpoint.
-    let store = open(&io);
-    assert!(matches!(
-        store.open_report().index,
-        annals::IndexSource::Checkpoint { .. }
-    ));
-    assert_eq!(store.tracking("projector"), Some(10));
-    assert_eq!(store.tracking("other"), Some(1));
-    store.close().unwrap();
-    // From a rebuild (no checkpoint).
-    io.delete_file(&Path::new(DIR).join(annals::files::CHECKPOINT));
-    let store = open(&io);
-    assert!(matches!(
-        store.open_report().index,
-        annals::IndexSource::Rebuilt { .. }
-    ));
-    assert_eq!(store.tracking("projector"), Some(10));
-    assert_eq!(store.tracking("other"), Some(1));
-    // After a crash, the position is exactly that of the acknowledged appends.
-    store
-        .append_with(&[event()], None, tracked("projector", 20))
-        .unwrap();
-    drop(store);
-    let after = io.crash(annals::sim::CrashMode::DropUnsynced);
-    let store = open(&after);
-    assert_eq!(store.tracking("projector"), Some(20));
-    common::check_index_matches_scan(&store).unwrap();
-}
-
-/// Goal: readers never see a tracking position whose append is not acknowledged. Method: a
-/// D3 store on a simulated disk whose fsync is held back; the position becomes visible only
-/// when the append returns.
-#[test]
-fn tracking_is_visible_only_when_acknowledged() {
-    let store = Arc::new(sim_store(small_options()));
-    let mut last_seen = 0;
-    let writer = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            for p in 1..=300u64 {
-                store
-                    .append_with(&[event()], None, tracked("feed", p))
-                    .unwrap();
-            }
-        })
-    };
-    while !writer.is_finished() {
-        let head = store.head();
-        let seen = store.tracking("feed").unwrap_or(0);
-        // Each append carries position == its own log position here, so what is visible can
-        // never run ahead of the published head it was read after.
-        assert!(seen <= store.head(), "tracking {seen} ahead of head {head}");
-        assert!(seen >= last_seen, "tracking went backwards");
-        last_seen = seen;
-    }
-    writer.join().unwrap();
-    assert_eq!(store.tracking("feed"), Some(300));
 }
 
 /// Goal: `Store::check` verifies a live store (records, sequence, index against the log) while
@@ -1004,7 +709,9 @@ fn appends_arriving_during_a_sync_are_staged_meanwhile_and_go_as_one_group() {
             .map(|n| {
                 let before = store.stats().caller_stages;
                 let handle = append(n);
-                wait_until("a staged append", || store.stats().caller_stages == before + 1);
+                wait_until("a staged append", || {
+                    store.stats().caller_stages == before + 1
+                });
                 handle
             })
             .collect()

@@ -174,10 +174,17 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
 /// Also an optimistic counter: each event records the position it read, and the final log must
 /// show that no append was accepted on a stale read.
 pub fn claim_race(store: &Store, threads: usize, attempts: usize) -> Result<(), String> {
+    claim_race_over(&[store], threads, attempts)
+}
+
+/// [`claim_race`] with the threads spread over several stores of one log (servers of one
+/// database), checked through the first once it has taken in what the others appended.
+pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Result<(), String> {
     let wins = Arc::new(Mutex::new(Vec::new()));
     std::thread::scope(|scope| {
         for t in 0..threads {
             let wins = wins.clone();
+            let store = stores[t % stores.len()];
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(t as u64);
                 for _ in 0..attempts {
@@ -203,6 +210,8 @@ pub fn claim_race(store: &Store, threads: usize, attempts: usize) -> Result<(), 
             });
         }
     });
+    let store = stores[0];
+    store.refresh().map_err(|e| format!("refresh: {e}"))?;
     let claims = read_all(
         store,
         &Query::item(QueryItem::types(["UsernameClaimed"])),

@@ -1,0 +1,474 @@
+//! The DCB semantics, the embedded API's edges and subscriptions, run against both backends:
+//! segment files (on the simulated disk) and PostgreSQL (a throwaway cluster per test, see
+//! annals-testkit). Each test is one function over a `Backend`; the backend decides only how a
+//! store is opened and reopened.
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use annals::sim::{CrashMode, SimIo};
+use annals::{
+    AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Query, QueryItem,
+    ReadOptions, Store,
+};
+use annals_testkit::Cluster;
+use common::harness::{claim_race, small_options, DIR};
+use common::{check_against_model, read_all, Model};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Where a test's store lives.
+enum Backend {
+    Files(SimIo),
+    Postgres(Cluster),
+}
+
+/// How a store is opened again, to show that what a test checks survives it.
+#[derive(Debug, Clone, Copy)]
+enum Reopen {
+    /// Files: from the index checkpoint written at close.
+    Checkpoint,
+    /// Files: with the checkpoint deleted, the index rebuilt from the log.
+    Rebuild,
+    /// Files: after a crash that drops what was not synced.
+    Crash,
+    /// PostgreSQL: a new store loads the log from the database.
+    Reload,
+}
+
+impl Backend {
+    /// Every backend this machine has: files always, PostgreSQL when installed (required by the
+    /// test command).
+    fn all(seed: u64) -> Vec<Backend> {
+        let mut backends = vec![Backend::Files(SimIo::new(seed))];
+        if let Some(cluster) = Cluster::start() {
+            backends.push(Backend::Postgres(cluster));
+        }
+        backends
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Backend::Files(_) => "files",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    fn open(&self) -> Store {
+        let options = Options {
+            checkpoint_on_close: true,
+            ..small_options()
+        };
+        match self {
+            Backend::Files(io) => {
+                Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap()
+            }
+            Backend::Postgres(cluster) => Store::open_postgres(&cluster.url(), options).unwrap(),
+        }
+    }
+
+    fn reopens(&self) -> &'static [Reopen] {
+        match self {
+            Backend::Files(_) => &[Reopen::Checkpoint, Reopen::Rebuild, Reopen::Crash],
+            Backend::Postgres(_) => &[Reopen::Reload],
+        }
+    }
+
+    /// Closes `store` (or crashes it) and opens it again as `how` says.
+    fn reopen(&self, store: Store, how: Reopen) -> Store {
+        match (self, how) {
+            (Backend::Files(io), Reopen::Crash) => {
+                drop(store);
+                let after = io.crash(CrashMode::DropUnsynced);
+                Store::open_with_io(Arc::new(after), Path::new(DIR), small_options()).unwrap()
+            }
+            (Backend::Files(io), Reopen::Rebuild) => {
+                store.close().unwrap();
+                io.delete_file(&Path::new(DIR).join(annals::files::CHECKPOINT));
+                let store = self.open();
+                assert!(matches!(
+                    store.open_report().index,
+                    annals::IndexSource::Rebuilt { .. }
+                ));
+                store
+            }
+            _ => {
+                store.close().unwrap();
+                self.open()
+            }
+        }
+    }
+}
+
+/// Runs `test` on every backend, naming the backend in a failure.
+fn on_each_backend(seed: u64, test: impl Fn(&Backend)) {
+    for backend in Backend::all(seed) {
+        eprintln!("backend: {}", backend.name());
+        test(&backend);
+    }
+}
+
+fn event() -> NewEvent {
+    NewEvent::new("E", "data").tag("a")
+}
+
+fn tracked(source: &str, position: u64) -> AppendOptions {
+    AppendOptions {
+        tracking: Some(annals::Tracking::new(source, position)),
+        ..AppendOptions::default()
+    }
+}
+
+/// Appends one event per number in `numbers`, its data the number, with the tag `tag(number)`.
+fn append_numbered(store: &Store, numbers: std::ops::Range<u64>, tag: impl Fn(u64) -> String) {
+    for i in numbers {
+        let event = NewEvent::new("E", format!("{i}").into_bytes()).tag(tag(i));
+        store.append(&[event], None).unwrap();
+    }
+}
+
+/// Goal: DCB edge cases: empty store, `after` beyond the head, match-all items, limit 0, the
+/// append time.
+#[test]
+fn dcb_edges() {
+    on_each_backend(1, |backend| {
+        let store = backend.open();
+        assert!(read_all(&store, &Query::all(), ReadOptions::forwards())
+            .unwrap()
+            .is_empty());
+        assert!(read_all(&store, &Query::all(), ReadOptions::backwards())
+            .unwrap()
+            .is_empty());
+        let beyond = AppendCondition::new(Query::all(), Some(1000));
+        assert_eq!(store.append(&[event()], Some(&beyond)).unwrap(), 1);
+        let any = AppendCondition::new(Query::all(), None);
+        assert_eq!(
+            store
+                .append(&[event()], Some(&any))
+                .unwrap_err()
+                .conflict_position(),
+            Some(1)
+        );
+        let any_item = Query::item(QueryItem::default());
+        assert_eq!(
+            read_all(&store, &any_item, ReadOptions::forwards())
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(
+            read_all(&store, &Query::all(), ReadOptions::forwards().limit(0))
+                .unwrap()
+                .is_empty()
+        );
+        let unknown_type = AppendCondition::new(Query::item(QueryItem::types(["Nope"])), None);
+        assert_eq!(store.append(&[event()], Some(&unknown_type)).unwrap(), 2);
+        let e = &read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap()[0];
+        assert!(e.appended_at_us() > 1_600_000_000_000_000);
+        // An append refused for its input changes nothing.
+        assert!(matches!(
+            store.append(&[], None),
+            Err(AppendError::Input(InputError::NoEvents))
+        ));
+        assert_eq!(store.head(), 2);
+    });
+}
+
+/// Goal: random appends, conditional or not, from one client agree with the brute-force model
+/// in every outcome and every read, before and after reopening.
+#[test]
+fn random_appends_agree_with_the_model() {
+    on_each_backend(2, |backend| {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut store = backend.open();
+        let mut model = Model::default();
+        let tag = |rng: &mut StdRng| format!("t{}", rng.gen_range(0..5));
+        for round in 0..3 {
+            for _ in 0..120 {
+                let count = rng.gen_range(1..=3);
+                let events: Vec<NewEvent> = (0..count)
+                    .map(|i| {
+                        let mut e = NewEvent::new(
+                            ["A", "B", "C"][rng.gen_range(0..3)],
+                            format!("{round}-{i}").into_bytes(),
+                        );
+                        for _ in 0..rng.gen_range(0..3) {
+                            let t = tag(&mut rng);
+                            if !e.tags.contains(&t) {
+                                e = e.tag(t);
+                            }
+                        }
+                        e
+                    })
+                    .collect();
+                let condition = rng.gen_bool(0.6).then(|| {
+                    let item = if rng.gen_bool(0.5) {
+                        QueryItem::tags([tag(&mut rng)])
+                    } else {
+                        QueryItem::types([["A", "B", "C"][rng.gen_range(0..3)]])
+                    };
+                    let head = model.events.len() as u64;
+                    AppendCondition::new(
+                        Query::item(item),
+                        Some(head.saturating_sub(rng.gen_range(0..6))),
+                    )
+                });
+                let expected = model.append(&events, condition.as_ref());
+                let got = store.append(&events, condition.as_ref());
+                match (expected, got) {
+                    (Ok(p), Ok(q)) => assert_eq!(p, q),
+                    (Err(p), Err(AppendError::ConditionFailed { position })) => {
+                        assert_eq!(p, position)
+                    }
+                    (e, g) => panic!("model {e:?}, store {g:?}"),
+                }
+            }
+            check_against_model(&store, &model).unwrap();
+            let how = backend.reopens()[round % backend.reopens().len()];
+            store = backend.reopen(store, how);
+            check_against_model(&store, &model).unwrap();
+        }
+    });
+}
+
+/// Goal: a failed conditional append whose first matching events are exactly its own (same ids,
+/// same order, as many) is a retry, answered with their last position; anything else fails as
+/// before; ids are no key without a failing condition. Survives reopening.
+#[test]
+fn retries_recognised_by_ids() {
+    on_each_backend(9, |backend| {
+        let id1 = uuid::Uuid::from_u128(1);
+        let id2 = uuid::Uuid::from_u128(2);
+        let invoice = || Query::item(QueryItem::tags(["invoice:1"]));
+        let batch = vec![
+            NewEvent::new("E", "one").tag("invoice:1").id(id1),
+            NewEvent::new("E", "two").tag("invoice:1").id(id2),
+        ];
+        let condition = AppendCondition::new(invoice(), Some(1));
+        let mut store = backend.open();
+        store.append(&[event()], None).unwrap();
+        assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
+        // The same append again: its condition fails on exactly its own events.
+        assert_eq!(store.append(&batch, Some(&condition)).unwrap(), 3);
+        assert_eq!(store.head(), 3);
+        // Content is not compared: the ids and their order decide.
+        let changed = vec![
+            NewEvent::new("E", "ONE").tag("invoice:1").id(id1),
+            NewEvent::new("E", "TWO").tag("invoice:1").id(id2),
+        ];
+        assert_eq!(store.append(&changed, Some(&condition)).unwrap(), 3);
+        let conflict =
+            |store: &Store, events: &[NewEvent]| match store.append(events, Some(&condition)) {
+                Err(AppendError::ConditionFailed { position }) => position,
+                other => panic!("expected the condition to fail, got {other:?}"),
+            };
+        // The first events matching are compared, as many as the append has: the first one
+        // alone is a retry of its own.
+        assert_eq!(store.append(&batch[..1], Some(&condition)).unwrap(), 2);
+        // Order, a missing id or a different id: the failure stands.
+        assert_eq!(conflict(&store, &[batch[1].clone(), batch[0].clone()]), 2);
+        assert_eq!(conflict(&store, &batch[1..]), 2);
+        let mut no_id = batch.clone();
+        no_id[1].id = None;
+        assert_eq!(conflict(&store, &no_id), 2);
+        let mut nil = batch.clone();
+        nil[1].id = Some(uuid::Uuid::nil());
+        assert_eq!(conflict(&store, &nil), 2);
+        let mut other = batch.clone();
+        other[1].id = Some(uuid::Uuid::from_u128(3));
+        assert_eq!(conflict(&store, &other), 2);
+        // Without a failing condition, ids are no obstacle: the same ids are stored again, and
+        // the same id twice in one append too.
+        assert_eq!(store.append(&batch, None).unwrap(), 5);
+        let twice = vec![
+            NewEvent::new("E", "x").id(id1),
+            NewEvent::new("E", "x").id(id1),
+        ];
+        assert_eq!(store.append(&twice, None).unwrap(), 7);
+        // The nil UUID is stored as no id.
+        let nil_event = NewEvent::new("E", "nil").id(uuid::Uuid::nil());
+        assert_eq!(store.append(&[nil_event], None).unwrap(), 8);
+        let events = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
+        assert_eq!(events[1].id(), Some(id1));
+        assert_eq!(events[0].id(), None);
+        assert_eq!(events[7].id(), None);
+        for &how in backend.reopens() {
+            store = backend.reopen(store, how);
+            assert_eq!(
+                store.append(&batch, Some(&condition)).unwrap(),
+                3,
+                "{how:?}"
+            );
+            assert_eq!(store.stats().idempotent_retries, 1, "counted since {how:?}");
+        }
+    });
+}
+
+/// Goal: a tracking position is recorded atomically with its append, only increases (a
+/// repeated or lower one fails with a typed error and appends nothing), is independent per
+/// source, and survives every way of reopening.
+#[test]
+fn tracking_positions() {
+    on_each_backend(41, |backend| {
+        let mut store = backend.open();
+        assert_eq!(store.tracking("projector"), None);
+        store
+            .append_with(&[event()], None, tracked("projector", 3))
+            .unwrap();
+        assert_eq!(store.tracking("projector"), Some(3));
+        for stale in [3, 2] {
+            match store.append_with(&[event()], None, tracked("projector", stale)) {
+                Err(AppendError::TrackingNotIncreasing {
+                    name,
+                    recorded,
+                    given,
+                }) => {
+                    assert_eq!((name.as_str(), recorded, given), ("projector", 3, stale));
+                }
+                other => panic!("expected a tracking error, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            store.head(),
+            1,
+            "a refused tracking position appends nothing"
+        );
+        store
+            .append_with(&[event(), event()], None, tracked("projector", 10))
+            .unwrap();
+        store
+            .append_with(&[event()], None, tracked("other", 1))
+            .unwrap();
+        // A failed condition records nothing either.
+        let condition = AppendCondition::new(Query::all(), Some(0));
+        assert!(store
+            .append_with(&[event()], Some(&condition), tracked("projector", 11))
+            .is_err());
+        assert_eq!(store.tracking("projector"), Some(10));
+        for bad in ["", "a\u{1}b"] {
+            assert!(matches!(
+                store.append_with(&[event()], None, tracked(bad, 1)),
+                Err(AppendError::Input(InputError::InvalidTrackingSource { .. }))
+            ));
+        }
+        let mut expected = 10;
+        for &how in backend.reopens() {
+            expected += 10;
+            store
+                .append_with(&[event()], None, tracked("projector", expected))
+                .unwrap();
+            store = backend.reopen(store, how);
+            assert_eq!(store.tracking("projector"), Some(expected), "{how:?}");
+            assert_eq!(store.tracking("other"), Some(1), "{how:?}");
+            common::check_index_matches_scan(&store).unwrap();
+        }
+    });
+}
+
+/// Goal: readers never see a tracking position whose append is not acknowledged.
+#[test]
+fn tracking_is_visible_only_when_acknowledged() {
+    on_each_backend(5, |backend| {
+        let store = Arc::new(backend.open());
+        let mut last_seen = 0;
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for p in 1..=300u64 {
+                    store
+                        .append_with(&[event()], None, tracked("feed", p))
+                        .unwrap();
+                }
+            })
+        };
+        while !writer.is_finished() {
+            let seen = store.tracking("feed").unwrap_or(0);
+            // Each append carries position == its own log position here, so what is visible
+            // can never run ahead of the published head it was read after.
+            assert!(seen <= store.head(), "tracking {seen} ahead of the head");
+            assert!(seen >= last_seen, "tracking went backwards");
+            last_seen = seen;
+        }
+        writer.join().unwrap();
+        assert_eq!(store.tracking("feed"), Some(300));
+    });
+}
+
+/// Goal: subscriptions started at different positions see every matching event once, in order,
+/// while appends go on: first what is stored, then what arrives.
+#[test]
+fn subscriptions_catch_up_then_follow() {
+    on_each_backend(3, |backend| {
+        let store = Arc::new(backend.open());
+        append_numbered(&store, 0..50, |i| format!("k{}", i % 3));
+        let total = 400u64;
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                append_numbered(&store, 50..total, |i| format!("k{}", i % 3));
+            })
+        };
+        let subscribers: Vec<_> = (0..4u64)
+            .map(|s| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let (query, expected): (Query, Vec<u64>) = if s == 0 {
+                        (Query::all(), (s * 10 + 1..=total).collect())
+                    } else {
+                        let tag = format!("k{}", s % 3);
+                        (
+                            Query::item(QueryItem::tags([tag])),
+                            (s * 10 + 1..=total)
+                                .filter(|p| (p - 1) % 3 == s % 3)
+                                .collect(),
+                        )
+                    };
+                    let mut sub = store.subscribe(&query, s * 10).unwrap();
+                    let mut got = Vec::new();
+                    while got.len() < expected.len() {
+                        let e = sub
+                            .next_timeout(Some(Duration::from_secs(20)))
+                            .unwrap()
+                            .expect("subscription stalled");
+                        got.push(e.position());
+                    }
+                    assert_eq!(got, expected, "subscriber {s}");
+                    assert!(sub
+                        .next_timeout(Some(Duration::from_millis(20)))
+                        .unwrap()
+                        .is_none());
+                })
+            })
+            .collect();
+        writer.join().unwrap();
+        for s in subscribers {
+            s.join().unwrap();
+        }
+    });
+}
+
+/// Goal: threads racing on the same conditions (unique usernames, an optimistic counter) never
+/// both win, and every acknowledged append is stored. On PostgreSQL the threads go through two
+/// stores on one database, as two servers would.
+#[test]
+fn racing_conditions_hold() {
+    on_each_backend(11, |backend| {
+        let first = backend.open();
+        match backend {
+            Backend::Files(_) => claim_race(&first, 16, 40).unwrap(),
+            Backend::Postgres(_) => {
+                let second = backend.open();
+                let stores = [&first, &second];
+                common::harness::claim_race_over(&stores, 32, 25).unwrap();
+                assert!(
+                    first.stats().database.unwrap().conflicts
+                        + second.stats().database.unwrap().conflicts
+                        > 0,
+                    "the two stores raced"
+                );
+            }
+        }
+    });
+}
