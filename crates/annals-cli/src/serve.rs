@@ -7,8 +7,14 @@ use annals_server::{config, Config, Server};
 #[derive(clap::Args)]
 pub struct ServeArgs {
     /// Data directory (created if missing). Env: ANNALS_DATA_DIR. Default: ./annals-data
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "store")]
     data_dir: Option<PathBuf>,
+    /// Where the log lives: a data directory, or a PostgreSQL database
+    /// (postgres://user:password@host:port/db; several hosts as host1:port1,host2:port2 with
+    /// ?target_session_attrs=read-write to follow the primary). Several servers may serve one
+    /// database. Env: ANNALS_STORE
+    #[arg(long, value_name = "DIR|URL")]
+    store: Option<String>,
     /// HTTP listen address. Env: ANNALS_HTTP_LISTEN. Default: 127.0.0.1:7400
     #[arg(long, value_name = "HOST:PORT")]
     http: Option<String>,
@@ -69,6 +75,10 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     config.apply_env(std::env::vars())?;
     if let Some(dir) = args.data_dir {
         config.data_dir = dir;
+        config.postgres = None;
+    }
+    if let Some(store) = &args.store {
+        config.set_store(store);
     }
     if let Some(http) = args.http {
         config.http_listen =
@@ -118,14 +128,14 @@ async fn serve(config: Config) -> Result<(), String> {
     let tls = config.tls.is_some();
     let exposed = config.exposed();
     let durability = config.durability;
-    let dir = config.data_dir.clone();
+    let location = config.store_description();
     let exchange = config.exchange.clone();
     let server = Server::start(config).await?;
     let report = server.store.open_report().clone();
     let scheme = if tls { "https" } else { "http" };
     println!(
         "annals: serving {} ({}), head {}, opened in {:.1} ms ({})",
-        dir.display(),
+        location,
         durability.description(),
         server.store.head(),
         report.open_ms,

@@ -11,10 +11,36 @@ use serde::Deserialize;
 use crate::auth::{ApiKeys, Scopes};
 use crate::readmodels::ReadModelSpec;
 
+/// Whether `store` names a PostgreSQL database rather than a directory.
+pub fn is_postgres_url(store: &str) -> bool {
+    store.starts_with("postgres://") || store.starts_with("postgresql://")
+}
+
+/// A connection URL with its password, if any, replaced by `***`.
+pub fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{hosts}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
 /// Everything `annals serve` needs to run.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub data_dir: PathBuf,
+    /// A PostgreSQL connection string: the log lives in that database instead of `data_dir`
+    /// (see `annals::Store::open_postgres`).
+    pub postgres: Option<String>,
     /// HTTP listen address; loopback unless asked otherwise.
     pub http_listen: SocketAddr,
     /// gRPC (UmaDB protocol) listen address; `None` disables gRPC.
@@ -189,6 +215,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: PathBuf::from("annals-data"),
+            postgres: None,
             http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
             grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
             durability: Durability::Synced,
@@ -232,6 +259,8 @@ impl Default for Config {
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     pub data_dir: Option<PathBuf>,
+    /// A directory, or a PostgreSQL URL (postgres://...) for the database backend.
+    pub store: Option<String>,
     pub http_listen: Option<String>,
     pub grpc_listen: Option<String>,
     pub durability: Option<String>,
@@ -301,6 +330,25 @@ fn required_listen(value: &str, what: &str) -> Result<SocketAddr, String> {
 }
 
 impl Config {
+    /// Where the log lives: a directory, or a PostgreSQL URL (`postgres://` or
+    /// `postgresql://`).
+    pub fn set_store(&mut self, store: &str) {
+        if is_postgres_url(store) {
+            self.postgres = Some(store.to_owned());
+        } else {
+            self.postgres = None;
+            self.data_dir = PathBuf::from(store);
+        }
+    }
+
+    /// Where the log lives, for messages: the directory, or the database without its password.
+    pub fn store_description(&self) -> String {
+        match &self.postgres {
+            Some(url) => format!("PostgreSQL {}", redact_password(url)),
+            None => self.data_dir.display().to_string(),
+        }
+    }
+
     /// Applies a configuration file on top of `self`.
     pub fn apply_file(&mut self, path: &Path) -> Result<(), String> {
         let text = std::fs::read_to_string(path)
@@ -309,6 +357,9 @@ impl Config {
             toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
         if let Some(dir) = file.data_dir {
             self.data_dir = dir;
+        }
+        if let Some(store) = file.store {
+            self.set_store(&store);
         }
         if let Some(v) = file.http_listen {
             self.http_listen = required_listen(&v, "http_listen")?;
@@ -390,6 +441,7 @@ impl Config {
         for (name, value) in vars {
             match name.as_str() {
                 "ANNALS_DATA_DIR" => self.data_dir = PathBuf::from(value),
+                "ANNALS_STORE" => self.set_store(&value),
                 "ANNALS_HTTP_LISTEN" => self.http_listen = required_listen(&value, &name)?,
                 "ANNALS_GRPC_LISTEN" => self.grpc_listen = parse_listen(&value)?,
                 "ANNALS_DURABILITY" => self.durability = value.parse()?,

@@ -93,7 +93,10 @@ fn invalid(message: impl Into<String>) -> Status {
 
 fn store_status(e: &StoreError) -> Status {
     match e {
-        StoreError::Poisoned { .. } | StoreError::Closed => {
+        StoreError::Poisoned { .. }
+        | StoreError::Closed
+        | StoreError::Unavailable { .. }
+        | StoreError::OutcomeUnknown { .. } => {
             status(Code::Unavailable, ErrorType::Io, e.to_string())
         }
         _ => status(Code::Internal, ErrorType::Internal, e.to_string()),

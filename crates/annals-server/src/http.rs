@@ -226,6 +226,17 @@ fn store_error(e: &StoreError) -> ApiError {
             "shutting_down",
             "the store is closing; retry against the restarted server",
         ),
+        StoreError::Unavailable { .. } => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            e.to_string(),
+        ),
+        // Neither success nor failure: the client must find out (read, or retry with ids).
+        StoreError::OutcomeUnknown { .. } => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "outcome_unknown",
+            e.to_string(),
+        ),
         _ => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "store_error",

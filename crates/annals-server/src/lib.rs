@@ -132,15 +132,19 @@ impl Server {
         };
         options.limits = config.limits.store.clone();
         let dir = config.data_dir.clone();
-        let store = tokio::task::spawn_blocking(move || Store::open(&dir, options))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| {
-                format!(
-                    "cannot open the store in {}: {e}",
-                    config.data_dir.display()
-                )
-            })?;
+        let postgres = config.postgres.clone();
+        let store = tokio::task::spawn_blocking(move || match postgres {
+            Some(url) => Store::open_postgres(&url, options),
+            None => Store::open(&dir, options),
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| {
+            format!(
+                "cannot open the store in {}: {e}",
+                config.store_description()
+            )
+        })?;
         Self::start_with_store(config, Arc::new(store)).await
     }
 

@@ -2,6 +2,8 @@
 //! misbehave on purpose (partial requests, stalls), for the end-to-end tests.
 #![allow(dead_code)]
 
+pub mod claims;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -25,11 +27,23 @@ impl ServerProcess {
     }
 
     pub fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        Self::launch(Some(dir), extra, env)
+    }
+
+    /// Starts `annals serve --store <url>` on a PostgreSQL database.
+    pub fn start_postgres(url: &str, extra: &[&str]) -> ServerProcess {
+        let mut args = vec!["--store", url];
+        args.extend_from_slice(extra);
+        Self::launch(None, &args, &[])
+    }
+
+    fn launch(dir: Option<&Path>, extra: &[&str], env: &[(&str, &str)]) -> ServerProcess {
         let mut command = Command::new(env!("CARGO_BIN_EXE_annals"));
+        command.arg("serve");
+        if let Some(dir) = dir {
+            command.arg("--data-dir").arg(dir);
+        }
         command
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(dir)
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
@@ -71,7 +85,7 @@ impl ServerProcess {
                     child,
                     http: http.unwrap(),
                     grpc,
-                    dir: dir.to_path_buf(),
+                    dir: dir.map(Path::to_path_buf).unwrap_or_default(),
                     output: rx,
                 };
             }
