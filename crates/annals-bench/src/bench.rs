@@ -48,6 +48,12 @@ pub enum BenchCommand {
     ///
     /// Example: annals-bench fsync --dir /tmp/f
     Fsync(FsyncArgs),
+    /// The PostgreSQL backend beside the database's own commit rate in the same run: one
+    /// client, 64 writers x 512 events, 64 HTTP connections on one server and on two, selective
+    /// reads beside files (a throwaway cluster unless --url is given).
+    ///
+    /// Example: annals-bench postgres --seconds 5 --runs 3
+    Postgres(crate::bench_postgres::PostgresArgs),
     /// The matching engine on a deterministic scenario, through its journal: throughput,
     /// trades, the matcher's latency, the acknowledgement latency of durable modes, fsyncs and
     /// the state hash.
@@ -272,6 +278,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Decide(args) => crate::bench_decide::run(args)?,
         BenchCommand::Exchange(args) => crate::exchange::run(args)?,
         BenchCommand::Umadb(args) => crate::bench_umadb::run(args)?,
+        BenchCommand::Postgres(args) => crate::bench_postgres::run(args)?,
         BenchCommand::Fsync(args) => {
             std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
             let seconds = Duration::from_secs_f64(args.seconds);

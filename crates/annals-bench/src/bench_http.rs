@@ -235,12 +235,21 @@ pub(crate) fn start_server(
     durability: &str,
     extra: &[&str],
 ) -> Result<OwnServer, String> {
+    start_server_on(dir.as_os_str(), durability, extra)
+}
+
+/// [`start_server`] on a store location: a directory or a PostgreSQL URL.
+pub(crate) fn start_server_on(
+    store: &std::ffi::OsStr,
+    durability: &str,
+    extra: &[&str],
+) -> Result<OwnServer, String> {
     use std::io::BufRead;
     let exe = crate::server_binary()?;
     let mut child = Command::new(exe)
         .arg("serve")
-        .arg("--data-dir")
-        .arg(dir)
+        .arg("--store")
+        .arg(store)
         .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
         .args(["--durability", durability])
         .args(extra)
@@ -851,4 +860,32 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
     });
     drop(own);
     Ok(result)
+}
+
+/// One HTTP load run against a running server (for benchmarks that start their own servers):
+/// `workload` over `connections` keep-alive connections, `runs` runs of `seconds`, with
+/// `preload` events loaded first for reads.
+pub(crate) fn run_against(
+    http: SocketAddr,
+    workload: Workload,
+    connections: usize,
+    seconds: f64,
+    runs: usize,
+    preload: u64,
+) -> Result<Value, String> {
+    run(HttpArgs {
+        url: Some(format!("http://{http}")),
+        grpc_url: None,
+        dir: PathBuf::new(),
+        durability: "as configured on the server".into(),
+        workload,
+        protocol: Protocol::Http,
+        connections,
+        streams: 1,
+        seconds,
+        runs,
+        event_bytes: 256,
+        preload,
+        api_key: None,
+    })
 }

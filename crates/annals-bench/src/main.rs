@@ -4,6 +4,7 @@
 mod bench;
 mod bench_decide;
 mod bench_http;
+mod bench_postgres;
 mod bench_umadb;
 mod exchange;
 mod grpc_client;

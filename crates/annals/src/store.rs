@@ -431,6 +431,8 @@ pub struct Store {
     /// The database backend, when the log lives in PostgreSQL: appends go through it, and the
     /// rest of the store is the memory-only mirror it keeps (see postgres.rs).
     remote: Option<crate::postgres::Remote>,
+    /// The mirror's temporary directory, removed at close.
+    mirror_dir: Option<PathBuf>,
 }
 
 const LOCK_FILE: &str = "LOCK";
@@ -614,6 +616,7 @@ impl Store {
             notifier,
             report,
             remote: None,
+            mirror_dir: None,
         })
     }
 
@@ -632,11 +635,22 @@ impl Store {
                 options.durability.label()
             )));
         }
+        // The mirror is a file store in a private temporary directory, written to the page
+        // cache and never synced (D1): the database holds the truth, and reads map the mirror's
+        // segments as they do on files. Removed at close, rebuilt from the database at open.
         let mut mirror = options;
-        mirror.durability = Durability::Memory;
+        mirror.durability = Durability::Written;
         mirror.checkpoint_on_close = false;
-        let mut store =
-            Self::open_with_io(Arc::new(SimIo::memory()), Path::new("/postgres"), mirror)?;
+        mirror.checkpoint_interval_events = 0;
+        static MIRRORS: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "annals-mirror-{}-{}",
+            std::process::id(),
+            MIRRORS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut store = Self::open_with_io(Arc::new(RealIo), &dir, mirror)?;
+        store.mirror_dir = Some(dir);
         let sender = store.sender.clone().ok_or(StoreError::Closed)?;
         store.remote = Some(crate::postgres::Remote::start(
             url,
@@ -1221,6 +1235,14 @@ impl Store {
     }
 
     fn shutdown(&mut self) -> Result<(), StoreError> {
+        let result = self.stop_threads();
+        if let Some(dir) = self.mirror_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        result
+    }
+
+    fn stop_threads(&mut self) -> Result<(), StoreError> {
         // The backend first: what it has committed still goes to the mirror's writer.
         if let Some(mut remote) = self.remote.take() {
             remote.stop();

@@ -492,11 +492,17 @@ impl Syncer {
     pub(crate) fn run(&self, shared: &Arc<Shared>) {
         let durability = shared.options.durability;
         let eager = durability >= Durability::SyncedLater;
+        // In D1 nothing asks for a sync but the bound on unsynced bytes: sync once half of it
+        // is used, so that the writer (which waits beyond it) is not left waiting for a sync
+        // nobody would run.
+        let backlog_max = (shared.options.unsynced_bytes_max / 2) as u64;
         loop {
             let (target, target_bytes, mark, segment) = {
                 let mut state = self.state.lock();
                 loop {
-                    let wanted = eager || state.stop || !state.waiters.is_empty();
+                    let backlog = state.written_bytes - state.synced_bytes;
+                    let wanted =
+                        eager || state.stop || !state.waiters.is_empty() || backlog > backlog_max;
                     if wanted && state.written > state.synced && !state.syncing {
                         break;
                     }

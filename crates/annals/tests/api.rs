@@ -1156,3 +1156,35 @@ fn failed_background_checkpoints_are_counted() {
     let store = Store::open(dir.path(), options()).unwrap();
     assert_eq!(store.head(), appended);
 }
+
+/// Goal: a D1 store, in which no append asks for a sync, never leaves its writer waiting for
+/// one: past half the unsynced-bytes bound the syncer syncs by itself. (Before, the writer
+/// waited beyond the bound for a sync nobody would run, and appends stopped for good.)
+#[test]
+fn a_written_store_keeps_appending_past_the_unsynced_bound() {
+    let options = Options {
+        durability: Durability::Written,
+        unsynced_bytes_max: 64 << 10,
+        ..small_options()
+    };
+    let store = Arc::new(sim_store(options));
+    let (done, finished) = std::sync::mpsc::channel();
+    {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            for i in 0..2_000u64 {
+                let event = NewEvent::new("E", vec![b'x'; 400]).tag(format!("t{}", i % 7));
+                store.append(&[event], None).unwrap();
+            }
+            done.send(()).unwrap();
+        });
+    }
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("800 KB appended in D1 within a minute");
+    assert_eq!(store.head(), 2_000);
+    assert!(
+        store.stats().fsyncs > 0,
+        "the syncer kept the backlog bounded"
+    );
+}

@@ -1,0 +1,198 @@
+//! `annals-bench postgres`: the PostgreSQL backend beside the database's own commit rate,
+//! measured in the same run on the same cluster: the floor (one connection inserting one row
+//! per transaction in a loop), one embedded client's conditional appends, 64 writers of
+//! 512-event appends, 64 HTTP connections of conditional appends on one server and split over
+//! two, and selective reads over HTTP on PostgreSQL beside the same on files.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use annals::{AppendCondition, NewEvent, Options, Query, QueryItem, Store};
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+
+use crate::bench_http::{run_against, start_server_on, Workload};
+
+#[derive(clap::Args)]
+pub struct PostgresArgs {
+    /// The database to measure on (libpq string or postgres:// URL). Without it, a throwaway
+    /// cluster is made with PostgreSQL's defaults (fsync on, synchronous_commit on) in a
+    /// temporary directory.
+    #[arg(long)]
+    url: Option<String>,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Runs of each figure, alternated with the floor; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Where the file backend's server keeps its data for the read comparison (emptied first).
+    #[arg(long, default_value = "/tmp/annals-bench-pg-files")]
+    dir: PathBuf,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Single-row insert + commit in a loop from one connection: commits per second.
+fn floor(url: &str, seconds: f64) -> Result<f64, String> {
+    let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(|e| e.to_string())?;
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS annals_bench_floor (n bigint)")
+        .map_err(|e| e.to_string())?;
+    let insert = client
+        .prepare("INSERT INTO annals_bench_floor VALUES ($1)")
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let mut n: i64 = 0;
+    while Instant::now() < deadline {
+        client.execute(&insert, &[&n]).map_err(|e| e.to_string())?;
+        n += 1;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// `writers` threads appending `batch` events at a time, each append conditional on a tag of
+/// its own (checked, never failing), for `seconds`: appends per second and the latency.
+fn appends(store: &Store, writers: usize, batch: usize, seconds: f64, run: usize) -> (f64, u64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let histograms: Vec<Histogram<u64>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..writers)
+            .map(|w| {
+                let stop = stop.clone();
+                let count = count.clone();
+                scope.spawn(move || {
+                    let mut h = Histogram::<u64>::new(3).unwrap();
+                    let mut n = 0u64;
+                    let data = vec![b'x'; 256];
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = format!("k:{run}:{w}:{n}");
+                        n += 1;
+                        let events: Vec<NewEvent> = (0..batch)
+                            .map(|_| NewEvent::new("Bench", data.clone()).tag(key.clone()))
+                            .collect();
+                        let condition =
+                            AppendCondition::new(Query::item(QueryItem::tags([key])), None);
+                        let t = Instant::now();
+                        if store.append(&events, Some(&condition)).is_ok() {
+                            let _ = h.record(t.elapsed().as_micros() as u64);
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    h
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.store(true, Ordering::Relaxed);
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut all = Histogram::<u64>::new(3).unwrap();
+    for h in &histograms {
+        all.add(h).unwrap();
+    }
+    (
+        count.load(Ordering::Relaxed) as f64 / elapsed,
+        all.value_at_quantile(0.99),
+    )
+}
+
+pub fn run(args: PostgresArgs) -> Result<Value, String> {
+    let cluster;
+    let url = match &args.url {
+        Some(url) => url.clone(),
+        None => {
+            cluster = annals_testkit::Cluster::start()
+                .ok_or("PostgreSQL is not installed (run scripts/setup)")?;
+            format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port())
+        }
+    };
+    let runs = args.runs.max(1);
+    let seconds = args.seconds;
+    let store = Store::open_postgres(&url, Options::default()).map_err(|e| e.to_string())?;
+    // One client, alternated with the floor.
+    let (mut floors, mut one, mut one_p99) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..runs {
+        floors.push(floor(&url, seconds)?);
+        let (rate, p99) = appends(&store, 1, 1, seconds, run);
+        one.push(rate);
+        one_p99.push(p99 as f64);
+    }
+    let floor_rate = median(floors.clone());
+    let (mut wide, mut wide_p99) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        let (rate, p99) = appends(&store, 64, 512, seconds, 100 + run);
+        wide.push(rate * 512.0);
+        wide_p99.push(p99 as f64);
+    }
+    drop(store);
+    // 64 HTTP connections on one server, then split over two servers on the same database.
+    let a = start_server_on(url.as_ref(), "d3", &[])?;
+    let one_server = run_against(a.http, Workload::Conditional, 64, seconds, runs, 0)?;
+    let b = start_server_on(url.as_ref(), "d3", &[])?;
+    let (ha, hb) = (a.http, b.http);
+    let mut split = Vec::new();
+    for _ in 0..runs {
+        let (ra, rb) = std::thread::scope(|scope| {
+            let x = scope.spawn(move || run_against(ha, Workload::Conditional, 32, seconds, 1, 0));
+            let y = scope.spawn(move || run_against(hb, Workload::Conditional, 32, seconds, 1, 0));
+            (x.join().unwrap(), y.join().unwrap())
+        });
+        let rate = |v: &Result<Value, String>| -> Result<f64, String> {
+            Ok(v.as_ref()?["requests_per_sec"].as_f64().unwrap_or(0.0))
+        };
+        split.push(rate(&ra)? + rate(&rb)?);
+    }
+    drop(b);
+    // Selective reads over HTTP: PostgreSQL, then files, each preloaded alike.
+    let pg_reads = run_against(a.http, Workload::Read, 64, seconds, runs, 100_000)?;
+    drop(a);
+    if args.dir.exists() {
+        std::fs::remove_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    }
+    let files = start_server_on(args.dir.as_os_str(), "d3", &[])?;
+    let file_reads = run_against(files.http, Workload::Read, 64, seconds, runs, 100_000)?;
+    drop(files);
+    let one_rate = median(one.clone());
+    let http_rate = one_server["requests_per_sec"].as_f64().unwrap_or(0.0);
+    let split_rate = median(split.clone());
+    let pg_read_rate = pg_reads["requests_per_sec"].as_f64().unwrap_or(0.0);
+    let file_read_rate = file_reads["requests_per_sec"].as_f64().unwrap_or(0.0);
+    Ok(json!({
+        "bench": "postgres",
+        "durability": "d3 (committed by PostgreSQL, synchronous_commit as configured)",
+        "seconds": seconds,
+        "runs": runs,
+        "commit_floor_per_sec": floor_rate.round(),
+        "commit_floor_runs": floors.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "one_client_conditional_per_sec": one_rate.round(),
+        "one_client_runs": one.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "one_client_p99_us": median(one_p99),
+        "one_client_ratio_to_floor": round(one_rate / floor_rate),
+        "writers64_batch512_events_per_sec": median(wide.clone()).round(),
+        "writers64_batch512_runs": wide.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "writers64_batch512_p99_us": median(wide_p99),
+        "http64_conditional_per_sec": http_rate,
+        "http64_conditional_p99_ms": one_server["operations"]["conditional_append"]["latency_ms"]["p99"],
+        "http64_conditional_errors": one_server["errors"],
+        "http64_ratio_to_floor": round(http_rate / floor_rate),
+        "two_servers_http64_per_sec": split_rate.round(),
+        "two_servers_runs": split.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "two_servers_ratio_to_one": round(split_rate / http_rate),
+        "http64_reads_per_sec": pg_read_rate,
+        "http64_reads_files_per_sec": file_read_rate,
+        "reads_ratio_to_files": round(pg_read_rate / file_read_rate),
+    }))
+}
