@@ -395,6 +395,9 @@ struct SyncState {
     stop: bool,
     /// Set when a sync failed: nothing will be synced again.
     failed: Option<String>,
+    /// The writer waits for room (see [`Syncer::wait_for_room`]): sync, even when no append
+    /// asked for it (D1).
+    room_wanted: bool,
 }
 
 impl SyncState {
@@ -421,6 +424,7 @@ impl Syncer {
                 syncs_ended: 0,
                 stop: false,
                 failed: None,
+                room_wanted: false,
             }),
             wake: Condvar::new(),
         }
@@ -464,8 +468,11 @@ impl Syncer {
     fn wait_for_room(&self, max: u64) {
         let mut state = self.state.lock();
         while state.failed.is_none() && state.written_bytes - state.synced_bytes > max {
+            state.room_wanted = true;
+            self.wake.notify_one();
             self.room.wait(&mut state);
         }
+        state.room_wanted = false;
     }
 
     /// Waits for the sync now running, if any, to end. The writer calls it before staging a
@@ -492,17 +499,14 @@ impl Syncer {
     pub(crate) fn run(&self, shared: &Arc<Shared>) {
         let durability = shared.options.durability;
         let eager = durability >= Durability::SyncedLater;
-        // In D1 nothing asks for a sync but the bound on unsynced bytes: sync once half of it
-        // is used, so that the writer (which waits beyond it) is not left waiting for a sync
-        // nobody would run.
-        let backlog_max = (shared.options.unsynced_bytes_max / 2) as u64;
         loop {
             let (target, target_bytes, mark, segment) = {
                 let mut state = self.state.lock();
                 loop {
-                    let backlog = state.written_bytes - state.synced_bytes;
+                    // In D1 nothing asks for a sync but the writer waiting for room under the
+                    // bound on unsynced bytes (a sync nobody would run otherwise).
                     let wanted =
-                        eager || state.stop || !state.waiters.is_empty() || backlog > backlog_max;
+                        eager || state.stop || !state.waiters.is_empty() || state.room_wanted;
                     if wanted && state.written > state.synced && !state.syncing {
                         break;
                     }
