@@ -111,12 +111,16 @@ fn appends(store: &Store, writers: usize, batch: usize, seconds: f64, run: usize
 
 pub fn run(args: PostgresArgs) -> Result<Value, String> {
     let cluster;
-    let url = match &args.url {
-        Some(url) => url.clone(),
+    // The reads compare stores holding the same events: a database of their own when the
+    // benchmark makes the cluster, else the given one (which then holds the appends too).
+    let (url, reads_url) = match &args.url {
+        Some(url) => (url.clone(), url.clone()),
         None => {
             cluster = annals_testkit::Cluster::start()
                 .ok_or("PostgreSQL is not installed (run scripts/setup)")?;
-            format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port())
+            cluster.sql("CREATE DATABASE annals_reads");
+            let base = format!("postgres://postgres@127.0.0.1:{}", cluster.port());
+            (format!("{base}/postgres"), format!("{base}/annals_reads"))
         }
     };
     let runs = args.runs.max(1);
@@ -156,9 +160,11 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         split.push(rate(&ra)? + rate(&rb)?);
     }
     drop(b);
-    // Selective reads over HTTP: PostgreSQL, then files, each preloaded alike.
-    let pg_reads = run_against(a.http, Workload::Read, 64, seconds, runs, 100_000)?;
     drop(a);
+    // Selective reads over HTTP: PostgreSQL, then files, each preloaded alike.
+    let reader = start_server_on(reads_url.as_ref(), "d3", &[])?;
+    let pg_reads = run_against(reader.http, Workload::Read, 64, seconds, runs, 100_000)?;
+    drop(reader);
     if args.dir.exists() {
         std::fs::remove_dir_all(&args.dir).map_err(|e| e.to_string())?;
     }
