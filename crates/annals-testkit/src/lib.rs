@@ -307,21 +307,26 @@ impl Cluster {
         text.lines().next()?.trim().parse().ok()
     }
 
-    fn run(&self, program: &str, args: &[&str]) {
+    /// One of PostgreSQL's programs, as the user that may run it.
+    fn command(&self, program: &str) -> Command {
         let path = self.bin.join(program);
-        let mut command = if self.run_as_postgres {
+        if self.run_as_postgres {
             let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&path);
+            c.args(["-u", "postgres", "--"]).arg(path);
             c
         } else {
-            Command::new(&path)
-        };
-        let out = command
+            Command::new(path)
+        }
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let out = self
+            .command(program)
             .args(args)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .output()
-            .unwrap_or_else(|e| panic!("run {}: {e}", path.display()));
+            .unwrap_or_else(|e| panic!("run {program}: {e}"));
         if !out.status.success() {
             let log = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
             panic!(
@@ -341,16 +346,9 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         if self.postmaster_pid().is_some() {
-            let path = self.bin.join("pg_ctl");
             let data = self.data();
-            let mut command = if self.run_as_postgres {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--"]).arg(&path);
-                c
-            } else {
-                Command::new(&path)
-            };
-            let _ = command
+            let _ = self
+                .command("pg_ctl")
                 .args([
                     "-D",
                     data.to_str().unwrap(),

@@ -95,10 +95,7 @@ impl Event {
     }
 
     pub fn tags(&self) -> Tags<'_> {
-        Tags {
-            bytes: self.layout.tag_bytes(&self.entry),
-            remaining: self.layout.tag_count,
-        }
+        Tags::of(&self.entry, &self.layout)
     }
 
     pub fn data(&self) -> &[u8] {
@@ -152,6 +149,16 @@ impl std::fmt::Debug for Event {
 pub struct Tags<'a> {
     bytes: &'a [u8],
     remaining: u16,
+}
+
+impl<'a> Tags<'a> {
+    /// The tags of an encoded entry.
+    pub(crate) fn of(entry: &'a [u8], layout: &crate::record::EntryLayout) -> Self {
+        Tags {
+            bytes: layout.tag_bytes(entry),
+            remaining: layout.tag_count,
+        }
+    }
 }
 
 impl<'a> Iterator for Tags<'a> {

@@ -40,11 +40,12 @@ use parking_lot::{Condvar, Mutex};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, Config, NoTls, Statement};
 
-use crate::error::{AppendError, StoreError};
+use crate::error::StoreError;
+use crate::event::Tags;
 use crate::query::Query;
-use crate::record::{EncodedAppend, Entries, EntryLayout};
+use crate::record::{EncodedAppend, Entries};
 use crate::store::Shared;
-use crate::writer::{now_us, retried_append, Reply, ReplyTo, Request};
+use crate::writer::{checked, now_us, Reply, ReplyTo, Request};
 
 /// The schema version this build creates and understands.
 pub const SCHEMA_VERSION: i32 = 1;
@@ -771,56 +772,26 @@ fn check(inner: &Shared, head: u64, pending: &mut Vec<Request>) -> Vec<Accepted>
     let mut accepted: Vec<Accepted> = Vec::with_capacity(pending.len());
     let mut next = head + 1;
     for request in pending.drain(..) {
-        let append = &request.append;
-        if let Some(condition) = &request.condition {
-            let (query, after) = (
-                &condition.fail_if_events_match,
-                condition.after.unwrap_or(0),
-            );
-            let found = index
-                .first_query_match_after(query, after)
-                .or_else(|| first_match_in_group(&accepted, query, after));
-            if let Some(position) = found {
-                let outcome = match retried_append(&index, append, query, after) {
-                    Some(last) => {
-                        inner
-                            .counters
-                            .idempotent_retries
-                            .fetch_add(1, Ordering::Relaxed);
-                        Ok(last)
-                    }
-                    None => {
-                        inner
-                            .counters
-                            .conditions_failed
-                            .fetch_add(1, Ordering::Relaxed);
-                        Err(AppendError::ConditionFailed { position })
-                    }
-                };
-                request.reply.send(outcome);
-                continue;
-            }
-        }
-        if let Some((source, given)) = append.tracking() {
-            let in_group = accepted
-                .iter()
-                .filter_map(|a| a.request.append.tracking())
-                .filter(|(s, _)| *s == source)
-                .map(|(_, p)| p)
-                .max();
-            let recorded = in_group.or_else(|| index.tracking_staged(source));
-            if let Some(recorded) = recorded.filter(|&r| given <= r) {
-                let name = source.to_owned();
-                request.reply.send(Err(AppendError::TrackingNotIncreasing {
-                    name,
-                    recorded,
-                    given,
-                }));
-                continue;
-            }
+        let outcome = checked(
+            &index,
+            &inner.counters,
+            &request,
+            |query, after| first_match_in_group(&accepted, query, after),
+            |source| {
+                accepted
+                    .iter()
+                    .filter_map(|a| a.request.append.tracking())
+                    .filter(|(s, _)| *s == source)
+                    .map(|(_, p)| p)
+                    .max()
+            },
+        );
+        if let Some(outcome) = outcome {
+            request.reply.send(outcome);
+            continue;
         }
         let first = next;
-        let last = first + u64::from(append.event_count) - 1;
+        let last = first + u64::from(request.append.event_count) - 1;
         next = last + 1;
         accepted.push(Accepted {
             request,
@@ -839,20 +810,11 @@ fn first_match_in_group(accepted: &[Accepted], query: &Query, after: u64) -> Opt
             .trusted()
             .zip(a.first..)
             .find(|((_, entry, layout), position)| {
-                *position > after && matches(query, entry, layout)
+                *position > after
+                    && query.matches(layout.event_type(entry), Tags::of(entry, layout))
             })
             .map(|(_, position)| position)
     })
-}
-
-fn matches(query: &Query, entry: &[u8], layout: &EntryLayout) -> bool {
-    let mut tags = Vec::new();
-    let mut rest = layout.tag_bytes(entry);
-    while let Some((tag, more)) = crate::record::split_tag(rest) {
-        tags.push(std::str::from_utf8(tag).unwrap_or(""));
-        rest = more;
-    }
-    query.matches(layout.event_type(entry), tags.iter().copied())
 }
 
 /// StoreError is not Clone (it may hold an io::Error); the backend's own errors are.

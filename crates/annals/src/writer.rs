@@ -1043,36 +1043,13 @@ impl Writer {
         let appended_at = request.appended_at.unwrap_or(appended_at);
         let counters = &self.shared.counters;
         let append = &request.append;
-        let tracking = append.tracking();
         // The checks only read the index, and the writer is its only mutator: under a shared
         // lock, readers go on meanwhile. The exclusive lock is held only for the pushes below.
         // (Held for the whole staging, it had 64 deciding clients spend a fifth of their
         // time spinning and parking on it.)
         let index = self.shared.index.read();
-        if let Some(condition) = &request.condition {
-            let (query, after) = (
-                &condition.fail_if_events_match,
-                condition.after.unwrap_or(0),
-            );
-            if let Some(position) = index.first_query_match_after(query, after) {
-                if let Some(last) = retried_append(&index, append, query, after) {
-                    counters.idempotent_retries.fetch_add(1, Ordering::Relaxed);
-                    return Staged::Done(Ok(last));
-                }
-                counters.conditions_failed.fetch_add(1, Ordering::Relaxed);
-                return Staged::Done(Err(AppendError::ConditionFailed { position }));
-            }
-        }
-        if let Some((source, given)) = tracking {
-            if let Some(recorded) = index.tracking_staged(source) {
-                if given <= recorded {
-                    return Staged::Done(Err(AppendError::TrackingNotIncreasing {
-                        name: source.to_owned(),
-                        recorded,
-                        given,
-                    }));
-                }
-            }
+        if let Some(outcome) = checked(&index, counters, request, |_, _| None, |_| None) {
+            return Staged::Done(outcome);
         }
         drop(index);
         let first = self.next_position;
@@ -1135,7 +1112,7 @@ impl Writer {
             first + u64::from(append.event_count),
             "an encoded append must hold exactly its event count"
         );
-        if let Some((source, value)) = tracking {
+        if let Some((source, value)) = append.tracking() {
             index.set_tracking(source, position - 1, value, self.shared.head());
         }
         self.next_position = position;
@@ -1450,7 +1427,48 @@ impl WriterRole {
 /// if it is one. It is when every event carries an id and the first events matching the
 /// condition's query after its `after` are as many as the append's and carry the same ids in
 /// the same order (UmaDB's rule; an id is not a key, and content is not compared).
-pub(crate) fn retried_append(
+/// An append's outcome when its checks settle it before it is staged: its condition fails (or
+/// it is recognised as the retry of an append already stored), or its tracking position is not
+/// above the one recorded; None when it is to be stored. `pending_match` and
+/// `pending_tracking` look among appends accepted but not yet in the index (the PostgreSQL
+/// committer's group; the writer stages each append before checking the next, so has none).
+pub(crate) fn checked(
+    index: &crate::index::Index,
+    counters: &crate::store::Counters,
+    request: &Request,
+    pending_match: impl Fn(&crate::Query, u64) -> Option<u64>,
+    pending_tracking: impl Fn(&str) -> Option<u64>,
+) -> Option<Result<u64, AppendError>> {
+    let append = &request.append;
+    if let Some(condition) = &request.condition {
+        let (query, after) = (
+            &condition.fail_if_events_match,
+            condition.after.unwrap_or(0),
+        );
+        let found = index
+            .first_query_match_after(query, after)
+            .or_else(|| pending_match(query, after));
+        if let Some(position) = found {
+            if let Some(last) = retried_append(index, append, query, after) {
+                counters.idempotent_retries.fetch_add(1, Ordering::Relaxed);
+                return Some(Ok(last));
+            }
+            counters.conditions_failed.fetch_add(1, Ordering::Relaxed);
+            return Some(Err(AppendError::ConditionFailed { position }));
+        }
+    }
+    let (source, given) = append.tracking()?;
+    let recorded = pending_tracking(source).or_else(|| index.tracking_staged(source))?;
+    (given <= recorded).then(|| {
+        Err(AppendError::TrackingNotIncreasing {
+            name: source.to_owned(),
+            recorded,
+            given,
+        })
+    })
+}
+
+fn retried_append(
     index: &crate::index::Index,
     append: &EncodedAppend,
     query: &crate::Query,
