@@ -19,9 +19,10 @@ use crate::remote::{Remote, RemoteArgs};
 
 #[derive(clap::Args)]
 pub struct Where {
-    /// A data directory; the store is opened by this command (not while a server holds it).
-    #[arg(long, value_name = "DIR")]
-    dir: Option<PathBuf>,
+    /// The store, opened by this command: a data directory (not while a server holds it) or a
+    /// PostgreSQL URL, postgres://user:password@host/database.
+    #[arg(long, visible_alias = "dir", value_name = "DIR|URL")]
+    store: Option<String>,
     #[command(flatten)]
     server: RemoteArgs,
 }
@@ -161,11 +162,9 @@ impl Target {
         if let Some(remote) = at.server.connect() {
             return remote.map(Target::Url);
         }
-        match &at.dir {
-            Some(dir) => Store::open(dir, Options::default())
-                .map(Target::Dir)
-                .map_err(|e| format!("cannot open {}: {e}", dir.display())),
-            None => Err("say where the events are: --dir DIR or --url URL".into()),
+        match &at.store {
+            Some(store) => open_store(store, Options::default()).map(Target::Dir),
+            None => Err("say where the events are: --store DIR|postgres://... or --url URL".into()),
         }
     }
 
@@ -263,6 +262,16 @@ impl Target {
             }
         }
     }
+}
+
+/// Opens the store at a directory or PostgreSQL URL, naming it (without a password) in errors.
+pub(crate) fn open_store(location: &str, options: Options) -> Result<Store, String> {
+    Store::open_location(location, options).map_err(|e| {
+        format!(
+            "cannot open {}: {e}",
+            annals_server::config::redact_password(location)
+        )
+    })
 }
 
 /// Hands each event of a read or subscription, as a JSON line, to `each` until it says stop.

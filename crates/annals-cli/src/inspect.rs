@@ -6,9 +6,10 @@ use annals::{Durability, Options, Store};
 
 #[derive(clap::Args)]
 pub struct VerifyArgs {
-    /// The data directory of a closed store (or give --url for a running server).
-    #[arg(required_unless_present = "url")]
-    dir: Option<PathBuf>,
+    /// The data directory of a closed store, or a PostgreSQL URL (postgres://...), or give
+    /// --url for a running server.
+    #[arg(required_unless_present = "url", value_name = "DIR|URL")]
+    store: Option<String>,
     #[command(flatten)]
     server: crate::remote::RemoteArgs,
     /// Print the report as JSON.
@@ -18,9 +19,10 @@ pub struct VerifyArgs {
 
 #[derive(clap::Args)]
 pub struct StatsArgs {
-    /// The data directory (or give --url for a running server).
-    #[arg(required_unless_present = "url")]
-    dir: Option<PathBuf>,
+    /// The data directory, or a PostgreSQL URL (postgres://...), or give --url for a running
+    /// server.
+    #[arg(required_unless_present = "url", value_name = "DIR|URL")]
+    store: Option<String>,
     #[command(flatten)]
     server: crate::remote::RemoteArgs,
     /// Print the report as JSON.
@@ -60,7 +62,11 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
     if let Some(remote) = args.server.connect() {
         return verify_server(remote?, args.json);
     }
-    let dir = args.dir.clone().ok_or("give a data directory or --url")?;
+    let store = args.store.clone().ok_or("give a data directory or --url")?;
+    if annals::is_database_url(&store) {
+        return verify_database(&store, args.json);
+    }
+    let dir = PathBuf::from(store);
     // SAFETY: isatty only inspects the descriptor.
     let tty = unsafe { libc::isatty(2) } == 1;
     let started = std::time::Instant::now();
@@ -97,6 +103,48 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
         Ok(())
     } else {
         Err("the store is not clean (see above)".into())
+    }
+}
+
+/// `verify postgres://...`: opening loads every row of the log, each checked (well-formed,
+/// gapless); then the live check reads every event back and compares the index with the log.
+fn verify_database(url: &str, json: bool) -> Result<(), String> {
+    // SAFETY: isatty only inspects the descriptor.
+    let tty = unsafe { libc::isatty(2) } == 1;
+    if tty {
+        eprintln!(
+            "loading the log from {} ...",
+            annals_server::config::redact_password(url)
+        );
+    }
+    let store = crate::data::open_store(url, Options::default())?;
+    let check = store
+        .check(&mut |done, head| {
+            if tty {
+                eprint!("\rchecking: {done} of {head} events   ");
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    if tty {
+        eprintln!();
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&check).map_err(|e| e.to_string())?
+        );
+    } else {
+        println!("events:      {} (of head {})", check.events, check.head);
+        println!("checked in:  {:.2} s", check.seconds);
+        println!(
+            "problem:     {}",
+            check.problem.as_deref().unwrap_or("none")
+        );
+    }
+    store.close().map_err(|e| e.to_string())?;
+    match check.problem {
+        None => Ok(()),
+        Some(_) => Err("the log is not clean (see above)".into()),
     }
 }
 
@@ -147,7 +195,12 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         let url = args.server.url.clone().unwrap_or_default();
         return server_stats(remote?, &url, args.json);
     }
-    let dir = args.dir.clone().ok_or("give a data directory or --url")?;
+    let location = args.store.clone().ok_or("give a data directory or --url")?;
+    if annals::is_database_url(&location) {
+        let store = crate::data::open_store(&location, Options::default())?;
+        return print_stats(&store, args.json);
+    }
+    let dir = PathBuf::from(location);
     if !dir.join(annals::files::segment(1)).exists() {
         return Err(format!("{} holds no Annals store", dir.display()));
     }
@@ -165,19 +218,26 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         ..Options::default()
     };
     let store = Store::open(&dir, options).map_err(|e| e.to_string())?;
+    print_stats(&store, args.json)
+}
+
+fn print_stats(store: &Store, json: bool) -> Result<(), String> {
     let stats = store.stats();
     let report = store.open_report().clone();
-    if args.json {
+    if json {
         let mut value = serde_json::to_value(&stats).map_err(|e| e.to_string())?;
         value["open_ms"] = report.open_ms.into();
         value["index_source"] = format!("{:?}", report.index).into();
         println!("{value}");
     } else {
         println!("head:        {}", stats.head);
-        println!(
-            "segments:    {} of {} bytes",
-            stats.segments, stats.segment_bytes
-        );
+        println!("backend:     {}", stats.backend);
+        if store.backend() == "files" {
+            println!(
+                "segments:    {} of {} bytes",
+                stats.segments, stats.segment_bytes
+            );
+        }
         println!("types/tags:  {} / {}", stats.types, stats.tags);
         println!(
             "index:       {} bytes ({:.1} per event)",

@@ -1,5 +1,6 @@
 //! The `annals` command: run the server, and read, write and inspect a store.
 
+mod copy;
 mod data;
 mod inspect;
 mod readmodel;
@@ -55,11 +56,21 @@ enum Command {
     ///
     /// Example: annals import --dir ./restored backup.ndjson
     Import(data::ImportArgs),
+    /// Copy a store, positions and append times kept: from a directory to PostgreSQL or back
+    /// (or between two of either), then compare both logs. A stopped copy resumes when run
+    /// again.
+    ///
+    /// Examples:
+    ///   annals copy --from ./data --to postgres://annals:secret@db1/annals
+    ///   annals copy --from postgres://annals:secret@db1/annals --to ./restored
+    #[command(verbatim_doc_comment)]
+    Copy(copy::CopyArgs),
     /// Check every record of a closed store and compare its index checkpoint with the log, or
     /// have a running server check its live log (with --url).
     ///
     /// Examples:
     ///   annals verify ./data
+    ///   annals verify postgres://annals:secret@db1/annals
     ///   annals verify --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     #[command(verbatim_doc_comment)]
     Verify(inspect::VerifyArgs),
@@ -86,6 +97,7 @@ fn main() {
         Command::Tail(args) => data::tail(args),
         Command::Export(args) => data::export(args),
         Command::Import(args) => data::import(args),
+        Command::Copy(args) => copy::run(args),
         Command::Verify(args) => inspect::verify(args),
         Command::Stats(args) => inspect::stats(args),
         Command::Readmodel(command) => readmodel::run(command),

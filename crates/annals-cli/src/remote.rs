@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 #[derive(clap::Args)]
 pub struct RemoteArgs {
     /// A running server, e.g. http://127.0.0.1:7400 (or https://). Env: ANNALS_URL
-    #[arg(long, value_name = "URL", env = "ANNALS_URL", conflicts_with = "dir")]
+    #[arg(long, value_name = "URL", env = "ANNALS_URL", conflicts_with = "store")]
     pub url: Option<String>,
     /// API key for the server (sent as a bearer token). Env: ANNALS_API_KEY
     #[arg(

@@ -176,6 +176,99 @@ fn commands_on_a_directory() {
     );
 }
 
+/// A throwaway cluster with two databases, `a` and `b`, and their URLs; None without
+/// PostgreSQL (the test command requires it).
+fn two_databases() -> Option<(annals_testkit::Cluster, String, String)> {
+    let cluster = annals_testkit::Cluster::start()?;
+    cluster.sql("CREATE DATABASE a");
+    cluster.sql("CREATE DATABASE b");
+    let url = |db: &str| format!("postgres://postgres@127.0.0.1:{}/{db}", cluster.port());
+    let (a, b) = (url("a"), url("b"));
+    Some((cluster, a, b))
+}
+
+/// Goal: the commands work on a store in PostgreSQL as on a directory (`--store URL`).
+#[test]
+fn commands_on_postgres() {
+    let Some((_cluster, a, b)) = two_databases() else {
+        return;
+    };
+    scenario(&["--store", &a], &["--store", &b]);
+    let stats: serde_json::Value =
+        serde_json::from_str(ok(&["stats", &a, "--json"]).trim()).unwrap();
+    assert_eq!(
+        (stats["head"].as_u64(), stats["backend"].as_str()),
+        (Some(26), Some("postgres"))
+    );
+    let verified = ok(&["verify", &b]);
+    assert!(
+        verified.contains("events:      26 (of head 26)"),
+        "{verified}"
+    );
+    assert!(verified.contains("problem:     none"), "{verified}");
+}
+
+/// Goal: `annals copy` moves a store from a directory to PostgreSQL and back, positions,
+/// append times and boundaries kept, verified at the end; run again it resumes after what the
+/// target holds; it refuses a target that holds other events, and says why.
+#[test]
+fn copy_between_a_directory_and_postgres() {
+    let Some((_cluster, a, b)) = two_databases() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    let source = source.to_str().unwrap();
+    let input: String = (0..300)
+        .map(|i| {
+            format!(
+                "{{\"type\":\"T{}\",\"tags\":[\"k:{}\"],\"data\":\"{i}\"}}\n",
+                i % 3,
+                i % 7
+            )
+        })
+        .collect();
+    with_stdin(&["append", "--store", source, "--batch", "7"], &input);
+    let out = ok(&["copy", "--from", source, "--to", &a]);
+    assert!(out.contains("copied 43 appends (300 events)"), "{out}");
+    assert!(
+        out.contains("verified 43 appends, positions 1..=300"),
+        "{out}"
+    );
+    assert_eq!(
+        ok(&["export", "--store", &a]),
+        ok(&["export", "--store", source])
+    );
+    // More events at the source: the copy goes on after the 300 the target holds.
+    with_stdin(
+        &["append", "--store", source],
+        "{\"type\":\"Late\",\"data\":\"x\"}\n",
+    );
+    let out = ok(&["copy", "--from", source, "--to", &a, "--json"]);
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(report["resumed_after"], 300);
+    assert_eq!(report["copied_appends"], 1);
+    assert_eq!(report["verified_appends"], 44);
+    // And back to a directory.
+    let back = dir.path().join("back");
+    let back = back.to_str().unwrap();
+    ok(&["copy", "--from", &a, "--to", back]);
+    assert_eq!(
+        ok(&["export", "--store", back]),
+        ok(&["export", "--store", source])
+    );
+    ok(&["verify", back]);
+    // A target with other events: refused, nothing written.
+    with_stdin(
+        &["append", "--store", &b],
+        "{\"type\":\"Other\",\"data\":\"y\"}\n",
+    );
+    let (success, _, stderr) = run(&["copy", "--from", source, "--to", &b]);
+    assert!(!success);
+    assert!(stderr.contains("differ"), "{stderr}");
+    assert_eq!(lines(&ok(&["export", "--store", &b])).len(), 1);
+}
+
 /// Goal: the same commands work against a running server, with an API key; tail follows live.
 #[test]
 fn commands_against_a_server() {
@@ -240,7 +333,7 @@ fn commands_against_a_server() {
 #[test]
 fn every_command_has_help_with_an_example() {
     for command in [
-        "serve", "append", "read", "tail", "export", "import", "verify", "stats",
+        "serve", "append", "read", "tail", "export", "import", "copy", "verify", "stats",
     ] {
         let out = ok(&[command, "--help"]);
         assert!(

@@ -11,10 +11,7 @@ use serde::Deserialize;
 use crate::auth::{ApiKeys, Scopes};
 use crate::readmodels::ReadModelSpec;
 
-/// Whether `store` names a PostgreSQL database rather than a directory.
-pub fn is_postgres_url(store: &str) -> bool {
-    store.starts_with("postgres://") || store.starts_with("postgresql://")
-}
+pub use annals::is_database_url as is_postgres_url;
 
 /// A connection URL with its password, if any, replaced by `***`.
 pub fn redact_password(url: &str) -> String {

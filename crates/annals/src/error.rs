@@ -56,6 +56,10 @@ pub enum StoreError {
     /// The database holds something this build cannot use (a newer schema, a damaged row).
     #[error("database: {0}")]
     Database(String),
+    /// A copy between stores cannot go on: the target is not empty and not a prefix of the
+    /// source, something else writes to it, or the two logs differ when compared.
+    #[error("copy: {0}")]
+    Copy(String),
 }
 
 impl StoreError {

@@ -27,6 +27,7 @@
 
 mod batch;
 mod checkpoint;
+mod copy;
 pub mod decide;
 mod error;
 mod event;
@@ -49,6 +50,7 @@ mod verify;
 mod writer;
 
 pub use batch::{EventBatch, EventWriter};
+pub use copy::{compare, copy, Appends, CopyPhase, CopyReport, StoredAppend};
 pub use error::{AppendError, InputError, ReadError, StoreError};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
@@ -57,7 +59,8 @@ pub use options::{Durability, Options, Preallocation};
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
 pub use store::{
-    AppendOptions, DatabaseStats, IndexSource, LiveCheck, OpenReport, Stats, Store, Tracking,
+    is_database_url, AppendOptions, DatabaseStats, IndexSource, LiveCheck, OpenReport, Stats,
+    Store, Tracking,
 };
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};

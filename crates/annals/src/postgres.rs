@@ -672,7 +672,11 @@ impl Committer {
         let last = accepted.last().expect("a group").last;
         let firsts: Vec<i64> = accepted.iter().map(|a| a.first as i64).collect();
         let lasts: Vec<i64> = accepted.iter().map(|a| a.last as i64).collect();
-        let times: Vec<i64> = vec![now as i64; accepted.len()];
+        // An append read from another log (a copy's) keeps its time.
+        let times: Vec<i64> = accepted
+            .iter()
+            .map(|a| a.request.appended_at.unwrap_or(now) as i64)
+            .collect();
         let bodies: Vec<&[u8]> = accepted
             .iter()
             .map(|a| a.request.append.body.as_slice())
@@ -740,7 +744,13 @@ impl Committer {
                 first,
                 last,
             } = a;
-            let Request { append, reply, .. } = request;
+            let Request {
+                append,
+                reply,
+                appended_at,
+                ..
+            } = request;
+            let at = appended_at.unwrap_or(at);
             let done = applied.clone();
             let inner = self.inner.clone();
             let answer = ReplyTo::Callback(Box::new(move |outcome| {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::copy::StoredAppend;
 use crate::error::{ReadError, StoreError};
 use crate::event::Event;
 use crate::index::{split_location, Resolved, Window};
@@ -263,6 +264,41 @@ impl ReadIter {
             position: header.first_position,
         });
         Ok(())
+    }
+
+    /// The next whole record of a forward scan of everything (see [`crate::Store::appends`]):
+    /// the one holding the scan's position, then those after it, up to the head.
+    pub(crate) fn next_record(&mut self) -> Result<Option<StoredAppend>, StoreError> {
+        let Mode::Scan(scan) = &mut self.mode else {
+            return Ok(None);
+        };
+        if scan.position > self.head {
+            self.mode = Mode::Done;
+            return Ok(None);
+        }
+        scan.record = None;
+        self.load_record()?;
+        let Mode::Scan(scan) = &mut self.mode else {
+            return Ok(None);
+        };
+        let record = scan.record.take().expect("loaded above");
+        let header = record.header;
+        debug_assert!(header.first_position <= scan.position);
+        debug_assert!(
+            header.last_position() <= self.head,
+            "records end at the head"
+        );
+        scan.position = header.last_position() + 1;
+        let body = record
+            .bytes
+            .slice(HEADER_BYTES..HEADER_BYTES + header.body_len as usize);
+        Ok(Some(StoredAppend::new(
+            header.first_position,
+            header.event_count,
+            header.appended_at_us,
+            header.trailer_len,
+            body,
+        )))
     }
 
     fn next_indexed(&mut self) -> Result<Option<Event>, StoreError> {

@@ -349,6 +349,11 @@ pub struct LiveCheck {
     pub seconds: f64,
 }
 
+/// Whether a store location names a PostgreSQL database rather than a directory.
+pub fn is_database_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
 /// Per-append options.
 #[derive(Debug, Clone, Default)]
 pub struct AppendOptions {
@@ -660,6 +665,16 @@ impl Store {
         Ok(store)
     }
 
+    /// Opens the store at `location`: a PostgreSQL URL (`postgres://` or `postgresql://`, see
+    /// [`Store::open_postgres`]) or else a data directory (see [`Store::open`]).
+    pub fn open_location(location: &str, options: Options) -> Result<Store, StoreError> {
+        if is_database_url(location) {
+            Self::open_postgres(location, options)
+        } else {
+            Self::open(location, options)
+        }
+    }
+
     /// Takes in what the log's backend holds now, and answers the head. On PostgreSQL, a store
     /// follows what other servers commit within moments (woken by the database, or polling);
     /// this waits for it, for a caller that needs to read what was appended elsewhere. On
@@ -694,6 +709,10 @@ impl Store {
 
     pub fn options(&self) -> &Options {
         &self.shared.options
+    }
+
+    pub(crate) fn shared_arc(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     #[cfg(test)]
@@ -891,7 +910,40 @@ impl Store {
             .as_ref()
             .map(|t| (t.source.as_str(), t.position));
         let append = encode_append_tracked(events, tracking, limits)?;
-        self.submit_encoded(append, condition, options, reply, how)
+        self.submit_encoded(append, condition, options, reply, how, None)
+    }
+
+    /// Queues an append read from a log (a copy's), with its own append time; see
+    /// [`Store::append_stored_then`].
+    pub(crate) fn submit_stored(
+        &self,
+        append: EncodedAppend,
+        condition: AppendCondition,
+        appended_at_us: u64,
+        done: Box<dyn FnOnce(Result<u64, AppendError>) + Send>,
+    ) -> Result<(), AppendError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e.into());
+        }
+        let limits = &self.shared.options.limits;
+        if append.body.len() > limits.append_bytes_max {
+            return Err(InputError::AppendTooLarge {
+                bytes: append.body.len(),
+                max: limits.append_bytes_max,
+            }
+            .into());
+        }
+        self.submit_encoded(
+            append,
+            Some(Cow::Owned(condition)),
+            AppendOptions::default(),
+            ReplyTo::Callback(done),
+            Submit {
+                wait_when_full: true,
+                alone: false,
+            },
+            Some(appended_at_us),
+        )
     }
 
     /// An empty [`EventBatch`] checked against this store's limits.
@@ -966,7 +1018,7 @@ impl Store {
         }
         let append = batch.into_append()?;
         let condition = condition.map(Cow::Borrowed);
-        self.submit_encoded(append, condition, options, reply, how)
+        self.submit_encoded(append, condition, options, reply, how, None)
     }
 
     fn submit_encoded(
@@ -976,6 +1028,7 @@ impl Store {
         options: AppendOptions,
         reply: ReplyTo,
         how: Submit,
+        appended_at: Option<u64>,
     ) -> Result<(), AppendError> {
         let sender = self.sender.as_ref().ok_or(StoreError::Closed)?;
         let limits = &self.shared.options.limits;
@@ -1016,7 +1069,7 @@ impl Store {
             condition,
             require_synced: options.require_synced,
             reply: Reply::new(reply),
-            appended_at: None,
+            appended_at,
         };
         if let Some(remote) = &self.remote {
             return remote

@@ -472,3 +472,142 @@ fn racing_conditions_hold() {
         }
     });
 }
+
+/// Every event of `store` as (position, append time, type, tags, data, id).
+#[allow(clippy::type_complexity)]
+fn event_list(store: &Store) -> Vec<(u64, u64, String, Vec<String>, Vec<u8>, Option<uuid::Uuid>)> {
+    store
+        .read(&Query::all(), ReadOptions::forwards())
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.position(),
+                e.appended_at_us(),
+                e.event_type().to_owned(),
+                e.tags().map(str::to_owned).collect(),
+                e.data().to_vec(),
+                e.id(),
+            )
+        })
+        .collect()
+}
+
+/// Appends of every shape a copy must keep: single events, multi-event appends (atomic, one
+/// record), events with ids, tracking positions; `round` varies them.
+fn append_shapes(store: &Store, round: u64) {
+    for i in 0..40u64 {
+        let n = round * 100 + i;
+        let single = NewEvent::new("Single", format!("{n}").into_bytes()).tag(format!("n:{n}"));
+        match i % 4 {
+            0 => {
+                store.append(&[single], None).unwrap();
+            }
+            1 => {
+                let events: Vec<NewEvent> = (0..1 + i % 7)
+                    .map(|k| NewEvent::new("Multi", vec![k as u8; k as usize]).tag("m"))
+                    .collect();
+                store.append(&events, None).unwrap();
+            }
+            2 => {
+                let id = uuid::Uuid::from_u128(u128::from(n) + 1);
+                store.append(&[single.id(id)], None).unwrap();
+            }
+            _ => {
+                store
+                    .append_with(&[single], None, tracked("projector", n + 1))
+                    .unwrap();
+            }
+        }
+    }
+}
+
+/// A directory's store, on the real disk (a copy is a user's command, not a simulation).
+fn dir_store(dir: &Path) -> Store {
+    Store::open(dir, small_options()).unwrap()
+}
+
+/// Goal: a store copied between backends, both ways, keeps its positions, append boundaries,
+/// append times, ids and tracking; a copy resumes after a prefix, and refuses a target that is
+/// not one.
+#[test]
+fn copies_between_backends() {
+    let dirs = tempfile::tempdir().unwrap();
+    let source = dir_store(&dirs.path().join("source"));
+    append_shapes(&source, 0);
+    // The database when this machine has one (the test command requires it), else a second
+    // directory: the copy's code is the same.
+    let cluster = Cluster::start();
+    let open_middle = || match &cluster {
+        Some(c) => Store::open_postgres(&c.url(), small_options()).unwrap(),
+        None => dir_store(&dirs.path().join("middle")),
+    };
+    let middle = open_middle();
+    let mut phases = Vec::new();
+    let report = annals::copy(&source, &middle, &mut |phase, reached, head| {
+        assert!(reached <= head);
+        phases.push(phase);
+    })
+    .unwrap();
+    assert_eq!(report.resumed_after, 0);
+    assert_eq!(report.copied_events, source.head());
+    assert_eq!(report.copied_appends, 40);
+    assert_eq!(report.verified_appends, 40);
+    assert!(phases.contains(&annals::CopyPhase::Verifying));
+    assert_eq!(event_list(&middle), event_list(&source));
+    assert_eq!(middle.tracking("projector"), source.tracking("projector"));
+
+    // More appends, and the copy again: it goes on after what the target holds.
+    append_shapes(&source, 1);
+    let report = annals::copy(&source, &middle, &mut |_, _, _| {}).unwrap();
+    assert_eq!(report.copied_appends, 40);
+    assert_eq!(report.verified_appends, 80);
+    assert_eq!(
+        report.resumed_after,
+        event_list(&middle)[..].len() as u64 - report.copied_events
+    );
+    // Nothing new: nothing copied, everything compared.
+    let report = annals::copy(&source, &middle, &mut |_, _, _| {}).unwrap();
+    assert_eq!((report.copied_appends, report.verified_appends), (0, 80));
+
+    // And back into a directory, then reopened: the same log.
+    let back_dir = dirs.path().join("back");
+    let back = dir_store(&back_dir);
+    annals::copy(&middle, &back, &mut |_, _, _| {}).unwrap();
+    back.close().unwrap();
+    let back = dir_store(&back_dir);
+    assert_eq!(event_list(&back), event_list(&source));
+    assert_eq!(back.tracking("projector"), source.tracking("projector"));
+    assert_eq!(
+        annals::compare(&source, &back, source.head(), &mut |_| {}).unwrap(),
+        80
+    );
+    let bounds = |store: &Store| -> Vec<(u64, u64)> {
+        store
+            .appends(0)
+            .unwrap()
+            .map(|a| {
+                let a = a.unwrap();
+                (a.first_position(), a.last_position())
+            })
+            .collect()
+    };
+    assert_eq!(bounds(&back), bounds(&source), "append boundaries kept");
+    assert_eq!(bounds(&source).len(), 80);
+
+    // Refused: a target holding other events, and a target ahead of the source.
+    let other = dir_store(&dirs.path().join("other"));
+    other
+        .append(&[NewEvent::new("Other", "x").tag("n:0")], None)
+        .unwrap();
+    let refused = annals::copy(&source, &other, &mut |_, _, _| {}).unwrap_err();
+    assert!(matches!(refused, annals::StoreError::Copy(_)), "{refused}");
+    assert_eq!(other.head(), 1, "a refused copy writes nothing");
+    let empty = dir_store(&dirs.path().join("empty"));
+    let refused = annals::copy(&empty, &source, &mut |_, _, _| {}).unwrap_err();
+    assert!(
+        refused.to_string().contains("after the source's"),
+        "{refused}"
+    );
+    drop(middle);
+}

@@ -1,0 +1,74 @@
+//! `annals copy`: moves a store between a directory and PostgreSQL (either way, or between two
+//! of either), append by append with positions, append times and tracking kept, then compares
+//! both logs.
+
+use std::time::{Duration, Instant};
+
+use annals::{CopyPhase, Options};
+
+use crate::data::open_store;
+
+#[derive(clap::Args)]
+pub struct CopyArgs {
+    /// The store to copy: a data directory (not while a server holds it) or a PostgreSQL URL.
+    #[arg(long, value_name = "DIR|URL")]
+    from: String,
+    /// Where to copy it: an empty store (a new directory, or a database without Annals
+    /// tables), or one a copy from the same source stopped in, which the copy resumes.
+    #[arg(long, value_name = "DIR|URL")]
+    to: String,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: CopyArgs) -> Result<(), String> {
+    if args.from == args.to {
+        return Err("--from and --to name the same store".into());
+    }
+    let from = open_store(&args.from, Options::default())?;
+    let to = open_store(&args.to, Options::default())?;
+    // SAFETY: isatty only inspects the descriptor.
+    let tty = unsafe { libc::isatty(2) } == 1;
+    let started = Instant::now();
+    let mut shown = Instant::now() - Duration::from_secs(1);
+    let report = annals::copy(&from, &to, &mut |phase, reached, head| {
+        if tty && shown.elapsed() >= Duration::from_millis(250) {
+            shown = Instant::now();
+            let verb = match phase {
+                CopyPhase::Copying => "copying",
+                CopyPhase::Verifying => "verifying",
+            };
+            eprint!(
+                "\r{verb}: position {reached} of {head} ({:.1} s)   ",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if tty {
+        eprint!("\r");
+    }
+    to.close().map_err(|e| e.to_string())?;
+    from.close().map_err(|e| e.to_string())?;
+    let secs = started.elapsed().as_secs_f64();
+    if args.json {
+        let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+        value["seconds"] = secs.into();
+        println!("{value}");
+    } else {
+        let resumed = match report.resumed_after {
+            0 => String::new(),
+            p => format!(" after position {p}, which the target held"),
+        };
+        println!(
+            "copied {} appends ({} events){resumed} in {secs:.2} s",
+            report.copied_appends, report.copied_events
+        );
+        println!(
+            "verified {} appends, positions 1..={}: the target's log is the source's",
+            report.verified_appends, report.head
+        );
+    }
+    Ok(())
+}

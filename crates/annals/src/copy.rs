@@ -1,0 +1,355 @@
+//! Moving a store between backends (a directory and PostgreSQL, either way): its appends are
+//! read whole and in order from one store and appended to the other with their positions, their
+//! append times, their tracking and their boundaries (a multi-event append stays one atomic
+//! append), then both logs are compared append by append.
+//!
+//! Each append is written with the condition "no event after the position before it", so it
+//! lands at its own position or not at all: a copy into a store that someone else writes to
+//! meanwhile stops with a clear error rather than shifting positions. A copy that stopped part
+//! way (or ran to the end) is resumed by running it again: a target holding a prefix of the
+//! source goes on after it, once the prefix's last append is found equal to the source's.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{AppendError, ReadError, StoreError};
+use crate::query::{AppendCondition, Query, ReadOptions};
+use crate::read::ReadIter;
+use crate::record::{decode_trailer, EncodedAppend};
+use crate::store::Store;
+
+/// One append as the log holds it: its events, encoded as in a segment's record body (the
+/// tracking trailer included), where they start and when they were appended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAppend {
+    first_position: u64,
+    event_count: u32,
+    appended_at_us: u64,
+    trailer_len: u32,
+    body: Bytes,
+}
+
+impl StoredAppend {
+    pub(crate) fn new(
+        first_position: u64,
+        event_count: u32,
+        appended_at_us: u64,
+        trailer_len: u32,
+        body: Bytes,
+    ) -> Self {
+        debug_assert!(event_count > 0 && first_position > 0);
+        debug_assert!(trailer_len as usize <= body.len());
+        StoredAppend {
+            first_position,
+            event_count,
+            appended_at_us,
+            trailer_len,
+            body,
+        }
+    }
+
+    pub fn first_position(&self) -> u64 {
+        self.first_position
+    }
+
+    pub fn last_position(&self) -> u64 {
+        self.first_position + u64::from(self.event_count) - 1
+    }
+
+    pub fn event_count(&self) -> u32 {
+        self.event_count
+    }
+
+    pub fn appended_at_us(&self) -> u64 {
+        self.appended_at_us
+    }
+
+    /// The encoded events and trailer, as stored.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The tracking position the append records, if any.
+    pub fn tracking(&self) -> Option<(&str, u64)> {
+        decode_trailer(&self.body[self.body.len() - self.trailer_len as usize..])
+    }
+}
+
+/// The appends of a store in log order (see [`Store::appends`]).
+pub struct Appends {
+    iter: ReadIter,
+}
+
+impl Iterator for Appends {
+    type Item = Result<StoredAppend, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.iter.next_record().map_err(ReadError::from).transpose()
+    }
+}
+
+impl Store {
+    /// The appends from the one holding position `after + 1`, whole and in order, up to the
+    /// head when this is called: what a copy of the log reads.
+    pub fn appends(&self, after: u64) -> Result<Appends, ReadError> {
+        let head = self.head();
+        let iter = ReadIter::new(
+            self.shared_arc().clone(),
+            &Query::all(),
+            ReadOptions::forwards().from(after + 1),
+            head,
+        )?;
+        Ok(Appends { iter })
+    }
+
+    /// Appends `append` at its own positions, with its append time and tracking, or not at
+    /// all: it fails with [`AppendError::ConditionFailed`] when the log does not end just
+    /// before it. `done` is called with the outcome (its last position) on one of the store's
+    /// threads; appends handed over in order are applied in order.
+    pub fn append_stored_then(
+        &self,
+        append: &StoredAppend,
+        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        let encoded = EncodedAppend::from_stored(append.body.to_vec(), append.event_count)
+            .map_err(|why| {
+                StoreError::InvalidOption(format!(
+                    "the append at position {} is malformed: {why}",
+                    append.first_position
+                ))
+            })?;
+        let condition = AppendCondition::new(Query::all(), Some(append.first_position - 1));
+        self.submit_stored(encoded, condition, append.appended_at_us, Box::new(done))
+    }
+}
+
+/// What [`copy`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CopyReport {
+    /// The target's head before the copy: the prefix it already held (0 for an empty target).
+    pub resumed_after: u64,
+    /// Appends and events written to the target.
+    pub copied_appends: u64,
+    pub copied_events: u64,
+    /// The source's head when the copy started, and the target's after it.
+    pub head: u64,
+    /// Appends found equal in both logs by the final comparison.
+    pub verified_appends: u64,
+}
+
+/// What a copy is doing, for progress reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyPhase {
+    Copying,
+    Verifying,
+}
+
+/// Appends in flight at once, and their bytes: enough for the target to group its commits.
+const IN_FLIGHT_APPENDS: usize = 4096;
+const IN_FLIGHT_BYTES: usize = 64 << 20;
+
+/// Copies every append of `from` up to its head now into `to`, positions preserved, then
+/// compares both logs append by append through that head. `to` must be empty or hold a prefix
+/// of `from` (a copy resumed). `progress` is told the phase, the position reached and the
+/// source's head.
+pub fn copy(
+    from: &Store,
+    to: &Store,
+    progress: &mut dyn FnMut(CopyPhase, u64, u64),
+) -> Result<CopyReport, StoreError> {
+    let head = from.refresh()?;
+    let start = to.refresh()?;
+    if start > head {
+        return Err(StoreError::Copy(format!(
+            "the target's log ends at position {start}, after the source's at {head}: it is \
+             not a copy of this source"
+        )));
+    }
+    if start > 0 {
+        // The prefix's last append must be the source's, boundaries included.
+        let theirs = append_holding(to, start)?;
+        let ours = append_holding(from, start)?;
+        if theirs.is_none() || theirs != ours {
+            return Err(StoreError::Copy(format!(
+                "the target holds {start} events that differ from the source's (the append \
+                 ending at position {start} is not the same): copy into an empty store"
+            )));
+        }
+    }
+    let mut report = CopyReport {
+        resumed_after: start,
+        head,
+        ..CopyReport::default()
+    };
+    let flight = Arc::new(Flight::default());
+    for append in from.appends(start).map_err(store_error)? {
+        let append = append.map_err(store_error)?;
+        if append.first_position() > head {
+            break;
+        }
+        flight.wait_for_room(append.body().len())?;
+        let expected = append.last_position();
+        let bytes = append.body().len();
+        let done = flight.clone();
+        done.sent(bytes);
+        let outcome = to.append_stored_then(&append, move |outcome| {
+            let error = match outcome {
+                Ok(p) if p == expected => None,
+                Ok(p) => Some(format!(
+                    "the target took the append ending at {expected} at position {p}"
+                )),
+                Err(AppendError::ConditionFailed { position }) => Some(format!(
+                    "the target holds an event at position {position}, where the append \
+                     ending at {expected} belongs: something else writes to the target"
+                )),
+                Err(e) => Some(format!("the append ending at {expected}: {e}")),
+            };
+            done.answered(bytes, expected, error);
+        });
+        if let Err(e) = outcome {
+            // Never handed over, so never answered: count it out here.
+            flight.answered(bytes, 0, Some(e.to_string()));
+            flight.wait_all()?;
+            unreachable!("an error was recorded");
+        }
+        report.copied_appends += 1;
+        report.copied_events += u64::from(append.event_count());
+        progress(CopyPhase::Copying, flight.reached(), head);
+    }
+    flight.wait_all()?;
+    progress(CopyPhase::Copying, head, head);
+    report.verified_appends = compare(from, to, head, &mut |p| {
+        progress(CopyPhase::Verifying, p, head)
+    })?;
+    Ok(report)
+}
+
+/// Compares the appends of both stores through position `through`: positions, boundaries,
+/// append times, events and tracking. Answers how many appends were compared.
+pub fn compare(
+    a: &Store,
+    b: &Store,
+    through: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<u64, StoreError> {
+    let mut theirs = b.appends(0).map_err(store_error)?;
+    let mut count = 0u64;
+    for ours in a.appends(0).map_err(store_error)? {
+        let ours = ours.map_err(store_error)?;
+        if ours.first_position() > through {
+            break;
+        }
+        let Some(other) = theirs.next().transpose().map_err(store_error)? else {
+            return Err(differ(ours.first_position(), "the copy ends before it"));
+        };
+        if other != ours {
+            return Err(differ(
+                ours.first_position(),
+                &format!(
+                    "positions {}..={} at {} us against {}..={} at {} us, or their events",
+                    ours.first_position(),
+                    ours.last_position(),
+                    ours.appended_at_us(),
+                    other.first_position(),
+                    other.last_position(),
+                    other.appended_at_us()
+                ),
+            ));
+        }
+        count += 1;
+        if count.is_multiple_of(4096) {
+            progress(ours.last_position());
+        }
+    }
+    progress(through);
+    Ok(count)
+}
+
+fn differ(position: u64, what: &str) -> StoreError {
+    StoreError::Copy(format!(
+        "the copy differs from the source at position {position}: {what}"
+    ))
+}
+
+fn store_error(e: ReadError) -> StoreError {
+    match e {
+        ReadError::Store(e) => e,
+        ReadError::Input(e) => StoreError::InvalidOption(e.to_string()),
+    }
+}
+
+/// The append of `store` that holds `position`.
+fn append_holding(store: &Store, position: u64) -> Result<Option<StoredAppend>, StoreError> {
+    store
+        .appends(position - 1)
+        .map_err(store_error)?
+        .next()
+        .transpose()
+        .map_err(store_error)
+}
+
+/// The appends a copy has handed to the target and not yet seen answered.
+#[derive(Default)]
+struct Flight {
+    state: Mutex<FlightState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct FlightState {
+    appends: usize,
+    bytes: usize,
+    /// The highest position the target has answered for.
+    reached: u64,
+    error: Option<String>,
+}
+
+impl Flight {
+    fn sent(&self, bytes: usize) {
+        let mut state = self.state.lock();
+        state.appends += 1;
+        state.bytes += bytes;
+    }
+
+    fn answered(&self, bytes: usize, position: u64, error: Option<String>) {
+        let mut state = self.state.lock();
+        state.appends -= 1;
+        state.bytes -= bytes;
+        state.reached = state.reached.max(position);
+        if state.error.is_none() {
+            state.error = error;
+        }
+        self.changed.notify_all();
+    }
+
+    fn reached(&self) -> u64 {
+        self.state.lock().reached
+    }
+
+    fn wait_for_room(&self, bytes: usize) -> Result<(), StoreError> {
+        let mut state = self.state.lock();
+        while state.error.is_none()
+            && state.appends > 0
+            && (state.appends >= IN_FLIGHT_APPENDS || state.bytes + bytes > IN_FLIGHT_BYTES)
+        {
+            self.changed.wait(&mut state);
+        }
+        match &state.error {
+            Some(e) => Err(StoreError::Copy(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn wait_all(&self) -> Result<(), StoreError> {
+        let mut state = self.state.lock();
+        while state.appends > 0 {
+            self.changed.wait(&mut state);
+        }
+        match &state.error {
+            Some(e) => Err(StoreError::Copy(e.clone())),
+            None => Ok(()),
+        }
+    }
+}
