@@ -31,6 +31,10 @@ pub struct PostgresArgs {
     /// Where the file backend's server keeps its data for the read comparison (emptied first).
     #[arg(long, default_value = "/tmp/annals-bench-pg-files")]
     dir: PathBuf,
+    /// Measure only these figures (comma-separated: one, wide), for
+    /// profiling one of them; the floor is always measured. A partial run is not recorded.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -125,23 +129,46 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     };
     let runs = args.runs.max(1);
     let seconds = args.seconds;
+    let wants = |figure: &str| args.only.is_empty() || args.only.iter().any(|f| f == figure);
     let store = Store::open_postgres(&url, Options::default()).map_err(|e| e.to_string())?;
     // One client, alternated with the floor.
     let (mut floors, mut one, mut one_p99) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         floors.push(floor(&url, seconds)?);
-        let (rate, p99) = appends(&store, 1, 1, seconds, run);
-        one.push(rate);
-        one_p99.push(p99 as f64);
+        if wants("one") {
+            let (rate, p99) = appends(&store, 1, 1, seconds, run);
+            one.push(rate);
+            one_p99.push(p99 as f64);
+        }
     }
     let floor_rate = median(floors.clone());
     let (mut wide, mut wide_p99) = (Vec::new(), Vec::new());
     for run in 0..runs {
-        let (rate, p99) = appends(&store, 64, 512, seconds, 100 + run);
-        wide.push(rate * 512.0);
-        wide_p99.push(p99 as f64);
+        if wants("wide") {
+            let (rate, p99) = appends(&store, 64, 512, seconds, 100 + run);
+            wide.push(rate * 512.0);
+            wide_p99.push(p99 as f64);
+        }
     }
     drop(store);
+    if !args.only.is_empty() {
+        let figure = |v: &[f64]| {
+            if v.is_empty() {
+                Value::Null
+            } else {
+                median(v.to_vec()).round().into()
+            }
+        };
+        return Ok(json!({
+            "bench": "postgres-partial",
+            "commit_floor_per_sec": floor_rate.round(),
+            "one_client_conditional_per_sec": figure(&one),
+            "one_client_ratio_to_floor": if one.is_empty() { Value::Null } else { round(median(one.clone()) / floor_rate).into() },
+            "one_client_p99_us": figure(&one_p99),
+            "writers64_batch512_events_per_sec": figure(&wide),
+            "writers64_batch512_p99_us": figure(&wide_p99),
+        }));
+    }
     // 64 HTTP connections on one server, then split over two servers on the same database.
     let a = start_server_on(url.as_ref(), "d3", &[])?;
     let one_server = run_against(a.http, Workload::Conditional, 64, seconds, runs, 0)?;

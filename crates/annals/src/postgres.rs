@@ -10,25 +10,29 @@
 //! decides that an append is stored, and that the mirror also takes in what other servers
 //! commit.
 //!
-//! The database holds three tables (created on first use; see `SCHEMA`): `annals_appends`, one
+//! The database holds two tables (created on first use; see `SCHEMA`): `annals_appends`, one
 //! row per append (its first and last position, its append time and its events encoded exactly
-//! as in a segment's record body, tracking trailer included), `annals_head`, one row holding the
-//! position of the last committed event, and `annals_schema`, the schema's version.
+//! as in a segment's record body, tracking trailer included), keyed by its first position, and
+//! `annals_schema`, the schema's version.
 //!
 //! A group commits with one statement, run outside an explicit transaction (so one round trip
-//! and the statement's own commit): it moves the head row from the head the group was checked
-//! against to the group's last position, and inserts the group's rows only if that move
-//! happened. The head row serialises writers on every server: a concurrent group waits for its
-//! lock, then finds the head moved and inserts nothing. Its server then reads what the other
-//! committed, checks its appends again and retries. Committed appends therefore always form a
-//! dense prefix of positions, committed in order, so any snapshot of the table is gapless, and
-//! a condition is checked against every append committed before it, by any server.
+//! and the statement's own commit): it inserts the group's first row unless a row already
+//! starts at that position, and the others only if the first went in. The key serialises
+//! writers on every server: a group starts right after the last position its server holds, so
+//! a concurrent group from the same head waits for the other's key, then finds it taken and
+//! inserts nothing, and a group from a stale head finds the row that follows it. Its server
+//! then reads what the others committed, checks its appends again and retries. A row starting
+//! at position p + 1 is written only by a server that has read the row ending at p, so
+//! committed rows always form a dense prefix of positions, committed in order, any snapshot of
+//! the table is gapless, and a condition is checked against every append committed before it,
+//! by any server.
 //!
 //! Nothing here needs locking of PostgreSQL's own (advisory locks, `SELECT ... FOR UPDATE`,
-//! serializable isolation): one row updated with a compare, which PostgreSQL-compatible
-//! distributed databases also offer. The PostgreSQL-only parts are `pg_notify` in the commit
-//! and `LISTEN` on a second connection, a wake-up for followers whose correctness never depends
-//! on it (they also poll), and `ON CONFLICT DO NOTHING` when creating the schema.
+//! serializable isolation): a unique key, which PostgreSQL-compatible distributed databases
+//! also offer. The PostgreSQL-only parts are `ON CONFLICT DO NOTHING` (an insert that skips a
+//! taken key rather than fail; elsewhere, a unique violation would be the lost race), and
+//! `pg_notify` in the commit with `LISTEN` on a second connection, a wake-up for followers
+//! whose correctness never depends on it (they also poll).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,42 +49,61 @@ use crate::event::Tags;
 use crate::query::Query;
 use crate::record::{EncodedAppend, Entries};
 use crate::store::Shared;
-use crate::writer::{checked, now_us, Reply, ReplyTo, Request};
+use crate::writer::{checked, now_us, Reply, ReplyTo, Request, WriterRole};
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The statements that create the schema; each is idempotent.
 const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS annals_schema (
         id integer PRIMARY KEY CHECK (id = 1),
         version integer NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS annals_head (
-        id integer PRIMARY KEY CHECK (id = 1),
-        position bigint NOT NULL CHECK (position >= 0))",
+    // No CHECK constraints: PostgreSQL parses each again in every insert, a tenth of a lone
+    // commit's time; a row is checked when read instead (`Committer::follow_once`).
     "CREATE TABLE IF NOT EXISTS annals_appends (
         first_position bigint PRIMARY KEY,
         last_position bigint NOT NULL,
         appended_at_us bigint NOT NULL,
-        body bytea NOT NULL,
-        CHECK (first_position >= 1 AND last_position >= first_position))",
-    "INSERT INTO annals_schema (id, version) VALUES (1, 1) ON CONFLICT (id) DO NOTHING",
-    "INSERT INTO annals_head (id, position) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+        body bytea NOT NULL)",
+    "INSERT INTO annals_schema (id, version) VALUES (1, 2) ON CONFLICT (id) DO NOTHING",
 ];
 
-/// One group's commit: moves the head from $1 to $2 and inserts the rows only if it moved.
-/// Answers the number of rows inserted (0: another server committed first).
-const COMMIT: &str = "WITH head AS (
-        UPDATE annals_head SET position = $2 WHERE id = 1 AND position = $1 RETURNING position
-    ), added AS (
-        INSERT INTO annals_appends (first_position, last_position, appended_at_us, body)
-        SELECT f, l, t, b FROM unnest($3::int8[], $4::int8[], $5::int8[], $6::bytea[]) AS a(f, l, t, b)
-        WHERE EXISTS (SELECT 1 FROM head)
-        RETURNING 1
-    )
-    SELECT count(*) FROM added, (SELECT pg_notify('annals_appended', $2::text)) AS wake";
+/// From version 1, which kept the head in a row of its own, moved by compare in each commit:
+/// the first position's key serialises writers as well, for less work per commit.
+const MIGRATE_FROM_1: &str = "BEGIN;
+    ALTER TABLE annals_appends DROP CONSTRAINT IF EXISTS annals_appends_check;
+    DROP TABLE IF EXISTS annals_head;
+    UPDATE annals_schema SET version = 2 WHERE id = 1 AND version = 1;
+    COMMIT";
 
-const HEAD: &str = "SELECT position FROM annals_head WHERE id = 1";
+/// A group of one append: inserts its row unless a row already starts at its first position
+/// (another server committed first). Answers the rows inserted (0 or 1). The notification
+/// says the new head and which server committed ($5), so that a server's listener passes over
+/// its own commits; it is a wake-up only, and a spurious one (after a lost race) costs a look.
+const COMMIT_ONE: &str =
+    "INSERT INTO annals_appends (first_position, last_position, appended_at_us, body)
+    SELECT $1, $2, $3, $4
+    FROM (SELECT pg_notify('annals_appended', $2::int8::text || ' ' || $5::int8::text)) AS wake
+    ON CONFLICT (first_position) DO NOTHING";
+
+/// A group of several appends: the first row as in [`COMMIT_ONE`], the others only if it went
+/// in. They cannot collide once it did: a row starting later was written by a server that had
+/// read a row covering the first one's position. Answers the rows inserted.
+const COMMIT_GROUP: &str = "WITH lead AS (
+        INSERT INTO annals_appends (first_position, last_position, appended_at_us, body)
+        VALUES ($1, $2, $3, $4) ON CONFLICT (first_position) DO NOTHING RETURNING 1
+    ), rest AS (
+        INSERT INTO annals_appends (first_position, last_position, appended_at_us, body)
+        SELECT f, l, t, b FROM unnest($5::int8[], $6::int8[], $7::int8[], $8::bytea[]) AS a(f, l, t, b)
+        WHERE EXISTS (SELECT 1 FROM lead) RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM lead) + (SELECT count(*) FROM rest),
+        (SELECT pg_notify('annals_appended', $9::int8::text || ' ' || $10::int8::text)
+         WHERE EXISTS (SELECT 1 FROM lead))";
+
+/// The last position committed (no row: none).
+const HEAD: &str = "SELECT last_position FROM annals_appends ORDER BY first_position DESC LIMIT 1";
 
 const FETCH: &str = "SELECT first_position, last_position, appended_at_us, body FROM annals_appends
     WHERE first_position > $1 AND first_position <= $2 ORDER BY first_position LIMIT $3";
@@ -112,6 +135,9 @@ pub(crate) struct RemoteCounters {
 /// The database backend of an open [`crate::Store`].
 pub(crate) struct Remote {
     sender: Option<Sender<Request>>,
+    /// The committer's state, taken by its thread for each group, or by a lone caller that
+    /// commits its own append (see [`Remote::commit_alone`]).
+    state: Arc<Mutex<Committer>>,
     /// Asks the committer to take in what the database holds now; it answers with its head.
     refresh: Sender<Sender<Result<u64, StoreError>>>,
     committer: Option<JoinHandle<()>>,
@@ -126,7 +152,7 @@ impl Remote {
     pub(crate) fn start(
         url: &str,
         inner: Arc<Shared>,
-        inner_sender: Sender<Request>,
+        role: Arc<WriterRole>,
     ) -> Result<Remote, StoreError> {
         let config = parse_config(url)?;
         let warned = Arc::new(AtomicBool::new(false));
@@ -138,11 +164,12 @@ impl Remote {
             config: config.clone(),
             connection: None,
             inner,
-            inner_sender,
+            role,
             counters: counters.clone(),
             warned,
             verify_on_connect: false,
             group_time: 0,
+            server_id: server_id(),
         };
         committer.adopt(client)?;
         committer.follow()?;
@@ -151,23 +178,30 @@ impl Remote {
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         let (refresh, refresh_rx) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
-        let committer = std::thread::Builder::new()
-            .name("annals-pg-committer".into())
-            .spawn(move || committer.run(receiver, wake_rx, refresh_rx))
-            .map_err(|e| StoreError::Unavailable {
-                reason: format!("spawn the committer thread: {e}"),
-            })?;
+        let inner = committer.inner.clone();
+        let server_id = committer.server_id;
+        let state = Arc::new(Mutex::new(committer));
+        let committer = {
+            let state = state.clone();
+            std::thread::Builder::new()
+                .name("annals-pg-committer".into())
+                .spawn(move || run(&state, receiver, wake_rx, refresh_rx))
+                .map_err(|e| StoreError::Unavailable {
+                    reason: format!("spawn the committer thread: {e}"),
+                })?
+        };
         let listener = {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("annals-pg-listener".into())
-                .spawn(move || listen(config, wake_tx, stop))
+                .spawn(move || listen(config, inner, server_id, wake_tx, stop))
                 .map_err(|e| StoreError::Unavailable {
                     reason: format!("spawn the listener thread: {e}"),
                 })?
         };
         Ok(Remote {
             sender: Some(sender),
+            state,
             refresh,
             committer: Some(committer),
             listener: Some(listener),
@@ -190,6 +224,25 @@ impl Remote {
         } else {
             sender.try_send(request)
         }
+    }
+
+    /// Commits `request` on the calling thread, a blocking caller that is the only one waiting
+    /// on the store, when nothing is queued for the committer and its state is free: the
+    /// database's round trip and the hand-over to the mirror run here, so a lone client waits
+    /// on PostgreSQL alone, as one waits on an fdatasync on files (`WriterRole::commit_alone`),
+    /// without waking the committer thread and being woken by it. Otherwise hands the request
+    /// back, to be queued.
+    #[allow(clippy::result_large_err)] // handed back by value, as the writer's routes do
+    pub(crate) fn commit_alone(&self, request: Request) -> Result<(), Request> {
+        let queued = self.sender.as_ref().is_none_or(|s| !s.is_empty());
+        if queued {
+            return Err(request);
+        }
+        let Some(mut committer) = self.state.try_lock() else {
+            return Err(request);
+        };
+        committer.commit_group(&mut vec![request]);
+        Ok(())
     }
 
     pub(crate) fn stats(&self) -> crate::store::DatabaseStats {
@@ -311,13 +364,21 @@ fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
              ({SCHEMA_VERSION}); run a newer Annals"
         )));
     }
+    if version == 1 {
+        // Servers of the version before must be stopped first: they would wait for a head
+        // row that is gone, refusing every append, rather than do harm.
+        client
+            .batch_execute(MIGRATE_FROM_1)
+            .map_err(|e| unavailable("migrate the schema from version 1", &e))?;
+    }
     Ok(())
 }
 
 /// One connection with its prepared statements.
 struct Connection {
     client: Client,
-    commit: Statement,
+    commit_one: Statement,
+    commit_group: Statement,
     head: Statement,
     fetch: Statement,
 }
@@ -366,9 +427,10 @@ struct Accepted {
 struct Committer {
     config: Config,
     connection: Option<Connection>,
-    /// The memory-only log that mirrors the database.
+    /// The memory-only log that mirrors the database, and its writer's role, taken to hand
+    /// committed appends over.
     inner: Arc<Shared>,
-    inner_sender: Sender<Request>,
+    role: Arc<WriterRole>,
     counters: Arc<RemoteCounters>,
     /// Set by the connection's notice callback (see [`connect`]).
     warned: Arc<AtomicBool>,
@@ -378,6 +440,8 @@ struct Committer {
     verify_on_connect: bool,
     /// The append time of the group last committed.
     group_time: u64,
+    /// Names this server's commits in their notifications (see [`COMMIT`]).
+    server_id: i64,
 }
 
 impl Committer {
@@ -388,12 +452,14 @@ impl Committer {
                 .prepare(sql)
                 .map_err(|e| unavailable("prepare a statement", &e))
         };
-        let commit = prepare(&mut client, COMMIT)?;
+        let commit_one = prepare(&mut client, COMMIT_ONE)?;
+        let commit_group = prepare(&mut client, COMMIT_GROUP)?;
         let head = prepare(&mut client, HEAD)?;
         let fetch = prepare(&mut client, FETCH)?;
         self.connection = Some(Connection {
             client,
-            commit,
+            commit_one,
+            commit_group,
             head,
             fetch,
         });
@@ -423,53 +489,6 @@ impl Committer {
         }
     }
 
-    fn run(
-        mut self,
-        receiver: Receiver<Request>,
-        wake: Receiver<u64>,
-        refresh: Receiver<Sender<Result<u64, StoreError>>>,
-    ) {
-        let mut group = Vec::new();
-        loop {
-            crossbeam_channel::select! {
-                recv(receiver) -> request => match request {
-                    Ok(request) => {
-                        group.push(request);
-                        let mut bytes = group[0].append.body.len();
-                        while group.len() < GROUP_APPENDS_MAX
-                            && bytes < self.inner.options.group_bytes_max
-                        {
-                            match receiver.try_recv() {
-                                Ok(request) => {
-                                    bytes += request.append.body.len();
-                                    group.push(request);
-                                }
-                                Err(_) => break,
-                            }
-                        }
-                        self.commit_group(&mut group);
-                    }
-                    Err(_) => return,
-                },
-                recv(refresh) -> asked => {
-                    if let Ok(answer) = asked {
-                        let outcome = self.follow().map(|()| self.inner.head());
-                        let _ = answer.send(outcome.map_err(|e| clone_error(&e)));
-                    }
-                }
-                recv(wake) -> head => {
-                    let behind = head.map_or(true, |h| h > self.inner.head());
-                    if behind {
-                        let _ = self.follow();
-                    }
-                }
-                default(POLL) => {
-                    let _ = self.follow();
-                }
-            }
-        }
-    }
-
     /// Takes into the mirror what the database holds beyond it.
     fn follow(&mut self) -> Result<(), StoreError> {
         let result = self.follow_once();
@@ -482,9 +501,9 @@ impl Committer {
 
     fn follow_once(&mut self) -> Result<(), StoreError> {
         let connection = self.connection()?;
-        let row = connection.client.query_one(&connection.head, &[]);
+        let row = connection.client.query_opt(&connection.head, &[]);
         let target = match row {
-            Ok(row) => row.get::<_, i64>(0) as u64,
+            Ok(row) => row.map_or(0, |r| r.get::<_, i64>(0) as u64),
             Err(e) => {
                 let error = unavailable("read the head", &e);
                 self.lost(&e);
@@ -519,6 +538,8 @@ impl Committer {
                 )));
             }
             let applied = Arc::new(Applied::default());
+            let mut handed = Vec::with_capacity(rows.len());
+            let mut bad = None;
             for row in rows {
                 let (first, last, at, body) = (
                     row.get::<_, i64>(0) as u64,
@@ -527,19 +548,19 @@ impl Committer {
                     row.get::<_, Vec<u8>>(3),
                 );
                 if first != local + 1 || last < first || last > target {
-                    applied.wait();
-                    return Err(StoreError::Database(format!(
+                    bad = Some(format!(
                         "an append at positions {first}..={last} follows position {local}: the \
                          table annals_appends is not a gapless log"
-                    )));
+                    ));
+                    break;
                 }
                 let append = match EncodedAppend::from_stored(body, (last - first + 1) as u32) {
                     Ok(append) => append,
                     Err(why) => {
-                        applied.wait();
-                        return Err(StoreError::Database(format!(
+                        bad = Some(format!(
                             "the append at position {first} is malformed: {why}"
-                        )));
+                        ));
+                        break;
                     }
                 };
                 let expected = last;
@@ -553,29 +574,17 @@ impl Committer {
                         )),
                     })
                 }));
-                self.forward(append, at, Reply::new(reply));
+                handed.push(committed(append, at, reply));
                 local = last;
                 self.counters.followed.fetch_add(1, Ordering::Relaxed);
             }
-            if let Some(error) = applied.wait() {
+            // What came before a bad row is committed and sound: the mirror takes it.
+            self.role.commit_committed(handed);
+            if let Some(error) = applied.wait().or(bad) {
                 return Err(StoreError::Database(error));
             }
         }
         Ok(())
-    }
-
-    /// Hands a committed append to the mirror's writer.
-    fn forward(&self, append: EncodedAppend, appended_at: u64, reply: Reply) {
-        let request = Request {
-            append,
-            condition: None,
-            require_synced: false,
-            reply,
-            appended_at: Some(appended_at),
-        };
-        if let Err(e) = self.inner_sender.send(request) {
-            e.into_inner().reply.send(Err(StoreError::Closed.into()));
-        }
     }
 
     /// Checks that the database holds the mirror's last append, byte for byte.
@@ -663,39 +672,56 @@ impl Committer {
         }
     }
 
-    /// Runs the group's statement: true when committed, false when another server moved the
-    /// head first (nothing was inserted). An error whose outcome cannot be known is
+    /// Runs the group's statement: true when committed, false when another server committed
+    /// first (nothing was inserted). An error whose outcome cannot be known is
     /// [`StoreError::OutcomeUnknown`]; one the database reported is [`StoreError::Unavailable`]
     /// (the statement, and so its transaction, failed: nothing was committed).
     fn commit(&mut self, head: u64, accepted: &[Accepted]) -> Result<bool, StoreError> {
         let now = now_us();
-        let last = accepted.last().expect("a group").last;
-        let firsts: Vec<i64> = accepted.iter().map(|a| a.first as i64).collect();
-        let lasts: Vec<i64> = accepted.iter().map(|a| a.last as i64).collect();
+        let (lead, rest) = accepted.split_first().expect("a group");
+        assert_eq!(lead.first, head + 1, "a group starts right after the head");
+        let last = accepted.last().expect("a group").last as i64;
         // An append read from another log (a copy's) keeps its time.
-        let times: Vec<i64> = accepted
-            .iter()
-            .map(|a| a.request.appended_at.unwrap_or(now) as i64)
-            .collect();
-        let bodies: Vec<&[u8]> = accepted
-            .iter()
-            .map(|a| a.request.append.body.as_slice())
-            .collect();
+        let time = |a: &Accepted| a.request.appended_at.unwrap_or(now) as i64;
+        let (lead_first, lead_last, lead_time) = (lead.first as i64, lead.last as i64, time(lead));
+        let lead_body = lead.request.append.body.as_slice();
         self.warned.store(false, Ordering::Release);
+        let server_id = self.server_id;
         let connection = self.connection()?;
-        let outcome = connection.client.query_one(
-            &connection.commit,
-            &[
-                &(head as i64),
-                &(last as i64),
-                &firsts,
-                &lasts,
-                &times,
-                &bodies,
-            ],
-        );
+        let outcome = if rest.is_empty() {
+            connection.client.execute(
+                &connection.commit_one,
+                &[&lead_first, &lead_last, &lead_time, &lead_body, &server_id],
+            )
+        } else {
+            let firsts: Vec<i64> = rest.iter().map(|a| a.first as i64).collect();
+            let lasts: Vec<i64> = rest.iter().map(|a| a.last as i64).collect();
+            let times: Vec<i64> = rest.iter().map(time).collect();
+            let bodies: Vec<&[u8]> = rest
+                .iter()
+                .map(|a| a.request.append.body.as_slice())
+                .collect();
+            connection
+                .client
+                .query_one(
+                    &connection.commit_group,
+                    &[
+                        &lead_first,
+                        &lead_last,
+                        &lead_time,
+                        &lead_body,
+                        &firsts,
+                        &lasts,
+                        &times,
+                        &bodies,
+                        &last,
+                        &server_id,
+                    ],
+                )
+                .map(|row| row.get::<_, i64>(0) as u64)
+        };
         match outcome {
-            Ok(row) => {
+            Ok(inserted) => {
                 if self.warned.load(Ordering::Acquire) {
                     // Committed on the primary, not confirmed by its synchronous standby: a
                     // failover may lose it. Neither success nor failure can be promised.
@@ -706,7 +732,6 @@ impl Committer {
                             .into(),
                     });
                 }
-                let inserted: i64 = row.get(0);
                 debug_assert!(inserted == 0 || inserted as usize == accepted.len());
                 if inserted != 0 && inserted as usize != accepted.len() {
                     return Err(StoreError::Database(format!(
@@ -738,6 +763,7 @@ impl Committer {
         let applied = Arc::new(Applied::default());
         applied.expect(accepted.len());
         let at = self.group_time;
+        let mut handed = Vec::with_capacity(accepted.len());
         for a in accepted {
             let Accepted {
                 request,
@@ -766,9 +792,73 @@ impl Committer {
                 // The database committed it: that is the append's outcome.
                 reply.send(Ok(last));
             }));
-            self.forward(append, at, Reply::new(answer));
+            handed.push(committed(append, at, answer));
         }
+        self.role.commit_committed(handed);
+        // The mirror answers in its writer's call (D1): nothing is left to wait for, but the
+        // next group must be checked against this one.
         applied.wait();
+    }
+}
+
+/// The committer thread: takes each append from the queue with whatever waits behind it and
+/// commits them as one group; between groups, follows what other servers commit.
+fn run(
+    state: &Mutex<Committer>,
+    receiver: Receiver<Request>,
+    wake: Receiver<u64>,
+    refresh: Receiver<Sender<Result<u64, StoreError>>>,
+) {
+    let group_bytes_max = state.lock().inner.options.group_bytes_max;
+    let mut group = Vec::new();
+    loop {
+        crossbeam_channel::select! {
+            recv(receiver) -> request => match request {
+                Ok(request) => {
+                    group.push(request);
+                    let mut bytes = group[0].append.body.len();
+                    while group.len() < GROUP_APPENDS_MAX && bytes < group_bytes_max {
+                        match receiver.try_recv() {
+                            Ok(request) => {
+                                bytes += request.append.body.len();
+                                group.push(request);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    state.lock().commit_group(&mut group);
+                }
+                Err(_) => return,
+            },
+            recv(refresh) -> asked => {
+                if let Ok(answer) = asked {
+                    let mut committer = state.lock();
+                    let outcome = committer.follow().map(|()| committer.inner.head());
+                    let _ = answer.send(outcome.map_err(|e| clone_error(&e)));
+                }
+            }
+            recv(wake) -> head => {
+                let mut committer = state.lock();
+                let behind = head.map_or(true, |h| h > committer.inner.head());
+                if behind {
+                    let _ = committer.follow();
+                }
+            }
+            default(POLL) => {
+                let _ = state.lock().follow();
+            }
+        }
+    }
+}
+
+/// A request handing an append the database committed to the mirror's writer.
+fn committed(append: EncodedAppend, appended_at: u64, reply: ReplyTo) -> Request {
+    Request {
+        append,
+        condition: None,
+        require_synced: false,
+        reply: Reply::new(reply),
+        appended_at: Some(appended_at),
     }
 }
 
@@ -848,9 +938,37 @@ fn clone_error(e: &StoreError) -> StoreError {
     }
 }
 
+/// The head a notification announces, None when this server committed it. A payload that
+/// cannot be read wakes the committer (to read the head from the database).
+fn notified(payload: &str, server_id: i64) -> Option<u64> {
+    let (head, from) = payload.split_once(' ').unwrap_or((payload, ""));
+    if from.parse::<i64>() == Ok(server_id) {
+        return None;
+    }
+    Some(head.parse().unwrap_or(u64::MAX))
+}
+
+/// A number naming this server among those on one database: random, not a configured name, so
+/// that two servers started alike never share one.
+fn server_id() -> i64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    static STARTED: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    std::process::id().hash(&mut hasher);
+    now_us().hash(&mut hasher);
+    STARTED.fetch_add(1, Ordering::Relaxed).hash(&mut hasher);
+    hasher.finish() as i64
+}
+
 /// The listener thread: wakes the committer when another server commits. A wake-up only; the
 /// committer polls as well.
-fn listen(config: Config, wake: Sender<u64>, stop: Arc<AtomicBool>) {
+fn listen(
+    config: Config,
+    inner: Arc<Shared>,
+    server_id: i64,
+    wake: Sender<u64>,
+    stop: Arc<AtomicBool>,
+) {
     let mut client: Option<Client> = None;
     let mut retry_at = Instant::now();
     while !stop.load(Ordering::Acquire) {
@@ -872,11 +990,13 @@ fn listen(config: Config, wake: Sender<u64>, stop: Arc<AtomicBool>) {
             .notifications()
             .timeout_iter(Duration::from_millis(200))
             .next()
-            .map(|n| n.map(|n| n.payload().parse().unwrap_or(u64::MAX)));
+            .map(|n| n.map(|n| notified(n.payload(), server_id)));
         match next {
-            Ok(Some(head)) => {
+            // This server's own commits are in its mirror already: no wake-up for them.
+            Ok(Some(Some(head))) if head > inner.head() => {
                 let _ = wake.try_send(head);
             }
+            Ok(Some(_)) => {}
             Ok(None) => {}
             Err(_) => {
                 client = None;

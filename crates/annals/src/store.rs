@@ -571,7 +571,12 @@ impl Store {
         };
         let syncer = match &notifier {
             Some((notifier, _)) => {
-                let syncer = Arc::new(Syncer::new(segment.clone(), mark, notifier.clone()));
+                let syncer = Arc::new(Syncer::new(
+                    segment.clone(),
+                    mark,
+                    notifier.clone(),
+                    shared.options.durability,
+                ));
                 let handle = {
                     let syncer = syncer.clone();
                     let shared = shared.clone();
@@ -647,6 +652,10 @@ impl Store {
         mirror.durability = Durability::Written;
         mirror.checkpoint_on_close = false;
         mirror.checkpoint_interval_events = 0;
+        // Nothing written to the mirror is ever synced, nor its segments filled with zeros:
+        // either would put the mirror's disk traffic beside the database's own commits.
+        mirror.preallocation = crate::Preallocation::Fallocate;
+        mirror.unsynced_bytes_max = 1 << 40;
         static MIRRORS: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "annals-mirror-{}-{}",
@@ -656,11 +665,10 @@ impl Store {
         let _ = std::fs::remove_dir_all(&dir);
         let mut store = Self::open_with_io(Arc::new(RealIo), &dir, mirror)?;
         store.mirror_dir = Some(dir);
-        let sender = store.sender.clone().ok_or(StoreError::Closed)?;
         store.remote = Some(crate::postgres::Remote::start(
             url,
             store.shared.clone(),
-            sender,
+            store.role.clone(),
         )?);
         Ok(store)
     }
@@ -1072,6 +1080,14 @@ impl Store {
             appended_at,
         };
         if let Some(remote) = &self.remote {
+            let request = if how.alone {
+                match remote.commit_alone(request) {
+                    Ok(()) => return Ok(()),
+                    Err(request) => request,
+                }
+            } else {
+                request
+            };
             return remote
                 .submit(request, how.wait_when_full)
                 .map_err(|e| match e {

@@ -363,6 +363,8 @@ pub(crate) fn now_us() -> u64 {
 /// waiting for the CPU nor the CPU for the disk. In D2 it syncs whatever is unsynced, in D1 only
 /// when an append asked for D3; in both, only those appends wait for it.
 pub(crate) struct Syncer {
+    /// D2 and D3 sync whatever is written; D1 only what an append or the writer asks for.
+    eager: bool,
     state: Mutex<SyncState>,
     wake: Condvar,
     /// Signalled after each sync, for a writer waiting for the unsynced backlog to shrink or
@@ -408,8 +410,14 @@ impl SyncState {
 }
 
 impl Syncer {
-    pub(crate) fn new(segment: Arc<Segment>, mark: Mark, notifier: Arc<Notifier>) -> Self {
+    pub(crate) fn new(
+        segment: Arc<Segment>,
+        mark: Mark,
+        notifier: Arc<Notifier>,
+        durability: Durability,
+    ) -> Self {
         Syncer {
+            eager: durability >= Durability::SyncedLater,
             notifier,
             room: Condvar::new(),
             state: Mutex::new(SyncState {
@@ -456,7 +464,11 @@ impl Syncer {
         let (ready, pending): (Vec<Waiter>, Vec<Waiter>) =
             waiters.drain(..).partition(|w| w.needed <= synced);
         state.waiters.extend(pending);
-        self.wake.notify_one();
+        // In D1 a group nobody waits on asks for no sync: the syncer sleeps on (a wake-up per
+        // group cost a PostgreSQL store's mirror a thread switch per commit).
+        if self.eager || !state.waiters.is_empty() || state.room_wanted {
+            self.wake.notify_one();
+        }
         drop(state);
         let mut answers = Answers::default();
         for w in ready {
@@ -497,8 +509,7 @@ impl Syncer {
     }
 
     pub(crate) fn run(&self, shared: &Arc<Shared>) {
-        let durability = shared.options.durability;
-        let eager = durability >= Durability::SyncedLater;
+        let eager = self.eager;
         loop {
             let (target, target_bytes, mark, segment) = {
                 let mut state = self.state.lock();
@@ -791,6 +802,9 @@ enum Origin {
     Held,
     /// A lone blocking caller commits its own append (see [`WriterRole::commit_alone`]).
     Caller,
+    /// The PostgreSQL committer hands over appends the database has committed (see
+    /// [`WriterRole::commit_committed`]).
+    Backend,
 }
 
 /// What happened to one request of a group.
@@ -1380,6 +1394,27 @@ impl WriterRole {
             .caller_stages
             .fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Commits, on the calling thread, appends that the database behind a PostgreSQL store has
+    /// committed (the committer's hand-over to the mirror log, see postgres.rs), waiting for
+    /// the role if another thread holds it. The mirror's appends all come this way, so its
+    /// queue stays empty and its writer thread idle: the hand-over costs no wake-up. In the
+    /// mirror's class (D1) every append is answered before this returns.
+    pub(crate) fn commit_committed(&self, requests: Vec<Request>) {
+        let mut writer = self.writer.lock();
+        debug_assert!(writer.group.is_empty() && self.receiver.is_empty());
+        writer.group.extend(requests);
+        let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let inline = writer.commit_group(Origin::Backend);
+            if let (Some(sync), Some(syncer)) = (inline, &self.syncer) {
+                syncer.run_inline(&self.shared, sync);
+            }
+        }));
+        if committed.is_err() {
+            self.shared
+                .poison("the writer panicked taking in committed appends".into());
+        }
     }
 
     /// Commits `request` on the calling thread, a blocking caller that is the only one waiting

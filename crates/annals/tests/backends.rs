@@ -611,3 +611,58 @@ fn copies_between_backends() {
     );
     drop(middle);
 }
+
+/// Goal: the schema in PostgreSQL is versioned: created at version 2 on first use; a database
+/// of version 1 (the head kept in a row of its own) is migrated at open, its log intact; a
+/// version newer than the build is refused with a message, nothing changed.
+#[test]
+fn the_database_schema_is_versioned() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let store = Store::open_postgres(&url, small_options()).unwrap();
+    append_numbered(&store, 0..5, |i| format!("n:{i}"));
+    let before = event_list(&store);
+    store.close().unwrap();
+    assert_eq!(cluster.sql_value("SELECT version FROM annals_schema"), "2");
+    // The same log as version 1 laid it out.
+    cluster.sql(
+        "ALTER TABLE annals_appends ADD CONSTRAINT annals_appends_check \
+             CHECK (first_position >= 1 AND last_position >= first_position); \
+         CREATE TABLE annals_head (id integer PRIMARY KEY CHECK (id = 1), \
+             position bigint NOT NULL CHECK (position >= 0)); \
+         INSERT INTO annals_head VALUES (1, 5); \
+         UPDATE annals_schema SET version = 1",
+    );
+    let store = Store::open_postgres(&url, small_options()).unwrap();
+    assert_eq!(event_list(&store), before);
+    assert_eq!(cluster.sql_value("SELECT version FROM annals_schema"), "2");
+    assert_eq!(
+        cluster.sql_value("SELECT to_regclass('annals_head') IS NULL"),
+        "t"
+    );
+    assert_eq!(
+        cluster
+            .sql_value("SELECT count(*) FROM pg_constraint WHERE conname = 'annals_appends_check'"),
+        "0"
+    );
+    store.append(&[event()], None).unwrap();
+    assert_eq!(store.head(), 6);
+    store.close().unwrap();
+    // A newer version: refused, and the database left as it was.
+    cluster.sql("UPDATE annals_schema SET version = 3");
+    let refused = match Store::open_postgres(&url, small_options()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a schema newer than the build was opened"),
+    };
+    assert!(
+        refused.contains("version 3, newer than this build's (2)"),
+        "{refused}"
+    );
+    assert_eq!(
+        cluster.sql_value("SELECT count(*) FROM annals_appends"),
+        "6"
+    );
+    assert_eq!(cluster.sql_value("SELECT version FROM annals_schema"), "3");
+}
