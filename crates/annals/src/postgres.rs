@@ -60,14 +60,24 @@ const SCHEMA: &[&str] = &[
         id integer PRIMARY KEY CHECK (id = 1),
         version integer NOT NULL)",
     // No CHECK constraints: PostgreSQL parses each again in every insert, a tenth of a lone
-    // commit's time; a row is checked when read instead (`Committer::follow_once`).
+    // commit's time; a row is checked when read instead (`Committer::follow_once`). Bodies
+    // over 2 KB are compressed with lz4 where the server has it (PostgreSQL 14 and later,
+    // built with lz4): 64 writers of 512 events went from 0.31M to 0.45M events/s against
+    // pglz, the default. Without it, `APPENDS_PLAIN` instead.
     "CREATE TABLE IF NOT EXISTS annals_appends (
         first_position bigint PRIMARY KEY,
         last_position bigint NOT NULL,
         appended_at_us bigint NOT NULL,
-        body bytea NOT NULL)",
+        body bytea COMPRESSION lz4 NOT NULL)",
     "INSERT INTO annals_schema (id, version) VALUES (1, 2) ON CONFLICT (id) DO NOTHING",
 ];
+
+/// The table of appends on a server without lz4 compression.
+const APPENDS_PLAIN: &str = "CREATE TABLE IF NOT EXISTS annals_appends (
+        first_position bigint PRIMARY KEY,
+        last_position bigint NOT NULL,
+        appended_at_us bigint NOT NULL,
+        body bytea NOT NULL)";
 
 /// From version 1, which kept the head in a row of its own, moved by compare in each commit:
 /// the first position's key serialises writers as well, for less work per commit.
@@ -324,6 +334,16 @@ fn unavailable(what: &str, e: &postgres::Error) -> StoreError {
     }
 }
 
+/// The database does not know a feature or a clause.
+fn is_unsupported(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::FEATURE_NOT_SUPPORTED
+            || *c == SqlState::SYNTAX_ERROR
+            || *c == SqlState::UNDEFINED_OBJECT
+    })
+}
+
 /// The error with the database's own message when it sent one.
 fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
@@ -337,9 +357,15 @@ fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
     let mut last = None;
     // Two servers creating the schema at once may collide in the catalog: try again.
     for _ in 0..5 {
-        let created = SCHEMA
-            .iter()
-            .try_for_each(|statement| client.batch_execute(statement).map(drop));
+        let created = SCHEMA.iter().try_for_each(|&statement| {
+            match client.batch_execute(statement) {
+                // No lz4 in this server (or no COMPRESSION clause before PostgreSQL 14).
+                Err(e) if statement.contains("lz4") && is_unsupported(&e) => {
+                    client.batch_execute(APPENDS_PLAIN)
+                }
+                other => other,
+            }
+        });
         match created {
             Ok(()) => {
                 last = None;

@@ -626,6 +626,14 @@ fn the_database_schema_is_versioned() {
     let before = event_list(&store);
     store.close().unwrap();
     assert_eq!(cluster.sql_value("SELECT version FROM annals_schema"), "2");
+    // Bodies compressed with lz4 (Debian's PostgreSQL has it).
+    assert_eq!(
+        cluster.sql_value(
+            "SELECT attcompression FROM pg_attribute \
+             WHERE attrelid = 'annals_appends'::regclass AND attname = 'body'"
+        ),
+        "l"
+    );
     // The same log as version 1 laid it out.
     cluster.sql(
         "ALTER TABLE annals_appends ADD CONSTRAINT annals_appends_check \
