@@ -109,6 +109,17 @@ fn two_servers_on_one_database_under_kill9() {
         "too few answers ({}) to mean much",
         acked.len()
     );
+    // The database's own counters: b committed groups and followed a's appends.
+    let metrics = String::from_utf8(b.get("/metrics").body).unwrap();
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    assert!(value("annals_database_commits_total") > 0);
+    assert!(value("annals_database_followed_total") > 0);
+    assert_eq!(value("annals_database_unknown_outcomes_total"), 0);
 }
 
 /// Goal: the loss of the database's primary loses no acknowledged append. Method: a primary

@@ -267,6 +267,38 @@ impl Metrics {
             "Of the groups, those a lone blocking caller committed on its own thread.",
             stats.caller_commits as f64,
         );
+        if let Some(db) = &stats.database {
+            for (name, help, value) in [
+                (
+                    "annals_database_commits_total",
+                    "PostgreSQL: group commits that went in.",
+                    db.commits,
+                ),
+                (
+                    "annals_database_conflicts_total",
+                    "PostgreSQL: group commits that found another server had committed first \
+                     (checked again and retried).",
+                    db.conflicts,
+                ),
+                (
+                    "annals_database_followed_total",
+                    "PostgreSQL: appends of other servers taken into this server's log.",
+                    db.followed,
+                ),
+                (
+                    "annals_database_reconnects_total",
+                    "PostgreSQL: connections made again after one was lost.",
+                    db.reconnects,
+                ),
+                (
+                    "annals_database_unknown_outcomes_total",
+                    "PostgreSQL: appends answered outcome_unknown (the commit's fate not known).",
+                    db.unknown_outcomes,
+                ),
+            ] {
+                counter(&mut out, name, help, value as f64);
+            }
+        }
         counter(
             &mut out,
             "annals_caller_stages_total",

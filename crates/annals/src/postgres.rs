@@ -116,7 +116,7 @@ const COMMIT_GROUP: &str = "WITH lead AS (
 const HEAD: &str = "SELECT last_position FROM annals_appends ORDER BY first_position DESC LIMIT 1";
 
 const FETCH: &str = "SELECT first_position, last_position, appended_at_us, body FROM annals_appends
-    WHERE first_position > $1 AND first_position <= $2 ORDER BY first_position LIMIT $3";
+    WHERE first_position > $1 ORDER BY first_position LIMIT $2";
 
 /// Rows fetched per round trip while following the database.
 const FETCH_ROWS: i64 = 2048;
@@ -525,31 +525,16 @@ impl Committer {
         result
     }
 
+    /// Reads the rows after the mirror's head, a chunk at a time, until there are none: one
+    /// round trip when another server committed a group (after a lost race, say). Finding none,
+    /// it reads the head as well, to notice a database that lost what the mirror holds.
     fn follow_once(&mut self) -> Result<(), StoreError> {
-        let connection = self.connection()?;
-        let row = connection.client.query_opt(&connection.head, &[]);
-        let target = match row {
-            Ok(row) => row.map_or(0, |r| r.get::<_, i64>(0) as u64),
-            Err(e) => {
-                let error = unavailable("read the head", &e);
-                self.lost(&e);
-                return Err(error);
-            }
-        };
         let mut local = self.inner.head();
-        if target < local {
-            return Err(StoreError::Database(format!(
-                "the database's log ends at position {target}, before this server's at {local}: \
-                 it lost committed appends (a failover to a standby that did not have them?); \
-                 restart this server to follow the database as it is"
-            )));
-        }
-        while local < target {
+        loop {
             let connection = self.connection()?;
-            let rows = connection.client.query(
-                &connection.fetch,
-                &[&(local as i64), &(target as i64), &FETCH_ROWS],
-            );
+            let rows = connection
+                .client
+                .query(&connection.fetch, &[&(local as i64), &FETCH_ROWS]);
             let rows = match rows {
                 Ok(rows) => rows,
                 Err(e) => {
@@ -559,10 +544,9 @@ impl Committer {
                 }
             };
             if rows.is_empty() {
-                return Err(StoreError::Database(format!(
-                    "the head says {target} but no append starts after {local}"
-                )));
+                return self.check_not_behind(local);
             }
+            let complete = (rows.len() as i64) < FETCH_ROWS;
             let applied = Arc::new(Applied::default());
             let mut handed = Vec::with_capacity(rows.len());
             let mut bad = None;
@@ -573,7 +557,7 @@ impl Committer {
                     row.get::<_, i64>(2) as u64,
                     row.get::<_, Vec<u8>>(3),
                 );
-                if first != local + 1 || last < first || last > target {
+                if first != local + 1 || last < first || last - first >= u64::from(u32::MAX) {
                     bad = Some(format!(
                         "an append at positions {first}..={last} follows position {local}: the \
                          table annals_appends is not a gapless log"
@@ -609,6 +593,29 @@ impl Committer {
             if let Some(error) = applied.wait().or(bad) {
                 return Err(StoreError::Database(error));
             }
+            if complete {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Fails when the database's log ends before the mirror's.
+    fn check_not_behind(&mut self, local: u64) -> Result<(), StoreError> {
+        let connection = self.connection()?;
+        let target = match connection.client.query_opt(&connection.head, &[]) {
+            Ok(row) => row.map_or(0, |r| r.get::<_, i64>(0) as u64),
+            Err(e) => {
+                let error = unavailable("read the head", &e);
+                self.lost(&e);
+                return Err(error);
+            }
+        };
+        if target < local {
+            return Err(StoreError::Database(format!(
+                "the database's log ends at position {target}, before this server's at {local}: \
+                 it lost committed appends (a failover to a standby that did not have them?); \
+                 restart this server to follow the database as it is"
+            )));
         }
         Ok(())
     }
