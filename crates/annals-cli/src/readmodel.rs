@@ -37,7 +37,7 @@ pub enum ReadModelCommand {
 #[derive(clap::Args)]
 pub struct StatusArgs {
     /// A data directory whose checkpoint files to list.
-    #[arg(long, required_unless_present = "url")]
+    #[arg(id = "store", long = "dir", required_unless_present = "url")]
     dir: Option<PathBuf>,
     #[command(flatten)]
     server: RemoteArgs,
@@ -58,7 +58,7 @@ pub struct GetArgs {
     /// How long to wait for --min-position, in milliseconds (at most 10000).
     #[arg(long, default_value_t = 5000)]
     wait_ms: u64,
-    #[arg(long, hide = true)]
+    #[arg(id = "store", long = "dir", hide = true)]
     dir: Option<PathBuf>,
     #[command(flatten)]
     server: RemoteArgs,
@@ -68,7 +68,7 @@ pub struct GetArgs {
 pub struct RebuildArgs {
     name: String,
     /// A data directory: remove the model's checkpoint there.
-    #[arg(long, required_unless_present = "url")]
+    #[arg(id = "store", long = "dir", required_unless_present = "url")]
     dir: Option<PathBuf>,
     #[command(flatten)]
     server: RemoteArgs,
