@@ -349,6 +349,28 @@ pub struct LiveCheck {
     pub seconds: f64,
 }
 
+/// Removes the mirrors (see [`Store::open_postgres`]) that processes killed before closing
+/// their stores left in the temporary directory: those whose lock no process holds.
+fn remove_stale_mirrors() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let named = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("annals-mirror-"));
+        let lock = entry.path().join(LOCK_FILE);
+        if !named || !lock.exists() {
+            continue;
+        }
+        if let Ok(held) = RealIo.lock(&lock) {
+            let _ = std::fs::remove_dir_all(entry.path());
+            drop(held);
+        }
+    }
+}
+
 /// Whether a store location names a PostgreSQL database rather than a directory.
 pub fn is_database_url(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
@@ -657,6 +679,7 @@ impl Store {
         mirror.preallocation = crate::Preallocation::Fallocate;
         mirror.unsynced_bytes_max = 1 << 40;
         static MIRRORS: AtomicU64 = AtomicU64::new(0);
+        remove_stale_mirrors();
         let dir = std::env::temp_dir().join(format!(
             "annals-mirror-{}-{}",
             std::process::id(),

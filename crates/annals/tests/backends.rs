@@ -674,3 +674,29 @@ fn the_database_schema_is_versioned() {
     );
     assert_eq!(cluster.sql_value("SELECT version FROM annals_schema"), "3");
 }
+
+/// Goal: mirrors left in the temporary directory by processes killed before closing their
+/// PostgreSQL stores are removed when a store opens; a mirror in use is kept.
+#[test]
+fn stale_mirrors_are_removed() {
+    use annals::io::{Io, RealIo};
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let tmp = std::env::temp_dir();
+    let stale = tmp.join(format!("annals-mirror-stale-{}", std::process::id()));
+    let live = tmp.join(format!("annals-mirror-live-{}", std::process::id()));
+    for dir in [&stale, &live] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("LOCK"), b"").unwrap();
+        std::fs::write(dir.join("0000000001.seg"), b"left behind").unwrap();
+    }
+    let held = RealIo.lock(&live.join("LOCK")).unwrap();
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let store = Store::open_postgres(&url, small_options()).unwrap();
+    assert!(!stale.exists(), "a stale mirror is removed");
+    assert!(live.exists(), "a mirror in use is kept");
+    store.close().unwrap();
+    drop(held);
+    std::fs::remove_dir_all(&live).unwrap();
+}
