@@ -179,6 +179,7 @@ impl Remote {
             warned,
             verify_on_connect: false,
             group_time: 0,
+            last_append: StoredAppend::default(),
             server_id: server_id(),
         };
         committer.adopt(client)?;
@@ -318,9 +319,14 @@ fn connect(config: &Config, warned: Option<Arc<AtomicBool>>) -> Result<Client, p
     let mut config = config.clone();
     if let Some(warned) = warned {
         config.notice_callback(move |notice| {
-            // PostgreSQL's words when a wait for synchronous replication is cancelled after the
-            // local commit: the commit is not known to be on the standby.
-            if notice.message().contains("committed locally") {
+            // PostgreSQL's warning when a wait for synchronous replication is cancelled after
+            // the local commit ("canceling wait for synchronous replication ...", detail "The
+            // transaction has already committed locally, but might not have been replicated to
+            // the standby."): the commit is not known to be on the standby.
+            let detail = notice.detail().unwrap_or("");
+            if notice.message().contains("synchronous replication")
+                || detail.contains("committed locally")
+            {
                 warned.store(true, Ordering::Release);
             }
         });
@@ -442,6 +448,15 @@ impl Applied {
     }
 }
 
+/// What identifies an append stored in the database: positions, append time, body size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct StoredAppend {
+    first: u64,
+    last: u64,
+    at: u64,
+    bytes: u64,
+}
+
 /// An append of this server's group that passed its checks.
 struct Accepted {
     request: Request,
@@ -466,6 +481,8 @@ struct Committer {
     verify_on_connect: bool,
     /// The append time of the group last committed.
     group_time: u64,
+    /// The mirror's last append as the database stored it, to recognise it after a failover.
+    last_append: StoredAppend,
     /// Names this server's commits in their notifications (see [`COMMIT`]).
     server_id: i64,
 }
@@ -574,6 +591,12 @@ impl Committer {
                     }
                 };
                 let expected = last;
+                self.last_append = StoredAppend {
+                    first,
+                    last,
+                    at,
+                    bytes: append.body.len() as u64,
+                };
                 applied.expect(1);
                 let done = applied.clone();
                 let reply = ReplyTo::Callback(Box::new(move |outcome| {
@@ -620,33 +643,45 @@ impl Committer {
         Ok(())
     }
 
-    /// Checks that the database holds the mirror's last append, byte for byte.
+    /// Checks that the database holds the mirror's last append: the same positions, append
+    /// time and size. After a failover to a standby that lacked it, another server may have
+    /// committed a different append at the same positions since; its time tells them apart
+    /// (two servers committing the same positions in the same microsecond with bodies of one
+    /// size is what this cannot tell).
     fn verify_mirror(&mut self) -> Result<(), StoreError> {
         let head = self.inner.head();
         if head == 0 {
             return Ok(());
         }
+        let mine = self.last_append;
+        debug_assert_eq!(mine.last, head, "the mirror's last append ends at its head");
         let connection = self.connection.as_mut().expect("connected");
         let row = connection
             .client
             .query_opt(
-                "SELECT last_position FROM annals_appends WHERE first_position <= $1 \
+                "SELECT first_position, last_position, appended_at_us, octet_length(body) \
+                 FROM annals_appends WHERE first_position <= $1 \
                  ORDER BY first_position DESC LIMIT 1",
                 &[&(head as i64)],
             )
             .map_err(|e| unavailable("verify the log", &e))?;
-        match row.map(|r| r.get::<_, i64>(0) as u64) {
-            Some(last) if last == head => Ok(()),
-            found => {
-                let reason = format!(
-                    "after reconnecting, the database holds no append ending at position {head}, \
-                     the last this server holds (found {found:?}): it lost committed appends; \
-                     restart this server to follow the database as it is"
-                );
-                self.inner.poison(reason.clone());
-                Err(StoreError::Database(reason))
-            }
+        let found = row.map(|r| StoredAppend {
+            first: r.get::<_, i64>(0) as u64,
+            last: r.get::<_, i64>(1) as u64,
+            at: r.get::<_, i64>(2) as u64,
+            bytes: r.get::<_, i32>(3) as u64,
+        });
+        if found == Some(mine) && mine.last == head {
+            return Ok(());
         }
+        let reason = format!(
+            "after reconnecting, the database does not hold the append this server holds last \
+             ({mine:?}; found {found:?}): it lost committed appends, and another server may \
+             have written others in their place; restart this server to follow the database \
+             as it is"
+        );
+        self.inner.poison(reason.clone());
+        Err(StoreError::Database(reason))
     }
 
     /// Checks, commits and hands to the mirror one group of this server's appends; answers
@@ -810,6 +845,12 @@ impl Committer {
                 ..
             } = request;
             let at = appended_at.unwrap_or(at);
+            self.last_append = StoredAppend {
+                first,
+                last,
+                at,
+                bytes: append.body.len() as u64,
+            };
             let done = applied.clone();
             let inner = self.inner.clone();
             let answer = ReplyTo::Callback(Box::new(move |outcome| {

@@ -700,3 +700,99 @@ fn stale_mirrors_are_removed() {
     drop(held);
     std::fs::remove_dir_all(&live).unwrap();
 }
+
+/// Goal: a server that took in an append which a failover then lost stops answering for the
+/// log, even when another server has since committed a different append at the same positions
+/// (same size, so only the append time tells them apart). Method: a primary with a synchronous
+/// standby; the standby stopped, so that a commit waits on the primary; that wait cancelled,
+/// which leaves the append committed on the primary alone (its writer is told the outcome is
+/// unknown); a second store takes it in; the primary killed, the standby promoted; a third
+/// store commits another append at that position. The second store must refuse to append (and
+/// so to write after a position the database does not hold as it does), and the database
+/// stays a gapless log holding the third store's append.
+#[test]
+fn a_store_holding_an_append_a_failover_lost_stops() {
+    use annals::{AppendError, StoreError};
+    let Some(primary) = Cluster::start() else {
+        return;
+    };
+    let standby = primary.synchronous_standby();
+    let both = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        primary.port(),
+        standby.port()
+    );
+    let writer = Store::open_postgres(&both, small_options()).unwrap();
+    let reader = Store::open_postgres(&both, small_options()).unwrap();
+    writer.append(&[event()], None).unwrap();
+    assert_eq!(reader.refresh().unwrap(), 1);
+    standby.stop();
+    let waiting = std::thread::spawn(move || {
+        let outcome = writer.append(&[event()], None);
+        (writer, outcome)
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while primary.sql_value("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+        == "0"
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no commit waits for the standby"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    primary.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'");
+    let (writer, outcome) = waiting.join().unwrap();
+    assert!(
+        matches!(
+            outcome,
+            Err(AppendError::Store(StoreError::OutcomeUnknown { .. }))
+        ),
+        "{outcome:?}"
+    );
+    // Committed on the primary alone, and visible there: the reader takes it in.
+    assert_eq!(reader.refresh().unwrap(), 2);
+    drop(writer);
+    primary.kill9();
+    standby.restart();
+    standby.promote();
+    let other = Store::open_postgres(&standby.url(), small_options()).unwrap();
+    assert_eq!(
+        other.head(),
+        1,
+        "the promoted standby lacks the second append"
+    );
+    assert_eq!(other.append(&[event()], None).unwrap(), 2);
+    // The reader's connection went with the primary: once it reaches the new one, it must
+    // find that the database no longer holds its last append.
+    let mut looked = reader.refresh();
+    for _ in 0..50 {
+        if !matches!(looked, Err(StoreError::Unavailable { .. })) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        looked = reader.refresh();
+    }
+    assert!(
+        matches!(looked, Err(StoreError::Poisoned { .. })),
+        "a store whose last append the database no longer holds went on: {looked:?}"
+    );
+    let refused = reader.append(&[event()], None);
+    assert!(
+        matches!(
+            refused,
+            Err(AppendError::Store(StoreError::Poisoned { .. }))
+        ),
+        "a store whose log the database no longer holds appended: {refused:?}"
+    );
+    drop(reader);
+    other.close().unwrap();
+    let fresh = Store::open_postgres(&standby.url(), small_options()).unwrap();
+    assert_eq!(fresh.head(), 2);
+    assert_eq!(
+        standby.sql_value(
+            "SELECT string_agg(first_position::text, ',' ORDER BY 1) FROM annals_appends"
+        ),
+        "1,2"
+    );
+}
