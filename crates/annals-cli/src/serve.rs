@@ -11,8 +11,9 @@ pub struct ServeArgs {
     data_dir: Option<PathBuf>,
     /// Where the log lives: a data directory, or a PostgreSQL database
     /// (postgres://user:password@host:port/db; several hosts as host1:port1,host2:port2 with
-    /// ?target_session_attrs=read-write to follow the primary). Several servers may serve one
-    /// database. Env: ANNALS_STORE
+    /// ?target_session_attrs=read-write to follow the primary; ?sslmode=require for TLS that
+    /// checks the server's certificate, &sslrootcert=PATH for the roots to trust). Several
+    /// servers may serve one database. Env: ANNALS_STORE
     #[arg(long, value_name = "DIR|URL")]
     store: Option<String>,
     /// HTTP listen address. Env: ANNALS_HTTP_LISTEN. Default: 127.0.0.1:7400

@@ -133,6 +133,129 @@ impl Cluster {
         self.dir.path().join("data")
     }
 
+    /// A fresh cluster, started, that accepts TCP connections only over TLS, with a server
+    /// certificate for 127.0.0.1 issued by a CA of its own; answers the CA's PEM file (to give
+    /// as `sslrootcert`). Certificates are made with the `openssl` program.
+    pub fn start_tls() -> Option<(Cluster, PathBuf)> {
+        let bin = bin_dir().or_else(|| {
+            assert!(
+                !required(),
+                "PostgreSQL is required but was not found; run scripts/setup"
+            );
+            None
+        })?;
+        let cluster = Self::init(bin, None);
+        let data = cluster.data();
+        let ca = cluster.dir.path().join("ca.pem");
+        let ca_key = cluster.dir.path().join("ca.key");
+        let (cert, key, csr) = (
+            data.join("server.crt"),
+            data.join("server.key"),
+            data.join("server.csr"),
+        );
+        let ext = cluster.dir.path().join("server.ext");
+        std::fs::write(
+            &ext,
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let p = |p: &Path| p.to_str().unwrap().to_owned();
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &[
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=annals test CA",
+                    "-keyout",
+                    &p(&ca_key),
+                    "-out",
+                    &p(&ca),
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            &[
+                &["req"][..],
+                &ec,
+                &[
+                    "-subj",
+                    "/CN=127.0.0.1",
+                    "-keyout",
+                    &p(&key),
+                    "-out",
+                    &p(&csr),
+                ],
+            ]
+            .concat(),
+        );
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &p(&csr),
+            "-CA",
+            &p(&ca),
+            "-CAkey",
+            &p(&ca_key),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &p(&ext),
+            "-out",
+            &p(&cert),
+        ]);
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        if cluster.run_as_postgres {
+            let status = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&cert)
+                .arg(&key)
+                .status()
+                .expect("chown");
+            assert!(
+                status.success(),
+                "chown the server's certificate to postgres"
+            );
+        }
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "hostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n\
+             hostssl replication all 127.0.0.1/32 trust\n",
+        )
+        .unwrap();
+        cluster.configure(&[
+            "ssl = on",
+            "ssl_cert_file = 'server.crt'",
+            "ssl_key_file = 'server.key'",
+        ]);
+        cluster.start_server();
+        Some((cluster, ca))
+    }
+
     /// Appends lines to postgresql.conf (they take effect at the next start).
     pub fn configure(&self, settings: &[&str]) {
         use std::io::Write;

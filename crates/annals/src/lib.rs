@@ -36,6 +36,7 @@ mod index;
 pub mod io;
 mod limits;
 mod options;
+mod pgconnect;
 mod postgres;
 mod query;
 mod read;

@@ -42,10 +42,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use parking_lot::{Condvar, Mutex};
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, Config, NoTls, Statement};
+use postgres::{Client, Statement};
 
 use crate::error::StoreError;
 use crate::event::Tags;
+use crate::pgconnect::Target;
 use crate::query::Query;
 use crate::record::{EncodedAppend, Entries};
 use crate::store::Shared;
@@ -164,10 +165,11 @@ impl Remote {
         inner: Arc<Shared>,
         role: Arc<WriterRole>,
     ) -> Result<Remote, StoreError> {
-        let config = parse_config(url)?;
+        let config = Target::parse(url)?;
         let warned = Arc::new(AtomicBool::new(false));
-        let mut client =
-            connect(&config, Some(warned.clone())).map_err(|e| unavailable("connect", &e))?;
+        let mut client = config
+            .connect(Some(warned.clone()))
+            .map_err(|e| unavailable("connect", &e))?;
         ensure_schema(&mut client)?;
         let counters = Arc::new(RemoteCounters::default());
         let mut committer = Committer {
@@ -298,42 +300,6 @@ impl Drop for Remote {
     }
 }
 
-fn parse_config(url: &str) -> Result<Config, StoreError> {
-    let mut config: Config = url
-        .parse()
-        .map_err(|e| StoreError::InvalidOption(format!("PostgreSQL connection string: {e}")))?;
-    if config.get_application_name().is_none() {
-        config.application_name("annals");
-    }
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(5));
-    }
-    config.keepalives(true);
-    config.keepalives_idle(Duration::from_secs(10));
-    Ok(config)
-}
-
-/// Connects; `warned` is set when the server says a commit happened locally but its
-/// replication was not confirmed (see [`Committer::commit`]).
-fn connect(config: &Config, warned: Option<Arc<AtomicBool>>) -> Result<Client, postgres::Error> {
-    let mut config = config.clone();
-    if let Some(warned) = warned {
-        config.notice_callback(move |notice| {
-            // PostgreSQL's warning when a wait for synchronous replication is cancelled after
-            // the local commit ("canceling wait for synchronous replication ...", detail "The
-            // transaction has already committed locally, but might not have been replicated to
-            // the standby."): the commit is not known to be on the standby.
-            let detail = notice.detail().unwrap_or("");
-            if notice.message().contains("synchronous replication")
-                || detail.contains("committed locally")
-            {
-                warned.store(true, Ordering::Release);
-            }
-        });
-    }
-    config.connect(NoTls)
-}
-
 fn unavailable(what: &str, e: &postgres::Error) -> StoreError {
     StoreError::Unavailable {
         reason: format!("PostgreSQL {what}: {}", describe(e)),
@@ -351,11 +317,22 @@ fn is_unsupported(e: &postgres::Error) -> bool {
 }
 
 /// The error with the database's own message when it sent one.
+/// Otherwise the error and its causes ("error performing TLS handshake: invalid peer
+/// certificate: UnknownIssuer").
 fn describe(e: &postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
     }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Creates the schema when missing; refuses one newer than this build.
@@ -466,7 +443,7 @@ struct Accepted {
 
 /// The committer thread's state.
 struct Committer {
-    config: Config,
+    config: Target,
     connection: Option<Connection>,
     /// The memory-only log that mirrors the database, and its writer's role, taken to hand
     /// committed appends over.
@@ -512,7 +489,9 @@ impl Committer {
     /// The connection, made anew if the last one was lost.
     fn connection(&mut self) -> Result<&mut Connection, StoreError> {
         if self.connection.is_none() {
-            let client = connect(&self.config, Some(self.warned.clone()))
+            let client = self
+                .config
+                .connect(Some(self.warned.clone()))
                 .map_err(|e| unavailable("connect", &e))?;
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
             self.adopt(client)?;
@@ -1037,7 +1016,7 @@ fn server_id() -> i64 {
 /// The listener thread: wakes the committer when another server commits. A wake-up only; the
 /// committer polls as well.
 fn listen(
-    config: Config,
+    config: Target,
     inner: Arc<Shared>,
     server_id: i64,
     wake: Sender<u64>,
@@ -1051,7 +1030,7 @@ fn listen(
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
-            match connect(&config, None) {
+            match config.connect(None) {
                 Ok(mut c) => match c.batch_execute("LISTEN annals_appended") {
                     Ok(()) => client = Some(c),
                     Err(_) => retry_at = Instant::now() + Duration::from_secs(1),

@@ -796,3 +796,61 @@ fn a_store_holding_an_append_a_failover_lost_stops() {
         "1,2"
     );
 }
+
+/// Goal: a store reaches a database that takes only encrypted connections, over TLS that checks
+/// the server's certificate; without TLS, with a root that did not issue the certificate, or
+/// with a host name the certificate does not carry, it is refused with a message and nothing
+/// is written. Method: a cluster whose pg_hba.conf rejects connections without TLS, its
+/// certificate for 127.0.0.1 issued by a CA made for the test.
+#[test]
+fn tls_to_the_database_checks_the_server() {
+    let Some((cluster, ca)) = Cluster::start_tls() else {
+        return;
+    };
+    let base = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let ca = ca.to_str().unwrap();
+    let refusal = |url: &str| match Store::open_postgres(url, small_options()) {
+        Ok(_) => panic!("{url}: opened"),
+        Err(e) => e.to_string(),
+    };
+    let plain = refusal(&base);
+    assert!(
+        plain.contains("no encryption") || plain.contains("pg_hba"),
+        "{plain}"
+    );
+    // The system's roots did not issue the test CA's certificate.
+    let unknown = refusal(&format!("{base}?sslmode=require"));
+    assert!(unknown.to_lowercase().contains("certificate"), "{unknown}");
+    let other_name = format!(
+        "postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={ca}",
+        cluster.port()
+    );
+    let name = refusal(&other_name);
+    assert!(name.to_lowercase().contains("certificate"), "{name}");
+    assert_eq!(
+        cluster.sql_value("SELECT to_regclass('annals_appends') IS NULL"),
+        "t",
+        "nothing was written by a refused store"
+    );
+    let store = Store::open_postgres(
+        &format!("{base}?sslmode=verify-full&sslrootcert={ca}"),
+        small_options(),
+    )
+    .unwrap();
+    assert_eq!(store.append(&[event()], None).unwrap(), 1);
+    assert_eq!(
+        cluster.sql_value(
+            "SELECT bool_and(ssl) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+             WHERE application_name = 'annals'"
+        ),
+        "t"
+    );
+    store.close().unwrap();
+    // libpq's key=value form, the root given by PGSSLROOTCERT's place in the string.
+    let pairs = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=verify-ca sslrootcert={ca}",
+        cluster.port()
+    );
+    let store = Store::open_postgres(&pairs, small_options()).unwrap();
+    assert_eq!(store.head(), 1);
+}
