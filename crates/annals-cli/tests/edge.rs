@@ -283,6 +283,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
@@ -386,6 +387,63 @@ fn http2_floods_close_the_abusive_connection() {
     assert!(
         closed_within(&mut unfinished, Duration::from_secs(30)),
         "an unfinished header block does not hold the connection"
+    );
+    let after = head_latency(server.http, 21);
+    assert!(
+        after < before * 10 + Duration::from_millis(20),
+        "another client's latency held: {before:?} before, {after:?} after"
+    );
+}
+
+/// Writes `bytes` again and again for `within`, never reading what the server answers; true
+/// when the server closed the connection meanwhile.
+fn flood_without_reading(stream: &mut TcpStream, within: Duration, bytes: &[u8]) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let started = Instant::now();
+    while started.elapsed() < within {
+        match stream.write(bytes) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Goal: PING and SETTINGS floods, each of which makes the server answer every frame, cannot
+/// grow the server's memory or take another client's latency, whether the flooder reads the
+/// answers or not. Method: on both ports (gRPC, and HTTP/2 on the HTTP port), each flood for 2 s
+/// from a client that reads and from one that never does; after all of them the server's
+/// resident memory may have grown by at most 64 MiB and another client's requests must be
+/// answered about as fast as before. (A flood may also be ended by the server closing the
+/// connection; it need not be, as long as it costs nothing but its own connection's share.)
+#[test]
+fn ping_and_settings_floods_cost_only_their_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(dir.path(), "", &[]);
+    let before = head_latency(server.http, 21);
+    let rss_before = rss_bytes(server.child.id());
+    let ping = frame(PING, 0, 0, &[7u8; 8]);
+    let settings = frame(SETTINGS, 0, 0, &[0, 4, 0, 1, 0, 0]);
+    for port in [server.grpc.unwrap(), server.http] {
+        for one in [&ping, &settings] {
+            let mut reading = h2_connect(port);
+            flood_until_closed(&mut reading, Duration::from_secs(2), |_| one.clone());
+            let mut deaf = h2_connect(port);
+            flood_without_reading(&mut deaf, Duration::from_secs(2), &one.repeat(64));
+            let during = head_latency(server.http, 5);
+            assert!(
+                during < before * 10 + Duration::from_millis(20),
+                "another client waited {during:?} (before: {before:?}) beside a flood held open"
+            );
+        }
+    }
+    let grown = rss_bytes(server.child.id()).saturating_sub(rss_before);
+    assert!(
+        grown < 64 << 20,
+        "the floods grew the server by {grown} bytes"
     );
     let after = head_latency(server.http, 21);
     assert!(
