@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// (refused otherwise). Env: ANNALS_ALLOW_UNAUTHENTICATED_NETWORK=1. Default: off.
     #[arg(long)]
     allow_unauthenticated_network: bool,
+    /// Do not serve the web console at / on the HTTP listener. Env: ANNALS_CONSOLE=off.
+    /// Default: served (it uses the API, with the same keys).
+    #[arg(long)]
+    no_console: bool,
 }
 
 /// Defaults, then the config file, then the environment, then flags.
@@ -108,6 +112,9 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     }
     if args.allow_unauthenticated_network {
         config.allow_unauthenticated_network = true;
+    }
+    if args.no_console {
+        config.console = false;
     }
     Ok(config)
 }

@@ -58,6 +58,8 @@ pub struct Config {
     /// Listen beyond loopback with no API keys, serving anyone who can connect. Refused
     /// unless set.
     pub allow_unauthenticated_network: bool,
+    /// Serve the web console at `/` on the HTTP listener (see `console.rs`). Default: on.
+    pub console: bool,
     /// The matching engine the server hosts, journaled in its store; `None`: no exchange.
     pub exchange: Option<ExchangeConfig>,
 }
@@ -223,6 +225,7 @@ impl Default for Config {
             read_models: Vec::new(),
             allowed_origins: Vec::new(),
             allow_unauthenticated_network: false,
+            console: true,
             exchange: None,
         }
     }
@@ -271,6 +274,8 @@ pub struct ConfigFile {
     #[serde(default)]
     pub allowed_origins: Vec<String>,
     pub allow_unauthenticated_network: Option<bool>,
+    /// Serve the web console at `/` (default true).
+    pub console: Option<bool>,
     #[serde(default)]
     pub limits: LimitsFile,
     #[serde(default)]
@@ -385,6 +390,9 @@ impl Config {
             self.add_allowed_origin(&origin)
                 .map_err(|e| format!("config file {}: {e}", path.display()))?;
         }
+        if let Some(console) = file.console {
+            self.console = console;
+        }
         if let Some(allow) = file.allow_unauthenticated_network {
             self.allow_unauthenticated_network = allow;
         }
@@ -450,6 +458,13 @@ impl Config {
                 "ANNALS_ALLOWED_ORIGINS" => {
                     for origin in value.split(',').filter(|o| !o.trim().is_empty()) {
                         self.add_allowed_origin(origin)?;
+                    }
+                }
+                "ANNALS_CONSOLE" => {
+                    self.console = match value.as_str() {
+                        "1" | "true" | "yes" | "on" => true,
+                        "0" | "false" | "no" | "off" => false,
+                        _ => return Err(format!("ANNALS_CONSOLE: {value:?} is not on or off")),
                     }
                 }
                 "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK" => {

@@ -40,7 +40,11 @@ const NDJSON: &str = "application/x-ndjson";
 pub(crate) const SSE: &str = "text/event-stream";
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    crate::exchange::routes(Router::new())
+    let mut router = Router::new();
+    if state.config.console {
+        router = crate::console::routes(router);
+    }
+    crate::exchange::routes(router)
         .route("/v1/read", get(read))
         .route("/v1/append", post(append))
         .route("/v1/head", get(head))

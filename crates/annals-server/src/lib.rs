@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod auth;
 pub mod config;
+mod console;
 mod exchange;
 mod grpc;
 mod guard;

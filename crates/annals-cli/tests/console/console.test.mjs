@@ -1,0 +1,170 @@
+// Drives the Annals console in Chromium (headless) through Playwright; run by tests/console.rs,
+// which starts the servers and passes their addresses. Fails at the first check that does not
+// hold, saying which. SCREENSHOTS=DIR keeps a PNG of each page.
+import { chromium } from 'playwright-core';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+const { CHROMIUM, OPEN_URL, KEYED_URL, API_KEY, EXCHANGE_URL } = process.env;
+const SHOTS = process.env.ANNALS_CONSOLE_SCREENSHOTS;
+if (SHOTS) mkdirSync(SHOTS, { recursive: true });
+
+function check(ok, what) {
+  if (!ok) throw new Error('check failed: ' + what);
+  console.log('ok - ' + what);
+}
+
+async function shot(page, name) {
+  if (SHOTS) await page.screenshot({ path: join(SHOTS, name + '.png'), fullPage: true });
+}
+
+async function apiRead(base, query, options) {
+  const url = base + '/v1/read?query=' + encodeURIComponent(JSON.stringify(query)) +
+    '&options=' + encodeURIComponent(JSON.stringify(options));
+  const r = await fetch(url);
+  if (!r.ok) throw new Error('read ' + r.status);
+  return r.json();
+}
+
+async function positionsShown(page) {
+  return page.$$eval('tbody tr.event td:first-child', (cells) => cells.map((c) => Number(c.textContent)));
+}
+
+const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox'] });
+const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+const page = await context.newPage();
+const pageErrors = [];
+page.on('pageerror', (e) => pageErrors.push(String(e)));
+page.on('dialog', (d) => { pageErrors.push('a dialog opened: ' + d.message()); d.dismiss(); });
+
+try {
+  // Events: every event, then a query built in the form, checked against the API.
+  await page.goto(OPEN_URL + '/#/events');
+  await page.waitForSelector('tbody tr.event');
+  const all = await positionsShown(page);
+  check(all.length === 31 && all[0] === 1 && all[30] === 31, 'the events page lists every event: ' + all.length);
+  await shot(page, 'console-events');
+  await page.click('text=Add item');
+  await page.fill('[aria-label="Types of item 1"]', 'StudentSubscribed');
+  await page.fill('[aria-label="Tags of item 1"]', 'course:c2');
+  await page.click('button:has-text("Read")');
+  await page.waitForFunction(() => location.hash.includes('course%3Ac2') || location.hash.includes('course:c2'));
+  await page.waitForFunction(() => document.querySelectorAll('tbody tr.event').length < 31);
+  const expected = (await apiRead(OPEN_URL, { items: [{ types: ['StudentSubscribed'], tags: ['course:c2'] }] }, { limit: 50 })).map((e) => e.position);
+  const shown = await positionsShown(page);
+  check(JSON.stringify(shown) === JSON.stringify(expected) && shown.length > 0,
+    'a built query shows exactly the matching events: ' + JSON.stringify(shown));
+  // The URL is shareable: a fresh page on it shows the same.
+  const shared = page.url();
+  const second = await context.newPage();
+  await second.goto(shared);
+  await second.waitForSelector('tbody tr.event');
+  check(JSON.stringify(await positionsShown(second)) === JSON.stringify(expected), 'the query URL shows the same events in a new page');
+  await second.close();
+  // The equivalent commands.
+  const commands = await page.$$eval('.commands pre', (pres) => pres.map((p) => p.textContent));
+  check(commands.some((c) => c.startsWith('curl ')) && commands.some((c) => c.startsWith('annals read ')), 'the query is shown as curl and annals read');
+  // Open an event: its JSON data pretty-printed.
+  await page.click('tbody tr.event >> nth=0');
+  const data = await page.textContent('pre.data');
+  check(data.includes('\n  "n"') && data.includes('"name"'), 'an opened event shows its JSON data pretty-printed');
+  await shot(page, 'console-event-open');
+  // Clicking a tag narrows the query.
+  await page.click('tbody tr.event >> nth=0 >> button.chip:has-text("student:")');
+  await page.waitForFunction(() => document.querySelectorAll('tbody tr.event').length === 1);
+  check(decodeURIComponent(page.url()).includes('student:'), 'clicking a tag narrows the query to it');
+  // Data that is not JSON is shown as text, never as markup.
+  await page.goto(OPEN_URL + '/#/events?q=' + encodeURIComponent(JSON.stringify([{ types: ['Note'], tags: [] }])));
+  await page.waitForSelector('tbody tr.event');
+  await page.click('tbody tr.event >> nth=0');
+  const note = await page.textContent('pre.data');
+  const images = await page.$$eval('main img', (imgs) => imgs.length);
+  check(note === '<img src=x onerror=alert(1)> not JSON' && images === 0, 'data that is not JSON is shown as text, not markup');
+  // Paging: the next page starts after the last shown.
+  await page.goto(OPEN_URL + '/#/events?limit=10');
+  await page.waitForSelector('tbody tr.event');
+  await page.click('button:has-text("Next page")');
+  await page.waitForFunction(() => {
+    const first = document.querySelector('tbody tr.event td');
+    return first !== null && Number(first.textContent) === 11;
+  });
+  check(true, 'the next page starts after the last event shown');
+  // A query the server refuses: its message is shown.
+  await page.goto(OPEN_URL + '/#/events?from=-3');
+  await page.waitForSelector('#error:not([hidden])');
+  const refused = await page.textContent('#error');
+  check(refused.includes('400') && refused.length > 30, 'a bad query shows the server\'s error: ' + refused);
+  await shot(page, 'console-error');
+
+  // Live: an event appended by another client appears within a second.
+  await page.goto(OPEN_URL + '/#/live');
+  await page.waitForFunction(() => document.body.textContent.includes('following after position'));
+  const appended = Date.now();
+  const r = await fetch(OPEN_URL + '/v1/append', {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ events: [{ type: 'LiveCheck', tags: ['live'], data: '{}' }] }),
+  });
+  check(r.ok, 'another client appended');
+  await page.waitForFunction(() => document.querySelector('main tbody') && document.querySelector('main tbody').textContent.includes('LiveCheck'), null, { timeout: 1000 });
+  check(Date.now() - appended < 1500, 'a followed event appears within a second: ' + (Date.now() - appended) + ' ms');
+  await shot(page, 'console-live');
+
+  // Store: the head and the charts from the server's metrics.
+  await page.goto(OPEN_URL + '/#/store');
+  await page.waitForFunction(() => document.querySelectorAll('.card').length > 5);
+  const cards = await page.textContent('.cards');
+  check(cards.includes('Head position') && cards.includes('32') && cards.includes('healthy'), 'the store page shows the head and the state');
+  // Appends while the page samples the metrics, so that its chart has something to draw.
+  for (let i = 0; i < 25; i++) {
+    await fetch(OPEN_URL + '/v1/append', {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ events: [{ type: 'ChartCheck', tags: ['chart'], data: '{}' }] }),
+    });
+    await page.waitForTimeout(200);
+  }
+  await shot(page, 'console-store');
+
+  await page.goto(OPEN_URL + '/#/readmodels');
+  await page.waitForSelector('main tbody tr');
+  check((await page.textContent('main')).includes('keeps no read models'), 'the read models page says when there are none');
+
+  // Narrow screens: the events page fits a phone's width.
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto(OPEN_URL + '/#/events');
+  await page.waitForSelector('tbody tr.event');
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  check(overflow <= 1, 'the events page fits a phone\'s width (overflow ' + overflow + ' px)');
+  await shot(page, 'console-phone');
+  await page.setViewportSize({ width: 1280, height: 800 });
+
+  // Keys: the page asks for one, refuses a wrong one, works with the right one.
+  await page.goto(KEYED_URL + '/#/events');
+  await page.waitForSelector('#key-form:not([hidden])');
+  check(true, 'with keys configured the page asks for one');
+  await shot(page, 'console-key');
+  await page.fill('#key-input', 'not-the-key-00000000');
+  await page.click('#key-form button');
+  await page.waitForSelector('#key-form:not([hidden])');
+  const wrong = await page.textContent('#key-form label');
+  check(wrong.includes('refused'), 'a wrong key is refused: ' + wrong);
+  await page.fill('#key-input', API_KEY);
+  await page.click('#key-form button');
+  await page.waitForSelector('main table');
+  check(await page.isHidden('#key-form'), 'the right key opens the store: ' +
+    (await page.textContent('#key-form label')) + ' / ' + (await page.textContent('#error')));
+
+  // Exchange: the book after orders were placed.
+  await page.goto(EXCHANGE_URL + '/#/exchange');
+  await page.waitForSelector('.ladder td.bid');
+  const ladder = await page.textContent('.ladder');
+  check(ladder.includes('99') && ladder.includes('98') && ladder.includes('103'), 'the exchange page shows the book');
+  await page.waitForSelector('text=Recent trades');
+  const trades = await page.textContent('main');
+  check(trades.includes('101'), 'the exchange page shows the trade');
+  await shot(page, 'console-exchange');
+
+  check(pageErrors.length === 0, 'no script error in the page: ' + pageErrors.join('; '));
+  console.log('all console checks passed');
+} finally {
+  await browser.close();
+}
