@@ -49,7 +49,16 @@ fn the_console_in_a_browser() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let open = ServerProcess::start(&dir.path().join("open"), &[]);
+    let models = dir.path().join("models.toml");
+    std::fs::write(
+        &models,
+        "[[read_models]]\nname = \"subscriptions-by-course\"\ntypes = [\"StudentSubscribed\"]\ngroup_by = \"course:\"\n",
+    )
+    .unwrap();
+    let open = ServerProcess::start(
+        &dir.path().join("open"),
+        &["--config", models.to_str().unwrap()],
+    );
     for i in 0..30 {
         let course = format!("course:c{}", i % 3);
         let student = format!("student:s{i}");

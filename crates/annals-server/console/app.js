@@ -98,6 +98,11 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// A column header; '#' first marks a column of numbers (aligned right).
+function header(text) {
+  return text.startsWith('#') ? el('th', { class: 'num', text: text.slice(1) }) : el('th', { text });
+}
+
 function labelled(text, input, cls) {
   return el('label', { class: cls }, text, input);
 }
@@ -107,6 +112,14 @@ function fmt(n) {
   if (Math.abs(n) >= 1e6) return (n / 1e6).toFixed(2) + 'M';
   if (Math.abs(n) >= 1e4) return (n / 1e3).toFixed(1) + 'K';
   return Number.isInteger(n) ? String(n) : n.toFixed(1);
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return '-';
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return (i === 0 ? String(n) : n.toFixed(1)) + ' ' + units[i];
 }
 
 function time(us) {
@@ -505,8 +518,8 @@ async function storePage() {
       card('Head position', fmt(metric(m, 'annals_head_position'))),
       card('State', poisoned ? 'POISONED: appends refused until reopened' : 'healthy', poisoned),
       card('Durability', durability),
-      card('Segments', fmt(metric(m, 'annals_segments'))),
-      card('Index bytes', fmt(metric(m, 'annals_index_bytes'))),
+      card('Segments', fmt(metric(m, 'annals_segments')) + ' (' + bytes(metric(m, 'annals_segment_bytes')) + ')'),
+      card('Index', bytes(metric(m, 'annals_index_bytes'))),
       card('fsyncs', fmt(fsyncs)),
       card('fsync p50 / p99', p50 === null ? '-' : (p50 * 1e6).toFixed(0) + ' / ' + (p99 * 1e6).toFixed(0) + ' us'),
       card('Appends per group', groups ? (groupAppends / groups).toFixed(1) : '-'),
@@ -530,7 +543,7 @@ async function storePage() {
 async function readModelsPage() {
   const table = el('tbody');
   main.replaceChildren(el('h2', { text: 'Read models' }),
-    el('table', {}, el('thead', {}, el('tr', {}, ['Name', 'Position', 'Lag', 'Status', 'Applied', 'Checkpoint', ''].map((t) => el('th', { text: t })))), table));
+    el('table', {}, el('thead', {}, el('tr', {}, ['Name', '#Position', '#Lag', 'Status', '#Applied', '#Checkpoint', ''].map(header))), table));
   async function refresh() {
     const { readModels } = await apiJson('/v1/readmodels');
     table.replaceChildren();
@@ -570,9 +583,9 @@ async function exchangePage() {
     el('p', { class: 'muted', text: 'Mode ' + status.mode + ' (' + status.durability + '); ' + fmt(status.commands) + ' commands, ' + fmt(status.trades) + ' trades' }),
     el('div', { class: 'row' }, labelled('Symbol', pick)),
     el('h3', { text: 'Order book' }),
-    el('table', { class: 'ladder' }, el('thead', {}, el('tr', {}, ['Bid orders', 'Bid qty', '', 'Price', '', 'Ask qty', 'Ask orders'].map((t) => el('th', { text: t })))), ladder),
+    el('table', { class: 'ladder' }, el('thead', {}, el('tr', {}, ['#Bid orders', '#Bid qty', '', '#Price', '', '#Ask qty', '#Ask orders'].map(header))), ladder),
     el('h3', { text: 'Recent trades' }),
-    el('table', {}, el('thead', {}, el('tr', {}, ['Position', 'Price', 'Qty', 'Taker'].map((t) => el('th', { text: t })))), trades));
+    el('table', {}, el('thead', {}, el('tr', {}, ['#Position', '#Price', '#Qty', 'Taker'].map(header))), trades));
   if (!symbol) return;
   async function refresh() {
     const book = await apiJson('/v1/exchange/symbols/' + encodeURIComponent(symbol) + '/depth?levels=10');

@@ -357,6 +357,12 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "annals_segment_bytes",
+            "Bytes of the log's segment files.",
+            stats.segment_bytes as f64,
+        );
+        gauge(
+            &mut out,
             "annals_poisoned",
             "1 when a failed write or fsync stopped acknowledgements until reopen.",
             if stats.poisoned.is_some() { 1.0 } else { 0.0 },
