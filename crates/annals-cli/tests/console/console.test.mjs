@@ -69,6 +69,12 @@ try {
   const data = await page.textContent('pre.data');
   check(data.includes('\n  "n"') && data.includes('"name"'), 'an opened event shows its JSON data pretty-printed');
   await shot(page, 'console-event-open');
+  // By keyboard: a row takes the focus and Enter opens and closes it.
+  await page.focus('tbody tr.event >> nth=1');
+  await page.keyboard.press('Enter');
+  check(await page.getAttribute('tbody tr.event >> nth=1', 'aria-expanded') === 'true', 'Enter on a focused row opens the event');
+  await page.keyboard.press('Enter');
+  check(await page.getAttribute('tbody tr.event >> nth=1', 'aria-expanded') === 'false', 'Enter again closes it');
   // Clicking a tag narrows the query.
   await page.click('tbody tr.event >> nth=0 >> button.chip:has-text("student:")');
   await page.waitForFunction(() => document.querySelectorAll('tbody tr.event').length === 1);
