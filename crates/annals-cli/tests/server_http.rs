@@ -301,7 +301,7 @@ fn bad_input_is_refused_and_changes_nothing() {
         ("query not JSON", "GET", "/v1/read?query=%7Bitems".into(), String::new(), 400, "invalid_parameter", "parameter `query`"),
         ("query of the wrong shape", "GET", format!("/v1/read?query={}", encode(r#"{"items":{"tags":[]}}"#)), String::new(), 400, "invalid_parameter", "invalid type"),
         ("query with too many items", "GET", format!("/v1/read?query={}", encode(&huge_query)), String::new(), 400, "query_too_large", "limit is 8"),
-        ("query with an invalid tag", "GET", format!("/v1/read?query={}", encode(r#"{"items":[{"tags":[""]}]}"#)), String::new(), 400, "invalid_tag", "empty tag"),
+        ("query with an invalid tag", "GET", format!("/v1/read?query={}", encode(r#"{"items":[{"tags":["a"]},{"tags":[""]}]}"#)), String::new(), 400, "invalid_tag", "query item 1 has an empty tag"),
         ("query string over the limit", "GET", long_query_string, String::new(), 414, "query_too_large", "limit is 4096"),
         ("options with unknown field", "GET", format!("/v1/read?options={}", encode(r#"{"reverse":true}"#)), String::new(), 400, "invalid_parameter", "unknown field `reverse`"),
         ("options with from and after", "GET", format!("/v1/read?options={}", encode(r#"{"from":1,"after":1}"#)), String::new(), 400, "invalid_read_options", "not both"),

@@ -202,6 +202,7 @@ fn input_error(e: &InputError) -> ApiError {
         InputError::EmptyType { .. } | InputError::TypeTooLong { .. } => "invalid_type",
         InputError::TooManyTags { .. } => "too_many_tags",
         InputError::EmptyTag { .. }
+        | InputError::InvalidQueryTag { .. }
         | InputError::TagTooLong { .. }
         | InputError::DuplicateTag { .. }
         | InputError::ControlCharacter { .. } => "invalid_tag",

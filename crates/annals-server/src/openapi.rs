@@ -74,12 +74,17 @@ pub(crate) fn document() -> String {
                         "kind": { "type": "string", "description": "A stable machine-readable kind, e.g. malformed_json, too_many_tags, body_too_large, unauthenticated, queue_full." }
                     }
                 },
+                "Name": {
+                    "type": "string", "minLength": 1, "maxLength": 64,
+                    "pattern": "^[^\\u0000-\\u001F\\u007F-\\u009F]+$",
+                    "description": "An event type or a tag: not empty, no control characters, at most 256 bytes of UTF-8 by default (the server's limits say; 64 characters always fit)."
+                },
                 "QueryItem": {
                     "type": "object", "additionalProperties": false,
                     "description": "Matches an event whose type is one of types (any when empty) and that carries every tag in tags.",
                     "properties": {
-                        "types": { "type": "array", "items": { "type": "string" } },
-                        "tags": { "type": "array", "items": { "type": "string" } }
+                        "types": { "type": "array", "maxItems": 32, "items": { "type": "string" } },
+                        "tags": { "type": "array", "maxItems": 32, "items": { "$ref": "#/components/schemas/Name" } }
                     }
                 },
                 "Query": {
@@ -89,6 +94,7 @@ pub(crate) fn document() -> String {
                 },
                 "ReadOptions": {
                     "type": "object", "additionalProperties": false,
+                    "not": { "required": ["from", "after"] },
                     "properties": {
                         "from": { "type": "integer", "minimum": 0, "description": "Inclusive first position (forwards) or inclusive maximum (backwards)." },
                         "after": { "type": "integer", "minimum": 0, "description": "Exclusive start (forwards) or exclusive maximum (backwards); not with from." },
@@ -99,8 +105,8 @@ pub(crate) fn document() -> String {
                 "NewEvent": {
                     "type": "object", "additionalProperties": false, "required": ["type", "data"],
                     "properties": {
-                        "type": { "type": "string", "minLength": 1 },
-                        "tags": { "type": "array", "items": { "type": "string", "minLength": 1 }, "uniqueItems": true },
+                        "type": { "$ref": "#/components/schemas/Name" },
+                        "tags": { "type": "array", "maxItems": 32, "items": { "$ref": "#/components/schemas/Name" }, "uniqueItems": true },
                         "data": { "type": "string", "description": "Stored as its UTF-8 bytes." },
                         "id": { "type": "string", "format": "uuid", "description": "Not a key: events with the same id may be stored. When a conditional append fails and the first events matching its condition after `after` carry exactly the append's ids in order, the append is a retry and answers their last position. The nil UUID means no id." },
                         "metadata": { "description": "Any JSON value, stored as its text." }
@@ -133,9 +139,9 @@ pub(crate) fn document() -> String {
                         "events": { "type": "array", "minItems": 1, "items": { "$ref": "#/components/schemas/NewEvent" } },
                         "condition": { "$ref": "#/components/schemas/AppendCondition" },
                         "tracking": {
-                            "type": "object", "additionalProperties": false, "required": ["source", "position"],
-                            "description": "A consumer position recorded atomically with the events; must exceed the one recorded for the source.",
-                            "properties": { "source": { "type": "string" }, "position": { "type": "integer", "minimum": 0 } }
+                            "type": ["object", "null"], "additionalProperties": false, "required": ["source", "position"],
+                            "description": "A consumer position recorded atomically with the events; must exceed the one recorded for the source. null: none.",
+                            "properties": { "source": { "$ref": "#/components/schemas/Name" }, "position": { "type": "integer", "minimum": 0 } }
                         }
                     }
                 },
@@ -278,12 +284,45 @@ pub(crate) fn document() -> String {
     let (paths, schemas) = exchange();
     doc["paths"] = merge(doc["paths"].take(), paths);
     doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), schemas);
+    bound_positions(&mut doc);
     doc.to_string()
+}
+
+/// Every integer that cannot be negative is at most `u64::MAX`, as the server parses it.
+fn bound_positions(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            let unsigned = map.get("type") == Some(&json!("integer"))
+                && map.get("minimum").is_some_and(|m| m.as_u64().is_some());
+            if unsigned && !map.contains_key("maximum") {
+                map.insert("maximum".into(), json!(u64::MAX));
+            }
+            map.values_mut().for_each(bound_positions);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_positions),
+        _ => {}
+    }
 }
 
 /// The hosted exchange's endpoints and schemas (answered 404 no_exchange when the server
 /// hosts none).
 fn exchange() -> (Value, Value) {
+    let (mut paths, schemas) = exchange_operations();
+    for operation in paths
+        .as_object_mut()
+        .expect("paths")
+        .values_mut()
+        .flat_map(|methods| methods.as_object_mut().expect("methods").values_mut())
+    {
+        let responses = operation["responses"].as_object_mut().expect("responses");
+        responses.entry("404").or_insert_with(|| {
+            error_response("The server hosts no exchange (start it with --exchange MODE).")
+        });
+    }
+    (paths, schemas)
+}
+
+fn exchange_operations() -> (Value, Value) {
     let schemas = json!({
                 "ExecutionReport": {
                     "type": "object", "required": ["type"],

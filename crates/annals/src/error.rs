@@ -110,6 +110,9 @@ pub enum InputError {
     },
     #[error("event {index} has an empty tag")]
     EmptyTag { index: usize },
+    /// A tag of a query item is empty or too long (counted from 0).
+    #[error("query item {item} has {problem}")]
+    InvalidQueryTag { item: usize, problem: String },
     #[error("event {index} has a tag of {bytes} bytes (the limit is {max})")]
     TagTooLong {
         index: usize,

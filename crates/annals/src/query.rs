@@ -57,7 +57,7 @@ impl Query {
                 max: limits.query_items_max,
             });
         }
-        for item in &self.items {
+        for (i, item) in self.items.iter().enumerate() {
             for (what, values) in [("types", &item.types), ("tags", &item.tags)] {
                 if values.len() > limits.query_item_values_max {
                     return Err(InputError::QueryItemTooLarge {
@@ -68,7 +68,17 @@ impl Query {
                 }
             }
             for tag in &item.tags {
-                validate_tag(0, tag, limits)?;
+                validate_tag(0, tag, limits).map_err(|e| match e {
+                    InputError::EmptyTag { .. } => InputError::InvalidQueryTag {
+                        item: i,
+                        problem: "an empty tag".into(),
+                    },
+                    InputError::TagTooLong { bytes, max, .. } => InputError::InvalidQueryTag {
+                        item: i,
+                        problem: format!("a tag of {bytes} bytes (the limit is {max})"),
+                    },
+                    other => other,
+                })?;
             }
         }
         Ok(())
