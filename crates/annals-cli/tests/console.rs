@@ -35,9 +35,13 @@ fn browser() -> Option<(PathBuf, PathBuf)> {
     }
 }
 
+fn post_ok(server: &ServerProcess, path: &str, body: serde_json::Value) {
+    let r = server.post(path, &body.to_string());
+    assert_eq!(r.status, 200, "{path}: {}", r.text());
+}
+
 fn append(server: &ServerProcess, events: serde_json::Value) {
-    let r = server.post("/v1/append", &json!({ "events": events }).to_string());
-    assert_eq!(r.status, 200, "{}", r.text());
+    post_ok(server, "/v1/append", json!({ "events": events }));
 }
 
 /// Goal: the console shows a store as the API does and works with a keyboard-free browser
@@ -97,12 +101,11 @@ fn the_console_in_a_browser() {
         (4, "sell", 103, 2),
         (5, "buy", 101, 1),
     ] {
-        let r = exchange.post(
+        post_ok(
+            &exchange,
             "/v1/exchange/orders",
-            &json!({ "account": account, "symbol": 0, "side": side, "price": price, "qty": qty })
-                .to_string(),
+            json!({ "account": account, "symbol": 0, "side": side, "price": price, "qty": qty }),
         );
-        assert_eq!(r.status, 200, "{}", r.text());
     }
     let output = Command::new("node")
         .arg(script_dir.join("console.test.mjs"))

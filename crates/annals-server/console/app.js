@@ -479,7 +479,8 @@ function chart(title, series) {
   return box;
 }
 
-const history = { samples: [] };
+// Samples of the counters since the page opened: [time, appended, read], the last 5 minutes.
+const rateSamples = [];
 
 async function storePage() {
   const cards = el('div', { class: 'cards' });
@@ -492,13 +493,13 @@ async function storePage() {
     const text = await (await api('/metrics', { headers: { Accept: 'text/plain' } })).text();
     const m = parseMetrics(text);
     const now = Date.now();
-    history.samples.push([now, sumPrefix(m, 'annals_events_appended_total'), sumPrefix(m, 'annals_events_read_total')]);
-    while (history.samples.length && now - history.samples[0][0] > 300000) history.samples.shift();
+    rateSamples.push([now, sumPrefix(m, 'annals_events_appended_total'), sumPrefix(m, 'annals_events_read_total')]);
+    while (rateSamples.length && now - rateSamples[0][0] > 300000) rateSamples.shift();
     appends.length = 0;
     reads.length = 0;
-    for (let i = 1; i < history.samples.length; i++) {
-      const [t0, a0, r0] = history.samples[i - 1];
-      const [t1, a1, r1] = history.samples[i];
+    for (let i = 1; i < rateSamples.length; i++) {
+      const [t0, a0, r0] = rateSamples[i - 1];
+      const [t1, a1, r1] = rateSamples[i];
       const dt = Math.max(0.001, (t1 - t0) / 1000);
       appends.push([t1, Math.max(0, (a1 - a0) / dt)]);
       reads.push([t1, Math.max(0, (r1 - r0) / dt)]);
@@ -590,7 +591,7 @@ async function exchangePage() {
   async function refresh() {
     const book = await apiJson('/v1/exchange/symbols/' + encodeURIComponent(symbol) + '/depth?levels=10');
     const most = Math.max(1, ...book.bids.map((l) => l.qty), ...book.asks.map((l) => l.qty));
-    const bar = (qty) => el('div', { class: 'bar', style: null, 'data-width': qty }, '');
+    const bar = (qty) => el('div', { class: 'bar', 'data-width': qty });
     const rows = [];
     for (const a of book.asks.slice().reverse()) {
       rows.push(el('tr', {}, el('td'), el('td'), el('td'), el('td', { class: 'num ask', text: a.price }),

@@ -317,6 +317,17 @@ pub struct LimitsFile {
     pub queue_depth_max: Option<usize>,
 }
 
+/// An environment variable that turns something on or off.
+fn switch(name: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        _ => Err(format!(
+            "{name}: {value:?} is not on or off (true or false)"
+        )),
+    }
+}
+
 /// Parses a listen address; `off` (for gRPC) disables the listener.
 pub fn parse_listen(value: &str) -> Result<Option<SocketAddr>, String> {
     if value.eq_ignore_ascii_case("off") {
@@ -460,23 +471,9 @@ impl Config {
                         self.add_allowed_origin(origin)?;
                     }
                 }
-                "ANNALS_CONSOLE" => {
-                    self.console = match value.as_str() {
-                        "1" | "true" | "yes" | "on" => true,
-                        "0" | "false" | "no" | "off" => false,
-                        _ => return Err(format!("ANNALS_CONSOLE: {value:?} is not on or off")),
-                    }
-                }
+                "ANNALS_CONSOLE" => self.console = switch(&name, &value)?,
                 "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK" => {
-                    self.allow_unauthenticated_network = match value.as_str() {
-                        "1" | "true" | "yes" => true,
-                        "0" | "false" | "no" | "" => false,
-                        _ => {
-                            return Err(format!(
-                            "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK: {value:?} is not true or false"
-                        ))
-                        }
-                    }
+                    self.allow_unauthenticated_network = switch(&name, &value)?
                 }
                 "ANNALS_WORKER_THREADS" => {
                     let n: usize = value

@@ -33,7 +33,7 @@ use crate::error::StoreError;
 /// connector that checks the server's certificate.
 #[derive(Clone)]
 pub(crate) struct Target {
-    pub(crate) config: Config,
+    config: Config,
     tls: Option<MakeRustlsConnect>,
 }
 

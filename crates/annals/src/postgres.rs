@@ -165,15 +165,15 @@ impl Remote {
         inner: Arc<Shared>,
         role: Arc<WriterRole>,
     ) -> Result<Remote, StoreError> {
-        let config = Target::parse(url)?;
+        let target = Target::parse(url)?;
         let warned = Arc::new(AtomicBool::new(false));
-        let mut client = config
+        let mut client = target
             .connect(Some(warned.clone()))
             .map_err(|e| unavailable("connect", &e))?;
         ensure_schema(&mut client)?;
         let counters = Arc::new(RemoteCounters::default());
         let mut committer = Committer {
-            config: config.clone(),
+            target: target.clone(),
             connection: None,
             inner,
             role,
@@ -207,7 +207,7 @@ impl Remote {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("annals-pg-listener".into())
-                .spawn(move || listen(config, inner, server_id, wake_tx, stop))
+                .spawn(move || listen(target, inner, server_id, wake_tx, stop))
                 .map_err(|e| StoreError::Unavailable {
                     reason: format!("spawn the listener thread: {e}"),
                 })?
@@ -434,6 +434,17 @@ struct StoredAppend {
     bytes: u64,
 }
 
+impl StoredAppend {
+    fn of(first: u64, last: u64, at: u64, append: &EncodedAppend) -> StoredAppend {
+        StoredAppend {
+            first,
+            last,
+            at,
+            bytes: append.body.len() as u64,
+        }
+    }
+}
+
 /// An append of this server's group that passed its checks.
 struct Accepted {
     request: Request,
@@ -443,7 +454,7 @@ struct Accepted {
 
 /// The committer thread's state.
 struct Committer {
-    config: Target,
+    target: Target,
     connection: Option<Connection>,
     /// The memory-only log that mirrors the database, and its writer's role, taken to hand
     /// committed appends over.
@@ -490,7 +501,7 @@ impl Committer {
     fn connection(&mut self) -> Result<&mut Connection, StoreError> {
         if self.connection.is_none() {
             let client = self
-                .config
+                .target
                 .connect(Some(self.warned.clone()))
                 .map_err(|e| unavailable("connect", &e))?;
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -570,12 +581,7 @@ impl Committer {
                     }
                 };
                 let expected = last;
-                self.last_append = StoredAppend {
-                    first,
-                    last,
-                    at,
-                    bytes: append.body.len() as u64,
-                };
+                self.last_append = StoredAppend::of(first, last, at, &append);
                 applied.expect(1);
                 let done = applied.clone();
                 let reply = ReplyTo::Callback(Box::new(move |outcome| {
@@ -824,12 +830,7 @@ impl Committer {
                 ..
             } = request;
             let at = appended_at.unwrap_or(at);
-            self.last_append = StoredAppend {
-                first,
-                last,
-                at,
-                bytes: append.body.len() as u64,
-            };
+            self.last_append = StoredAppend::of(first, last, at, &append);
             let done = applied.clone();
             let inner = self.inner.clone();
             let answer = ReplyTo::Callback(Box::new(move |outcome| {
@@ -1016,7 +1017,7 @@ fn server_id() -> i64 {
 /// The listener thread: wakes the committer when another server commits. A wake-up only; the
 /// committer polls as well.
 fn listen(
-    config: Target,
+    target: Target,
     inner: Arc<Shared>,
     server_id: i64,
     wake: Sender<u64>,
@@ -1030,7 +1031,7 @@ fn listen(
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
-            match config.connect(None) {
+            match target.connect(None) {
                 Ok(mut c) => match c.batch_execute("LISTEN annals_appended") {
                     Ok(()) => client = Some(c),
                     Err(_) => retry_at = Instant::now() + Duration::from_secs(1),

@@ -26,6 +26,14 @@ async function apiRead(base, query, options) {
   return r.json();
 }
 
+// Appends events to the open server, as another client would.
+async function append(events) {
+  const r = await fetch(OPEN_URL + '/v1/append', {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ events }),
+  });
+  if (!r.ok) throw new Error('append ' + r.status + ': ' + await r.text());
+}
+
 async function positionsShown(page) {
   return page.$$eval('tbody tr.event td:first-child', (cells) => cells.map((c) => Number(c.textContent)));
 }
@@ -106,11 +114,7 @@ try {
   await page.goto(OPEN_URL + '/#/live');
   await page.waitForFunction(() => document.body.textContent.includes('following after position'));
   const appended = Date.now();
-  const r = await fetch(OPEN_URL + '/v1/append', {
-    method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ events: [{ type: 'LiveCheck', tags: ['live'], data: '{}' }] }),
-  });
-  check(r.ok, 'another client appended');
+  await append([{ type: 'LiveCheck', tags: ['live'], data: '{}' }]);
   await page.waitForFunction(() => document.querySelector('main tbody') && document.querySelector('main tbody').textContent.includes('LiveCheck'), null, { timeout: 1000 });
   check(Date.now() - appended < 1500, 'a followed event appears within a second: ' + (Date.now() - appended) + ' ms');
   // Thousands of events a second: the page keeps drawing frames and keeps at most 500 rows.
@@ -122,9 +126,7 @@ try {
   });
   const flooded = Date.now();
   const batch = Array.from({ length: 100 }, (_, i) => ({ type: 'Flood', tags: ['flood'], data: JSON.stringify({ i }) }));
-  await Promise.all(Array.from({ length: 50 }, () => fetch(OPEN_URL + '/v1/append', {
-    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ events: batch }),
-  })));
+  await Promise.all(Array.from({ length: 50 }, () => append(batch)));
   await page.waitForFunction(() => /\b(\d+) received/.test(document.body.textContent) &&
     Number(document.body.textContent.match(/\b(\d+) received/)[1]) >= 5001, null, { timeout: 10000 });
   const floodMs = Date.now() - flooded;
@@ -143,10 +145,7 @@ try {
     'the store page shows the head, the state and the log\'s size');
   // Appends while the page samples the metrics, so that its chart has something to draw.
   for (let i = 0; i < 25; i++) {
-    await fetch(OPEN_URL + '/v1/append', {
-      method: 'POST', headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ events: [{ type: 'ChartCheck', tags: ['chart'], data: '{}' }] }),
-    });
+    await append([{ type: 'ChartCheck', tags: ['chart'], data: '{}' }]);
     await page.waitForTimeout(200);
   }
   await shot(page, 'console-store');
