@@ -323,7 +323,7 @@ fn switch(name: &str, value: &str) -> Result<bool, String> {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" | "" => Ok(false),
         _ => Err(format!(
-            "{name}: {value:?} is not on or off (true or false)"
+            "{name}: {value:?} is not true or false (on or off)"
         )),
     }
 }
