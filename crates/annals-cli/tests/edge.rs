@@ -507,3 +507,95 @@ fn stalled_streams_hold_bounded_memory() {
     );
     drop(stalled);
 }
+
+/// The value of an unlabelled gauge in the server's /metrics.
+fn metric(server: &ServerProcess, name: &str) -> f64 {
+    let text = server.get("/metrics").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Goal: what all stalled streams together hold is bounded by the server's budget, and what
+/// one connection's streams hold by the connection's, whatever the number of connections and
+/// streams. Method: an 8 MiB server budget; 48 SSE subscribers on connections of their own and
+/// one HTTP/2 connection with 24 gRPC Read calls that never read, over 120 events of 1 MiB;
+/// the server's resident memory and its own gauge of bytes held must stay near the budget
+/// (each stream alone is bounded to 1-2 MiB, so without the budget they hold ~100 MiB).
+/// Meanwhile a reading client's head requests are answered.
+#[test]
+fn stalled_streams_together_hold_the_servers_budget() {
+    const BUDGET: usize = 8 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(
+        dir.path(),
+        &format!(
+            "event_bytes_max = 1100000\nbody_bytes_max = 2000000\nstream_bytes_max = {BUDGET}\n\
+             stream_bytes_per_connection_max = {}",
+            BUDGET / 2
+        ),
+        &[],
+    );
+    let pid = server.child.id();
+    let data = "x".repeat(1 << 20);
+    let body = format!(r#"{{"events":[{{"type":"Big","tags":["big"],"data":"{data}"}}]}}"#);
+    for _ in 0..8 {
+        assert_eq!(server.post("/v1/append", &body).status, 200);
+    }
+    let baseline = rss_bytes(pid);
+    let mut stalled = Vec::new();
+    for _ in 0..48 {
+        let mut s = TcpStream::connect(server.http).unwrap();
+        s.write_all(b"GET /v1/subscribe?after=0 HTTP/1.1\r\nhost: test\r\naccept: text/event-stream\r\n\r\n")
+            .unwrap();
+        stalled.push(s);
+    }
+    let read_call = {
+        // ReadRequest { batch_size: 5000 } (field 6, varint).
+        let message = [0x30, 0x88, 0x27];
+        let mut body = vec![0u8];
+        body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        body.extend_from_slice(&message);
+        body
+    };
+    let mut c = h2_connect(server.grpc.unwrap());
+    for i in 0..24u32 {
+        let stream = 1 + 2 * i;
+        let block = call_headers("/umadb.v1.DCB/Read");
+        c.write_all(&frame(HEADERS, END_HEADERS, stream, &block))
+            .unwrap();
+        c.write_all(&frame(0x0, END_STREAM, stream, &read_call))
+            .unwrap();
+    }
+    stalled.push(c);
+    for _ in 0..112 {
+        assert_eq!(server.post("/v1/append", &body).status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let held = metric(&server, "annals_stream_buffered_bytes");
+    assert!(
+        held <= BUDGET as f64,
+        "streams hold {held} bytes, over the budget of {BUDGET}"
+    );
+    assert!(
+        held >= (BUDGET / 2) as f64,
+        "the stalled streams should have filled the budget; they hold {held} bytes"
+    );
+    let grown = rss_bytes(pid).saturating_sub(baseline);
+    assert!(
+        grown < 48 << 20,
+        "72 stalled streams over 120 MiB of events grew the server by {} MiB (budget 8 MiB)",
+        grown >> 20
+    );
+    assert!(head_latency(server.http, 5) < Duration::from_millis(500));
+    drop(stalled);
+    // Once the clients are gone, their reservations come back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&server, "annals_stream_buffered_bytes") > 0.0 {
+        assert!(Instant::now() < deadline, "reservations not returned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -178,6 +178,11 @@ pub struct ServerLimits {
     pub streams_per_connection_max: u32,
     /// Live subscriptions (HTTP and gRPC together); further ones get 503 / UNAVAILABLE.
     pub subscribers_max: usize,
+    /// Bytes of streamed answers (long reads, subscriptions, market data) the server holds
+    /// at once, all connections together; a stream waits for room, and ends after a while.
+    pub stream_bytes_max: usize,
+    /// The same, for one connection.
+    pub stream_bytes_per_connection_max: usize,
     /// Time a client has to send its request headers.
     pub header_timeout: Duration,
     /// Time a client has to send its whole request body.
@@ -198,6 +203,8 @@ impl Default for ServerLimits {
             header_list_bytes_max: 160 << 10,
             streams_per_connection_max: 256,
             subscribers_max: 1024,
+            stream_bytes_max: 256 << 20,
+            stream_bytes_per_connection_max: 16 << 20,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
@@ -303,6 +310,8 @@ pub struct LimitsFile {
     pub header_list_bytes_max: Option<usize>,
     pub streams_per_connection_max: Option<u32>,
     pub subscribers_max: Option<usize>,
+    pub stream_bytes_max: Option<usize>,
+    pub stream_bytes_per_connection_max: Option<usize>,
     pub header_timeout_ms: Option<u64>,
     pub body_timeout_ms: Option<u64>,
     pub drain_timeout_ms: Option<u64>,
@@ -572,6 +581,11 @@ impl ServerLimits {
             file.streams_per_connection_max,
         );
         set(&mut self.subscribers_max, file.subscribers_max);
+        set(&mut self.stream_bytes_max, file.stream_bytes_max);
+        set(
+            &mut self.stream_bytes_per_connection_max,
+            file.stream_bytes_per_connection_max,
+        );
         if let Some(ms) = file.header_timeout_ms {
             self.header_timeout = Duration::from_millis(ms);
         }

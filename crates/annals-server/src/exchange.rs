@@ -21,9 +21,12 @@ use annals_exchange::{
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
+use axum::Extension;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode, Uri};
 use serde::Deserialize;
+
+use crate::budget::{ConnectionBudget, StreamBudget};
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
@@ -975,11 +978,17 @@ impl Watcher {
     }
 }
 
-fn stream_response(watcher: Watcher) -> Response {
+/// The answer carrying `watcher`'s chunks, each held within `budget` until written out (a
+/// chunk is one batch's outputs for one client, small; room is reserved once it is made).
+fn stream_response(watcher: Watcher, budget: StreamBudget) -> Response {
     let sse = watcher.sse;
-    let stream = futures_util::stream::unfold(watcher, |mut w| async move {
-        let chunk = w.next_chunk().await?;
-        Some((Ok::<_, Infallible>(chunk), w))
+    let stream = futures_util::stream::unfold(watcher, move |mut w| {
+        let budget = budget.clone();
+        async move {
+            let chunk = w.next_chunk().await?;
+            let held = budget.reserve(chunk.len()).await.ok()?;
+            Some((Ok::<_, Infallible>(held.attach(chunk)), w))
+        }
     });
     live_response(Body::from_stream(stream), sse)
 }
@@ -988,6 +997,7 @@ fn stream_response(watcher: Watcher) -> Response {
 /// change after it, with no gap and no repeat between the two.
 async fn market_stream(
     State(state): State<Arc<AppState>>,
+    connection: Option<Extension<ConnectionBudget>>,
     Path(symbol): Path<String>,
     headers: HeaderMap,
     uri: Uri,
@@ -1015,7 +1025,8 @@ async fn market_stream(
         let mut first = Vec::new();
         watcher.frame(&mut first, next, "book", &book_json(symbol, &found));
         watcher.first = Some(Bytes::from(first));
-        Ok(stream_response(watcher))
+        let budget = StreamBudget::of(&state, connection.as_deref());
+        Ok(stream_response(watcher, budget))
     }
     .await;
     finish(&state, Op::Market, started, result)
@@ -1024,6 +1035,7 @@ async fn market_stream(
 /// An account's execution reports as they become durable.
 async fn account_reports(
     State(state): State<Arc<AppState>>,
+    connection: Option<Extension<ConnectionBudget>>,
     Path(account): Path<String>,
     headers: HeaderMap,
     uri: Uri,
@@ -1046,16 +1058,20 @@ async fn account_reports(
         let ((), next) = ask(hosted, |_| ()).await?;
         let sse = accepts(&headers, SSE);
         let first = sse.then(|| Bytes::from(format!(": reports of account {account}\n\n")));
-        Ok(stream_response(Watcher {
-            outputs,
-            filter: Filter::Account(account),
-            next,
-            sse,
-            shutdown: state.shutdown.clone(),
-            _gauge: state.metrics.subscriber(),
-            first,
-            ended: false,
-        }))
+        let budget = StreamBudget::of(&state, connection.as_deref());
+        Ok(stream_response(
+            Watcher {
+                outputs,
+                filter: Filter::Account(account),
+                next,
+                sse,
+                shutdown: state.shutdown.clone(),
+                _gauge: state.metrics.subscriber(),
+                first,
+                ended: false,
+            },
+            budget,
+        ))
     }
     .await;
     finish(&state, Op::Market, started, result)

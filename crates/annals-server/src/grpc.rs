@@ -28,6 +28,7 @@ use umadb_proto::v1::dcb_server::{Dcb, DcbServer};
 use umadb_proto::v1::error_response::ErrorType;
 
 use crate::auth::{Denied, Scopes};
+use crate::budget::{Held, StreamBudget};
 use crate::metrics::{Api, Op, Outcome};
 use crate::wire;
 use crate::AppState;
@@ -39,6 +40,14 @@ const BATCH_MAX: u32 = 5000;
 /// whatever the events' size, and each message stays within what clients decode by default
 /// (4 MiB).
 const MESSAGE_BYTES_MAX: usize = 2 << 20;
+/// A sequenced event's bytes in a message beyond what the store holds of it (position, field
+/// keys, lengths), for reserving room.
+const EVENT_OVERHEAD: usize = 32;
+
+/// The status ending a stream whose budget stayed full.
+fn exhausted(e: crate::budget::Exhausted) -> Status {
+    status(Code::Unavailable, ErrorType::Io, e.to_string())
+}
 
 /// Serves the DCB service (under both names) and gRPC health on `listener`, through the same
 /// accept loop, limits and graceful shutdown as HTTP (`serve.rs`): tonic's routes become one
@@ -233,7 +242,11 @@ impl Service {
             .record(Api::Grpc, op, outcome, started.elapsed());
     }
 
-    fn read_stream(&self, request: v1::ReadRequest) -> Result<BoxStream<v1::ReadResponse>, Status> {
+    fn read_stream(
+        &self,
+        request: v1::ReadRequest,
+        budget: StreamBudget,
+    ) -> Result<BoxStream<v1::ReadResponse>, Status> {
         #[allow(deprecated)]
         if request.subscribe.unwrap_or(false) {
             return Err(invalid(
@@ -268,24 +281,36 @@ impl Service {
             iter: annals::ReadIter,
             sent_any: bool,
             done: bool,
+            /// Room of the message last sent: tonic has encoded it once it asks for the next.
+            held: Option<Held>,
         }
         let reading = Reading {
             iter,
             sent_any: false,
             done: false,
+            held: None,
         };
         let stream = futures_util::stream::unfold(reading, move |mut r| {
             let state = state.clone();
+            let budget = budget.clone();
             async move {
+                r.held = None;
                 if r.done {
                     return None;
                 }
+                let mut held = match budget.reserve(MESSAGE_BYTES_MAX).await {
+                    Ok(held) => held,
+                    Err(e) => {
+                        r.done = true;
+                        return Some((Err(exhausted(e)), r));
+                    }
+                };
                 let mut events = Vec::with_capacity(batch.min(1024));
                 let mut bytes = 0usize;
                 while events.len() < batch && bytes < MESSAGE_BYTES_MAX {
                     match r.iter.next() {
                         Some(Ok(event)) => {
-                            bytes += event.stored_bytes();
+                            bytes += event.stored_bytes() + EVENT_OVERHEAD;
                             events.push(to_sequenced(&event));
                         }
                         Some(Err(e)) => {
@@ -301,6 +326,11 @@ impl Service {
                 if events.is_empty() && r.sent_any {
                     return None;
                 }
+                if let Err(e) = held.fit(bytes).await {
+                    r.done = true;
+                    return Some((Err(exhausted(e)), r));
+                }
+                r.held = Some(held);
                 r.sent_any = true;
                 state.metrics.events_read(events.len() as u64);
                 let batch_head = if limited {
@@ -323,6 +353,7 @@ impl Service {
     fn subscribe_stream(
         &self,
         request: v1::SubscribeRequest,
+        budget: StreamBudget,
     ) -> Result<BoxStream<v1::SubscribeResponse>, Status> {
         let limits = &self.state.config.limits;
         if self.state.metrics.subscribers() >= limits.subscribers_max as i64 {
@@ -349,29 +380,69 @@ impl Service {
             shutdown: tokio::sync::watch::Receiver<bool>,
             state: Arc<AppState>,
             _gauge: crate::metrics::Gauge,
+            budget: StreamBudget,
+            /// Room of the message last sent: tonic has encoded it once it asks for the next.
+            held: Option<Held>,
+            done: bool,
         }
         let following = Following {
             subscription,
             shutdown: self.state.shutdown.clone(),
             state: self.state.clone(),
             _gauge: self.state.metrics.subscriber(),
+            budget,
+            held: None,
+            done: false,
         };
         let stream = futures_util::stream::unfold(following, move |mut f| async move {
-            if *f.shutdown.borrow() {
-                return None;
-            }
-            let batch = tokio::select! {
-                batch = f.subscription.next_batch_bytes(batch, MESSAGE_BYTES_MAX) => batch,
-                _ = f.shutdown.changed() => return None,
-            };
-            match batch {
-                Ok(events) if events.is_empty() => None,
-                Ok(events) => {
-                    f.state.metrics.events_read(events.len() as u64);
-                    let events = events.iter().map(to_sequenced).collect();
-                    Some((Ok(v1::SubscribeResponse { events }), f))
+            f.held = None;
+            loop {
+                if f.done || *f.shutdown.borrow() {
+                    return None;
                 }
-                Err(e) => Some((Err(read_status(&e)), f)),
+                // Wait for new events, reserve room, then read them.
+                let ready = tokio::select! {
+                    ready = f.subscription.ready() => ready,
+                    _ = f.shutdown.changed() => return None,
+                };
+                match ready {
+                    Ok(true) => {}
+                    Ok(false) => return None,
+                    Err(e) => {
+                        f.done = true;
+                        return Some((Err(read_status(&e)), f));
+                    }
+                }
+                let mut held = match f.budget.reserve(MESSAGE_BYTES_MAX).await {
+                    Ok(held) => held,
+                    Err(e) => {
+                        f.done = true;
+                        return Some((Err(exhausted(e)), f));
+                    }
+                };
+                let mut events = Vec::new();
+                if let Err(e) =
+                    f.subscription
+                        .try_next_batch_bytes(batch, MESSAGE_BYTES_MAX / 2, &mut events)
+                {
+                    f.done = true;
+                    return Some((Err(read_status(&e)), f));
+                }
+                if events.is_empty() {
+                    continue; // the new events do not match
+                }
+                f.state.metrics.events_read(events.len() as u64);
+                let bytes = events
+                    .iter()
+                    .map(|e| e.stored_bytes() + EVENT_OVERHEAD)
+                    .sum();
+                if let Err(e) = held.fit(bytes).await {
+                    f.done = true;
+                    return Some((Err(exhausted(e)), f));
+                }
+                f.held = Some(held);
+                let events = events.iter().map(to_sequenced).collect();
+                return Some((Ok(v1::SubscribeResponse { events }), f));
             }
         });
         Ok(Box::pin(stream))
@@ -436,7 +507,10 @@ impl Dcb for Service {
         let started = Instant::now();
         let result = self
             .authorize(request.metadata(), Scopes::READ)
-            .and_then(|()| self.read_stream(request.into_inner()));
+            .and_then(|()| {
+                let budget = StreamBudget::of(&self.state, request.extensions().get());
+                self.read_stream(request.into_inner(), budget)
+            });
         self.record(Op::Read, started, &result);
         result.map(Response::new)
     }
@@ -448,7 +522,10 @@ impl Dcb for Service {
         let started = Instant::now();
         let result = self
             .authorize(request.metadata(), Scopes::READ)
-            .and_then(|()| self.subscribe_stream(request.into_inner()));
+            .and_then(|()| {
+                let budget = StreamBudget::of(&self.state, request.extensions().get());
+                self.subscribe_stream(request.into_inner(), budget)
+            });
         self.record(Op::Subscribe, started, &result);
         result.map(Response::new)
     }

@@ -21,6 +21,7 @@ use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
 use crate::auth::Scopes;
+use crate::budget::StreamBudget;
 use crate::metrics::{Api, Op, Outcome};
 use crate::wire::{self, ApiError, AppendBody};
 use crate::AppState;
@@ -351,14 +352,20 @@ fn read_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiE
     let body = if encoder.done {
         Body::from(first)
     } else {
-        let rest = futures_util::stream::unfold(encoder, |mut encoder| async move {
-            if encoder.done {
-                return None;
+        let budget = StreamBudget::of(state, request.extensions().get());
+        let rest = futures_util::stream::unfold(encoder, move |mut encoder| {
+            let budget = budget.clone();
+            async move {
+                if encoder.done {
+                    return None;
+                }
+                // An error after the status is sent can only end the stream early; the client
+                // sees a truncated array. So does a budget that stays full.
+                let mut held = budget.reserve(READ_CHUNK_BYTES).await.ok()?;
+                let chunk = encoder.next_chunk().ok()?;
+                held.fit(chunk.len()).await.ok()?;
+                Some((Ok::<_, Infallible>(held.attach(chunk)), encoder))
             }
-            // An error after the status is sent can only end the stream early; the client
-            // sees a truncated array.
-            let chunk = encoder.next_chunk().ok()?;
-            Some((Ok::<_, Infallible>(chunk), encoder))
         });
         Body::from_stream(futures_util::StreamExt::chain(
             futures_util::stream::once(async move { Ok::<_, Infallible>(first) }),
@@ -659,6 +666,7 @@ fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response,
         .map_err(|e| read_error(&e))?;
     let follower = Follower {
         subscription,
+        budget: StreamBudget::of(state, request.extensions().get()),
         shutdown: state.shutdown.clone(),
         state: state.clone(),
         _gauge: state.metrics.subscriber(),
@@ -701,6 +709,7 @@ pub(crate) fn live_response(body: Body, sse: bool) -> Response {
 /// One subscriber's stream: batches of events as NDJSON lines or SSE messages.
 struct Follower {
     subscription: annals::Subscription,
+    budget: StreamBudget,
     shutdown: tokio::sync::watch::Receiver<bool>,
     state: Arc<AppState>,
     _gauge: crate::metrics::Gauge,
@@ -708,23 +717,38 @@ struct Follower {
 }
 
 impl Follower {
-    /// The next chunk to send; `None` ends the stream (shutdown, closed or failed store).
+    /// The next chunk to send; `None` ends the stream (shutdown, closed or failed store, or a
+    /// stream budget that stayed full). Room for the chunk is reserved before its events are
+    /// read, once there are new ones.
     async fn next_chunk(&mut self) -> Option<Bytes> {
-        if *self.shutdown.borrow() {
-            return None;
-        }
         let keepalive = tokio::time::sleep(SSE_KEEPALIVE);
         tokio::pin!(keepalive);
-        let batch = tokio::select! {
-            batch = self.subscription.next_batch_bytes(SUBSCRIBE_BATCH, STREAM_CHUNK_BYTES) => batch.ok()?,
-            _ = self.shutdown.changed() => return None,
-            _ = &mut keepalive, if self.sse => return Some(Bytes::from_static(b": keepalive\n\n")),
-        };
-        if batch.is_empty() {
-            return None; // the store closed
+        loop {
+            if *self.shutdown.borrow() {
+                return None;
+            }
+            let ready = tokio::select! {
+                ready = self.subscription.ready() => ready.ok()?,
+                _ = self.shutdown.changed() => return None,
+                _ = &mut keepalive, if self.sse => return Some(Bytes::from_static(b": keepalive\n\n")),
+            };
+            if !ready {
+                return None; // the store closed
+            }
+            let mut held = self.budget.reserve(STREAM_CHUNK_BYTES).await.ok()?;
+            let mut batch = Vec::new();
+            self.subscription
+                .try_next_batch_bytes(SUBSCRIBE_BATCH, STREAM_CHUNK_BYTES / 2, &mut batch)
+                .ok()?;
+            if batch.is_empty() {
+                continue; // the new events do not match
+            }
+            self.state.metrics.events_read(batch.len() as u64);
+            let chunk = self.encode(&batch);
+            drop(batch);
+            held.fit(chunk.len()).await.ok()?;
+            return Some(held.attach(chunk));
         }
-        self.state.metrics.events_read(batch.len() as u64);
-        Some(self.encode(&batch))
     }
 
     fn encode(&self, batch: &[Event]) -> Bytes {
@@ -918,6 +942,11 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
         return e.into_response();
     }
     let mut text = state.metrics.render(&state.store.stats());
+    crate::metrics::render_stream_bytes(
+        &mut text,
+        state.stream_bytes.held(),
+        state.config.limits.stream_bytes_max,
+    );
     crate::metrics::render_read_models(&mut text, &state.read_models.statuses());
     if let Some(hosted) = &state.exchange {
         crate::metrics::render_exchange(&mut text, hosted.exchange.stats());

@@ -8,6 +8,7 @@
 
 pub mod alloc;
 pub mod auth;
+mod budget;
 pub mod config;
 mod console;
 mod exchange;
@@ -44,6 +45,8 @@ pub(crate) struct AppState {
     pub exchange: Option<Arc<exchange::Hosted>>,
     /// Turns true when the server starts shutting down; ends subscriptions.
     pub shutdown: watch::Receiver<bool>,
+    /// The server's budget of bytes held by streamed answers.
+    pub stream_bytes: budget::Budget,
 }
 
 impl AppState {
@@ -180,6 +183,7 @@ impl Server {
             read_models: read_models.clone(),
             exchange: exchange.clone(),
             shutdown: shutdown_rx.clone(),
+            stream_bytes: budget::Budget::new(config.limits.stream_bytes_max),
         });
         let http_listener = tokio::net::TcpListener::bind(config.http_listen)
             .await

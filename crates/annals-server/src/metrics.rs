@@ -450,6 +450,22 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &HistogramSnapshot, 
     let _ = writeln!(out, "{name}_count{braces} {}", h.count);
 }
 
+/// The bytes of streamed answers the server holds, and its budget for them.
+pub(crate) fn render_stream_bytes(out: &mut String, held: usize, max: usize) {
+    gauge(
+        out,
+        "annals_stream_buffered_bytes",
+        "Bytes of streamed answers (long reads, subscriptions, market data) held until written.",
+        held as f64,
+    );
+    gauge(
+        out,
+        "annals_stream_buffered_bytes_max",
+        "The server's budget for them (limits.stream_bytes_max).",
+        max as f64,
+    );
+}
+
 /// The read models' gauges and counters, labelled by name.
 pub fn render_read_models(out: &mut String, models: &[crate::readmodels::ModelView]) {
     type Field = fn(&crate::readmodels::ModelView) -> u64;

@@ -108,7 +108,13 @@ pub(crate) async fn serve_http(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        // Each connection's streamed answers draw from a budget of its own (see `budget`).
+        let connection_budget =
+            crate::budget::ConnectionBudget::new(limits.stream_bytes_per_connection_max);
+        let service = TowerToHyperService::new(WithBudget {
+            router: router.clone(),
+            budget: connection_budget,
+        });
         let watcher = graceful.watcher();
         let tls = tls.clone();
         let gauge = state.metrics.connection();
@@ -144,9 +150,35 @@ pub(crate) async fn serve_http(
     }
 }
 
+/// The router, each request carrying its connection's stream budget.
+#[derive(Clone)]
+pub(crate) struct WithBudget {
+    router: axum::Router,
+    budget: crate::budget::ConnectionBudget,
+}
+
+impl tower::Service<axum::http::Request<hyper::body::Incoming>> for WithBudget {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future =
+        <axum::Router as tower::Service<axum::http::Request<hyper::body::Incoming>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower::Service::<axum::http::Request<hyper::body::Incoming>>::poll_ready(
+            &mut self.router,
+            cx,
+        )
+    }
+
+    fn call(&mut self, mut request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
+        request.extensions_mut().insert(self.budget.clone());
+        self.router.call(request)
+    }
+}
+
 async fn serve_io<I>(
     io: I,
-    service: TowerToHyperService<axum::Router>,
+    service: TowerToHyperService<WithBudget>,
     watcher: hyper_util::server::graceful::Watcher,
     limits: &crate::config::ServerLimits,
     protocols: Protocols,

@@ -132,6 +132,26 @@ impl Subscription {
         self.next_batch_bytes(max, usize::MAX).await
     }
 
+    /// Waits, without blocking a thread, until a call to [`Subscription::try_next_batch_bytes`]
+    /// may find events: the head has moved past the cursor, a read is under way, or the store
+    /// closed (`Ok(false)`). Nothing is fetched, so a caller can reserve memory for the batch
+    /// first; the batch may still be empty when the new events do not match.
+    pub async fn ready(&mut self) -> Result<bool, ReadError> {
+        loop {
+            let listener = self.shared.head_changed.listen();
+            if self.current.is_some() || self.shared.head() > self.scanned {
+                return Ok(true);
+            }
+            if let Some(e) = self.shared.poison_error() {
+                return Err(ReadError::Store(e));
+            }
+            if self.shared.closed.load(Ordering::Acquire) {
+                return Ok(false);
+            }
+            listener.await;
+        }
+    }
+
     /// Like [`Subscription::next_batch`], the batch holding at most `bytes_max` stored bytes
     /// (or one event, if that one is larger): what a stream keeps in memory for a client is
     /// bounded whatever the events' size.
