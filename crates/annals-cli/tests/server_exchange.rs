@@ -319,7 +319,7 @@ fn bad_input_changes_nothing() {
         (
             "POST",
             "/v1/exchange/orders",
-            r#"{"account":1,"symbol":0,"side":"buy","price":1e3,"qty":1}"#,
+            r#"{"account":1,"symbol":0,"side":"buy","price":1.5,"qty":1}"#,
             400,
             "invalid_body",
         ),

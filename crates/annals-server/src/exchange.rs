@@ -391,9 +391,10 @@ async fn run_command(
     finish(&state, Op::Order, started, result)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "OrderKind")]
 #[serde(rename_all = "snake_case")]
-enum KindField {
+pub(crate) enum KindField {
     Limit,
     Market,
     Ioc,
@@ -401,16 +402,18 @@ enum KindField {
     PostOnly,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Side")]
 #[serde(rename_all = "snake_case")]
-enum SideField {
+pub(crate) enum SideField {
     Buy,
     Sell,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "SelfTrade")]
 #[serde(rename_all = "snake_case")]
-enum StpField {
+pub(crate) enum StpField {
     Allow,
     CancelNewest,
     CancelOldest,
@@ -418,17 +421,35 @@ enum StpField {
     Decrement,
 }
 
-#[derive(Deserialize)]
+/// An order to place.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "PlaceOrder")]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct PlaceBody {
+pub(crate) struct PlaceBody {
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(schema_with = "annals::schema::unsigned")]
     account: u64,
+    #[serde(deserialize_with = "annals::numbers::u32")]
+    #[schemars(range(max = u32::MAX))]
     symbol: u32,
     side: SideField,
+    /// limit (the default: good till cancelled), market (no price), ioc, fok, post_only.
     #[serde(default)]
     kind: Option<KindField>,
+    /// A multiple of the symbol's tick; none for a market order.
+    #[serde(default, deserialize_with = "annals::numbers::opt_u64")]
+    #[schemars(schema_with = "annals::schema::opt_unsigned")]
     price: Option<u64>,
+    /// A multiple of the symbol's lot.
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(schema_with = "annals::schema::unsigned")]
     qty: u64,
+    /// Unique among the account's live orders; defaults to the order's id.
+    #[serde(default, deserialize_with = "annals::numbers::opt_u64")]
+    #[schemars(schema_with = "annals::schema::opt_unsigned")]
     client_order_id: Option<u64>,
+    /// The taker's rule against trading with its own account: cancel_newest by default.
+    #[serde(default)]
     self_trade: Option<StpField>,
 }
 
@@ -486,9 +507,13 @@ async fn place(State(state): State<Arc<AppState>>, request: Request) -> Response
     .await
 }
 
-#[derive(Deserialize)]
+/// Whose order to cancel.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CancelOrder")]
 #[serde(deny_unknown_fields)]
-struct CancelBody {
+pub(crate) struct CancelBody {
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(schema_with = "annals::schema::unsigned")]
     account: u64,
 }
 
@@ -511,11 +536,19 @@ async fn cancel(
     .await
 }
 
-#[derive(Deserialize)]
+/// An order's new price and open quantity.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "AmendOrder")]
 #[serde(deny_unknown_fields)]
-struct AmendBody {
+pub(crate) struct AmendBody {
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(schema_with = "annals::schema::unsigned")]
     account: u64,
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(schema_with = "annals::schema::unsigned")]
     price: u64,
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(schema_with = "annals::schema::unsigned")]
     qty: u64,
 }
 
@@ -540,9 +573,13 @@ async fn amend(
     .await
 }
 
-#[derive(Deserialize)]
+/// Which orders to cancel: one symbol's, or all (no symbol).
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "CancelAll")]
 #[serde(deny_unknown_fields)]
-struct CancelAllBody {
+pub(crate) struct CancelAllBody {
+    #[serde(default, deserialize_with = "annals::numbers::opt_u32")]
+    #[schemars(range(max = u32::MAX))]
     symbol: Option<u32>,
 }
 
@@ -565,10 +602,16 @@ async fn cancel_all(
     .await
 }
 
-#[derive(Deserialize)]
+/// A new symbol's tick and lot sizes.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "AddSymbol")]
 #[serde(deny_unknown_fields)]
-struct SymbolBody {
+pub(crate) struct SymbolBody {
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(range(min = 1))]
     tick: u64,
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(range(min = 1))]
     lot: u64,
 }
 

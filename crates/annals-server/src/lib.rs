@@ -79,10 +79,16 @@ impl AppState {
         condition: Option<&AppendCondition>,
         tracking: Option<Tracking>,
     ) -> Result<u64, AppendError> {
-        // No events: nothing to append and nothing to check; the answer is position 0, as
+        // No events: nothing to append and no condition to evaluate; the answer is position 0, as
         // UmaDB's store answers it (the embedded API refuses it as a likely mistake). A
         // tracking position needs an event to travel with.
         if events.is_empty() && tracking.is_none() {
+            // The condition is still checked for well-formedness, as with events.
+            if let Some(condition) = condition {
+                condition
+                    .fail_if_events_match
+                    .validate(&self.config.limits.store)?;
+            }
             return Ok(0);
         }
         let options = AppendOptions {

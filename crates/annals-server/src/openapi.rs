@@ -24,6 +24,33 @@ fn merge(mut a: Value, b: Value) -> Value {
     a
 }
 
+/// The schemas of the request bodies and parameters, generated from the types the handlers
+/// parse them into (serde's own attributes included), so that they cannot drift.
+fn request_schemas() -> Value {
+    let mut generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.definitions_path = "/components/schemas".into();
+            s.meta_schema = None;
+        })
+        .into_generator();
+    for schema in [
+        generator.subschema_for::<crate::wire::AppendBody>(),
+        generator.subschema_for::<annals::Query>(),
+        generator.subschema_for::<annals::ReadOptions>(),
+        generator.subschema_for::<annals::AppendCondition>(),
+        generator.subschema_for::<crate::exchange::PlaceBody>(),
+        generator.subschema_for::<crate::exchange::CancelBody>(),
+        generator.subschema_for::<crate::exchange::AmendBody>(),
+        generator.subschema_for::<crate::exchange::CancelAllBody>(),
+        generator.subschema_for::<crate::exchange::SymbolBody>(),
+    ] {
+        debug_assert!(schema.get("$ref").is_some(), "{schema:?} is a named schema");
+    }
+    let mut schemas = Value::Object(generator.take_definitions(true));
+    schemas["Name"] = annals::schema::name(&mut generator).to_value();
+    schemas
+}
+
 pub(crate) fn document() -> String {
     let query_param = json!({
         "name": "query", "in": "query", "required": false,
@@ -74,44 +101,6 @@ pub(crate) fn document() -> String {
                         "kind": { "type": "string", "description": "A stable machine-readable kind, e.g. malformed_json, too_many_tags, body_too_large, unauthenticated, queue_full." }
                     }
                 },
-                "Name": {
-                    "type": "string", "minLength": 1, "maxLength": 64,
-                    "pattern": "^[^\\u0000-\\u001F\\u007F-\\u009F]+$",
-                    "description": "An event type or a tag: not empty, no control characters, at most 256 bytes of UTF-8 by default (the server's limits say; 64 characters always fit)."
-                },
-                "QueryItem": {
-                    "type": "object", "additionalProperties": false,
-                    "description": "Matches an event whose type is one of types (any when empty) and that carries every tag in tags.",
-                    "properties": {
-                        "types": { "type": "array", "maxItems": 32, "items": { "type": "string" } },
-                        "tags": { "type": "array", "maxItems": 32, "items": { "$ref": "#/components/schemas/Name" } }
-                    }
-                },
-                "Query": {
-                    "type": "object", "additionalProperties": false,
-                    "description": "Items OR-ed; no items matches every event.",
-                    "properties": { "items": { "type": "array", "items": { "$ref": "#/components/schemas/QueryItem" } } }
-                },
-                "ReadOptions": {
-                    "type": "object", "additionalProperties": false,
-                    "not": { "required": ["from", "after"] },
-                    "properties": {
-                        "from": { "type": "integer", "minimum": 0, "description": "Inclusive first position (forwards) or inclusive maximum (backwards)." },
-                        "after": { "type": "integer", "minimum": 0, "description": "Exclusive start (forwards) or exclusive maximum (backwards); not with from." },
-                        "limit": { "type": "integer", "minimum": 0 },
-                        "backwards": { "type": "boolean", "default": false }
-                    }
-                },
-                "NewEvent": {
-                    "type": "object", "additionalProperties": false, "required": ["type", "data"],
-                    "properties": {
-                        "type": { "$ref": "#/components/schemas/Name" },
-                        "tags": { "type": "array", "maxItems": 32, "items": { "$ref": "#/components/schemas/Name" }, "uniqueItems": true },
-                        "data": { "type": "string", "description": "Stored as its UTF-8 bytes." },
-                        "id": { "type": "string", "format": "uuid", "description": "Not a key: events with the same id may be stored. When a conditional append fails and the first events matching its condition after `after` carry exactly the append's ids in order, the append is a retry and answers their last position. The nil UUID means no id." },
-                        "metadata": { "description": "Any JSON value, stored as its text." }
-                    }
-                },
                 "SequencedEvent": {
                     "type": "object", "required": ["type", "tags", "data", "position", "appendedAt"],
                     "properties": {
@@ -123,26 +112,6 @@ pub(crate) fn document() -> String {
                         "id": { "type": "string", "format": "uuid" },
                         "metadata": { "description": "The metadata given at append, when any." },
                         "appendedAt": { "type": "integer", "description": "Microseconds since the Unix epoch." }
-                    }
-                },
-                "AppendCondition": {
-                    "type": "object", "additionalProperties": false, "required": ["failIfEventsMatch"],
-                    "description": "Fail if any event matching failIfEventsMatch has a position greater than after (0 when absent).",
-                    "properties": {
-                        "failIfEventsMatch": { "$ref": "#/components/schemas/Query" },
-                        "after": { "type": "integer", "minimum": 0 }
-                    }
-                },
-                "AppendRequest": {
-                    "type": "object", "additionalProperties": false, "required": ["events"],
-                    "properties": {
-                        "events": { "type": "array", "minItems": 1, "items": { "$ref": "#/components/schemas/NewEvent" } },
-                        "condition": { "$ref": "#/components/schemas/AppendCondition" },
-                        "tracking": {
-                            "type": ["object", "null"], "additionalProperties": false, "required": ["source", "position"],
-                            "description": "A consumer position recorded atomically with the events; must exceed the one recorded for the source. null: none.",
-                            "properties": { "source": { "$ref": "#/components/schemas/Name" }, "position": { "type": "integer", "minimum": 0 } }
-                        }
                     }
                 },
                 "AppendResponse": {
@@ -281,11 +250,48 @@ pub(crate) fn document() -> String {
         }
     });
     let mut doc = doc;
+    doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), request_schemas());
     let (paths, schemas) = exchange();
     doc["paths"] = merge(doc["paths"].take(), paths);
     doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), schemas);
     bound_positions(&mut doc);
+    common_refusals(&mut doc);
     doc.to_string()
+}
+
+/// The refusals every operation of a kind can meet, whatever it does: a body that is not
+/// `application/json` (415) where there is one, and a malformed parameter (400) where there
+/// are parameters.
+fn common_refusals(doc: &mut Value) {
+    let paths = doc["paths"].as_object_mut().expect("paths");
+    for operation in paths
+        .values_mut()
+        .flat_map(|methods| methods.as_object_mut().expect("methods").values_mut())
+    {
+        let has_body = operation.get("requestBody").is_some();
+        let has_parameters = operation.get("parameters").is_some();
+        let responses = operation["responses"].as_object_mut().expect("responses");
+        if has_body {
+            responses
+                .entry("415")
+                .or_insert_with(|| error_response("The body was not sent as application/json."));
+        }
+        if has_body || has_parameters {
+            responses
+                .entry("400")
+                .or_insert_with(|| error_response("A malformed parameter or body."));
+        }
+        if has_parameters {
+            responses.entry("414").or_insert_with(|| {
+                error_response("The request's URI is longer than the server accepts.")
+            });
+            responses.entry("431").or_insert_with(|| {
+                error_response(
+                    "The request's headers (URI included) are larger than the server accepts.",
+                )
+            });
+        }
+    }
 }
 
 /// Every integer that cannot be negative is at most `u64::MAX`, as the server parses it.
@@ -375,16 +381,7 @@ fn exchange_operations() -> (Value, Value) {
             "/v1/exchange/orders": { "post": {
                 "summary": "Place an order (scope append). Answered once durable, with every report it produced.",
                 "description": "Prices and quantities are integers, multiples of the symbol's tick and lot. kind: limit (default, good till cancelled), market (no price), ioc, fok, post_only. selfTrade (the taker's rule): cancel_newest (default), cancel_oldest, cancel_both, decrement, allow. Orders the engine refuses (bad tick, unknown symbol, a post-only that would take...) are journaled and answered 200 with status rejected and a reason.",
-                "requestBody": { "required": true, "content": { "application/json": { "schema": {
-                    "type": "object", "additionalProperties": false, "required": ["account", "symbol", "side", "qty"],
-                    "properties": {
-                        "account": { "type": "integer", "minimum": 0 }, "symbol": { "type": "integer", "minimum": 0 },
-                        "side": { "enum": ["buy", "sell"] },
-                        "kind": { "enum": ["limit", "market", "ioc", "fok", "post_only"], "default": "limit" },
-                        "price": { "type": "integer", "minimum": 0 }, "qty": { "type": "integer", "minimum": 0 },
-                        "clientOrderId": { "type": "integer", "minimum": 1, "description": "Unique among the account's live orders; defaults to the order's id." },
-                        "selfTrade": { "enum": ["allow", "cancel_newest", "cancel_oldest", "cancel_both", "decrement"], "default": "cancel_newest" }
-                    } } } } },
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/PlaceOrder" } } } },
                 "responses": merge(json!({
                     "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
                     "400": error_response("Malformed JSON, unknown fields, a missing price (or a price on a market order)."),
@@ -394,7 +391,7 @@ fn exchange_operations() -> (Value, Value) {
             } },
             "/v1/exchange/orders/{id}": { "get": {
                 "summary": "Where an order stands: live (account, symbol, side, price, leaves), filled or cancelled (scope read).",
-                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer" } } ],
+                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0 } } ],
                 "responses": merge(json!({
                     "200": { "description": "The order's state.", "content": { "application/json": {} } },
                     "404": error_response("No order with this id was ever accepted, or no exchange.")
@@ -402,10 +399,8 @@ fn exchange_operations() -> (Value, Value) {
             } },
             "/v1/exchange/orders/{id}/cancel": { "post": {
                 "summary": "Cancel an order of the account (scope append). A filled, cancelled, unknown or foreign order is answered 200 with status rejected and a reason.",
-                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer" } } ],
-                "requestBody": { "required": true, "content": { "application/json": { "schema": {
-                    "type": "object", "additionalProperties": false, "required": ["account"],
-                    "properties": { "account": { "type": "integer" } } } } } },
+                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0 } } ],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CancelOrder" } } } },
                 "responses": merge(json!({
                     "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
                     "400": error_response("Malformed body or id."),
@@ -414,10 +409,8 @@ fn exchange_operations() -> (Value, Value) {
             } },
             "/v1/exchange/orders/{id}/amend": { "post": {
                 "summary": "Amend an order's price and open quantity (scope append): a decrease at the same price keeps its place; a price change or an increase goes to the back and may trade.",
-                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer" } } ],
-                "requestBody": { "required": true, "content": { "application/json": { "schema": {
-                    "type": "object", "additionalProperties": false, "required": ["account", "price", "qty"],
-                    "properties": { "account": { "type": "integer" }, "price": { "type": "integer" }, "qty": { "type": "integer" } } } } } },
+                "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0 } } ],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AmendOrder" } } } },
                 "responses": merge(json!({
                     "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
                     "400": error_response("Malformed body or id."),
@@ -426,10 +419,8 @@ fn exchange_operations() -> (Value, Value) {
             } },
             "/v1/exchange/accounts/{account}/cancel-all": { "post": {
                 "summary": "Cancel every live order of an account, in one symbol or all (scope append).",
-                "parameters": [ { "name": "account", "in": "path", "required": true, "schema": { "type": "integer" } } ],
-                "requestBody": { "required": false, "content": { "application/json": { "schema": {
-                    "type": "object", "additionalProperties": false,
-                    "properties": { "symbol": { "type": "integer" } } } } } },
+                "parameters": [ { "name": "account", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0 } } ],
+                "requestBody": { "required": false, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CancelAll" } } } },
                 "responses": merge(json!({
                     "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
                     "400": error_response("Malformed body or account."),
@@ -439,7 +430,7 @@ fn exchange_operations() -> (Value, Value) {
             "/v1/exchange/accounts/{account}/reports": { "get": {
                 "summary": "A live stream of the account's execution reports as they become durable (scope read).",
                 "description": "NDJSON (each line has event report and seq), or Server-Sent Events (event report, id = seq) when Accept includes text/event-stream. A stream that falls too far behind gets one lagged event and ends. The stream ends when the server shuts down.",
-                "parameters": [ { "name": "account", "in": "path", "required": true, "schema": { "type": "integer" } } ],
+                "parameters": [ { "name": "account", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0 } } ],
                 "responses": merge(json!({
                     "200": { "description": "The live stream.", "content": {
                         "application/x-ndjson": { "schema": { "$ref": "#/components/schemas/ExecutionReport" } },
@@ -455,9 +446,7 @@ fn exchange_operations() -> (Value, Value) {
             } },
             "/v1/admin/exchange/symbols": { "post": {
                 "summary": "Add a symbol with its tick and lot sizes (scope admin); journaled, answered with its id once durable.",
-                "requestBody": { "required": true, "content": { "application/json": { "schema": {
-                    "type": "object", "additionalProperties": false, "required": ["tick", "lot"],
-                    "properties": { "tick": { "type": "integer", "minimum": 1 }, "lot": { "type": "integer", "minimum": 1 } } } } } },
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AddSymbol" } } } },
                 "responses": merge(json!({
                     "201": { "description": "Added.", "content": { "application/json": {} } },
                     "400": error_response("Malformed body, or a zero tick or lot.")
@@ -466,7 +455,7 @@ fn exchange_operations() -> (Value, Value) {
             "/v1/exchange/symbols/{symbol}/depth": { "get": {
                 "summary": "A book's depth by price level, best first (scope read).",
                 "parameters": [
-                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer" } },
+                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0, "maximum": 4294967295u64 } },
                     { "name": "levels", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 10 } }
                 ],
                 "responses": merge(json!({
@@ -478,7 +467,7 @@ fn exchange_operations() -> (Value, Value) {
             "/v1/exchange/symbols/{symbol}/trades": { "get": {
                 "summary": "The symbol's latest trades, newest first, read from the journal (scope read).",
                 "parameters": [
-                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer" } },
+                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0, "maximum": 4294967295u64 } },
                     { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 50 } }
                 ],
                 "responses": merge(json!({
@@ -491,7 +480,7 @@ fn exchange_operations() -> (Value, Value) {
                 "summary": "A symbol's live market data: the book first (event book), then every trade (event trade) and best bid and offer change (event bbo) after it, with no gap or repeat (scope read).",
                 "description": "NDJSON (each line has event and seq) or Server-Sent Events (id = seq) when Accept includes text/event-stream. Everything sent is durable. A stream that falls too far behind gets one lagged event and ends; reconnect for a fresh book.",
                 "parameters": [
-                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer" } },
+                    { "name": "symbol", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0, "maximum": 4294967295u64 } },
                     { "name": "levels", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 10 } }
                 ],
                 "responses": merge(json!({
@@ -504,4 +493,54 @@ fn exchange_operations() -> (Value, Value) {
             } }
     });
     (paths, schemas)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    fn refs<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(r)) = map.get("$ref") {
+                    out.push(r);
+                }
+                map.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+
+    /// Goal: every reference in the document names a schema it holds, and the request schemas
+    /// are the generated ones (serde's renames and refusals of unknown fields included).
+    #[test]
+    fn references_resolve_and_request_schemas_come_from_the_types() {
+        let doc: Value = serde_json::from_str(&super::document()).unwrap();
+        let mut found = Vec::new();
+        refs(&doc, &mut found);
+        assert!(found.len() > 20);
+        for r in found {
+            let name = r
+                .strip_prefix("#/components/schemas/")
+                .unwrap_or_else(|| panic!("{r} is not a component"));
+            assert!(
+                doc["components"]["schemas"].get(name).is_some(),
+                "{r} is not in the document"
+            );
+        }
+        let schemas = &doc["components"]["schemas"];
+        let new_event = &schemas["NewEvent"];
+        assert_eq!(new_event["additionalProperties"], false);
+        assert!(new_event["properties"].get("type").is_some());
+        assert!(new_event["properties"].get("event_type").is_none());
+        assert_eq!(
+            schemas["AppendCondition"]["required"][0],
+            "failIfEventsMatch"
+        );
+        assert_eq!(
+            schemas["ReadOptions"]["not"]["required"],
+            serde_json::json!(["from", "after"])
+        );
+    }
 }

@@ -13,39 +13,60 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 /// `POST /v1/append` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "AppendRequest")]
+#[schemars(extend(
+    "if" = { "required": ["tracking"], "properties": { "tracking": { "type": "object" } } },
+    "then" = { "properties": { "events": { "minItems": 1 } } }
+))]
 #[serde(deny_unknown_fields)]
 pub struct AppendBody<'a> {
+    /// No events (and no tracking): nothing is appended, and the answer is position 0.
     #[serde(borrow)]
     pub events: Vec<WireEvent<'a>>,
+    /// Fail the append if an event matching the query was appended after `after`.
     #[serde(default)]
     pub condition: Option<AppendCondition>,
-    /// A consumer position recorded atomically with the events (see `annals::Tracking`).
+    /// A consumer position recorded atomically with the events (at least one); it must
+    /// exceed the one recorded for the source. null: none.
     #[serde(default)]
     pub tracking: Option<WireTracking>,
 }
 
-#[derive(Deserialize)]
+/// A tracking position: where a consumer of another source stands.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Tracking")]
 #[serde(deny_unknown_fields)]
 pub struct WireTracking {
+    #[schemars(schema_with = "annals::schema::name")]
     pub source: String,
+    #[serde(deserialize_with = "annals::numbers::u64")]
+    #[schemars(schema_with = "annals::schema::unsigned")]
     pub position: u64,
 }
 
 /// One event in an append body.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "NewEvent")]
 #[serde(deny_unknown_fields)]
 pub struct WireEvent<'a> {
     #[serde(rename = "type", borrow)]
+    #[schemars(schema_with = "annals::schema::name")]
     pub event_type: Cow<'a, str>,
     #[serde(default)]
+    #[schemars(schema_with = "annals::schema::names")]
     pub tags: Vec<String>,
+    /// Stored as its UTF-8 bytes.
     #[serde(borrow)]
     pub data: Cow<'a, str>,
+    /// Not a key: events with the same id may be stored. When a conditional append fails and
+    /// the first events matching its condition after `after` carry exactly the append's ids in
+    /// order, the append is a retry and answers their last position. The nil UUID means no id.
     #[serde(default)]
     pub id: Option<Uuid>,
-    /// Any JSON value, stored as its text.
+    /// Any JSON value (nested at most 32 deep), stored as its text.
     #[serde(default, borrow)]
+    #[schemars(with = "serde_json::Value")]
     pub metadata: Option<&'a RawValue>,
 }
 

@@ -35,6 +35,7 @@ mod histogram;
 mod index;
 pub mod io;
 mod limits;
+pub mod numbers;
 mod options;
 mod pgconnect;
 mod postgres;
@@ -43,6 +44,8 @@ mod read;
 pub mod readmodel;
 mod record;
 mod recovery;
+#[cfg(feature = "schema")]
+pub mod schema;
 mod segment;
 pub mod sim;
 mod store;

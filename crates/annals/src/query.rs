@@ -8,6 +8,7 @@ use crate::record::validate_tag;
 
 /// A list of items, OR-ed. No items matches every event.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Query {
     #[serde(default)]
@@ -17,11 +18,20 @@ pub struct Query {
 /// Matches an event whose type is one of `types` (any type when empty) and that carries every
 /// tag in `tags`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct QueryItem {
     #[serde(default)]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::query_types")
+    )]
     pub types: Vec<String>,
     #[serde(default)]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::query_tags")
+    )]
     pub tags: Vec<String>,
 }
 
@@ -139,10 +149,19 @@ impl QueryItem {
 /// Fail the append if any event matching `fail_if_events_match` has a position greater than
 /// `after` (0 when absent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AppendCondition {
     pub fail_if_events_match: Query,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::numbers::opt_u64"
+    )]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::opt_unsigned")
+    )]
     pub after: Option<u64>,
 }
 
@@ -157,15 +176,34 @@ impl AppendCondition {
 
 /// Where a read starts and how far it goes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(extend("not" = { "required": ["from", "after"] }))
+)]
 #[serde(deny_unknown_fields)]
 pub struct ReadOptions {
     /// Inclusive start (forwards) or inclusive maximum (backwards).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::numbers::opt_u64")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::opt_unsigned")
+    )]
     pub from: Option<u64>,
-    /// Exclusive start (forwards) or exclusive maximum (backwards). Used by subscriptions.
-    #[serde(default)]
+    /// Exclusive start (forwards) or exclusive maximum (backwards); not with `from`. Used by
+    /// subscriptions.
+    #[serde(default, deserialize_with = "crate::numbers::opt_u64")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::opt_unsigned")
+    )]
     pub after: Option<u64>,
-    #[serde(default)]
+    /// At most this many events.
+    #[serde(default, deserialize_with = "crate::numbers::opt_u64")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::opt_unsigned")
+    )]
     pub limit: Option<u64>,
     #[serde(default)]
     pub backwards: bool,

@@ -1,0 +1,53 @@
+//! The OpenAPI document against the server, by schemathesis (a property-based API tester): it
+//! generates requests from /v1/openapi.json, valid and invalid, and checks every answer
+//! (schema-valid requests accepted, invalid ones refused, statuses, content types and bodies
+//! as documented, no server error). The test command installs schemathesis (scripts/setup).
+
+mod common;
+
+use common::ServerProcess;
+
+/// Goal: schemathesis finds no disagreement between the document and the server. Method: a
+/// fixed seed and a bounded number of examples per operation, every phase (examples,
+/// coverage, fuzzing, stateful), with the configuration in tests/schemathesis/. The live
+/// streams (subscribe, market data, reports) never end, so they are left to their own tests.
+#[test]
+fn the_openapi_document_matches_the_server() {
+    let python = std::env::var("ANNALS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let schemathesis = std::path::Path::new(&python).with_file_name("schemathesis");
+    if !schemathesis.exists() {
+        assert!(
+            std::env::var_os("ANNALS_REQUIRE_PYTHON").is_none(),
+            "{} is missing: run scripts/setup",
+            schemathesis.display()
+        );
+        eprintln!("skipped: no schemathesis beside {python} (scripts/test installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("data"), &[]);
+    let base = format!("http://{}", server.http);
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/schemathesis/schemathesis.toml"
+    );
+    let out = std::process::Command::new(&schemathesis)
+        .args(["--config-file", config, "run"])
+        .arg(format!("{base}/v1/openapi.json"))
+        .args(["--url", &base])
+        .args(["--max-examples", "50", "--seed", "1"])
+        .args(["--exclude-path", "/v1/subscribe"])
+        .args(["--exclude-path-regex", "/(stream|reports)$"])
+        .args(["--request-timeout", "10"])
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "schemathesis found disagreements:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Tested: "), "{stdout}");
+}
