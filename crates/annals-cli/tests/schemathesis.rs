@@ -25,20 +25,35 @@ fn the_openapi_document_matches_the_server() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(&dir.path().join("data"), &[]);
+    // A read model and an exchange hosted, so that their operations are reached too (the
+    // exchange in D0: conformance does not depend on durability, and the run stays short).
+    let config = dir.path().join("annals.toml");
+    std::fs::write(
+        &config,
+        "[[read_models]]\nname = \"counts\"\ntypes = [\"Counted\"]\ngroup_by = \"k:\"\n\
+         [exchange]\nmode = \"d0\"\nsymbols = [{ tick = 1, lot = 1 }, { tick = 5, lot = 100 }]\n",
+    )
+    .unwrap();
+    let server = ServerProcess::start(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
+    for hosted in ["/v1/exchange", "/v1/readmodels/counts"] {
+        assert_eq!(server.get(hosted).status, 200, "{hosted} is not served");
+    }
     let base = format!("http://{}", server.http);
-    let config = concat!(
+    let settings = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/schemathesis/schemathesis.toml"
     );
     let out = std::process::Command::new(&schemathesis)
-        .args(["--config-file", config, "run"])
+        .args(["--config-file", settings, "run"])
         .arg(format!("{base}/v1/openapi.json"))
         .args(["--url", &base])
         .args(["--max-examples", "50", "--seed", "1"])
         .args(["--exclude-path", "/v1/subscribe"])
         .args(["--exclude-path-regex", "/(stream|reports)$"])
-        .args(["--request-timeout", "10"])
+        .args(["--request-timeout", "15"])
         .current_dir(dir.path())
         .env("NO_COLOR", "1")
         .output()

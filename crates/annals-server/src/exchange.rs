@@ -421,9 +421,20 @@ pub(crate) enum StpField {
     Decrement,
 }
 
+/// A client order id: positive, or none.
+fn client_order_id_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": ["integer", "null"], "minimum": 1, "maximum": u64::MAX })
+}
+
 /// An order to place.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "PlaceOrder")]
+// A market order has no price; every other kind (limit by default) needs one.
+#[schemars(extend(
+    "if" = { "required": ["kind"], "properties": { "kind": { "const": "market" } } },
+    "then" = { "properties": { "price": { "type": "null" } } },
+    "else" = { "required": ["price"], "properties": { "price": { "type": "integer" } } }
+))]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct PlaceBody {
     #[serde(deserialize_with = "annals::numbers::u64")]
@@ -444,9 +455,9 @@ pub(crate) struct PlaceBody {
     #[serde(deserialize_with = "annals::numbers::u64")]
     #[schemars(schema_with = "annals::schema::unsigned")]
     qty: u64,
-    /// Unique among the account's live orders; defaults to the order's id.
+    /// Unique among the account's live orders, not 0; defaults to the order's id.
     #[serde(default, deserialize_with = "annals::numbers::opt_u64")]
-    #[schemars(schema_with = "annals::schema::opt_unsigned")]
+    #[schemars(schema_with = "client_order_id_schema")]
     client_order_id: Option<u64>,
     /// The taker's rule against trading with its own account: cancel_newest by default.
     #[serde(default)]

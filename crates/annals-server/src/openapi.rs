@@ -420,7 +420,7 @@ fn exchange_operations() -> (Value, Value) {
             "/v1/exchange/accounts/{account}/cancel-all": { "post": {
                 "summary": "Cancel every live order of an account, in one symbol or all (scope append).",
                 "parameters": [ { "name": "account", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0 } } ],
-                "requestBody": { "required": false, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CancelAll" } } } },
+                "requestBody": { "required": true, "description": "{} cancels in every symbol.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CancelAll" } } } },
                 "responses": merge(json!({
                     "200": { "description": "Executed and durable.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/CommandResult" } } } },
                     "400": error_response("Malformed body or account."),
