@@ -513,7 +513,8 @@ fn bench(args: &BenchArgs) -> Result<Value, String> {
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
     let floor = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(1))?;
     let name = args.scenario.as_deref().unwrap_or("normal");
-    let scenario = scenario::generate(name, default_messages(args, mode), args.seed)?;
+    let scenario = scenario::generate(name, default_messages(args, mode), args.seed)
+        .map_err(|e| e.to_string())?;
     let (median, rates) = measure(&scenario, mode, args, args.runs)?;
     Ok(report(&scenario, mode, args, &median, &rates, floor))
 }
@@ -544,7 +545,8 @@ fn compare_seed(args: &BenchArgs) -> Result<Value, String> {
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
     let floor = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(1))?;
     let name = args.scenario.as_deref().unwrap_or("seed50k");
-    let scenario = scenario::generate(name, args.messages.unwrap_or(50_000), args.seed)?;
+    let scenario = scenario::generate(name, args.messages.unwrap_or(50_000), args.seed)
+        .map_err(|e| e.to_string())?;
     let modes = [
         Mode::Memory,
         Mode::PerOrder,

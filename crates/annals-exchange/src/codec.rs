@@ -22,6 +22,7 @@ use annals::{Event, EventBatch, InputError};
 
 use crate::types::*;
 use crate::wire::{kind_code, put_u32, put_u64, put_u8, side_code, stp_code, Reader};
+use crate::DecodeError;
 
 pub const PLACE_ORDER: &str = "PlaceOrder";
 pub const CANCEL_ORDER: &str = "CancelOrder";
@@ -232,7 +233,11 @@ pub fn put_trade(batch: &mut EventBatch, t: &TradeRecord) -> Result<(), InputErr
 }
 
 /// Reads a journaled trade.
-pub fn decode_trade(event: &Event) -> Result<TradeRecord, String> {
+pub fn decode_trade(event: &Event) -> Result<TradeRecord, DecodeError> {
+    trade_of(event).map_err(DecodeError)
+}
+
+fn trade_of(event: &Event) -> Result<TradeRecord, String> {
     if event.event_type() != TRADE_EXECUTED {
         return Err(format!("{} is not a trade", event.event_type()));
     }
@@ -265,7 +270,11 @@ fn versioned(data: &[u8]) -> Result<Reader<'_>, String> {
 
 /// Decodes a journaled event for replay: `None` for events replay skips (trades and types
 /// that are not the exchange's).
-pub fn decode(event_type: &str, data: &[u8]) -> Result<Option<Entry>, String> {
+pub fn decode(event_type: &str, data: &[u8]) -> Result<Option<Entry>, DecodeError> {
+    entry_of(event_type, data).map_err(DecodeError)
+}
+
+fn entry_of(event_type: &str, data: &[u8]) -> Result<Option<Entry>, String> {
     let entry = match event_type {
         PLACE_ORDER => {
             let mut r = versioned(data)?;

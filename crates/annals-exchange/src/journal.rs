@@ -327,7 +327,7 @@ impl Sequencer {
             .as_ref()
             .ok_or_else(|| ExchangeError::Invalid("a d0 exchange keeps no snapshots".into()))?;
         let appended_at_us = crate::recovery::appended_at(store, position)
-            .map_err(ExchangeError::Journal)?
+            .map_err(|e| ExchangeError::Journal(e.to_string()))?
             .ok_or_else(|| ExchangeError::Invalid("nothing journaled to snapshot yet".into()))?;
         let mut engine = Vec::new();
         self.engine.snapshot(&mut engine);

@@ -33,3 +33,4 @@ pub use journal::{ExchangeError, Mode, Released, Sequencer, SequencerOptions};
 pub use recovery::{recover, Recovered, Snapshot, Snapshots};
 pub use service::{Exchange, Executed, Output, ServiceOptions, ServiceStats, Sink, StartReport};
 pub use types::*;
+pub use wire::DecodeError;

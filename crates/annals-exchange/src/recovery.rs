@@ -162,12 +162,12 @@ impl Snapshots {
                 if snapshot.position != position {
                     return Err("its position differs from its name".into());
                 }
-                match appended_at(store, position)? {
+                match appended_at(store, position).map_err(|e| e.to_string())? {
                     Some(at) if at == snapshot.appended_at_us => {}
                     Some(_) => return Err("the log holds another event at its position".into()),
                     None => return Err(format!("the log ends before position {position}")),
                 }
-                let engine = Engine::from_snapshot(&snapshot.engine)?;
+                let engine = Engine::from_snapshot(&snapshot.engine).map_err(|e| e.0)?;
                 Ok((snapshot, engine))
             });
             match fit {
@@ -180,19 +180,17 @@ impl Snapshots {
 }
 
 /// When the event at `position` was appended, or None when the log is shorter.
-pub fn appended_at(store: &Store, position: u64) -> Result<Option<u64>, String> {
+pub fn appended_at(store: &Store, position: u64) -> Result<Option<u64>, annals::ReadError> {
     if position == 0 || position > store.head() {
         return Ok(None);
     }
-    let mut events = store
-        .read(
-            &Query::all(),
-            ReadOptions::forwards().from(position).limit(1),
-        )
-        .map_err(|e| e.to_string())?;
+    let mut events = store.read(
+        &Query::all(),
+        ReadOptions::forwards().from(position).limit(1),
+    )?;
     match events.next() {
         Some(Ok(event)) if event.position() == position => Ok(Some(event.appended_at_us())),
-        Some(Err(e)) => Err(e.to_string()),
+        Some(Err(e)) => Err(e),
         _ => Ok(None),
     }
 }

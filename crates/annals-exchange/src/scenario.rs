@@ -47,17 +47,19 @@ impl Rng {
     }
 }
 
+/// A scenario name [`generate`] does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scenario {0:?}; known: {known}", known = SCENARIOS.join(", "))]
+pub struct UnknownScenario(pub String);
+
 /// Generates `name` with `messages` measured messages.
-pub fn generate(name: &str, messages: usize, seed: u64) -> Result<Scenario, String> {
+pub fn generate(name: &str, messages: usize, seed: u64) -> Result<Scenario, UnknownScenario> {
     match name {
         "seed50k" => Ok(seed50k(messages, seed)),
         "normal" => Ok(normal(messages, seed)),
         "flash-crash" => Ok(flash_crash(messages, seed)),
         "many-symbols" => Ok(many_symbols(messages, seed)),
-        _ => Err(format!(
-            "unknown scenario {name:?}; known: {}",
-            SCENARIOS.join(", ")
-        )),
+        _ => Err(UnknownScenario(name.to_string())),
     }
 }
 

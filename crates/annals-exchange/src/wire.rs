@@ -72,6 +72,11 @@ pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
 
+/// Bytes of a journaled event or a snapshot that do not decode: what is wrong, for people.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DecodeError(pub String);
+
 /// Reads fields in order; every read checks the remaining length.
 pub(crate) struct Reader<'a> {
     bytes: &'a [u8],

@@ -921,7 +921,11 @@ async fn trades(
         for event in events {
             let event = event.map_err(|e| crate::http::read_error(&e))?;
             let trade = codec::decode_trade(&event).map_err(|e| {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "exchange_replay", e)
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "exchange_replay",
+                    e.to_string(),
+                )
             })?;
             let mut v = trade_json(&trade);
             v["position"] = json!(event.position());

@@ -12,11 +12,10 @@
 
 use std::path::Path;
 
-use parking_lot::Mutex;
-
 use crate::error::StoreError;
 use crate::index::{Index, IndexLock};
 use crate::io::{Io, IoFile, OpenMode};
+use crate::published::Published;
 
 pub const FILE_NAME: &str = "index.checkpoint";
 const TEMP_NAME: &str = "index.checkpoint.tmp";
@@ -96,7 +95,7 @@ pub(crate) fn write(
     io: &dyn Io,
     dir: &Path,
     index: &IndexLock,
-    published: &Mutex<Mark>,
+    published: &Published,
 ) -> Result<Mark, StoreError> {
     write_in_steps(io, dir, index, published, STEP)
 }
@@ -106,7 +105,7 @@ fn write_in_steps(
     io: &dyn Io,
     dir: &Path,
     index: &IndexLock,
-    published: &Mutex<Mark>,
+    published: &Published,
     step: usize,
 ) -> Result<Mark, StoreError> {
     let temp = dir.join(TEMP_NAME);
@@ -128,7 +127,7 @@ fn write_in_steps(
     sink.buf.clear();
     let (mark, type_names, tag_names, ids, tracking) = {
         let index = index.read();
-        let mark = *published.lock();
+        let mark = published.mark();
         let head = mark.head;
         let ids: Vec<(u64, u128)> = index.ids.up_to(head).collect();
         let tracking: Vec<(Box<str>, u64)> = index
@@ -452,7 +451,7 @@ mod tests {
         }
         let shared = store.shared();
         for step in [1, 7, 1000] {
-            let mark = write_in_steps(&io, dir, &shared.index, &shared.mark, step).unwrap();
+            let mark = write_in_steps(&io, dir, &shared.index, &shared.published, step).unwrap();
             assert_eq!(mark.head, 600);
             let (read, read_mark) = read(&io, dir).unwrap();
             assert_eq!(read_mark, mark);

@@ -39,6 +39,7 @@ pub mod numbers;
 mod options;
 mod pgconnect;
 mod postgres;
+mod published;
 mod query;
 mod read;
 pub mod readmodel;

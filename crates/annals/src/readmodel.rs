@@ -74,9 +74,14 @@ pub trait ReadModel: Send + 'static {
     fn reset(&mut self);
     /// The state as bytes, for the checkpoint.
     fn save(&self, out: &mut Vec<u8>);
-    /// The state from the bytes [`ReadModel::save`] wrote.
-    fn load(&mut self, bytes: &[u8]) -> Result<(), String>;
+    /// The state from the bytes [`ReadModel::save`] wrote. An error discards the checkpoint
+    /// (its message is the reason the model reports) and the model is rebuilt.
+    fn load(&mut self, bytes: &[u8]) -> Result<(), LoadError>;
 }
+
+/// Why a read model's saved state does not load: any error, boxed (a `String` or `&str`
+/// converts into it with `?` or `.into()`).
+pub type LoadError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A read model made of a name, a query, an initial state and a fold; the state is
 /// checkpointed as JSON.
@@ -147,8 +152,8 @@ where
         serde_json::to_writer(out, &self.state).expect("read-model state serializes as JSON");
     }
 
-    fn load(&mut self, bytes: &[u8]) -> Result<(), String> {
-        self.state = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    fn load(&mut self, bytes: &[u8]) -> Result<(), LoadError> {
+        self.state = serde_json::from_slice(bytes)?;
         Ok(())
     }
 }

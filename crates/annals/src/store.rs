@@ -19,6 +19,7 @@ use crate::histogram::{HistogramSnapshot, Log2Histogram};
 use crate::index::{Index, IndexLock};
 use crate::io::{DirLock, Io, RealIo};
 use crate::options::{Durability, Options};
+use crate::published::Published;
 use crate::query::{AppendCondition, Query, ReadOptions};
 use crate::read::ReadIter;
 use crate::record::{encode_append_tracked, EncodedAppend};
@@ -98,13 +99,8 @@ pub(crate) struct Shared {
     pub(crate) options: Options,
     pub(crate) index: IndexLock,
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
-    /// The published head: every event at or below it is acknowledged (and, in D3, durable).
-    pub(crate) head: AtomicU64,
-    /// The log is durable through this position (a lower bound; records carry it).
-    pub(crate) synced: AtomicU64,
-    /// Where the log ends at `head`, for checkpoints.
-    pub(crate) mark: Mutex<Mark>,
-    pub(crate) head_changed: event_listener::Event,
+    /// The published head and the synced position: read by all, moved only by the writer.
+    pub(crate) published: Published,
     poison: Mutex<Option<String>>,
     poisoned: AtomicBool,
     pub(crate) closed: AtomicBool,
@@ -167,7 +163,7 @@ impl Shared {
     }
 
     pub(crate) fn head(&self) -> u64 {
-        self.head.load(Ordering::Acquire)
+        self.published.head()
     }
 
     pub(crate) fn segment(&self, number: u32) -> Option<Arc<Segment>> {
@@ -182,7 +178,7 @@ impl Shared {
             *poison = Some(reason);
         }
         self.poisoned.store(true, Ordering::Release);
-        self.head_changed.notify(usize::MAX);
+        self.published.wake_all();
     }
 
     pub(crate) fn poison_error(&self) -> Option<StoreError> {
@@ -200,7 +196,7 @@ impl Shared {
             return Ok(());
         }
         let _one_at_a_time = self.checkpoint_lock.lock();
-        let mark = checkpoint::write(self.io.as_ref(), &self.dir, &self.index, &self.mark)?;
+        let mark = checkpoint::write(self.io.as_ref(), &self.dir, &self.index, &self.published)?;
         self.checkpointed.fetch_max(mark.head, Ordering::Relaxed);
         Ok(())
     }
@@ -241,19 +237,6 @@ impl Shared {
             }
             Err(_) => self.checkpointing.store(false, Ordering::Release),
         }
-    }
-
-    /// Moves the published head forward (never back: two threads may publish).
-    pub(crate) fn publish(&self, mark: Mark) {
-        {
-            let mut current = self.mark.lock();
-            if mark.head <= current.head {
-                return;
-            }
-            *current = mark;
-            self.head.store(mark.head, Ordering::Release);
-        }
-        self.head_changed.notify(usize::MAX);
     }
 }
 
@@ -558,10 +541,11 @@ impl Store {
             io: io.clone(),
             index: IndexLock::new(index),
             segments: RwLock::new(segments),
-            head: AtomicU64::new(tail.head),
-            synced: AtomicU64::new(tail.head),
-            mark: Mutex::new(mark),
-            head_changed: event_listener::Event::new(),
+            published: Published::new(
+                mark,
+                options.durability == Durability::Synced
+                    && !cfg!(feature = "canary-ack-before-fsync"),
+            ),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -1359,7 +1343,7 @@ impl Store {
             let _ = handle.join();
         }
         self.shared.closed.store(true, Ordering::Release);
-        self.shared.head_changed.notify(usize::MAX);
+        self.shared.published.wake_all();
         if let Some(e) = self.shared.poison_error() {
             return Err(e);
         }
@@ -1381,7 +1365,7 @@ impl Store {
             // Everything the mirror holds was committed by the database first.
             return self.head();
         }
-        self.shared.synced.load(Ordering::Acquire)
+        self.shared.published.synced()
     }
 
     /// Claims `name` for a read-model runner; false when one of that name is running.

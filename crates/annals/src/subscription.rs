@@ -43,7 +43,7 @@ impl Subscription {
     pub fn next_timeout(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ReadError> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            let listener = self.shared.head_changed.listen();
+            let listener = self.shared.published.listen();
             if let Some(event) = self.try_next()? {
                 return Ok(Some(event));
             }
@@ -138,7 +138,7 @@ impl Subscription {
     /// first; the batch may still be empty when the new events do not match.
     pub async fn ready(&mut self) -> Result<bool, ReadError> {
         loop {
-            let listener = self.shared.head_changed.listen();
+            let listener = self.shared.published.listen();
             if self.current.is_some() || self.shared.head() > self.scanned {
                 return Ok(true);
             }
@@ -162,7 +162,7 @@ impl Subscription {
     ) -> Result<Vec<Event>, ReadError> {
         let mut out = Vec::new();
         loop {
-            let listener = self.shared.head_changed.listen();
+            let listener = self.shared.published.listen();
             if self.try_next_batch_bytes(max.max(1), bytes_max, &mut out)? > 0 {
                 return Ok(out);
             }

@@ -99,6 +99,14 @@ const LONE_POLL_MAX: Duration = Duration::from_millis(2);
 
 /// A caller waiting for its append's outcome, counted in `Shared::waiting` until it has it.
 ///
+/// The right to move what readers see ([`crate::published::Published`]): its field is private
+/// to this module, so only the writer's side (the role's holder, the syncer, the notifier)
+/// can publish a head or a synced position.
+pub(crate) struct PublishRight(());
+
+/// The writer side's one right to publish.
+const RIGHT: PublishRight = PublishRight(());
+
 /// A caller that waits alone polls for its outcome, for about one and a half recent
 /// fdatasyncs, before it sleeps. Nothing else then wants the CPU, and on a virtual machine
 /// whose idle cores halt, waking a sleeping caller costs tens of microseconds, a good part
@@ -564,10 +572,17 @@ impl Syncer {
         state.syncs_ended += 1;
         match result {
             Ok(()) => {
+                // The synced position only moves forward, and never past what is written.
+                assert!(
+                    target >= state.synced && target <= state.written,
+                    "synced through {target}: before {}, written {}",
+                    state.synced,
+                    state.written
+                );
                 state.synced = target;
                 state.synced_bytes = state.synced_bytes.max(target_bytes);
                 self.room.notify_all();
-                shared.synced.store(target, Ordering::Release);
+                shared.published.set_synced(&RIGHT, target);
                 let (done, waiting): (Vec<Waiter>, Vec<Waiter>) =
                     state.waiters.drain(..).partition(|w| w.needed <= target);
                 state.waiters = waiting;
@@ -589,7 +604,7 @@ impl Syncer {
                     <= 1;
                 if few_blocked && (direct || !more) {
                     if publish {
-                        shared.publish(mark);
+                        shared.published.publish(&RIGHT, mark);
                     }
                     let mut answers = Answers::default();
                     for w in done {
@@ -711,7 +726,7 @@ impl Notifier {
             let mut answers = Answers::default();
             for (mark, waiters) in batches.drain(..) {
                 if let Some(mark) = mark {
-                    shared.publish(mark);
+                    shared.published.publish(&RIGHT, mark);
                 }
                 for w in waiters {
                     answers.send(w.reply, w.outcome);
@@ -947,7 +962,7 @@ impl Writer {
         let acknowledge_now =
             durability != Durability::Synced || cfg!(feature = "canary-ack-before-fsync");
         if acknowledge_now && mark.head > self.shared.head() {
-            self.shared.publish(mark);
+            self.shared.published.publish(&RIGHT, mark);
             self.shared.maybe_checkpoint();
         }
         // A lone small append, queued with nothing behind it: nothing to overlap its sync with.
@@ -1067,9 +1082,15 @@ impl Writer {
         }
         drop(index);
         let first = self.next_position;
+        // Staging continues the log: past everything published, and where the index ends
+        // (which `Index::push_event` asserts event by event).
+        debug_assert!(
+            first > self.shared.head(),
+            "staging at {first}, published beyond it"
+        );
         let record_offset = self.tail + self.buffer.len() as u64;
         let mut header = [0u8; HEADER_BYTES];
-        let synced_through = self.shared.synced.load(Ordering::Acquire).min(first - 1);
+        let synced_through = self.shared.published.synced().min(first - 1);
         RecordHeader::encode(&mut header, append, first, synced_through, appended_at);
         self.buffer.extend_from_slice(&header);
         self.buffer.extend_from_slice(&append.body);
@@ -1146,6 +1167,15 @@ impl Writer {
             let max = self.shared.options.unsynced_bytes_max as u64;
             syncer.wait_for_room(max.saturating_sub(self.buffer.len() as u64));
         }
+        // A group never runs past its segment: staging rolls to the next one first.
+        assert!(
+            self.tail + self.buffer.len() as u64 <= self.segment.size,
+            "a write of {} bytes at {} runs past segment {} ({} bytes)",
+            self.buffer.len(),
+            self.tail,
+            self.segment.number,
+            self.segment.size
+        );
         self.segment
             .file
             .write_at(&self.buffer, self.tail)

@@ -87,7 +87,11 @@ impl Engine {
 
     /// Rebuilds an engine from [`Engine::snapshot`]'s bytes, checking that they describe a
     /// consistent state (every live order in exactly one level of its own price and side).
-    pub fn from_snapshot(bytes: &[u8]) -> Result<Engine, String> {
+    pub fn from_snapshot(bytes: &[u8]) -> Result<Engine, crate::DecodeError> {
+        Self::restore(bytes).map_err(crate::DecodeError)
+    }
+
+    fn restore(bytes: &[u8]) -> Result<Engine, String> {
         let mut r = Reader::new(bytes);
         if bytes.get(..4) != Some(&MAGIC[..]) {
             return Err("not an engine snapshot (bad magic)".into());
