@@ -175,3 +175,56 @@ fn failover_to_a_synchronous_standby_loses_nothing() {
     assert_eq!(fresh.read("{}", "{}"), events);
     eprintln!("{} acknowledged claims across a failover", acked.len());
 }
+
+/// Goal: on PostgreSQL, a server restarted after SIGTERM resumes its read models from their
+/// checkpoints and the hosted exchange from its snapshot (both kept in the database, not in
+/// the server's temporary mirror), rather than replaying the whole log.
+#[test]
+fn read_models_and_the_exchange_resume_from_the_database() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = url(&cluster);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("annals.toml");
+    std::fs::write(
+        &config,
+        "[[read_models]]\nname = \"counts\"\ntypes = [\"Counted\"]\ngroup_by = \"k:\"\n\
+         [exchange]\nmode = \"d3-pipelined\"\nsymbols = [{ tick = 1, lot = 1 }]\n",
+    )
+    .unwrap();
+    let args = ["--config", config.to_str().unwrap()];
+    let mut server = ServerProcess::start_postgres(&url, &args);
+    for i in 0..30 {
+        server.append(&format!(
+            r#"{{"events":[{{"type":"Counted","tags":["k:{}"],"data":"{i}"}}]}}"#,
+            i % 3
+        ));
+    }
+    for i in 0..10u64 {
+        let side = if i % 2 == 0 { "buy" } else { "sell" };
+        let body = format!(
+            r#"{{"account":{},"symbol":0,"side":"{side}","price":{},"qty":1}}"#,
+            i % 4,
+            100 + i % 3
+        );
+        assert_eq!(server.post("/v1/exchange/orders", &body).status, 200);
+    }
+    let head = server.head();
+    let wait = format!("/v1/readmodels/counts?minPosition={head}&waitMs=10000");
+    assert_eq!(server.get(&wait).json()["total"], 30);
+    assert!(server.terminate().success());
+
+    let server = ServerProcess::start_postgres(&url, &args);
+    let model = server.get(&wait).json();
+    assert_eq!(model["rebuiltBecause"], serde_json::Value::Null, "{model}");
+    assert!(model["resumedFrom"].as_u64().unwrap() > 0, "{model}");
+    assert_eq!(model["total"], 30, "{model}");
+    let exchange = server.get("/v1/exchange").json();
+    assert!(
+        exchange["started"]["snapshotPosition"].as_u64().is_some(),
+        "{exchange}"
+    );
+    assert_eq!(exchange["started"]["replayed"], 0, "{exchange}");
+    assert_eq!(exchange["started"]["commands"], 10, "{exchange}");
+}

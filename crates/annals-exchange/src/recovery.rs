@@ -16,10 +16,9 @@
 //! refilled has other events at those positions. Anything unfit is skipped with its reason and
 //! the next older snapshot, or the whole journal, is replayed instead.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use annals::io::{read_file, remove_file_durably, write_file_durably, Io};
+use annals::companions::Companions;
 use annals::{Query, QueryItem, ReadOptions, Store};
 
 use crate::codec::{self, Entry};
@@ -99,18 +98,17 @@ impl Snapshot {
 /// A snapshot that fits the log, with the engine it restores.
 pub type FitSnapshot = (Snapshot, Engine);
 
-/// The snapshot files of one store.
+/// The snapshot files of one store: companion files of kind [`SNAPSHOT_DIR`], in the data
+/// directory on files and in the database on PostgreSQL.
 #[derive(Clone)]
 pub struct Snapshots {
-    io: Arc<dyn Io>,
-    dir: PathBuf,
+    companions: Arc<dyn Companions>,
 }
 
 impl Snapshots {
     pub fn for_store(store: &Store) -> Snapshots {
         Snapshots {
-            io: store.io(),
-            dir: store.dir().join(SNAPSHOT_DIR),
+            companions: store.companions(),
         }
     }
 
@@ -120,11 +118,10 @@ impl Snapshots {
 
     /// Positions of the snapshot files, newest first.
     pub fn positions(&self) -> Result<Vec<u64>, ExchangeError> {
-        let names = match self.io.list(&self.dir) {
-            Ok(names) => names,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(ExchangeError::Journal(format!("listing snapshots: {e}"))),
-        };
+        let names = self
+            .companions
+            .list(SNAPSHOT_DIR)
+            .map_err(|e| ExchangeError::Journal(format!("listing snapshots: {e}")))?;
         let mut positions: Vec<u64> = names
             .iter()
             .filter_map(|n| n.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?.parse().ok())
@@ -136,10 +133,12 @@ impl Snapshots {
     /// Writes a snapshot durably, then removes all but the newest [`KEEP`].
     pub fn save(&self, snapshot: &Snapshot) -> Result<(), ExchangeError> {
         let name = Self::name(snapshot.position);
-        write_file_durably(self.io.as_ref(), &self.dir, &name, &snapshot.encode())
+        self.companions
+            .write(SNAPSHOT_DIR, &name, &snapshot.encode())
             .map_err(|e| ExchangeError::Journal(format!("writing snapshot {name}: {e}")))?;
         for old in self.positions()?.into_iter().skip(KEEP) {
-            remove_file_durably(self.io.as_ref(), &self.dir, &Self::name(old))
+            self.companions
+                .remove(SNAPSHOT_DIR, &Self::name(old))
                 .map_err(|e| ExchangeError::Journal(format!("removing an old snapshot: {e}")))?;
         }
         Ok(())
@@ -153,7 +152,7 @@ impl Snapshots {
         let mut skipped = Vec::new();
         for position in self.positions()? {
             let name = Self::name(position);
-            let bytes = match read_file(self.io.as_ref(), &self.dir.join(&name)) {
+            let bytes = match self.companions.read(SNAPSHOT_DIR, &name) {
                 Ok(Some(bytes)) => bytes,
                 Ok(None) => continue,
                 Err(e) => return Err(ExchangeError::Journal(format!("reading {name}: {e}"))),

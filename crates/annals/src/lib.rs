@@ -27,6 +27,7 @@
 
 mod batch;
 mod checkpoint;
+pub mod companions;
 mod copy;
 pub mod decide;
 mod error;

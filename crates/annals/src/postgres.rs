@@ -13,7 +13,9 @@
 //! The database holds two tables (created on first use; see `SCHEMA`): `annals_appends`, one
 //! row per append (its first and last position, its append time and its events encoded exactly
 //! as in a segment's record body, tracking trailer included), keyed by its first position, and
-//! `annals_schema`, the schema's version.
+//! `annals_schema`, the schema's version. A third, `annals_companions` (kind, name, bytes),
+//! holds read models' checkpoints and the exchange's snapshots (companions.rs); it is created
+//! by the first server that writes one and is not part of the log's schema version.
 //!
 //! A group commits with one statement, run outside an explicit transaction (so one round trip
 //! and the statement's own commit): it inserts the group's first row unless a row already

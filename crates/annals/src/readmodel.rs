@@ -43,9 +43,9 @@ use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::companions::{Companions, InDirectory};
 use crate::error::{AppendError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
-use crate::io::{read_file, remove_file_durably, write_file_durably, Io};
 use crate::options::Durability;
 use crate::query::{Query, ReadOptions};
 use crate::store::{AppendOptions, Store, Tracking};
@@ -279,8 +279,8 @@ pub struct ReadModelStatus {
 /// The checkpoint files of read models in one directory.
 #[derive(Clone)]
 pub(crate) struct Checkpoints {
-    io: Arc<dyn Io>,
-    dir: PathBuf,
+    /// The store's companion files, kind [`CHECKPOINT_DIR`].
+    companions: Arc<dyn Companions>,
 }
 
 /// One read model's checkpoint as found on disk.
@@ -302,13 +302,26 @@ pub struct SavedCheckpoint {
 }
 
 impl Checkpoints {
+    /// Checkpoints in a data directory, read and written with the real file system.
+    fn in_directory(data_dir: &Path) -> Self {
+        Checkpoints {
+            companions: Arc::new(InDirectory {
+                io: Arc::new(crate::io::RealIo),
+                dir: data_dir.to_path_buf(),
+            }),
+        }
+    }
+
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}{EXTENSION}"))
+        self.companions
+            .locate(CHECKPOINT_DIR, &format!("{name}{EXTENSION}"))
     }
 
     fn load(&self, name: &str) -> Result<Option<SavedCheckpoint>, ReadModelError> {
         let path = self.path(name);
-        let Some(bytes) = read_file(self.io.as_ref(), &path)
+        let Some(bytes) = self
+            .companions
+            .read(CHECKPOINT_DIR, &format!("{name}{EXTENSION}"))
             .map_err(|e| StoreError::io("read read-model checkpoint", &path, 0, e))?
         else {
             return Ok(None);
@@ -324,22 +337,24 @@ impl Checkpoints {
 
     fn save(&self, saved: &SavedCheckpoint) -> Result<(), StoreError> {
         let name = format!("{}{EXTENSION}", saved.name);
-        write_file_durably(self.io.as_ref(), &self.dir, &name, &encode(saved)).map_err(|e| {
-            StoreError::io("write read-model checkpoint", self.path(&saved.name), 0, e)
-        })
+        self.companions
+            .write(CHECKPOINT_DIR, &name, &encode(saved))
+            .map_err(|e| {
+                StoreError::io("write read-model checkpoint", self.path(&saved.name), 0, e)
+            })
     }
 
     fn remove(&self, name: &str) -> Result<(), StoreError> {
-        remove_file_durably(self.io.as_ref(), &self.dir, &format!("{name}{EXTENSION}"))
+        self.companions
+            .remove(CHECKPOINT_DIR, &format!("{name}{EXTENSION}"))
             .map_err(|e| StoreError::io("remove read-model checkpoint", self.path(name), 0, e))
     }
 
     fn list(&self) -> Result<Vec<String>, StoreError> {
-        let names = match self.io.list(&self.dir) {
-            Ok(names) => names,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(StoreError::io("list read-model directory", &self.dir, 0, e)),
-        };
+        let names = self.companions.list(CHECKPOINT_DIR).map_err(|e| {
+            let dir = self.companions.locate(CHECKPOINT_DIR, "");
+            StoreError::io("list read-model directory", &dir, 0, e)
+        })?;
         let mut models: Vec<String> = names
             .iter()
             .filter_map(|n| n.strip_suffix(EXTENSION))
@@ -450,10 +465,7 @@ fn appended_at(store: &Store, position: u64) -> Result<u64, ReadError> {
 /// The checkpoints in a data directory (see [`CHECKPOINT_DIR`]), for tools. Reads files only;
 /// works while another process has the store open.
 pub fn list_checkpoints(data_dir: &Path) -> Result<Vec<SavedCheckpoint>, ReadModelError> {
-    let checkpoints = Checkpoints {
-        io: Arc::new(crate::io::RealIo),
-        dir: data_dir.join(CHECKPOINT_DIR),
-    };
+    let checkpoints = Checkpoints::in_directory(data_dir);
     let mut out = Vec::new();
     for name in checkpoints.list()? {
         if let Some(mut saved) = checkpoints.load(&name)? {
@@ -468,10 +480,7 @@ pub fn list_checkpoints(data_dir: &Path) -> Result<Vec<SavedCheckpoint>, ReadMod
 /// it from the first event. Returns whether there was one.
 pub fn remove_checkpoint(data_dir: &Path, name: &str) -> Result<bool, ReadModelError> {
     validate_name(name)?;
-    let checkpoints = Checkpoints {
-        io: Arc::new(crate::io::RealIo),
-        dir: data_dir.join(CHECKPOINT_DIR),
-    };
+    let checkpoints = Checkpoints::in_directory(data_dir);
     let existed = checkpoints.load(name).map(|s| s.is_some()).unwrap_or(true);
     checkpoints.remove(name)?;
     Ok(existed)
@@ -896,8 +905,7 @@ impl<M: ReadModel> ReadModelRunner<M> {
             query_hash: query_hash(&query),
             model: Arc::new(Mutex::new(model)),
             checkpoints: Checkpoints {
-                io: store.io(),
-                dir: store.dir().join(CHECKPOINT_DIR),
+                companions: store.companions(),
             },
             position: 0,
             saved: 0,

@@ -13,6 +13,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::batch::EventBatch;
 use crate::checkpoint::{self, Mark};
+use crate::companions::{Companions, InDatabase, InDirectory};
 use crate::error::{AppendError, InputError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
 use crate::histogram::{HistogramSnapshot, Log2Histogram};
@@ -443,6 +444,8 @@ pub struct Store {
     remote: Option<crate::postgres::Remote>,
     /// The mirror's temporary directory, removed at close.
     mirror_dir: Option<PathBuf>,
+    /// Where read models' checkpoints and the exchange's snapshots are kept.
+    companions: Arc<dyn Companions>,
 }
 
 const LOCK_FILE: &str = "LOCK";
@@ -633,6 +636,10 @@ impl Store {
             report,
             remote: None,
             mirror_dir: None,
+            companions: Arc::new(InDirectory {
+                io: io.clone(),
+                dir: dir.to_path_buf(),
+            }),
         })
     }
 
@@ -672,6 +679,8 @@ impl Store {
         let _ = std::fs::remove_dir_all(&dir);
         let mut store = Self::open_with_io(Arc::new(RealIo), &dir, mirror)?;
         store.mirror_dir = Some(dir);
+        // Companion files live in the database with the log, not in the mirror's directory.
+        store.companions = Arc::new(InDatabase::new(crate::pgconnect::Target::parse(url)?));
         store.remote = Some(crate::postgres::Remote::start(
             url,
             store.shared.clone(),
@@ -1353,10 +1362,15 @@ impl Store {
         Ok(())
     }
 
-    /// The store's I/O layer, for companions that keep files beside the log (read-model
-    /// checkpoints, exchange snapshots), so that they too run on the simulated disk in tests.
+    /// The store's I/O layer (the simulated disk in tests).
     pub fn io(&self) -> Arc<dyn Io> {
         self.shared.io.clone()
+    }
+
+    /// Where companions keep their files beside the log (read models' checkpoints, the
+    /// exchange's snapshots): the data directory on files, the database on PostgreSQL.
+    pub fn companions(&self) -> Arc<dyn Companions> {
+        self.companions.clone()
     }
 
     /// The log is durable through this position (a lower bound).

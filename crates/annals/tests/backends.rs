@@ -854,3 +854,70 @@ fn tls_to_the_database_checks_the_server() {
     let store = Store::open_postgres(&pairs, small_options()).unwrap();
     assert_eq!(store.head(), 1);
 }
+
+/// Goal: the files companions keep beside the log (read models' checkpoints, the exchange's
+/// snapshots) live where the log lives and outlive every kind of reopen: on PostgreSQL they
+/// are in the database, not in the server's temporary mirror, so a read model resumes from its
+/// checkpoint rather than rebuilding. Method: a counting read model checkpointed at the head,
+/// companion files written, replaced and removed; after each reopen the model resumes exactly
+/// at its checkpoint and the files read back as left.
+#[test]
+fn companion_files_live_with_the_log() {
+    use annals::readmodel::{Folded, ReadModelRunner, RunnerOptions};
+    fn counter() -> Folded<u64, fn(&mut u64, &annals::Event)> {
+        Folded::new(
+            "counter",
+            Query::item(QueryItem::types(["E"])),
+            0u64,
+            (|n: &mut u64, _: &annals::Event| *n += 1) as fn(&mut u64, &annals::Event),
+        )
+    }
+    const WAIT: Duration = Duration::from_secs(20);
+    on_each_backend(31, |backend| {
+        let mut store = Arc::new(backend.open());
+        append_numbered(&store, 0..40, |i| format!("n:{}", i % 5));
+        let companions = store.companions();
+        companions.write("test", "kept", b"first").unwrap();
+        companions.write("test", "kept", b"second").unwrap();
+        companions.write("test", "gone", b"x").unwrap();
+        companions.remove("test", "gone").unwrap();
+        companions.remove("test", "never").unwrap();
+        for (round, &how) in backend.reopens().iter().enumerate() {
+            let runner =
+                ReadModelRunner::start(&store, counter(), RunnerOptions::default()).unwrap();
+            assert!(runner.wait_for(store.head(), WAIT));
+            let stopped = runner.stop();
+            assert_eq!(stopped.checkpoint_position, store.head(), "{how:?}");
+            let head = store.head();
+            let owned = Arc::try_unwrap(store)
+                .ok()
+                .expect("the runner let go of the store");
+            store = Arc::new(backend.reopen(owned, how));
+            let companions = store.companions();
+            assert_eq!(
+                companions.read("test", "kept").unwrap().as_deref(),
+                Some(&b"second"[..]),
+                "{how:?}"
+            );
+            assert_eq!(companions.read("test", "gone").unwrap(), None, "{how:?}");
+            assert_eq!(companions.list("test").unwrap(), ["kept"], "{how:?}");
+            let runner =
+                ReadModelRunner::start(&store, counter(), RunnerOptions::default()).unwrap();
+            assert!(runner.wait_for(store.head(), WAIT));
+            let status = runner.status();
+            assert_eq!(status.rebuilt_because, None, "{how:?}");
+            assert_eq!(status.resumed_from, head, "{how:?}");
+            assert_eq!(
+                runner.read(|m| *m.state()),
+                head,
+                "{how:?}: one event per position"
+            );
+            runner.stop();
+            append_numbered(
+                &store,
+                100 + round as u64 * 10..110 + round as u64 * 10,
+                |i| format!("n:{}", i % 5),
+            );
+        }
+    });
+}
