@@ -308,6 +308,7 @@ pub fn check_recovered(store: &Store, ledger: &Ledger) -> Result<(), String> {
     check_index_matches_scan(store)
 }
 
+pub mod api;
 pub mod harness;
 
 /// Receipts (`ReceiptIssued`, tagged `enrolment:<position>`, as the read-model tests'
