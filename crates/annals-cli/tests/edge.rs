@@ -450,6 +450,30 @@ fn ping_and_settings_floods_cost_only_their_connection() {
     );
 }
 
+/// An SSE subscriber from the first event that never reads what it is sent.
+fn stalled_subscriber(http: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(http).unwrap();
+    s.write_all(
+        b"GET /v1/subscribe?after=0 HTTP/1.1\r\nhost: test\r\naccept: text/event-stream\r\n\r\n",
+    )
+    .unwrap();
+    s
+}
+
+/// Starts on `stream` of `c` a gRPC Read with the largest batch size, whose answer the client
+/// never reads (its window is left untouched).
+fn start_stalled_read(c: &mut TcpStream, stream: u32) {
+    // ReadRequest { batch_size: 5000 } (field 6, varint), in a gRPC message frame.
+    let message = [0x30, 0x88, 0x27];
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    body.extend_from_slice(&message);
+    let block = call_headers("/umadb.v1.DCB/Read");
+    c.write_all(&frame(HEADERS, END_HEADERS, stream, &block))
+        .unwrap();
+    c.write_all(&frame(0x0, END_STREAM, stream, &body)).unwrap();
+}
+
 /// Goal: a live stream whose client does not read holds a bounded number of bytes, whatever
 /// the events' size. Method: 300 events of 1 MiB appended while two SSE subscribers that never
 /// read and two gRPC Read calls that never read are open; the server's resident memory may
@@ -472,27 +496,12 @@ fn stalled_streams_hold_bounded_memory() {
     // Two SSE subscribers that never read.
     let mut stalled = Vec::new();
     for _ in 0..2 {
-        let mut s = TcpStream::connect(server.http).unwrap();
-        s.write_all(b"GET /v1/subscribe?after=0 HTTP/1.1\r\nhost: test\r\naccept: text/event-stream\r\n\r\n")
-            .unwrap();
-        stalled.push(s);
+        stalled.push(stalled_subscriber(server.http));
     }
     // Two gRPC reads with the largest batch size that never read (HTTP/2, window untouched).
-    let read_call = {
-        let mut message = Vec::new();
-        // ReadRequest { batch_size: 5000 } (field 6, varint).
-        message.extend_from_slice(&[0x30, 0x88, 0x27]);
-        let mut body = vec![0u8];
-        body.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        body.extend_from_slice(&message);
-        body
-    };
     for _ in 0..2 {
         let mut c = h2_connect(server.grpc.unwrap());
-        let block = call_headers("/umadb.v1.DCB/Read");
-        c.write_all(&frame(HEADERS, END_HEADERS, 1, &block))
-            .unwrap();
-        c.write_all(&frame(0x0, END_STREAM, 1, &read_call)).unwrap();
+        start_stalled_read(&mut c, 1);
         stalled.push(c);
     }
     for _ in 0..280 {
@@ -548,27 +557,11 @@ fn stalled_streams_together_hold_the_servers_budget() {
     let baseline = rss_bytes(pid);
     let mut stalled = Vec::new();
     for _ in 0..48 {
-        let mut s = TcpStream::connect(server.http).unwrap();
-        s.write_all(b"GET /v1/subscribe?after=0 HTTP/1.1\r\nhost: test\r\naccept: text/event-stream\r\n\r\n")
-            .unwrap();
-        stalled.push(s);
+        stalled.push(stalled_subscriber(server.http));
     }
-    let read_call = {
-        // ReadRequest { batch_size: 5000 } (field 6, varint).
-        let message = [0x30, 0x88, 0x27];
-        let mut body = vec![0u8];
-        body.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        body.extend_from_slice(&message);
-        body
-    };
     let mut c = h2_connect(server.grpc.unwrap());
     for i in 0..24u32 {
-        let stream = 1 + 2 * i;
-        let block = call_headers("/umadb.v1.DCB/Read");
-        c.write_all(&frame(HEADERS, END_HEADERS, stream, &block))
-            .unwrap();
-        c.write_all(&frame(0x0, END_STREAM, stream, &read_call))
-            .unwrap();
+        start_stalled_read(&mut c, 1 + 2 * i);
     }
     stalled.push(c);
     for _ in 0..112 {
