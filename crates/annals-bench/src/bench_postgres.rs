@@ -31,7 +31,7 @@ pub struct PostgresArgs {
     /// Where the file backend's server keeps its data for the read comparison (emptied first).
     #[arg(long, default_value = "/tmp/annals-bench-pg-files")]
     dir: PathBuf,
-    /// Measure only these figures (comma-separated: one, wide), for
+    /// Measure only these figures (comma-separated: one, wide, http, two), for
     /// profiling one of them; the floor is always measured. A partial run is not recorded.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -151,6 +151,32 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         }
     }
     drop(store);
+    // 64 HTTP connections on one server, then split over two servers on the same database.
+    let (mut one_server, mut split) = (Value::Null, Vec::new());
+    if wants("http") || wants("two") {
+        let a = start_server_on(url.as_ref(), "d3", &[])?;
+        if wants("http") {
+            one_server = run_against(a.http, Workload::Conditional, 64, seconds, runs, 0)?;
+        }
+        if wants("two") {
+            let b = start_server_on(url.as_ref(), "d3", &[])?;
+            let (ha, hb) = (a.http, b.http);
+            for _ in 0..runs {
+                let (ra, rb) = std::thread::scope(|scope| {
+                    let x = scope
+                        .spawn(move || run_against(ha, Workload::Conditional, 32, seconds, 1, 0));
+                    let y = scope
+                        .spawn(move || run_against(hb, Workload::Conditional, 32, seconds, 1, 0));
+                    (x.join().unwrap(), y.join().unwrap())
+                });
+                let rate = |v: &Result<Value, String>| -> Result<f64, String> {
+                    Ok(v.as_ref()?["requests_per_sec"].as_f64().unwrap_or(0.0))
+                };
+                split.push(rate(&ra)? + rate(&rb)?);
+            }
+        }
+    }
+    let http_rate = one_server["requests_per_sec"].as_f64().unwrap_or(0.0);
     if !args.only.is_empty() {
         let figure = |v: &[f64]| {
             if v.is_empty() {
@@ -167,27 +193,11 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             "one_client_p99_us": figure(&one_p99),
             "writers64_batch512_events_per_sec": figure(&wide),
             "writers64_batch512_p99_us": figure(&wide_p99),
+            "http64_conditional_per_sec": one_server["requests_per_sec"],
+            "two_servers_http64_per_sec": figure(&split),
+            "two_servers_runs": split.iter().map(|r| r.round()).collect::<Vec<_>>(),
         }));
     }
-    // 64 HTTP connections on one server, then split over two servers on the same database.
-    let a = start_server_on(url.as_ref(), "d3", &[])?;
-    let one_server = run_against(a.http, Workload::Conditional, 64, seconds, runs, 0)?;
-    let b = start_server_on(url.as_ref(), "d3", &[])?;
-    let (ha, hb) = (a.http, b.http);
-    let mut split = Vec::new();
-    for _ in 0..runs {
-        let (ra, rb) = std::thread::scope(|scope| {
-            let x = scope.spawn(move || run_against(ha, Workload::Conditional, 32, seconds, 1, 0));
-            let y = scope.spawn(move || run_against(hb, Workload::Conditional, 32, seconds, 1, 0));
-            (x.join().unwrap(), y.join().unwrap())
-        });
-        let rate = |v: &Result<Value, String>| -> Result<f64, String> {
-            Ok(v.as_ref()?["requests_per_sec"].as_f64().unwrap_or(0.0))
-        };
-        split.push(rate(&ra)? + rate(&rb)?);
-    }
-    drop(b);
-    drop(a);
     // Selective reads over HTTP: PostgreSQL, then files, each preloaded alike.
     let reader = start_server_on(reads_url.as_ref(), "d3", &[])?;
     let pg_reads = run_against(reader.http, Workload::Read, 64, seconds, runs, 100_000)?;
@@ -199,7 +209,6 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     let file_reads = run_against(files.http, Workload::Read, 64, seconds, runs, 100_000)?;
     drop(files);
     let one_rate = median(one.clone());
-    let http_rate = one_server["requests_per_sec"].as_f64().unwrap_or(0.0);
     let split_rate = median(split.clone());
     let pg_read_rate = pg_reads["requests_per_sec"].as_f64().unwrap_or(0.0);
     let file_read_rate = file_reads["requests_per_sec"].as_f64().unwrap_or(0.0);

@@ -228,3 +228,62 @@ fn read_models_and_the_exchange_resume_from_the_database() {
     assert_eq!(exchange["started"]["replayed"], 0, "{exchange}");
     assert_eq!(exchange["started"]["commands"], 10, "{exchange}");
 }
+
+/// A server that turns idle after committing listens again: another server's single appends
+/// reach it by notification, well before its half-second poll would take them in.
+#[test]
+fn an_idle_server_is_woken_by_another_servers_commits() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = url(&cluster);
+    let a = ServerProcess::start_postgres(&url, &[]);
+    let b = ServerProcess::start_postgres(&url, &[]);
+    let event = r#"{"events":[{"type":"T","tags":["k:1"],"data":"x"}]}"#;
+    // B is busy for a while (it does not listen then), then idle.
+    for _ in 0..200 {
+        b.append(event);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut lags = Vec::new();
+    for _ in 0..15 {
+        let position = a.append(event)["position"].as_u64().unwrap();
+        let sent = Instant::now();
+        while b.head() < position {
+            assert!(
+                sent.elapsed() < Duration::from_secs(10),
+                "B never saw {position}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        lags.push(sent.elapsed());
+        // Off the poll's rhythm, so that a poll alone would answer after 250 ms on average.
+        std::thread::sleep(Duration::from_millis(37));
+    }
+    lags.sort();
+    let median = lags[lags.len() / 2];
+    assert!(
+        median < Duration::from_millis(150),
+        "median lag {median:?}: {lags:?}"
+    );
+}
+
+/// A server on PostgreSQL that cannot take its port says so and exits; it used to panic while
+/// closing its database connections on the async runtime.
+#[test]
+fn a_server_that_cannot_listen_says_so() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = url(&cluster);
+    let a = ServerProcess::start_postgres(&url, &[]);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
+        .args(["serve", "--store", &url, "--grpc", "off", "--http"])
+        .arg(a.http.to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("cannot listen"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -276,8 +276,8 @@ impl Metrics {
                 ),
                 (
                     "annals_database_conflicts_total",
-                    "PostgreSQL: group commits that found another server had committed first \
-                     (checked again and retried).",
+                    "PostgreSQL: group commits that found another server had committed first, \
+                     or rolled back as a serialization failure (checked again and retried).",
                     db.conflicts,
                 ),
                 (

@@ -84,6 +84,14 @@ const TABLE: &str = "CREATE TABLE IF NOT EXISTS annals_companions (
     bytes bytea NOT NULL,
     PRIMARY KEY (kind, name))";
 
+impl Drop for InDatabase {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.get_mut().take() {
+            crate::pgconnect::close(client);
+        }
+    }
+}
+
 impl InDatabase {
     pub(crate) fn new(target: crate::pgconnect::Target) -> Self {
         InDatabase {

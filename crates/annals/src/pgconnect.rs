@@ -110,6 +110,17 @@ impl Target {
     }
 }
 
+/// Drops a value holding connections (a `postgres` client) off any async runtime: the client
+/// closes its connection by blocking on it, which panics on a thread that drives a runtime (a
+/// server that fails to start drops its store there).
+pub(crate) fn close<T: Send + 'static>(value: T) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        let _ = std::thread::spawn(move || drop(value)).join();
+    } else {
+        drop(value);
+    }
+}
+
 /// Splits `sslmode` and `sslrootcert` off a connection string (URL or `key=value` pairs):
 /// the rest, and their values when given.
 fn take_tls_settings(url: &str) -> (String, Option<String>, Option<String>) {

@@ -124,12 +124,25 @@ const FETCH: &str = "SELECT first_position, last_position, appended_at_us, body 
 /// Rows fetched per round trip while following the database.
 const FETCH_ROWS: i64 = 2048;
 
+/// Attempts at committing one group (each after a lost race or a serialization failure)
+/// before its appends are refused as unavailable.
+const ATTEMPTS_MAX: u32 = 100;
+
 /// Appends committed with one statement at most.
 const GROUP_APPENDS_MAX: usize = 4096;
 
 /// How often a server with nothing to append looks for what others committed, when no
 /// notification wakes it sooner.
 const POLL: Duration = Duration::from_millis(500);
+
+/// A server that committed within this long is busy: it holds every append committed before
+/// its last commit (a group goes in only right after the last position committed), so it
+/// does not listen for other servers' notifications, and PostgreSQL does not deliver every
+/// commit's notification to it (decision record R24). An idle server listens.
+const BUSY: Duration = Duration::from_millis(50);
+
+/// How often the listener looks whether its server turned busy or idle.
+const LISTEN_TICK: Duration = Duration::from_millis(10);
 
 /// Counters of the database backend, for [`crate::Stats`].
 #[derive(Default)]
@@ -143,6 +156,9 @@ pub(crate) struct RemoteCounters {
     pub(crate) reconnects: AtomicU64,
     /// Appends answered with an unknown outcome.
     pub(crate) unknown: AtomicU64,
+    /// When this server's last group committed, in microseconds since the epoch (see
+    /// [`BUSY`]).
+    pub(crate) committed_at_us: AtomicU64,
 }
 
 /// The database backend of an open [`crate::Store`].
@@ -209,7 +225,10 @@ impl Remote {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("annals-pg-listener".into())
-                .spawn(move || listen(target, inner, server_id, wake_tx, stop))
+                .spawn({
+                    let counters = counters.clone();
+                    move || listen(target, inner, server_id, &counters, wake_tx, stop)
+                })
                 .map_err(|e| StoreError::Unavailable {
                     reason: format!("spawn the listener thread: {e}"),
                 })?
@@ -306,6 +325,15 @@ fn unavailable(what: &str, e: &postgres::Error) -> StoreError {
     StoreError::Unavailable {
         reason: format!("PostgreSQL {what}: {}", describe(e)),
     }
+}
+
+/// The database rolled a transaction back because of a concurrent one; trying it again may
+/// succeed (SQLSTATE 40001 and 40P01).
+fn is_serialization_failure(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    })
 }
 
 /// The database does not know a feature or a clause.
@@ -475,6 +503,14 @@ struct Committer {
     last_append: StoredAppend,
     /// Names this server's commits in their notifications (see [`COMMIT`]).
     server_id: i64,
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        if let Some(connection) = self.connection.take() {
+            crate::pgconnect::close(connection);
+        }
+    }
 }
 
 impl Committer {
@@ -678,6 +714,18 @@ impl Committer {
         let mut attempts = 0u32;
         while !pending.is_empty() {
             attempts += 1;
+            if attempts > ATTEMPTS_MAX {
+                let e = StoreError::Unavailable {
+                    reason: format!(
+                        "PostgreSQL: the group lost {ATTEMPTS_MAX} races in a row to other \
+                         servers' commits"
+                    ),
+                };
+                for request in pending.drain(..) {
+                    request.reply.send(Err(clone_error(&e).into()));
+                }
+                return;
+            }
             if let Some(e) = self.inner.poison_error() {
                 for request in pending.drain(..) {
                     request.reply.send(Err(StoreError::Poisoned {
@@ -705,6 +753,9 @@ impl Committer {
             match self.commit(head, &accepted) {
                 Ok(true) => {
                     self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .committed_at_us
+                        .store(now_us(), Ordering::Relaxed);
                     self.hand_over(accepted);
                     return;
                 }
@@ -728,7 +779,8 @@ impl Committer {
     }
 
     /// Runs the group's statement: true when committed, false when another server committed
-    /// first (nothing was inserted). An error whose outcome cannot be known is
+    /// first (nothing was inserted, or the database rolled the statement back as a
+    /// serialization failure). An error whose outcome cannot be known is
     /// [`StoreError::OutcomeUnknown`]; one the database reported is [`StoreError::Unavailable`]
     /// (the statement, and so its transaction, failed: nothing was committed).
     fn commit(&mut self, head: u64, accepted: &[Accepted]) -> Result<bool, StoreError> {
@@ -798,6 +850,10 @@ impl Committer {
                 self.group_time = now;
                 Ok(inserted > 0)
             }
+            // The database rolled the statement back for a concurrent one (a distributed
+            // database's optimistic transactions, or isolation set above read committed):
+            // nothing was committed, as in a lost race.
+            Err(e) if is_serialization_failure(&e) => Ok(false),
             Err(e) if e.as_db_error().is_some() => {
                 let error = unavailable("commit", &e);
                 self.lost(&e);
@@ -1017,34 +1073,63 @@ fn server_id() -> i64 {
 }
 
 /// The listener thread: wakes the committer when another server commits. A wake-up only; the
-/// committer polls as well.
+/// committer polls as well. It listens only while its server is idle (see [`BUSY`]); when the
+/// server turns idle it listens again and wakes the committer once, to take in what others
+/// committed since its last commit.
 fn listen(
     target: Target,
     inner: Arc<Shared>,
     server_id: i64,
+    counters: &RemoteCounters,
     wake: Sender<u64>,
     stop: Arc<AtomicBool>,
 ) {
     let mut client: Option<Client> = None;
+    let mut listening = false;
     let mut retry_at = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let Some(c) = client.as_mut() else {
             if Instant::now() < retry_at {
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(LISTEN_TICK);
                 continue;
             }
             match target.connect(None) {
-                Ok(mut c) => match c.batch_execute("LISTEN annals_appended") {
-                    Ok(()) => client = Some(c),
-                    Err(_) => retry_at = Instant::now() + Duration::from_secs(1),
-                },
+                Ok(c) => {
+                    client = Some(c);
+                    listening = false;
+                }
                 Err(_) => retry_at = Instant::now() + Duration::from_secs(1),
             }
             continue;
         };
+        let since_commit =
+            now_us().saturating_sub(counters.committed_at_us.load(Ordering::Relaxed));
+        let busy = since_commit < BUSY.as_micros() as u64;
+
+        if busy == listening {
+            let statement = if busy {
+                "UNLISTEN annals_appended"
+            } else {
+                "LISTEN annals_appended"
+            };
+            if c.batch_execute(statement).is_err() {
+                client = None;
+                retry_at = Instant::now() + Duration::from_millis(200);
+                continue;
+            }
+            listening = !busy;
+            if listening {
+                // Whatever others committed while this server did not listen.
+                let _ = wake.try_send(u64::MAX);
+            }
+        }
+        if !listening {
+            std::thread::sleep(LISTEN_TICK);
+            continue;
+        }
         let next = c
             .notifications()
-            .timeout_iter(Duration::from_millis(200))
+            .timeout_iter(LISTEN_TICK)
             .next()
             .map(|n| n.map(|n| notified(n.payload(), server_id)));
         match next {

@@ -419,7 +419,8 @@ impl std::future::Future for YieldOnce {
 pub struct DatabaseStats {
     /// Group commits (one statement, one database commit each).
     pub commits: u64,
-    /// Group commits that found another server had committed first, and were checked again.
+    /// Group commits that found another server had committed first, or that the database
+    /// rolled back as a serialization failure (SQLSTATE 40001, 40P01), and were checked again.
     pub conflicts: u64,
     /// Appends committed by other servers and taken into this one's log.
     pub followed: u64,

@@ -473,6 +473,24 @@ fn racing_conditions_hold() {
     });
 }
 
+/// Goal: with the database's transactions at serializable isolation (as on PostgreSQL-compatible
+/// distributed databases), a group rolled back as a serialization failure (SQLSTATE 40001) is
+/// taken as a lost race and tried again: racing stores still never both win, and nothing is
+/// refused.
+#[test]
+fn serialization_failures_are_lost_races() {
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    cluster.sql("ALTER DATABASE postgres SET default_transaction_isolation TO 'serializable'");
+    let first = Store::open_postgres(&cluster.url(), small_options()).unwrap();
+    let second = Store::open_postgres(&cluster.url(), small_options()).unwrap();
+    common::harness::claim_race_over(&[&first, &second], 32, 25).unwrap();
+    let conflicts =
+        first.stats().database.unwrap().conflicts + second.stats().database.unwrap().conflicts;
+    assert!(conflicts > 0, "the two stores raced");
+}
+
 /// Every event of `store` as (position, append time, type, tags, data, id).
 #[allow(clippy::type_complexity)]
 fn event_list(store: &Store) -> Vec<(u64, u64, String, Vec<String>, Vec<u8>, Option<uuid::Uuid>)> {

@@ -179,11 +179,21 @@ pub fn claim_race(store: &Store, threads: usize, attempts: usize) -> Result<(), 
 
 /// [`claim_race`] with the threads spread over several stores of one log (servers of one
 /// database), checked through the first once it has taken in what the others appended.
+/// Every append either succeeds or fails its condition: any other answer is an error.
 pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Result<(), String> {
     let wins = Arc::new(Mutex::new(Vec::new()));
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let answered = |refused: &Mutex<Vec<String>>, outcome: &Result<u64, AppendError>| {
+        if let Err(e) = outcome {
+            if e.conflict_position().is_none() {
+                refused.lock().unwrap().push(e.to_string());
+            }
+        }
+    };
     std::thread::scope(|scope| {
         for t in 0..threads {
             let wins = wins.clone();
+            let refused = refused.clone();
             let store = stores[t % stores.len()];
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(t as u64);
@@ -193,7 +203,9 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
                         AppendCondition::new(Query::item(QueryItem::tags([name.clone()])), None);
                     let event = NewEvent::new("UsernameClaimed", format!("{t}").into_bytes())
                         .tag(name.clone());
-                    if let Ok(p) = store.append(&[event], Some(&claim)) {
+                    let outcome = store.append(&[event], Some(&claim));
+                    answered(&refused, &outcome);
+                    if let Ok(p) = outcome {
                         wins.lock().unwrap().push((name, p));
                     }
                     // Optimistic counter: read the last increment, append after it.
@@ -204,12 +216,21 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
                         .unwrap_or(0);
                     let event =
                         NewEvent::new("Incremented", format!("{last}").into_bytes()).tag("counter");
-                    let _ =
+                    let outcome =
                         store.append(&[event], Some(&AppendCondition::new(counter, Some(last))));
+                    answered(&refused, &outcome);
                 }
             });
         }
     });
+    let refused = std::mem::take(&mut *refused.lock().unwrap());
+    if let Some(first) = refused.first() {
+        return Err(format!(
+            "{} appends were refused rather than stored or failed by their condition; the \
+             first: {first}",
+            refused.len()
+        ));
+    }
     let store = stores[0];
     store.refresh().map_err(|e| format!("refresh: {e}"))?;
     let claims = read_all(
