@@ -1,6 +1,7 @@
-//! A naive reference matcher, written to be obviously correct rather than fast: live orders in
-//! one vector, every match a sort of the crossing orders by price then arrival. The engine must
-//! produce exactly its reports and books.
+//! A naive reference matcher, written from the matching rules in docs/EXCHANGE.md (R1-R12) and
+//! to be obviously correct rather than fast: live orders in one vector, every match a sort of
+//! the crossing orders by price then arrival, self-trade prevention as the rules' table, fill or
+//! kill as a dry run of the match. The engine must produce exactly its reports and books.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -48,6 +49,29 @@ fn crosses(taker: Side, limit: Price, resting: Price) -> bool {
     match taker {
         Side::Buy => resting <= limit,
         Side::Sell => resting >= limit,
+    }
+}
+
+/// What a self-trade does (R9's table): quantity cancelled from the resting order and from the
+/// taker, and whether the taker stops matching (it is then cancelled).
+struct SelfTrade {
+    resting_cut: Qty,
+    taker_cut: Qty,
+    taker_stops: bool,
+}
+
+fn self_trade(mode: Stp, resting: Qty, taker: Qty) -> SelfTrade {
+    let (resting_cut, taker_cut) = match mode {
+        Stp::Allow => unreachable!("Allow trades"),
+        Stp::CancelNewest => (0, taker),
+        Stp::CancelOldest => (resting, 0),
+        Stp::CancelBoth => (resting, taker),
+        Stp::Decrement => (resting.min(taker), resting.min(taker)),
+    };
+    SelfTrade {
+        resting_cut,
+        taker_cut,
+        taker_stops: taker_cut == taker,
     }
 }
 
@@ -191,25 +215,26 @@ impl Reference {
         if p.kind == Kind::PostOnly && !crossing.is_empty() {
             return reject(out, Reject::WouldTake);
         }
+        // R8: a dry run of the match on a copy of the book must trade the whole quantity.
         if p.kind == Kind::Fok {
-            // Walk the crossing orders in priority order until the quantity is covered.
-            let mut need = p.qty;
-            let mut ok = false;
-            for &id in &crossing {
-                let o = &self.live[self.index(id).unwrap()];
-                if o.account == p.account && p.stp != Stp::Allow {
-                    if p.stp == Stp::CancelOldest {
-                        continue;
-                    }
-                    break;
-                }
-                if o.leaves >= need {
-                    ok = true;
-                    break;
-                }
-                need -= o.leaves;
-            }
-            if !ok {
+            let mut dry = Reference {
+                specs: self.specs.clone(),
+                live: self.live.clone(),
+                done: HashMap::new(),
+                seq: self.seq,
+            };
+            let mut reports = Vec::new();
+            dry.take(
+                time, p.symbol, p.id, p.account, p.side, limit, p.qty, p.stp, &mut reports,
+            );
+            let traded: Qty = reports
+                .iter()
+                .filter_map(|r| match r {
+                    Report::Trade { taker, qty, .. } if *taker == p.id => Some(*qty),
+                    _ => None,
+                })
+                .sum();
+            if traded != p.qty {
                 return reject(out, Reject::NotFillable);
             }
         }
@@ -286,50 +311,32 @@ impl Reference {
             let i = self.index(maker_id).unwrap();
             let maker = self.live[i].clone();
             if maker.account == account && stp != Stp::Allow {
-                let cancel_taker = |out: &mut Vec<Report>, remaining| {
+                let rule = self_trade(stp, maker.leaves, remaining);
+                if rule.resting_cut > 0 {
+                    out.push(Report::Cancelled {
+                        id: maker.id,
+                        qty: rule.resting_cut,
+                        leaves: maker.leaves - rule.resting_cut,
+                        reason: CancelReason::SelfTrade,
+                    });
+                    if rule.resting_cut == maker.leaves {
+                        self.live.remove(i);
+                        self.done.insert(maker.id, Done::Cancelled);
+                    } else {
+                        self.live[i].leaves -= rule.resting_cut;
+                    }
+                }
+                if rule.taker_cut > 0 {
+                    remaining -= rule.taker_cut;
                     out.push(Report::Cancelled {
                         id,
-                        qty: remaining,
-                        leaves: 0,
+                        qty: rule.taker_cut,
+                        leaves: remaining,
                         reason: CancelReason::SelfTrade,
-                    })
-                };
-                match stp {
-                    Stp::CancelNewest => {
-                        cancel_taker(out, remaining);
-                        return None;
-                    }
-                    Stp::CancelOldest => self.cancel_whole(i, CancelReason::SelfTrade, out),
-                    Stp::CancelBoth => {
-                        self.cancel_whole(i, CancelReason::SelfTrade, out);
-                        cancel_taker(out, remaining);
-                        return None;
-                    }
-                    Stp::Decrement => {
-                        let cut = maker.leaves.min(remaining);
-                        remaining -= cut;
-                        if cut == maker.leaves {
-                            self.cancel_whole(i, CancelReason::SelfTrade, out);
-                        } else {
-                            self.live[i].leaves -= cut;
-                            out.push(Report::Cancelled {
-                                id: maker.id,
-                                qty: cut,
-                                leaves: maker.leaves - cut,
-                                reason: CancelReason::SelfTrade,
-                            });
-                        }
-                        out.push(Report::Cancelled {
-                            id,
-                            qty: cut,
-                            leaves: remaining,
-                            reason: CancelReason::SelfTrade,
-                        });
-                        if remaining == 0 {
-                            return None;
-                        }
-                    }
-                    Stp::Allow => unreachable!(),
+                    });
+                }
+                if rule.taker_stops {
+                    return None;
                 }
                 continue;
             }
