@@ -300,7 +300,7 @@ fn scratch_file(
     dir: &Path,
     name: &str,
     allocate: Option<u64>,
-) -> Result<(std::path::PathBuf, std::fs::File), String> {
+) -> Result<(PathBuf, std::fs::File), String> {
     let path = dir.join(name);
     let _ = std::fs::remove_file(&path);
     let file = OpenOptions::new()
@@ -353,7 +353,7 @@ fn fsync_floor_per_cpu(
     // SAFETY: sched_getaffinity fills the set it is given; the set is plain data.
     let allowed = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return Err(format!(
                 "sched_getaffinity: {}",
                 std::io::Error::last_os_error()
@@ -371,7 +371,7 @@ fn fsync_floor_per_cpu(
             let pinned = unsafe {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
                 libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0
             };
             if !pinned {
                 return Err(format!(

@@ -126,6 +126,7 @@ impl Clock {
                 // SAFETY: rdtsc has no preconditions on x86-64.
                 let t0 = unsafe { std::arch::x86_64::_rdtsc() };
                 std::thread::sleep(Duration::from_millis(20));
+                // SAFETY: as above.
                 let t1 = unsafe { std::arch::x86_64::_rdtsc() };
                 let ns = epoch.elapsed().as_nanos() as f64;
                 (t0, ns / (t1 - t0).max(1) as f64)

@@ -119,7 +119,45 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     Ok(config)
 }
 
+/// The server's log: events (a failed accept, a slow shutdown, a component that did not stop
+/// cleanly) go to stderr as lines of `tracing`'s text format, at the level `ANNALS_LOG` names
+/// (`error`, `warn`, `info` (the default), `debug`, `trace`) for Annals' own crates and at
+/// `warn` for its libraries'.
+fn start_log() -> Result<(), String> {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let level = match std::env::var("ANNALS_LOG").as_deref() {
+        Err(_) | Ok("") | Ok("info") => LevelFilter::INFO,
+        Ok("error") => LevelFilter::ERROR,
+        Ok("warn") => LevelFilter::WARN,
+        Ok("debug") => LevelFilter::DEBUG,
+        Ok("trace") => LevelFilter::TRACE,
+        Ok("off") => LevelFilter::OFF,
+        Ok(other) => {
+            return Err(format!(
+                "ANNALS_LOG={other:?}: expected error, warn, info, debug, trace or off"
+            ))
+        }
+    };
+    let targets = Targets::new()
+        .with_default(LevelFilter::WARN.min(level))
+        .with_target("annals", level)
+        .with_target("annals_server", level)
+        .with_target("annals_exchange", level);
+    let format = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    // Another subscriber already set (the process's embedder's) is kept.
+    let _ = tracing_subscriber::registry()
+        .with(format)
+        .with(targets)
+        .try_init();
+    Ok(())
+}
+
 pub fn run(args: ServeArgs) -> Result<(), String> {
+    start_log()?;
     let config = resolve(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.runtime_threads())

@@ -84,3 +84,25 @@ fn stats_json() {
         .unwrap();
     assert!(!missing.status.success());
 }
+
+/// `ANNALS_LOG` names the server log's level; a value it does not know is refused at start.
+#[test]
+fn the_log_level_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = annals()
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "off",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("ANNALS_LOG", "loud")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ANNALS_LOG=\"loud\""), "{stderr}");
+}

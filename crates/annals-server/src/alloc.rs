@@ -25,36 +25,48 @@ fn large(size: usize) -> bool {
 // by the block's size alone, and `realloc` moves a block across when its size crosses `LARGE`.
 unsafe impl GlobalAlloc for Split {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if large(layout.size()) {
-            System.alloc(layout)
-        } else {
-            mimalloc::MiMalloc.alloc(layout)
+        // SAFETY: the caller's layout goes to the allocator that owns blocks of its size.
+        unsafe {
+            if large(layout.size()) {
+                System.alloc(layout)
+            } else {
+                mimalloc::MiMalloc.alloc(layout)
+            }
         }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if large(layout.size()) {
-            System.alloc_zeroed(layout)
-        } else {
-            mimalloc::MiMalloc.alloc_zeroed(layout)
+        // SAFETY: as in `alloc`.
+        unsafe {
+            if large(layout.size()) {
+                System.alloc_zeroed(layout)
+            } else {
+                mimalloc::MiMalloc.alloc_zeroed(layout)
+            }
         }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if large(layout.size()) {
-            System.dealloc(ptr, layout)
-        } else {
-            mimalloc::MiMalloc.dealloc(ptr, layout)
+        // SAFETY: the block was made with this layout, so by the allocator its size selects.
+        unsafe {
+            if large(layout.size()) {
+                System.dealloc(ptr, layout)
+            } else {
+                mimalloc::MiMalloc.dealloc(ptr, layout)
+            }
         }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         match (large(layout.size()), large(new_size)) {
-            (true, true) => System.realloc(ptr, layout, new_size),
-            (false, false) => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
-            _ => {
-                // SAFETY: the caller guarantees `new_size` with the old alignment is a valid
-                // layout.
+            // SAFETY: the block stays with the allocator that made it.
+            (true, true) => unsafe { System.realloc(ptr, layout, new_size) },
+            // SAFETY: as above.
+            (false, false) => unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) },
+            // SAFETY: the caller guarantees `new_size` with the old alignment is a valid
+            // layout; the new block is made by the allocator of its size, the old one's bytes
+            // copied (as many as both hold) and the old block freed by its own allocator.
+            _ => unsafe {
                 let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
                 let new = self.alloc(new_layout);
                 if !new.is_null() {
@@ -62,7 +74,7 @@ unsafe impl GlobalAlloc for Split {
                     self.dealloc(ptr, layout);
                 }
                 new
-            }
+            },
         }
     }
 }

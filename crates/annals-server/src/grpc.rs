@@ -205,11 +205,7 @@ struct Service {
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 impl Service {
-    fn authorize(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-        needed: Scopes,
-    ) -> Result<(), Status> {
+    fn authorize(&self, metadata: &MetadataMap, needed: Scopes) -> Result<(), Status> {
         let header = metadata.get("authorization").map(|v| v.as_bytes());
         self.state
             .config

@@ -249,15 +249,17 @@ impl Server {
             .await
             .is_err()
         {
-            eprintln!("annals: shutdown: some connections did not finish in time; closing anyway");
+            tracing::warn!("shutdown: some connections did not finish in time; closing anyway");
         }
         // The exchange answers what it holds, syncs its journal, saves a snapshot and lets
         // go of the store.
         if let Some(hosted) = self.exchange.clone() {
             match tokio::task::spawn_blocking(move || hosted.exchange.stop()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => eprintln!("annals: shutdown: exchange: {e}"),
-                Err(e) => eprintln!("annals: shutdown: exchange: {e}"),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "shutdown: the exchange did not stop cleanly")
+                }
+                Err(e) => tracing::error!(error = %e, "shutdown: the exchange's stop panicked"),
             }
         }
         // Read models write a last checkpoint and let go of the store.
@@ -265,7 +267,7 @@ impl Server {
         if let Ok(stopped) = tokio::task::spawn_blocking(move || models.stop()).await {
             for (name, error) in stopped {
                 if let Some(error) = error {
-                    eprintln!("annals: shutdown: read model {name}: {error}");
+                    tracing::error!(model = %name, %error, "shutdown: a read model did not stop cleanly");
                 }
             }
         }

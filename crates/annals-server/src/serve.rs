@@ -91,7 +91,7 @@ pub(crate) async fn serve_http(
                 Ok(pair) => pair,
                 Err(e) => {
                     // Out of file descriptors and the like: back off rather than spin.
-                    eprintln!("annals: http accept: {e}");
+                    tracing::warn!(error = %e, "http: accepting a connection failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 }
@@ -146,7 +146,7 @@ pub(crate) async fn serve_http(
         .await
         .is_err()
     {
-        eprintln!("annals: http: connections still open after the drain timeout");
+        tracing::warn!("http: connections still open after the drain timeout");
     }
 }
 
@@ -157,20 +157,16 @@ pub(crate) struct WithBudget {
     budget: crate::budget::ConnectionBudget,
 }
 
-impl tower::Service<axum::http::Request<hyper::body::Incoming>> for WithBudget {
+impl tower::Service<http::Request<hyper::body::Incoming>> for WithBudget {
     type Response = axum::response::Response;
     type Error = std::convert::Infallible;
-    type Future =
-        <axum::Router as tower::Service<axum::http::Request<hyper::body::Incoming>>>::Future;
+    type Future = <axum::Router as tower::Service<http::Request<hyper::body::Incoming>>>::Future;
 
     fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Self::Error>> {
-        tower::Service::<axum::http::Request<hyper::body::Incoming>>::poll_ready(
-            &mut self.router,
-            cx,
-        )
+        tower::Service::<http::Request<hyper::body::Incoming>>::poll_ready(&mut self.router, cx)
     }
 
-    fn call(&mut self, mut request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<hyper::body::Incoming>) -> Self::Future {
         request.extensions_mut().insert(self.budget.clone());
         self.router.call(request)
     }

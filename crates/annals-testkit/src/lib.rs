@@ -74,6 +74,7 @@ impl Cluster {
     }
 
     fn init(bin: PathBuf, from: Option<&Cluster>) -> Cluster {
+        // SAFETY: geteuid takes nothing and cannot fail.
         let run_as_postgres = unsafe { libc::geteuid() } == 0;
         let dir = tempfile::Builder::new()
             .prefix("annals-pg")
@@ -306,6 +307,7 @@ impl Cluster {
     /// machine's loss would.
     pub fn kill9(&self) {
         if let Some(pid) = self.postmaster_pid() {
+            // SAFETY: kill takes plain integers; a pid that is gone only makes it fail.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
             }

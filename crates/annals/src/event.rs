@@ -153,7 +153,7 @@ pub struct Tags<'a> {
 
 impl<'a> Tags<'a> {
     /// The tags of an encoded entry.
-    pub(crate) fn of(entry: &'a [u8], layout: &crate::record::EntryLayout) -> Self {
+    pub(crate) fn of(entry: &'a [u8], layout: &EntryLayout) -> Self {
         Tags {
             bytes: layout.tag_bytes(entry),
             remaining: layout.tag_count,

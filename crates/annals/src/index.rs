@@ -762,8 +762,8 @@ impl Index {
             };
             // Each name is in the vector and in the map (key, id and a control byte).
             names.iter().map(|n| 2 * heap(n)).sum::<usize>()
-                + names.capacity() * std::mem::size_of::<NameKey>()
-                + names.len() * (std::mem::size_of::<NameKey>() + 4 + 1) * 8 / 7
+                + names.capacity() * size_of::<NameKey>()
+                + names.len() * (size_of::<NameKey>() + 4 + 1) * 8 / 7
         };
         let postings = |lists: &Vec<Vec<u64>>| -> usize {
             lists.iter().map(|l| l.capacity() * 8 + 24).sum::<usize>()
@@ -1314,7 +1314,7 @@ pub(crate) fn huge_vec<T>(capacity: usize) -> Vec<T> {
     const HUGE: usize = 2 << 20;
     let mut v = Vec::with_capacity(capacity);
     let start = v.as_mut_ptr() as usize;
-    let end = start + capacity * std::mem::size_of::<T>();
+    let end = start + capacity * size_of::<T>();
     let aligned_start = start.next_multiple_of(HUGE);
     let aligned_end = end - end % HUGE;
     if aligned_end > aligned_start {

@@ -275,7 +275,7 @@ impl Remote {
         let Some(mut committer) = self.state.try_lock() else {
             return Err(request);
         };
-        committer.commit_group(&mut vec![request]);
+        committer.commit_group(&mut vec![request], None);
         Ok(())
     }
 
@@ -708,8 +708,9 @@ impl Committer {
     }
 
     /// Checks, commits and hands to the mirror one group of this server's appends; answers
-    /// every request of the group.
-    fn commit_group(&mut self, group: &mut Vec<Request>) {
+    /// every request of the group. After a lost race the group takes in what was queued
+    /// meanwhile (from `queue`), so that the next attempt commits it too.
+    fn commit_group(&mut self, group: &mut Vec<Request>, queue: Option<&Receiver<Request>>) {
         let mut pending: Vec<Request> = std::mem::take(group);
         let mut attempts = 0u32;
         while !pending.is_empty() {
@@ -762,6 +763,9 @@ impl Committer {
                 Ok(false) => {
                     self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
                     pending = accepted.into_iter().map(|a| a.request).collect();
+                    if let Some(queue) = queue {
+                        take_queued(&mut pending, queue, self.inner.options.group_bytes_max);
+                    }
                 }
                 Err(error) => {
                     if matches!(error, StoreError::OutcomeUnknown { .. }) {
@@ -928,17 +932,8 @@ fn run(
             recv(receiver) -> request => match request {
                 Ok(request) => {
                     group.push(request);
-                    let mut bytes = group[0].append.body.len();
-                    while group.len() < GROUP_APPENDS_MAX && bytes < group_bytes_max {
-                        match receiver.try_recv() {
-                            Ok(request) => {
-                                bytes += request.append.body.len();
-                                group.push(request);
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    state.lock().commit_group(&mut group);
+                    take_queued(&mut group, &receiver, group_bytes_max);
+                    state.lock().commit_group(&mut group, Some(&receiver));
                 }
                 Err(_) => return,
             },
@@ -959,6 +954,20 @@ fn run(
             default(POLL) => {
                 let _ = state.lock().follow();
             }
+        }
+    }
+}
+
+/// Adds the queued requests to `group`, within its limits.
+fn take_queued(group: &mut Vec<Request>, receiver: &Receiver<Request>, bytes_max: usize) {
+    let mut bytes: usize = group.iter().map(|r| r.append.body.len()).sum();
+    while group.len() < GROUP_APPENDS_MAX && bytes < bytes_max {
+        match receiver.try_recv() {
+            Ok(request) => {
+                bytes += request.append.body.len();
+                group.push(request);
+            }
+            Err(_) => break,
         }
     }
 }

@@ -541,7 +541,11 @@ impl Runner {
         if !store.claim_runner(name) {
             return Err(ReadModelError::AlreadyRunning(name.to_owned()));
         }
-        let claim = Claim { store, name };
+        let mut claim = Claim {
+            store,
+            name,
+            kept: false,
+        };
         let start = driver.start(store, false)?;
         let shared = Arc::new(Shared {
             status: Mutex::new(ReadModelStatus {
@@ -572,7 +576,7 @@ impl Runner {
                 .spawn(move || run(&store, &shared, driver, query, start.after, options))
                 .map_err(|e| StoreError::io("start read-model thread", PathBuf::new(), 0, e))?
         };
-        std::mem::forget(claim);
+        claim.kept = true;
         Ok(Runner {
             shared,
             store: store.clone(),
@@ -615,14 +619,19 @@ impl Runner {
 }
 
 /// Releases a runner's name if starting it fails half-way.
+/// A read model's name claimed in its store: released when dropped, unless the runner
+/// started and keeps it (`kept`).
 struct Claim<'a> {
     store: &'a Store,
     name: &'a str,
+    kept: bool,
 }
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        self.store.release_runner(self.name);
+        if !self.kept {
+            self.store.release_runner(self.name);
+        }
     }
 }
 

@@ -1190,7 +1190,7 @@ impl Store {
     /// every event as the log does (type and tag postings). `progress` is told (events checked,
     /// head) every 64Ki events. Nothing is changed; appends go on meanwhile.
     pub fn check(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<LiveCheck, StoreError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let iter = ReadIter::new(
             self.shared.clone(),
             &Query::all(),

@@ -257,7 +257,7 @@ impl Drop for AsyncWait<'_> {
 
 /// The caller stops waiting (its outcome taken, or its wait dropped): marks it gone and wakes,
 /// outside the lock, the tasks whose wakers it was handed.
-fn leave(mut state: parking_lot::MutexGuard<'_, AsyncState>) {
+fn leave(mut state: MutexGuard<'_, AsyncState>) {
     state.gone = true;
     let delegated = std::mem::take(&mut state.delegated);
     drop(state);

@@ -479,7 +479,7 @@ fn racing_conditions_hold() {
 /// refused.
 #[test]
 fn serialization_failures_are_lost_races() {
-    let Some(cluster) = annals_testkit::Cluster::start() else {
+    let Some(cluster) = Cluster::start() else {
         return;
     };
     cluster.sql("ALTER DATABASE postgres SET default_transaction_isolation TO 'serializable'");

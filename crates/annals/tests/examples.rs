@@ -305,7 +305,7 @@ mod courses {
             .tag(format!("student:{student}"))
     }
 
-    fn refusal(outcome: super::course_subscriptions::Outcome) -> Refusal {
+    fn refusal(outcome: course_subscriptions::Outcome) -> Refusal {
         match outcome {
             Err(DecideError::Rejected(r)) => r,
             other => panic!("expected a refusal, got {other:?}"),
@@ -437,7 +437,7 @@ mod courses {
             .build()
             .unwrap();
         let retry = annals::decide::Retry::default();
-        let courses = super::course_subscriptions::CourseCache::new(0);
+        let courses = course_subscriptions::CourseCache::new(0);
         runtime.block_on(async {
             subscribe_async(&store, &courses, "c1", "ada", retry, tokio::time::sleep)
                 .await
@@ -459,7 +459,7 @@ mod courses {
         let retry = annals::decide::Retry::default();
         subscribe_cached(&store, &courses, "c1", "bob", retry).unwrap();
         // Kept: the course as read before bob's subscription.
-        let query = super::course_subscriptions::course("c1").query();
+        let query = course_subscriptions::course("c1").query();
         let (head, kept) = courses.get(&query).unwrap();
         assert_eq!((head, kept.subscribed), (2, 1));
         // Changes made without the cache are read on top of the kept state.
@@ -546,9 +546,7 @@ mod invoices {
     fn a_condition_that_fails_is_decided_again() {
         // A creator that read 2 as the last number meets invoice 3 appended meanwhile.
         let store = given(&[invoice(1), invoice(2)]);
-        let stale = store
-            .decide(&super::invoice_numbers::last_number())
-            .unwrap();
+        let stale = store.decide(&invoice_numbers::last_number()).unwrap();
         assert_eq!(stale.state, 2);
         create_invoice(&store, "c1", Retry::default()).unwrap();
         assert!(store.append(&[invoice(3)], Some(&stale.condition)).is_err());

@@ -28,7 +28,7 @@ fn a_roll_prepares_the_next_segment_at_once() {
             .count()
     };
     append_numbered(&store, 0..1, |_| "t".into());
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    std::thread::sleep(Duration::from_millis(50));
     assert_eq!(
         segments(),
         1,
@@ -39,13 +39,13 @@ fn a_roll_prepares_the_next_segment_at_once() {
         append_numbered(&store, i..i + 1, |_| "t".into());
         i += 1;
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while segments() < 3 {
         assert!(
             std::time::Instant::now() < deadline,
             "segment 3 was not prepared after the roll into segment 2"
         );
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(store.stats().segments, 2, "still writing segment 2");
 }

@@ -103,6 +103,7 @@ impl ServerProcess {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill takes plain integers; the child is ours and not yet reaped.
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }

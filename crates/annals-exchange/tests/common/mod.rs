@@ -225,7 +225,15 @@ impl Reference {
             };
             let mut reports = Vec::new();
             dry.take(
-                time, p.symbol, p.id, p.account, p.side, limit, p.qty, p.stp, &mut reports,
+                time,
+                p.symbol,
+                p.id,
+                p.account,
+                p.side,
+                limit,
+                p.qty,
+                p.stp,
+                &mut reports,
             );
             let traded: Qty = reports
                 .iter()

@@ -151,7 +151,7 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
         );
         let outcome = store.append(&events, None);
         if let Ok(p) = outcome {
-            if store.durability() == annals::Durability::Synced {
+            if store.durability() == Durability::Synced {
                 ledger.lock().unwrap().appends.get_mut(&id).unwrap().1 = Some(p);
             }
         }
