@@ -1,6 +1,6 @@
 //! What readers see of the log: the published head (and where the log ends at it) and how far
 //! the log is durable. Readers, subscriptions and checkpoints read them; only the writer's
-//! side moves them, and moving them takes a [`PublishRight`], which only `writer.rs` can make.
+//! side moves them, and moving them takes a [`PublishRight`], which only the writer module (`writer/`) can make.
 //! So "only the writer publishes" is checked by the compiler, and the order of the two (in
 //! D3, nothing is published past the synced position) by an assertion.
 

@@ -865,7 +865,7 @@ impl Store {
     /// by the writer thread, never on the caller's thread.
     ///
     /// Await the future to its end or drop it. The appends acknowledged by one fdatasync are
-    /// woken through one of their tasks (see `AsyncSlot` in writer.rs), so a future that was
+    /// woken through one of their tasks (see `AsyncSlot` in writer/reply.rs), so a future that was
     /// polled, then kept without being polled again and without being dropped (as a future
     /// handed back unfinished by a `select` can be), delays the other tasks of its group until
     /// it is polled or dropped. `select!`, timeouts and cancellation drop it, which is fine.

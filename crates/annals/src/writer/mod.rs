@@ -1,0 +1,575 @@
+//! The one writer: group commit without a timer.
+//!
+//! Appends wait in a bounded queue. The writer takes the first, drains whatever else is already
+//! waiting (up to `group_bytes_max`), and for each append in order: checks its condition
+//! against the index (which already holds the earlier appends of this group; a failed one may
+//! be the retry of an append already stored, recognised by its ids), stages
+//! its record in one buffer and its events in the index. Then it writes the buffer, issues ONE
+//! fdatasync (in D3), publishes the new head and acknowledges the whole group. The index lock is
+//! taken per append, never across I/O: shared for the checks (the writer is the index's only
+//! mutator), exclusive only for adding the append's events. A failed write or sync poisons the
+//! store.
+//!
+//! "The writer" is a role ([`WriterRole`]), not only a thread: the writer thread takes it for
+//! each group, and a blocking caller alone on an idle store takes it to commit its own append
+//! on its own thread (one append, one write, one fdatasync, no hand-over). Either way one
+//! holder at a time stages and writes, in the order the role was taken; the syncer thread
+//! syncs what was written, unless the holder syncs the group itself because there is nothing
+//! to overlap that sync with (a lone append, or a group of small appends held for the sync
+//! before; see `Writer::commit`). The writer thread runs such a sync with the role released,
+//! and meanwhile callers stage their small appends into the next group themselves (see
+//! [`WriterRole::stage_during_sync`]), which the writer thread writes and syncs when its sync
+//! ends.
+
+// Requests are handed back by value where they cannot be taken (queue full, role busy): boxing
+// them to shrink the `Err` would cost an allocation per append.
+#![allow(clippy::result_large_err)]
+mod check;
+mod notifier;
+mod reply;
+mod role;
+mod syncer;
+mod waiting;
+
+pub(crate) use check::checked;
+pub(crate) use notifier::Notifier;
+pub(crate) use reply::{Answers, AsyncSlot, Completion, Reply, ReplyTo};
+pub(crate) use role::WriterRole;
+pub(crate) use syncer::{Syncer, Waiter};
+pub(crate) use waiting::Waiting;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::Receiver;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::checkpoint::Mark;
+use crate::error::{AppendError, StoreError};
+use crate::index::{location, Ahead, AheadStage};
+use crate::options::Durability;
+use crate::query::AppendCondition;
+use crate::record::{aligned, EncodedAppend, Entries, EntryLayout, RecordHeader, HEADER_BYTES};
+use crate::recovery::Tail;
+use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
+use crate::store::Shared;
+
+/// The right to move what readers see ([`crate::published::Published`]): its field is private
+/// to this module, so only the writer's side (the role's holder, the syncer, the notifier)
+/// can publish a head or a synced position.
+pub(crate) struct PublishRight(());
+
+/// The writer side's one right to publish.
+const RIGHT: PublishRight = PublishRight(());
+
+pub(crate) struct Request {
+    pub(crate) append: EncodedAppend,
+    pub(crate) condition: Option<AppendCondition>,
+    pub(crate) require_synced: bool,
+    pub(crate) reply: Reply,
+    /// The append time to record, when it was decided elsewhere (by the database backend,
+    /// which committed the append before it reaches this writer); otherwise the group's.
+    pub(crate) appended_at: Option<u64>,
+}
+
+pub(crate) fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// An append of fewer events than this and smaller than [`SMALL_BELOW_BYTES`] is small (see
+/// [`is_small`]).
+const SMALL_BELOW_EVENTS: u32 = 32;
+const SMALL_BELOW_BYTES: usize = 16 << 10;
+
+/// Whether staging `append` is too little work to overlap with a sync: it costs the writer
+/// about half a microsecond per event, so a small append stages in a tenth of a fdatasync or
+/// less. In D3 a small first append waits for the running sync (see `WriterRole::run`), and a
+/// lone small append is synced by the writer itself (see `Writer::commit`).
+fn is_small(append: &EncodedAppend) -> bool {
+    append.event_count < SMALL_BELOW_EVENTS && append.body.len() < SMALL_BELOW_BYTES
+}
+
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    receiver: Receiver<Request>,
+    segment: Arc<Segment>,
+    /// Offset in `segment` where `buffer` will be written.
+    tail: u64,
+    last_record_offset: u64,
+    next_position: u64,
+    buffer: Vec<u8>,
+    syncer: Option<Arc<Syncer>>,
+    /// Reused for each group's waiters.
+    waiters: Vec<Waiter>,
+    /// Bytes this writer has written to the log since open.
+    written_bytes: u64,
+    /// The entries of the append being staged, with what the index's look-ahead found.
+    ahead: Vec<(usize, usize, EntryLayout, Ahead)>,
+    /// The next segment, being created and preallocated in the background, and whether it is
+    /// zero-filled.
+    next_segment: Option<(std::thread::JoinHandle<Result<Segment, StoreError>>, bool)>,
+    /// `written_bytes` and the store's fdatasync count when the current segment began (or the
+    /// store opened): what `Preallocation::Adaptive` judges the next segment by.
+    segment_began: (u64, u64),
+    /// The group being committed and what happened to each of its appends (kept for reuse).
+    group: Vec<Request>,
+    staged: Vec<Staged>,
+    /// Set while the writer thread syncs a group on its own thread with the role released:
+    /// callers may then stage small appends into the next group themselves (see
+    /// [`WriterRole::stage_during_sync`]); the writer thread commits them when its sync ends.
+    open_for_staging: bool,
+    /// Appends staged by their callers into the next group (their waiters are in `waiters`).
+    early: usize,
+}
+
+/// A group's fdatasync that its committer runs on its own thread (see `Writer::commit`).
+#[must_use]
+pub(crate) struct InlineSync {
+    mark: Mark,
+    bytes: u64,
+    segment: Arc<Segment>,
+}
+
+/// How a group came to be committed, which decides who syncs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// The writer thread took it from the queue at once.
+    Queued,
+    /// The writer thread held it for the running sync (see `WriterRole::run`).
+    Held,
+    /// A lone blocking caller commits its own append (see [`WriterRole::commit_alone`]).
+    Caller,
+    /// The PostgreSQL committer hands over appends the database has committed (see
+    /// [`WriterRole::commit_committed`]).
+    Backend,
+}
+
+/// What happened to one request of a group.
+enum Staged {
+    /// Appended, pending the group's write; the last position.
+    Appended(u64),
+    Done(Result<u64, AppendError>),
+}
+
+impl Writer {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        receiver: Receiver<Request>,
+        segment: Arc<Segment>,
+        tail: Tail,
+        syncer: Option<Arc<Syncer>>,
+    ) -> Self {
+        Writer {
+            shared,
+            receiver,
+            segment,
+            tail: tail.offset,
+            last_record_offset: tail.last_record_offset,
+            next_position: tail.head + 1,
+            buffer: Vec::with_capacity(1 << 20),
+            syncer,
+            waiters: Vec::new(),
+            written_bytes: 0,
+            ahead: Vec::new(),
+            next_segment: None,
+            segment_began: (0, 0),
+            group: Vec::new(),
+            staged: Vec::new(),
+            open_for_staging: false,
+            early: 0,
+        }
+    }
+
+    /// Whether the segment after the current one is zero-filled: by the store's option, and
+    /// for `Adaptive` by the bytes written per fdatasync since the current segment began.
+    fn next_zero_fill(&self) -> bool {
+        let (bytes_then, syncs_then) = self.segment_began;
+        let bytes = self.written_bytes - bytes_then;
+        let syncs = self.shared.counters.fsyncs.load(Ordering::Relaxed) - syncs_then;
+        let history = (bytes > 0).then_some((bytes, syncs));
+        self.shared.options.preallocation.zero_fill(history)
+    }
+
+    /// Starts preparing the segment after the current one on a background thread.
+    fn prepare_next_segment(&mut self, zero_fill: bool) {
+        let io = self.shared.io.clone();
+        let dir = self.shared.dir.clone();
+        let number = self.segment.number + 1;
+        let size = self.shared.options.segment_bytes;
+        self.next_segment = std::thread::Builder::new()
+            .name("annals-segment".into())
+            .spawn(move || Segment::create(io.as_ref(), &dir, number, size, zero_fill))
+            .ok()
+            .map(|handle| (handle, zero_fill));
+    }
+
+    /// Commits the group gathered in `self.group` (and what callers staged early). Returns the
+    /// group's sync when the committer is to run it on its own thread.
+    fn commit_group(&mut self, origin: Origin) -> Option<InlineSync> {
+        let mut group = std::mem::take(&mut self.group);
+        let mut staged = std::mem::take(&mut self.staged);
+        let inline = self.commit(&mut group, &mut staged, origin);
+        self.group = group;
+        self.staged = staged;
+        inline
+    }
+
+    fn commit(
+        &mut self,
+        group: &mut Vec<Request>,
+        staged: &mut Vec<Staged>,
+        origin: Origin,
+    ) -> Option<InlineSync> {
+        staged.clear();
+        if let Some(error) = self.shared.poison_error() {
+            for request in group.drain(..) {
+                request.reply.send(Err(StoreError::Poisoned {
+                    reason: error.to_string(),
+                }
+                .into()));
+            }
+            let _ = self.abandon_early(&error.to_string(), None);
+            return None;
+        }
+        let appended_at = now_us();
+        let mut failure: Option<StoreError> = None;
+        for request in group.iter() {
+            if failure.is_some() {
+                staged.push(Staged::Done(Err(StoreError::Closed.into())));
+                continue;
+            }
+            let stored = aligned(HEADER_BYTES + request.append.body.len()) as u64;
+            if self.tail + self.buffer.len() as u64 + stored > self.segment.size {
+                if let Err(e) = self.roll() {
+                    failure = Some(e);
+                    staged.push(Staged::Done(Err(StoreError::Closed.into())));
+                    continue;
+                }
+            }
+            staged.push(self.stage(request, appended_at));
+        }
+        if failure.is_none() {
+            if let Err(e) = self.flush() {
+                failure = Some(e);
+            }
+        }
+        // The segment the store opened with prepares its successor once half of it is used;
+        // later ones do from the roll into them (see `roll`).
+        if self.next_segment.is_none() && self.tail > self.segment.size / 2 {
+            self.prepare_next_segment(self.next_zero_fill());
+        }
+        if let Some(error) = failure {
+            self.fail(error, group, staged);
+            return None;
+        }
+        self.shared.counters.groups.fetch_add(1, Ordering::Relaxed);
+        if origin == Origin::Caller {
+            self.shared
+                .counters
+                .caller_commits
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let early = std::mem::take(&mut self.early);
+        self.shared
+            .counters
+            .group_appends
+            .record((group.len() + early) as u64);
+        let mark = Mark {
+            head: self.next_position - 1,
+            segment: self.segment.number,
+            end_offset: self.tail,
+            last_record_offset: self.last_record_offset,
+        };
+        let durability = self.shared.options.durability;
+        let acknowledge_now =
+            durability != Durability::Synced || cfg!(feature = "canary-ack-before-fsync");
+        if acknowledge_now && mark.head > self.shared.head() {
+            self.shared.published.publish(&RIGHT, mark);
+            self.shared.maybe_checkpoint();
+        }
+        // A lone small append, queued with nothing behind it: nothing to overlap its sync with.
+        let lone = group.len() == 1
+            && early == 0
+            && is_small(&group[0].append)
+            && self.receiver.is_empty();
+        let mut waiters = std::mem::take(&mut self.waiters);
+        let mut answers = Answers::default();
+        for (mut request, outcome) in group.drain(..).zip(staged.drain(..)) {
+            self.shared
+                .recycle_body(std::mem::take(&mut request.append.body));
+            let (needed, outcome) = match outcome {
+                Staged::Appended(last) => (last, Ok(last)),
+                Staged::Done(outcome) => (mark.head, outcome),
+            };
+            // In D3 every outcome waits for the sync (a conflict may name an event that is
+            // not durable yet); in weaker classes only appends that asked for D3 wait.
+            let wait = match durability {
+                Durability::Memory => false,
+                Durability::Synced => !acknowledge_now,
+                _ => request.require_synced && outcome.is_ok(),
+            };
+            if wait {
+                waiters.push(Waiter {
+                    needed,
+                    reply: request.reply,
+                    outcome,
+                });
+            } else {
+                answers.send(request.reply, outcome);
+            }
+        }
+        answers.wake();
+        let mut inline = None;
+        match &self.syncer {
+            Some(syncer) => {
+                // The writer syncs a group itself, saving the hand-over to the syncer thread
+                // (a wake-up on each side, tens of microseconds on a virtual machine whose idle
+                // cores halt), when there is nothing to overlap the sync with: a lone caller's
+                // append, a lone small append, or a group held for the sync before (the small
+                // appends arriving during this sync would be held for it anyway). Large
+                // appends and groups behind them go to the syncer, so that the writer is free
+                // to stage the next while the disk syncs (docs/DECISIONS.md, R9).
+                let sync_here = durability == Durability::Synced
+                    && !acknowledge_now
+                    && (lone || origin != Origin::Queued);
+                let bytes = self.written_bytes;
+                if sync_here && syncer.claim_inline(mark, bytes, &self.segment, &mut waiters) {
+                    inline = Some(InlineSync {
+                        mark,
+                        bytes,
+                        segment: self.segment.clone(),
+                    });
+                } else {
+                    syncer.written(mark, bytes, &self.segment, &mut waiters);
+                }
+            }
+            None => {
+                for w in waiters.drain(..) {
+                    w.reply.send(w.outcome);
+                }
+            }
+        }
+        self.waiters = waiters;
+        inline
+    }
+
+    /// The store is poisoned: answers what callers staged early, which will never be written,
+    /// the first with `first` if given, and returns `first` if there was none.
+    fn abandon_early(&mut self, reason: &str, mut first: Option<StoreError>) -> Option<StoreError> {
+        self.early = 0;
+        self.buffer.clear();
+        for w in self.waiters.drain(..) {
+            let e = first.take().unwrap_or(StoreError::Poisoned {
+                reason: reason.to_owned(),
+            });
+            w.reply.send(Err(e.into()));
+        }
+        first
+    }
+
+    /// A write failed: poison the store and tell every append of the group.
+    fn fail(&mut self, error: StoreError, group: &mut Vec<Request>, staged: &mut Vec<Staged>) {
+        let reason = error.to_string();
+        self.shared.poison(reason.clone());
+        let mut first = Some(error);
+        // What callers staged early went before the group: the first of them names the error.
+        first = self.abandon_early(&reason, first);
+        for (request, outcome) in group.drain(..).zip(staged.drain(..)) {
+            let e = match outcome {
+                Staged::Done(Err(AppendError::Input(e))) => AppendError::Input(e),
+                _ => first
+                    .take()
+                    .unwrap_or(StoreError::Poisoned {
+                        reason: reason.clone(),
+                    })
+                    .into(),
+            };
+            request.reply.send(Err(e));
+        }
+    }
+
+    /// Checks one request and, if it may go, adds its record to the buffer and its events to
+    /// the index.
+    fn stage(&mut self, request: &Request, appended_at: u64) -> Staged {
+        let appended_at = request.appended_at.unwrap_or(appended_at);
+        let counters = &self.shared.counters;
+        let append = &request.append;
+        // The checks only read the index, and the writer is its only mutator: under a shared
+        // lock, readers go on meanwhile. The exclusive lock is held only for the pushes below.
+        // (Held for the whole staging, it had 64 deciding clients spend a fifth of their
+        // time spinning and parking on it.)
+        let index = self.shared.index.read();
+        if let Some(outcome) = checked(&index, counters, request, |_, _| None, |_| None) {
+            return Staged::Done(outcome);
+        }
+        drop(index);
+        let first = self.next_position;
+        // Staging continues the log: past everything published, and where the index ends
+        // (which `Index::push_event` asserts event by event).
+        debug_assert!(
+            first > self.shared.head(),
+            "staging at {first}, published beyond it"
+        );
+        let record_offset = self.tail + self.buffer.len() as u64;
+        let mut header = [0u8; HEADER_BYTES];
+        let synced_through = self.shared.published.synced().min(first - 1);
+        RecordHeader::encode(&mut header, append, first, synced_through, appended_at);
+        self.buffer.extend_from_slice(&header);
+        self.buffer.extend_from_slice(&append.body);
+        let padded = aligned(self.buffer.len());
+        self.buffer.resize(padded, 0);
+        let mut position = first;
+        let body = append.entries();
+        let ahead = &mut self.ahead;
+        ahead.clear();
+        ahead.extend(
+            Entries::new(body, append.event_count)
+                .trusted()
+                .map(|(offset, entry, layout)| (offset, entry.len(), layout, Ahead::NONE)),
+        );
+        let entry_at = |ahead: &[(usize, usize, EntryLayout, Ahead)], i: usize| {
+            let (offset, len, layout, _) = ahead[i];
+            (&body[offset..offset + len], layout)
+        };
+        // Each event goes through the look-ahead stages this many events before its push.
+        const STAGES: [(AheadStage, usize); 3] = [
+            (AheadStage::Slot, 6),
+            (AheadStage::Header, 3),
+            (AheadStage::Tail, 1),
+        ];
+        let n = ahead.len();
+        let mut index = self.shared.index.write();
+        for (stage, distance) in STAGES {
+            for i in 0..distance.min(n) {
+                let (entry, layout) = entry_at(ahead, i);
+                index.look_ahead(entry, &layout, stage, &mut ahead[i].3);
+            }
+        }
+        for i in 0..n {
+            for (stage, distance) in STAGES {
+                if let Some(j) = Some(i + distance).filter(|&j| j < n) {
+                    let (entry, layout) = entry_at(ahead, j);
+                    index.look_ahead(entry, &layout, stage, &mut ahead[j].3);
+                }
+            }
+            let (offset, _, layout, prepared) = ahead[i];
+            let (entry, _) = entry_at(ahead, i);
+            let at = record_offset + (HEADER_BYTES + offset) as u64;
+            index.push_ahead(
+                position,
+                location(self.segment.number, at as u32),
+                entry,
+                &layout,
+                &prepared,
+            );
+            position += 1;
+        }
+        assert_eq!(
+            position,
+            first + u64::from(append.event_count),
+            "an encoded append must hold exactly its event count"
+        );
+        if let Some((source, value)) = append.tracking() {
+            index.set_tracking(source, position - 1, value, self.shared.head());
+        }
+        self.next_position = position;
+        self.last_record_offset = record_offset;
+        counters.appends.fetch_add(1, Ordering::Relaxed);
+        counters
+            .events
+            .fetch_add(u64::from(append.event_count), Ordering::Relaxed);
+        Staged::Appended(position - 1)
+    }
+
+    fn flush(&mut self) -> Result<(), StoreError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        if let Some(syncer) = &self.syncer {
+            let max = self.shared.options.unsynced_bytes_max as u64;
+            syncer.wait_for_room(max.saturating_sub(self.buffer.len() as u64));
+        }
+        // A group never runs past its segment: staging rolls to the next one first.
+        assert!(
+            self.tail + self.buffer.len() as u64 <= self.segment.size,
+            "a write of {} bytes at {} runs past segment {} ({} bytes)",
+            self.buffer.len(),
+            self.tail,
+            self.segment.number,
+            self.segment.size
+        );
+        self.segment
+            .file
+            .write_at(&self.buffer, self.tail)
+            .map_err(|e| StoreError::io("write", &self.segment.path, self.tail, e))?;
+        self.tail += self.buffer.len() as u64;
+        self.written_bytes += self.buffer.len() as u64;
+        self.shared
+            .counters
+            .bytes_written
+            .fetch_add(self.buffer.len() as u64, Ordering::Relaxed);
+        self.buffer.clear();
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), StoreError> {
+        let started = Instant::now();
+        self.segment
+            .file
+            .sync_data()
+            .map_err(|e| StoreError::io("fdatasync", &self.segment.path, self.tail, e))?;
+        self.shared.counters.record_fsync(started.elapsed());
+        Ok(())
+    }
+
+    /// Ends the current segment: writes and syncs what is buffered for it (so a later segment
+    /// never holds records while an earlier one is unsynced), then creates the next one.
+    fn roll(&mut self) -> Result<(), StoreError> {
+        self.flush()?;
+        if self.shared.options.durability != Durability::Memory {
+            self.sync()?;
+        }
+        // The segment now ending is what the segments after it are judged by.
+        let zero_fill = self.next_zero_fill();
+        let (prepared, zero_filled) = match self.next_segment.take() {
+            Some((handle, prepared_zero_fill)) => (
+                handle.join().unwrap_or_else(|_| {
+                    Err(StoreError::Poisoned {
+                        reason: "the segment preparation thread panicked".into(),
+                    })
+                }),
+                prepared_zero_fill,
+            ),
+            None => {
+                let segment = Segment::create(
+                    self.shared.io.as_ref(),
+                    &self.shared.dir,
+                    self.segment.number + 1,
+                    self.shared.options.segment_bytes,
+                    zero_fill,
+                );
+                (segment, zero_fill)
+            }
+        };
+        let next = Arc::new(prepared?);
+        self.shared.counters.record_segment(&next, zero_filled);
+        self.shared.segments.write().push(next.clone());
+        self.segment = next;
+        self.tail = SEGMENT_HEADER_BYTES;
+        self.last_record_offset = 0;
+        self.segment_began = (
+            self.written_bytes,
+            self.shared.counters.fsyncs.load(Ordering::Relaxed),
+        );
+        // A segment has filled since open, so appends may come as fast as the disk takes
+        // them: writing the next segment's zeros then needs all the time this one lasts (begun
+        // at half, at 200 MB/s of 512-event appends, it was late and the writer waited for it
+        // up to a second; begun here, the rate rose 10%).
+        self.prepare_next_segment(zero_fill);
+        Ok(())
+    }
+}
