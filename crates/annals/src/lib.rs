@@ -32,6 +32,7 @@ mod copy;
 pub mod decide;
 mod error;
 mod event;
+mod health;
 mod histogram;
 mod index;
 pub mod io;

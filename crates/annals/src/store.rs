@@ -16,6 +16,7 @@ use crate::checkpoint::{self, Mark};
 use crate::companions::{Companions, InDatabase, InDirectory};
 use crate::error::{AppendError, InputError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
+use crate::health::Health;
 use crate::histogram::{HistogramSnapshot, Log2Histogram};
 use crate::index::{Index, IndexLock};
 use crate::io::{DirLock, Io, RealIo};
@@ -102,18 +103,13 @@ pub(crate) struct Shared {
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
     /// The published head and the synced position: read by all, moved only by the writer.
     pub(crate) published: Published,
-    poison: Mutex<Option<String>>,
-    poisoned: AtomicBool,
-    pub(crate) closed: AtomicBool,
+    /// Poisoned or closed.
+    pub(crate) health: Health,
     pub(crate) counters: Counters,
-    /// One checkpoint at a time.
-    checkpoint_lock: Mutex<()>,
     /// Names of the read models and reactors running on this store: one runner per name.
     pub(crate) runners: Mutex<std::collections::HashSet<String>>,
-    /// The head of the last checkpoint written, and whether a background one is running.
-    pub(crate) checkpointed: AtomicU64,
-    pub(crate) checkpointing: AtomicBool,
-    background_checkpoint: Mutex<Option<JoinHandle<()>>>,
+    /// The index checkpoints' trigger: the last one's head, the one running.
+    checkpoints: Checkpoints,
     /// Buffers of appended batches, handed back by the writer for [`Store::batch_with_capacity`]
     /// to reuse: a journal that appends a batch of tens of KiB after another then writes into
     /// memory that is already mapped, instead of faulting in and zeroing fresh pages.
@@ -128,6 +124,19 @@ pub(crate) struct Shared {
 /// at most this much idle.
 const SPARE_BODY_BYTES: std::ops::RangeInclusive<usize> = (4 << 10)..=(1 << 20);
 const SPARE_BYTES_MAX: usize = 4 << 20;
+
+/// When the index is checkpointed: one checkpoint at a time, in the background once enough
+/// events are published since the last.
+struct Checkpoints {
+    /// Held while a checkpoint is written.
+    one_at_a_time: Mutex<()>,
+    /// The head of the last checkpoint written.
+    head: AtomicU64,
+    /// A background checkpoint is running.
+    running: AtomicBool,
+    /// The last background checkpoint's thread, reaped by the next or at close.
+    background: Mutex<Option<JoinHandle<()>>>,
+}
 
 /// Buffers of written batches kept for reuse, and their capacity in all.
 #[derive(Default)]
@@ -173,22 +182,15 @@ impl Shared {
         segments.get(number.checked_sub(first)? as usize).cloned()
     }
 
+    /// Poisons the store (see [`Health::poison`]) and wakes whoever waits on the head, to
+    /// find out.
     pub(crate) fn poison(&self, reason: String) {
-        let mut poison = self.poison.lock();
-        if poison.is_none() {
-            *poison = Some(reason);
-        }
-        self.poisoned.store(true, Ordering::Release);
+        self.health.poison(reason);
         self.published.wake_all();
     }
 
     pub(crate) fn poison_error(&self) -> Option<StoreError> {
-        if !self.poisoned.load(Ordering::Acquire) {
-            return None;
-        }
-        Some(StoreError::Poisoned {
-            reason: self.poison.lock().clone().unwrap_or_default(),
-        })
+        self.health.poison_error()
     }
 
     /// Writes the index checkpoint for the published head.
@@ -196,9 +198,11 @@ impl Shared {
         if !self.io.is_persistent() {
             return Ok(());
         }
-        let _one_at_a_time = self.checkpoint_lock.lock();
+        let _one_at_a_time = self.checkpoints.one_at_a_time.lock();
         let mark = checkpoint::write(self.io.as_ref(), &self.dir, &self.index, &self.published)?;
-        self.checkpointed.fetch_max(mark.head, Ordering::Relaxed);
+        self.checkpoints
+            .head
+            .fetch_max(mark.head, Ordering::Relaxed);
         Ok(())
     }
 
@@ -207,13 +211,13 @@ impl Shared {
     /// log is the truth, and the next open scans further.
     pub(crate) fn maybe_checkpoint(self: &Arc<Self>) {
         let interval = self.options.checkpoint_interval_events;
-        let last = self.checkpointed.load(Ordering::Relaxed);
+        let last = self.checkpoints.head.load(Ordering::Relaxed);
         // A checkpoint costs time in proportion to the whole index, so the gap between them
         // grows with the store (by half of it at least): the total work stays linear.
         if interval == 0 || self.head() < last + interval.max(last / 2) {
             return;
         }
-        if self.checkpointing.swap(true, Ordering::AcqRel) {
+        if self.checkpoints.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let shared = self.clone();
@@ -226,17 +230,17 @@ impl Shared {
                         .checkpoints_failed
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                shared.checkpointing.store(false, Ordering::Release);
+                shared.checkpoints.running.store(false, Ordering::Release);
             });
         match spawned {
             Ok(handle) => {
-                let previous = self.background_checkpoint.lock().replace(handle);
-                // The previous one has finished (`checkpointing` was false): reap it.
+                let previous = self.checkpoints.background.lock().replace(handle);
+                // The previous one has finished (`running` was false): reap it.
                 if let Some(previous) = previous {
                     let _ = previous.join();
                 }
             }
-            Err(_) => self.checkpointing.store(false, Ordering::Release),
+            Err(_) => self.checkpoints.running.store(false, Ordering::Release),
         }
     }
 }
@@ -550,16 +554,16 @@ impl Store {
                 options.durability == Durability::Synced
                     && !cfg!(feature = "canary-ack-before-fsync"),
             ),
-            poison: Mutex::new(None),
-            poisoned: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
+            health: Health::default(),
             counters,
             waiting: Default::default(),
-            checkpoint_lock: Mutex::new(()),
             runners: Mutex::new(Default::default()),
-            checkpointed: AtomicU64::new(tail.head),
-            checkpointing: AtomicBool::new(false),
-            background_checkpoint: Mutex::new(None),
+            checkpoints: Checkpoints {
+                one_at_a_time: Mutex::new(()),
+                head: AtomicU64::new(tail.head),
+                running: AtomicBool::new(false),
+                background: Mutex::new(None),
+            },
             spare_bodies: Mutex::new(SpareBodies::default()),
             options,
             _lock: lock,
@@ -1348,11 +1352,11 @@ impl Store {
             notifier.stop();
             let _ = handle.join();
         }
-        let background = self.shared.background_checkpoint.lock().take();
+        let background = self.shared.checkpoints.background.lock().take();
         if let Some(handle) = background {
             let _ = handle.join();
         }
-        self.shared.closed.store(true, Ordering::Release);
+        self.shared.health.close();
         self.shared.published.wake_all();
         if let Some(e) = self.shared.poison_error() {
             return Err(e);
@@ -1393,7 +1397,7 @@ impl Store {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.shared.closed.load(Ordering::Acquire)
+        self.shared.health.is_closed()
     }
 
     /// Why the store is poisoned, if it is.

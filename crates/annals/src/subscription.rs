@@ -4,7 +4,6 @@
 //! now, and when that is exhausted, wait for the head to move. Catching up and following are the
 //! same step, so there is no switch-over at which an event could be missed or seen twice.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,7 +46,7 @@ impl Subscription {
             if let Some(event) = self.try_next()? {
                 return Ok(Some(event));
             }
-            if self.shared.closed.load(Ordering::Acquire) {
+            if self.shared.health.is_closed() {
                 return Ok(None);
             }
             if self.shared.head() > self.scanned {
@@ -145,7 +144,7 @@ impl Subscription {
             if let Some(e) = self.shared.poison_error() {
                 return Err(ReadError::Store(e));
             }
-            if self.shared.closed.load(Ordering::Acquire) {
+            if self.shared.health.is_closed() {
                 return Ok(false);
             }
             listener.await;
@@ -166,7 +165,7 @@ impl Subscription {
             if self.try_next_batch_bytes(max.max(1), bytes_max, &mut out)? > 0 {
                 return Ok(out);
             }
-            if self.shared.closed.load(Ordering::Acquire) {
+            if self.shared.health.is_closed() {
                 return Ok(out);
             }
             if self.shared.head() > self.scanned {
