@@ -25,6 +25,7 @@
 //! assert_eq!(events[0].event_type(), "UserRegistered");
 //! ```
 
+mod append;
 mod batch;
 mod checkpoint;
 pub mod companions;
@@ -56,6 +57,7 @@ mod subscription;
 mod verify;
 mod writer;
 
+pub use append::Append;
 pub use batch::{EventBatch, EventWriter};
 pub use copy::{compare, copy, Appends, CopyPhase, CopyReport, StoredAppend};
 pub use error::{AppendError, InputError, ReadError, StoreError};

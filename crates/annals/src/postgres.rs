@@ -141,8 +141,11 @@ const POLL: Duration = Duration::from_millis(500);
 /// commit's notification to it (decision record R24). An idle server listens.
 const BUSY: Duration = Duration::from_millis(50);
 
-/// How often the listener looks whether its server turned busy or idle.
-const LISTEN_TICK: Duration = Duration::from_millis(10);
+/// How often a listener that does not listen looks whether its server turned idle (a bound on
+/// how late it listens again), and how long one that listens waits for a notification before
+/// it looks whether its server turned busy (only a cost while it still listens).
+const IDLE_TICK: Duration = Duration::from_millis(10);
+const LISTEN_TICK: Duration = Duration::from_millis(100);
 
 /// Counters of the database backend, for [`crate::Stats`].
 #[derive(Default)]
@@ -1099,7 +1102,7 @@ fn listen(
     while !stop.load(Ordering::Acquire) {
         let Some(c) = client.as_mut() else {
             if Instant::now() < retry_at {
-                std::thread::sleep(LISTEN_TICK);
+                std::thread::sleep(IDLE_TICK);
                 continue;
             }
             match target.connect(None) {
@@ -1133,7 +1136,7 @@ fn listen(
             }
         }
         if !listening {
-            std::thread::sleep(LISTEN_TICK);
+            std::thread::sleep(IDLE_TICK);
             continue;
         }
         let next = c

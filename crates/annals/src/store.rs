@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Sender, TrySendError};
 use parking_lot::{Mutex, RwLock};
 
+use crate::append::Append;
 use crate::batch::EventBatch;
 use crate::checkpoint::{self, Mark};
 use crate::companions::{Companions, InDatabase, InDirectory};
@@ -29,18 +30,16 @@ use crate::recovery::{self, Tail};
 use crate::segment::Segment;
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
-use crate::writer::{
-    AsyncSlot, Completion, Notifier, Reply, ReplyTo, Request, Syncer, Waiting, Writer, WriterRole,
-};
+use crate::writer::{Notifier, Reply, ReplyTo, Request, Syncer, Writer, WriterRole};
 
 /// How an append is handed to the writer.
 #[derive(Clone, Copy)]
-struct Submit {
+pub(crate) struct Submit {
     /// Wait while the queue is full; otherwise fail with [`InputError::QueueFull`].
-    wait_when_full: bool,
+    pub(crate) wait_when_full: bool,
     /// A blocking caller that is the only one waiting on the store: it may commit its append
     /// on its own thread (see [`WriterRole::commit_alone`]).
-    alone: bool,
+    pub(crate) alone: bool,
 }
 
 /// Counters kept by the writer, read by [`Store::stats`].
@@ -392,32 +391,6 @@ impl Tracking {
     }
 }
 
-/// A future that is pending once (waking itself at once) and then ready: lets an async caller
-/// poll without holding its runtime's thread, on any runtime.
-/// How long a lone async caller spins on its outcome between yields to the runtime. Each yield
-/// schedules the task anew, and a runtime with an idle worker wakes that worker to steal it:
-/// yielding after every check kept both cores busy and the writer thread waiting for one
-/// (docs/DECISIONS.md, R7). The runtime's thread is held at most this long.
-const LONE_SPIN: Duration = Duration::from_micros(10);
-
-struct YieldOnce(bool);
-
-impl std::future::Future for YieldOnce {
-    type Output = ();
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.0 {
-            return std::task::Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    }
-}
-
 /// Counters of the PostgreSQL backend.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct DatabaseStats {
@@ -754,8 +727,21 @@ impl Store {
         self.shared.head()
     }
 
+    /// An append of `events`, to give a condition and options and then send: the one way to
+    /// append, whether the caller blocks, awaits or takes a callback (see [`Append`]).
+    pub fn appending<'a>(&'a self, events: &'a [NewEvent]) -> Append<'a> {
+        Append::of_events(self, events)
+    }
+
+    /// An append of the events of `batch` (see [`Store::appending`]). A batch carries no
+    /// tracking position: append `NewEvent`s for that.
+    pub fn appending_batch(&self, batch: EventBatch) -> Append<'_> {
+        Append::of_batch(self, batch)
+    }
+
     /// Appends `events` atomically if `condition` holds; returns the last event's position.
-    /// Waits while the append queue is full (backpressure).
+    /// Waits while the append queue is full (backpressure). Shorthand for
+    /// [`Store::appending`] with [`Append::wait`].
     pub fn append(
         &self,
         events: &[NewEvent],
@@ -782,46 +768,27 @@ impl Store {
         condition: Option<Cow<'_, AppendCondition>>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
-        let completion = Completion::for_this_thread();
-        let waiting = Waiting::start(&self.shared);
-        self.submit(
-            events,
-            condition,
-            options,
-            ReplyTo::Blocking(completion.clone()),
-            Submit {
-                wait_when_full: true,
-                alone: waiting.alone(),
-            },
-        )?;
-        completion.wait(waiting)
+        self.appending(events)
+            .condition_given(condition)
+            .options(options)
+            .wait()
     }
 
     /// Like [`Store::append`], but fails with [`InputError::QueueFull`] instead of waiting when
-    /// the append queue is full.
+    /// the append queue is full ([`Append::fail_when_full`]).
     pub fn try_append(
         &self,
         events: &[NewEvent],
         condition: Option<&AppendCondition>,
     ) -> Result<u64, AppendError> {
-        let completion = Completion::for_this_thread();
-        let waiting = Waiting::start(&self.shared);
-        self.submit(
-            events,
-            condition.map(Cow::Borrowed),
-            AppendOptions::default(),
-            ReplyTo::Blocking(completion.clone()),
-            Submit {
-                wait_when_full: false,
-                alone: waiting.alone(),
-            },
-        )?;
-        completion.wait(waiting)
+        self.appending(events)
+            .condition_given(condition.map(Cow::Borrowed))
+            .fail_when_full()
+            .wait()
     }
 
     /// Queues an append and returns at once; `done` is called with the outcome on one of the
-    /// store's threads (the writer's, or the notifier's once the append is synced), so keep it
-    /// short and never block in it. Errors found before queueing are returned directly.
+    /// store's threads. Shorthand for [`Store::appending`] with [`Append::then`].
     pub fn append_then(
         &self,
         events: &[NewEvent],
@@ -829,16 +796,10 @@ impl Store {
         options: AppendOptions,
         done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
-        self.submit(
-            events,
-            condition.map(Cow::Borrowed),
-            options,
-            ReplyTo::Callback(Box::new(done)),
-            Submit {
-                wait_when_full: true,
-                alone: false,
-            },
-        )
+        self.appending(events)
+            .condition_given(condition.map(Cow::Borrowed))
+            .options(options)
+            .then(done)
     }
 
     /// Like [`Store::append_then`], but fails with [`InputError::QueueFull`] instead of waiting
@@ -850,29 +811,15 @@ impl Store {
         options: AppendOptions,
         done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
-        self.submit(
-            events,
-            condition.map(Cow::Borrowed),
-            options,
-            ReplyTo::Callback(Box::new(done)),
-            Submit {
-                wait_when_full: false,
-                alone: false,
-            },
-        )
+        self.appending(events)
+            .condition_given(condition.map(Cow::Borrowed))
+            .options(options)
+            .fail_when_full()
+            .then(done)
     }
 
-    /// Appends without blocking the calling thread: the future resolves when the append is
-    /// acknowledged (in D3, durable). Works on any async runtime. Like
-    /// [`Store::try_append_then`], it fails with [`InputError::QueueFull`] rather than wait
-    /// when the append queue is full; back off and try again. The append is always committed
-    /// by the writer thread, never on the caller's thread.
-    ///
-    /// Await the future to its end or drop it. The appends acknowledged by one fdatasync are
-    /// woken through one of their tasks (see `AsyncSlot` in writer/reply.rs), so a future that was
-    /// polled, then kept without being polled again and without being dropped (as a future
-    /// handed back unfinished by a `select` can be), delays the other tasks of its group until
-    /// it is polled or dropped. `select!`, timeouts and cancellation drop it, which is fine.
+    /// Appends without blocking the calling thread. Shorthand for [`Store::appending`] with
+    /// [`Append::submit`], which says how to await it.
     pub async fn append_async(
         &self,
         events: &[NewEvent],
@@ -891,38 +838,14 @@ impl Store {
         condition: Option<Cow<'_, AppendCondition>>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
-        let slot = Arc::new(AsyncSlot::default());
-        let waiting = Waiting::start(&self.shared);
-        self.submit(
-            events,
-            condition,
-            options,
-            ReplyTo::Async(slot.clone()),
-            Submit {
-                wait_when_full: false,
-                // Never on a runtime's thread: see `WriterRole::commit_alone`.
-                alone: false,
-            },
-        )?;
-        // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that
-        // the thread stays free for any other task.
-        while waiting.keep_polling() && !slot.filled() {
-            let spin_until = Instant::now() + LONE_SPIN;
-            while !slot.filled() && Instant::now() < spin_until {
-                std::hint::spin_loop();
-            }
-            if slot.filled() {
-                break;
-            }
-            YieldOnce(false).await;
-        }
-        // `waiting` stays alive until the outcome is in: a sleeping caller still counts.
-        let outcome = slot.wait().await;
-        drop(waiting);
-        outcome
+        self.appending(events)
+            .condition_given(condition)
+            .options(options)
+            .submit()
+            .await
     }
 
-    fn submit(
+    pub(crate) fn submit(
         &self,
         events: &[NewEvent],
         condition: Option<Cow<'_, AppendCondition>>,
@@ -992,19 +915,9 @@ impl Store {
         batch: EventBatch,
         condition: Option<&AppendCondition>,
     ) -> Result<u64, AppendError> {
-        let completion = Completion::for_this_thread();
-        let waiting = Waiting::start(&self.shared);
-        self.submit_batch(
-            batch,
-            condition,
-            AppendOptions::default(),
-            ReplyTo::Blocking(completion.clone()),
-            Submit {
-                wait_when_full: true,
-                alone: waiting.alone(),
-            },
-        )?;
-        completion.wait(waiting)
+        self.appending_batch(batch)
+            .condition_given(condition.map(Cow::Borrowed))
+            .wait()
     }
 
     /// Queues the events of `batch` and returns at once, as [`Store::append_then`]: `done` is
@@ -1016,22 +929,16 @@ impl Store {
         options: AppendOptions,
         done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
-        self.submit_batch(
-            batch,
-            condition,
-            options,
-            ReplyTo::Callback(Box::new(done)),
-            Submit {
-                wait_when_full: true,
-                alone: false,
-            },
-        )
+        self.appending_batch(batch)
+            .condition_given(condition.map(Cow::Borrowed))
+            .options(options)
+            .then(done)
     }
 
-    fn submit_batch(
+    pub(crate) fn submit_batch(
         &self,
         batch: EventBatch,
-        condition: Option<&AppendCondition>,
+        condition: Option<Cow<'_, AppendCondition>>,
         options: AppendOptions,
         reply: ReplyTo,
         how: Submit,
@@ -1046,7 +953,6 @@ impl Store {
             .into());
         }
         let append = batch.into_append()?;
-        let condition = condition.map(Cow::Borrowed);
         self.submit_encoded(append, condition, options, reply, how, None)
     }
 

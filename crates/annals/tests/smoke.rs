@@ -56,3 +56,68 @@ fn append_read_condition_reopen() {
         vec![49, 46]
     );
 }
+
+/// Goal: the one append API reaches every way of waiting, for events and for batches: blocking
+/// with a condition, async (a batch, which no shorthand offers), and a callback with a tracking
+/// position; its checks refuse what they refuse through the shorthands.
+#[test]
+fn one_append_api_for_every_way_of_waiting() {
+    use annals::{AppendError, Tracking};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    let claim = AppendCondition::new(Query::item(QueryItem::tags(["user:ada"])), None);
+    let claimed = NewEvent::new("UsernameClaimed", "ada").tag("user:ada");
+    let first = store
+        .appending(std::slice::from_ref(&claimed))
+        .condition(&claim)
+        .wait()
+        .unwrap();
+    assert_eq!(first, 1);
+    let again = store
+        .appending(std::slice::from_ref(&claimed))
+        .condition(&claim)
+        .wait();
+    assert!(matches!(again, Err(AppendError::ConditionFailed { position: 1 })));
+
+    // A batch, awaited.
+    let mut batch = store.batch();
+    for i in 0..3 {
+        batch
+            .push(&NewEvent::new("Batched", format!("{i}")).tag("b"))
+            .unwrap();
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let last = runtime
+        .block_on(store.appending_batch(batch).fail_when_full().submit())
+        .unwrap();
+    assert_eq!(last, 4);
+
+    // A callback, with a tracking position recorded in the same append.
+    let (tx, rx) = std::sync::mpsc::channel();
+    store
+        .appending(&[NewEvent::new("Projected", "x")])
+        .tracking(Tracking::new("upstream", 7))
+        .require_synced()
+        .then(move |outcome| tx.send(outcome).unwrap())
+        .unwrap();
+    assert_eq!(rx.recv().unwrap().unwrap(), 5);
+    assert_eq!(store.tracking("upstream"), Some(7));
+
+    // A batch carries no tracking position: refused before anything is queued.
+    let mut batch = store.batch();
+    batch.push(&NewEvent::new("Batched", "y")).unwrap();
+    let refused = store
+        .appending_batch(batch)
+        .tracking(Tracking::new("upstream", 8))
+        .wait();
+    assert!(refused.is_err());
+    assert_eq!(store.head(), 5);
+    let read = store
+        .read(&Query::all(), ReadOptions::forwards())
+        .unwrap()
+        .count();
+    assert_eq!(read, 5);
+}

@@ -1,0 +1,212 @@
+//! One way to append. An [`Append`] names what to append (events, or an [`EventBatch`]), its
+//! condition and options, and is then sent the way its caller waits for the outcome:
+//! [`Append::wait`] blocks the calling thread, [`Append::submit`] is a future for async
+//! callers, [`Append::then`] calls back on one of the store's threads. [`Store::append`] and
+//! the other `append_*` methods are shorthands for one of these.
+//!
+//! ```
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let store = annals::Store::open(dir.path(), annals::Options::default()).unwrap();
+//! use annals::{AppendCondition, NewEvent, Query, QueryItem};
+//!
+//! let claim = AppendCondition::new(Query::item(QueryItem::tags(["user:ada"])), None);
+//! let event = NewEvent::new("UsernameClaimed", b"ada".to_vec()).tag("user:ada");
+//! let position = store.appending(&[event.clone()]).condition(&claim).wait().unwrap();
+//! assert_eq!(position, 1);
+//! // The same claim again fails its condition.
+//! assert!(store.appending(&[event]).condition(&claim).wait().is_err());
+//! ```
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::batch::EventBatch;
+use crate::error::AppendError;
+use crate::event::NewEvent;
+use crate::query::AppendCondition;
+use crate::store::{AppendOptions, Store, Submit, Tracking};
+use crate::writer::{AsyncSlot, Completion, ReplyTo, Waiting};
+
+/// An append being prepared; nothing happens until it is sent with [`Append::wait`],
+/// [`Append::submit`] or [`Append::then`]. Made by [`Store::appending`] and
+/// [`Store::appending_batch`].
+#[must_use = "an append is sent by wait, submit or then"]
+pub struct Append<'a> {
+    store: &'a Store,
+    body: Body<'a>,
+    condition: Option<Cow<'a, AppendCondition>>,
+    options: AppendOptions,
+    wait_when_full: bool,
+}
+
+enum Body<'a> {
+    Events(&'a [NewEvent]),
+    Batch(EventBatch),
+}
+
+impl<'a> Append<'a> {
+    pub(crate) fn of_events(store: &'a Store, events: &'a [NewEvent]) -> Self {
+        Self::new(store, Body::Events(events))
+    }
+
+    pub(crate) fn of_batch(store: &'a Store, batch: EventBatch) -> Self {
+        Self::new(store, Body::Batch(batch))
+    }
+
+    fn new(store: &'a Store, body: Body<'a>) -> Self {
+        Append {
+            store,
+            body,
+            condition: None,
+            options: AppendOptions::default(),
+            wait_when_full: true,
+        }
+    }
+
+    /// Appends only if `condition` holds: no event matching its query after its `after`.
+    pub fn condition(mut self, condition: &'a AppendCondition) -> Self {
+        self.condition = Some(Cow::Borrowed(condition));
+        self
+    }
+
+    /// The condition given, lent or none (the shorthands' and a decision's, which hands over
+    /// its own and saves a copy of its query).
+    pub(crate) fn condition_given(mut self, condition: Option<Cow<'a, AppendCondition>>) -> Self {
+        self.condition = condition;
+        self
+    }
+
+    /// All per-append options at once (see [`AppendOptions`]).
+    pub fn options(mut self, options: AppendOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Records a consumer's position with the events (see [`AppendOptions::tracking`]).
+    pub fn tracking(mut self, tracking: Tracking) -> Self {
+        self.options.tracking = Some(tracking);
+        self
+    }
+
+    /// Acknowledged only once synced, whatever the store's durability class (see
+    /// [`AppendOptions::require_synced`]).
+    pub fn require_synced(mut self) -> Self {
+        self.options.require_synced = true;
+        self
+    }
+
+    /// Fails with [`crate::InputError::QueueFull`] instead of waiting when the append queue is
+    /// full. [`Append::submit`] always does.
+    pub fn fail_when_full(mut self) -> Self {
+        self.wait_when_full = false;
+        self
+    }
+
+    /// Sends the append and blocks until its outcome: the position of its last event.
+    pub fn wait(self) -> Result<u64, AppendError> {
+        let completion = Completion::for_this_thread();
+        let store = self.store;
+        let waiting = Waiting::start(store.shared_arc());
+        let how = Submit {
+            wait_when_full: self.wait_when_full,
+            alone: waiting.alone(),
+        };
+        self.send(ReplyTo::Blocking(completion.clone()), how)?;
+        completion.wait(waiting)
+    }
+
+    /// Sends the append without blocking the calling thread: the future resolves when the
+    /// append is acknowledged (in D3, durable). Works on any async runtime. It fails with
+    /// [`crate::InputError::QueueFull`] rather than wait when the append queue is full; back
+    /// off and try again. The append is always committed by the writer thread, never on the
+    /// caller's.
+    ///
+    /// Await the future to its end or drop it. The appends acknowledged by one fdatasync are
+    /// woken through one of their tasks (see `AsyncSlot` in writer/reply.rs), so a future that
+    /// was polled, then kept without being polled again and without being dropped (as a
+    /// future handed back unfinished by a `select` can be), delays the other tasks of its
+    /// group until it is polled or dropped. `select!`, timeouts and cancellation drop it,
+    /// which is fine.
+    pub async fn submit(self) -> Result<u64, AppendError> {
+        let slot = Arc::new(AsyncSlot::default());
+        let store = self.store;
+        let waiting = Waiting::start(store.shared_arc());
+        let how = Submit {
+            wait_when_full: false,
+            // Never on a runtime's thread: see `WriterRole::commit_alone`.
+            alone: false,
+        };
+        self.send(ReplyTo::Async(slot.clone()), how)?;
+        // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that
+        // the thread stays free for any other task.
+        while waiting.keep_polling() && !slot.filled() {
+            let spin_until = Instant::now() + LONE_SPIN;
+            while !slot.filled() && Instant::now() < spin_until {
+                std::hint::spin_loop();
+            }
+            if slot.filled() {
+                break;
+            }
+            YieldOnce(false).await;
+        }
+        // `waiting` stays alive until the outcome is in: a sleeping caller still counts.
+        let outcome = slot.wait().await;
+        drop(waiting);
+        outcome
+    }
+
+    /// Sends the append and returns at once; `done` is called with the outcome on one of the
+    /// store's threads (the writer's, or the notifier's once the append is synced), so keep
+    /// it short and never block in it. Errors found before the append is queued are returned
+    /// here, and `done` is then not called.
+    pub fn then(
+        self,
+        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        let how = Submit {
+            wait_when_full: self.wait_when_full,
+            alone: false,
+        };
+        self.send(ReplyTo::Callback(Box::new(done)), how)
+    }
+
+    fn send(self, reply: ReplyTo, how: Submit) -> Result<(), AppendError> {
+        match self.body {
+            Body::Events(events) => {
+                self.store
+                    .submit(events, self.condition, self.options, reply, how)
+            }
+            Body::Batch(batch) => {
+                self.store
+                    .submit_batch(batch, self.condition, self.options, reply, how)
+            }
+        }
+    }
+}
+
+/// How long a lone async caller spins on its outcome between yields to the runtime. Each yield
+/// schedules the task anew, and a runtime with an idle worker wakes that worker to steal it:
+/// yielding after every check kept both cores busy and the writer thread waiting for one
+/// (docs/DECISIONS.md, R7). The runtime's thread is held at most this long.
+const LONE_SPIN: Duration = Duration::from_micros(10);
+
+/// A future that is pending once (waking itself at once) and then ready: lets an async caller
+/// poll without holding its runtime's thread, on any runtime.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
