@@ -214,7 +214,10 @@ fn input_error(e: &InputError) -> ApiError {
             return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", e.to_string())
         }
         InputError::InvalidReadOptions(_) => "invalid_read_options",
-        InputError::InvalidTrackingSource { .. } => "invalid_tracking",
+        InputError::InvalidTrackingSource { .. } | InputError::TrackingInBatch => {
+            "invalid_tracking"
+        }
+        InputError::SyncUnavailable => "sync_unavailable",
         _ => "invalid_input",
     };
     ApiError::new(StatusCode::BAD_REQUEST, kind, e.to_string())

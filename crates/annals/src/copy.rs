@@ -14,11 +14,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::{AppendError, ReadError, StoreError};
+use crate::error::{AppendError, InputError, ReadError, StoreError};
 use crate::query::{AppendCondition, Query, ReadOptions};
 use crate::read::ReadIter;
 use crate::record::{decode_trailer, EncodedAppend};
-use crate::store::Store;
+use crate::store::{store_error, Store};
 
 /// One append as the log holds it: its events, encoded as in a segment's record body (the
 /// tracking trailer included), where they start and when they were appended.
@@ -114,11 +114,9 @@ impl Store {
         done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
         let encoded = EncodedAppend::from_stored(append.body.to_vec(), append.event_count)
-            .map_err(|why| {
-                StoreError::InvalidOption(format!(
-                    "the append at position {} is malformed: {why}",
-                    append.first_position
-                ))
+            .map_err(|why| InputError::MalformedStoredAppend {
+                position: append.first_position,
+                why: why.to_string(),
             })?;
         let condition = AppendCondition::new(Query::all(), Some(append.first_position - 1));
         self.submit_stored(encoded, condition, append.appended_at_us, Box::new(done))
@@ -271,13 +269,6 @@ fn differ(position: u64, what: &str) -> StoreError {
     StoreError::Copy(format!(
         "the copy differs from the source at position {position}: {what}"
     ))
-}
-
-fn store_error(e: ReadError) -> StoreError {
-    match e {
-        ReadError::Store(e) => e,
-        ReadError::Input(e) => StoreError::InvalidOption(e.to_string()),
-    }
 }
 
 /// The append of `store` that holds `position`.

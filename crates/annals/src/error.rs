@@ -139,6 +139,15 @@ pub enum InputError {
         "invalid tracking source {name:?}: it must be 1 to {max} bytes without control characters"
     )]
     InvalidTrackingSource { name: String, max: usize },
+    /// A tracking position given with an [`crate::EventBatch`], which has no room for one.
+    #[error("an event batch carries no tracking position; append NewEvents for that")]
+    TrackingInBatch,
+    /// `require_synced` asked of a memory-only (D0) store, which has nothing to sync.
+    #[error("a memory-only (D0) store cannot make an append durable")]
+    SyncUnavailable,
+    /// An append read from another log (a copy's) that does not decode.
+    #[error("the append at position {position} is malformed: {why}")]
+    MalformedStoredAppend { position: u64, why: String },
 }
 
 /// Why an append did not happen.

@@ -246,7 +246,7 @@ impl Shared {
 
 /// A read error where only store errors can occur (a read of everything has no input to
 /// refuse).
-fn store_error(e: ReadError) -> StoreError {
+pub(crate) fn store_error(e: ReadError) -> StoreError {
     match e {
         ReadError::Store(e) => e,
         ReadError::Input(e) => StoreError::InvalidOption(e.to_string()),
@@ -947,10 +947,7 @@ impl Store {
             return Err(e.into());
         }
         if options.tracking.is_some() {
-            return Err(StoreError::InvalidOption(
-                "an event batch carries no tracking position; append NewEvents for that".into(),
-            )
-            .into());
+            return Err(InputError::TrackingInBatch.into());
         }
         let append = batch.into_append()?;
         self.submit_encoded(append, condition, options, reply, how, None)
@@ -975,10 +972,7 @@ impl Store {
             None => None,
         };
         if options.require_synced && self.durability() == Durability::Memory {
-            return Err(StoreError::InvalidOption(
-                "a memory-only (D0) store cannot make an append durable".into(),
-            )
-            .into());
+            return Err(InputError::SyncUnavailable.into());
         }
         #[cfg(feature = "canary-condition-outside-writer")]
         let condition = match condition {

@@ -44,16 +44,19 @@ fn durability_classes() {
     let store = Store::open_in_memory(small_options()).unwrap();
     assert_eq!(store.stats().durability, "d0");
     store.append(&[event()], None).unwrap();
-    assert!(store
-        .append_with(
+    assert!(matches!(
+        store.append_with(
             &[event()],
             None,
             AppendOptions {
                 require_synced: true,
                 ..AppendOptions::default()
             }
-        )
-        .is_err());
+        ),
+        Err(annals::AppendError::Input(
+            annals::InputError::SyncUnavailable
+        ))
+    ));
     let io = SimIo::new(4);
     let options = Options {
         durability: Durability::Written,

@@ -77,7 +77,10 @@ fn one_append_api_for_every_way_of_waiting() {
         .appending(std::slice::from_ref(&claimed))
         .condition(&claim)
         .wait();
-    assert!(matches!(again, Err(AppendError::ConditionFailed { position: 1 })));
+    assert!(matches!(
+        again,
+        Err(AppendError::ConditionFailed { position: 1 })
+    ));
 
     // A batch, awaited.
     let mut batch = store.batch();
@@ -113,7 +116,13 @@ fn one_append_api_for_every_way_of_waiting() {
         .appending_batch(batch)
         .tracking(Tracking::new("upstream", 8))
         .wait();
-    assert!(refused.is_err());
+    assert!(
+        matches!(
+            refused,
+            Err(AppendError::Input(annals::InputError::TrackingInBatch))
+        ),
+        "{refused:?}"
+    );
     assert_eq!(store.head(), 5);
     let read = store
         .read(&Query::all(), ReadOptions::forwards())
