@@ -766,20 +766,119 @@ impl IndexLock {
         IndexLock(std::sync::RwLock::new(index))
     }
 
-    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+    pub(crate) fn read(&self) -> IndexRead<'_> {
         // A panic while the writer held the lock poisons the store; the index itself is only
         // ever read after that, so the lock's own poison flag adds nothing.
-        self.0.read().unwrap_or_else(|e| e.into_inner())
+        let guard = self.0.read().unwrap_or_else(|e| e.into_inner());
+        held::enter();
+        IndexRead(guard)
     }
 
-    pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
-        self.0.write().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn write(&self) -> IndexWrite<'_> {
+        let guard = self.0.write().unwrap_or_else(|e| e.into_inner());
+        held::enter();
+        IndexWrite(guard)
+    }
+}
+
+/// The index, read; counts as held on this thread until dropped (see [`held_here`]).
+pub(crate) struct IndexRead<'a>(std::sync::RwLockReadGuard<'a, Index>);
+
+/// The index, written; counts as held on this thread until dropped (see [`held_here`]).
+pub(crate) struct IndexWrite<'a>(std::sync::RwLockWriteGuard<'a, Index>);
+
+impl std::ops::Deref for IndexRead<'_> {
+    type Target = Index;
+    fn deref(&self) -> &Index {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for IndexWrite<'_> {
+    type Target = Index;
+    fn deref(&self) -> &Index {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for IndexWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Index {
+        &mut self.0
+    }
+}
+
+impl Drop for IndexRead<'_> {
+    fn drop(&mut self) {
+        held::leave();
+    }
+}
+
+impl Drop for IndexWrite<'_> {
+    fn drop(&mut self) {
+        held::leave();
+    }
+}
+
+/// Whether this thread holds the index lock: the writer's I/O asserts it does not (no lock
+/// across I/O: readers would wait for a disk). Counted in debug builds only; always false in
+/// release.
+pub(crate) fn held_here() -> bool {
+    held::count() > 0
+}
+
+#[cfg(debug_assertions)]
+mod held {
+    use std::cell::Cell;
+
+    thread_local! {
+        static HELD: Cell<u32> = const { Cell::new(0) };
+    }
+
+    pub(super) fn enter() {
+        HELD.with(|h| h.set(h.get() + 1));
+    }
+
+    pub(super) fn leave() {
+        HELD.with(|h| h.set(h.get() - 1));
+    }
+
+    pub(super) fn count() -> u32 {
+        HELD.with(Cell::get)
+    }
+}
+
+#[cfg(not(debug_assertions))]
+mod held {
+    pub(super) fn enter() {}
+    pub(super) fn leave() {}
+    pub(super) fn count() -> u32 {
+        0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal: a thread counts as holding the index lock exactly while it holds a guard, read or
+    /// write (what the writer's I/O asserts against; debug builds count, release never does).
+    #[test]
+    fn held_while_a_guard_lives() {
+        let lock = IndexLock::new(Index::default());
+        assert!(!held_here());
+        {
+            let _read = lock.read();
+            assert_eq!(held_here(), cfg!(debug_assertions));
+            let other = std::thread::spawn(|| held_here()).join().unwrap();
+            assert!(!other, "another thread holds nothing");
+        }
+        assert!(!held_here());
+        {
+            let _write = lock.write();
+            assert_eq!(held_here(), cfg!(debug_assertions));
+        }
+        assert!(!held_here());
+    }
 
     /// Goal: the galloping search answers as a binary search does. Method: every probe from 0
     /// to past the last position of lists of positions (from 1 up, with gaps) of every length

@@ -502,6 +502,10 @@ impl Writer {
             self.segment.number,
             self.segment.size
         );
+        debug_assert!(
+            !crate::index::held_here(),
+            "the index lock is held across a write"
+        );
         self.segment
             .file
             .write_at(&self.buffer, self.tail)
@@ -517,6 +521,10 @@ impl Writer {
     }
 
     fn sync(&mut self) -> Result<(), StoreError> {
+        debug_assert!(
+            !crate::index::held_here(),
+            "the index lock is held across a sync"
+        );
         let started = Instant::now();
         self.segment
             .file

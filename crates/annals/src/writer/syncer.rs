@@ -205,6 +205,10 @@ impl Syncer {
         segment: &Segment,
         direct: bool,
     ) -> bool {
+        debug_assert!(
+            !crate::index::held_here(),
+            "the index lock is held across a sync"
+        );
         let started = Instant::now();
         let result = segment
             .file
