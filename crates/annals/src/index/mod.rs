@@ -869,7 +869,7 @@ mod tests {
         {
             let _read = lock.read();
             assert_eq!(held_here(), cfg!(debug_assertions));
-            let other = std::thread::spawn(|| held_here()).join().unwrap();
+            let other = std::thread::spawn(held_here).join().unwrap();
             assert!(!other, "another thread holds nothing");
         }
         assert!(!held_here());
