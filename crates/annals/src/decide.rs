@@ -513,7 +513,7 @@ impl Store {
             let decision = self.decide(projection)?;
             let events = command(&decision.state).map_err(DecideError::Rejected)?;
             let condition = Some(Cow::Owned(decision.condition));
-            match self.append_blocking(&events, condition, Default::default()) {
+            match self.appending(&events).condition_given(condition).wait() {
                 Ok(position) => {
                     return Ok(Decided {
                         position,
@@ -560,7 +560,9 @@ impl Store {
             // the projection is Sync.
             drop(state);
             let appended = self
-                .append_async_given(&events, Some(Cow::Owned(condition)), Default::default())
+                .appending(&events)
+                .condition_given(Some(Cow::Owned(condition)))
+                .submit()
                 .await;
             match appended {
                 Ok(position) => {

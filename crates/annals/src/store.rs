@@ -757,19 +757,8 @@ impl Store {
         condition: Option<&AppendCondition>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
-        self.append_blocking(events, condition.map(Cow::Borrowed), options)
-    }
-
-    /// [`Store::append_with`] with the condition given or lent: a decision hands over its
-    /// own, saving a copy of its query.
-    pub(crate) fn append_blocking(
-        &self,
-        events: &[NewEvent],
-        condition: Option<Cow<'_, AppendCondition>>,
-        options: AppendOptions,
-    ) -> Result<u64, AppendError> {
         self.appending(events)
-            .condition_given(condition)
+            .condition_given(condition.map(Cow::Borrowed))
             .options(options)
             .wait()
     }
@@ -826,20 +815,8 @@ impl Store {
         condition: Option<&AppendCondition>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
-        self.append_async_given(events, condition.map(Cow::Borrowed), options)
-            .await
-    }
-
-    /// [`Store::append_async`] with the condition given or lent (see
-    /// [`Store::append_blocking`]).
-    pub(crate) async fn append_async_given(
-        &self,
-        events: &[NewEvent],
-        condition: Option<Cow<'_, AppendCondition>>,
-        options: AppendOptions,
-    ) -> Result<u64, AppendError> {
         self.appending(events)
-            .condition_given(condition)
+            .condition_given(condition.map(Cow::Borrowed))
             .options(options)
             .submit()
             .await

@@ -189,22 +189,18 @@ impl WriterRole {
         let mut writer = self.writer.lock();
         debug_assert!(writer.group.is_empty() && self.receiver.is_empty());
         writer.group.extend(requests);
-        let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let inline = writer.commit_group(Origin::Backend);
-            if let (Some(sync), Some(syncer)) = (inline, &self.syncer) {
-                syncer.run_inline(&self.shared, sync);
-            }
-        }));
-        if committed.is_err() {
-            self.shared
-                .poison("the writer panicked taking in committed appends".into());
-        }
+        self.commit_here(
+            &mut writer,
+            Origin::Backend,
+            "the writer panicked taking in committed appends",
+        );
     }
 
     /// Commits `request` on the calling thread, a blocking caller that is the only one waiting
     /// on the store (see [`Waiting::alone`]), when the store is idle: nothing is queued, no
-    /// sync runs or waits to run, and the role is free. The request then takes the writer thread's path (the lone group's inline sync
-    /// included) without being handed to the writer and back: a wake-up of a sleeping thread,
+    /// sync runs or waits to run, and the role is free. The request then takes the writer
+    /// thread's path (the lone group's inline sync included) without being handed to the
+    /// writer and back: a wake-up of a sleeping thread,
     /// tens of microseconds on a virtual machine whose idle cores halt, against a 100 us
     /// fdatasync. Otherwise hands the request back, to be queued.
     ///
@@ -227,17 +223,26 @@ impl WriterRole {
             return Err(request);
         }
         writer.group.push(request);
+        // A panic drops the request's reply, which answers it with an error.
+        self.commit_here(
+            &mut writer,
+            Origin::Caller,
+            "the writer panicked in a caller's commit",
+        );
+        Ok(())
+    }
+
+    /// Commits the held writer's group on the calling thread, its sync included when the
+    /// writer leaves it inline; a panic poisons the store with `panicked`.
+    fn commit_here(&self, writer: &mut Writer, origin: Origin, panicked: &str) {
         let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let inline = writer.commit_group(Origin::Caller);
+            let inline = writer.commit_group(origin);
             if let (Some(sync), Some(syncer)) = (inline, &self.syncer) {
                 syncer.run_inline(&self.shared, sync);
             }
         }));
         if committed.is_err() {
-            // The unwinding dropped the request's reply, which answered it with an error.
-            self.shared
-                .poison("the writer panicked in a caller's commit".into());
+            self.shared.poison(panicked.into());
         }
-        Ok(())
     }
 }
