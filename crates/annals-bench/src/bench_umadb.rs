@@ -4,7 +4,9 @@
 //! condition on its own stream (checked, never failing). Runs alternate between the two
 //! servers, each on a fresh store in the same directory, and the raw fdatasync rate of that
 //! directory is measured before and after. Every figure is D3 (both servers sync before they
-//! acknowledge).
+//! acknowledge). A third server, in this process, answers every append at once without a store
+//! (tonic's own server): the round trip the client costs before any server works, and with
+//! the fdatasync floor the fastest a single writer could go against any server.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -56,6 +58,10 @@ pub struct UmadbArgs {
 enum Peer {
     Annals,
     Umadb,
+    /// A gRPC server that answers every append at once, without a store (tonic's own server,
+    /// on a thread of this process): the round trip UmaDB's client costs before any server
+    /// does any work. A single writer cannot go faster than this round trip plus an fdatasync.
+    Null,
 }
 
 impl Peer {
@@ -63,6 +69,7 @@ impl Peer {
         match self {
             Peer::Annals => "annals",
             Peer::Umadb => "umadb",
+            Peer::Null => "null_server",
         }
     }
 }
@@ -85,6 +92,7 @@ impl Drop for UmadbProcess {
 enum Server {
     Annals(crate::bench_http::OwnServer),
     Umadb(UmadbProcess),
+    Null(NullServer),
     Given(String),
 }
 
@@ -93,6 +101,7 @@ impl Server {
         match self {
             Server::Annals(s) => format!("http://{}", s.grpc),
             Server::Umadb(u) => u.url.clone(),
+            Server::Null(n) => n.url.clone(),
             Server::Given(url) => url.clone(),
         }
     }
@@ -101,7 +110,7 @@ impl Server {
         match self {
             Server::Annals(s) => Some(s.child.id()),
             Server::Umadb(u) => Some(u.child.id()),
-            Server::Given(_) => None,
+            Server::Null(_) | Server::Given(_) => None,
         }
     }
 
@@ -162,6 +171,114 @@ fn start(peer: Peer, args: &UmadbArgs, dir: &Path) -> Result<Server, String> {
             }
             Ok(Server::Umadb(process))
         }
+        Peer::Null => NullServer::start().map(Server::Null),
+    }
+}
+
+/// The null server's thread; stopped on drop.
+struct NullServer {
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NullServer {
+    fn start() -> Result<NullServer, String> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let address = listener.local_addr().map_err(|e| e.to_string())?;
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("null-server".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the null server's runtime");
+                runtime.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener)
+                        .expect("the null server's listener");
+                    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+                    let service = umadb_proto::v1::dcb_server::DcbServer::new(NullDcb::default());
+                    let _ = tonic::transport::Server::builder()
+                        .add_service(service)
+                        .serve_with_incoming_shutdown(incoming, async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                });
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(NullServer {
+            url: format!("http://{address}"),
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for NullServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Answers each append with the next position; nothing else is offered.
+#[derive(Default)]
+struct NullDcb {
+    head: AtomicU64,
+}
+
+type NoStream<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl umadb_proto::v1::dcb_server::Dcb for NullDcb {
+    type ReadStream = NoStream<umadb_proto::v1::ReadResponse>;
+    type SubscribeStream = NoStream<umadb_proto::v1::SubscribeResponse>;
+
+    async fn read(
+        &self,
+        _: tonic::Request<umadb_proto::v1::ReadRequest>,
+    ) -> Result<tonic::Response<Self::ReadStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("the null server only appends"))
+    }
+
+    async fn subscribe(
+        &self,
+        _: tonic::Request<umadb_proto::v1::SubscribeRequest>,
+    ) -> Result<tonic::Response<Self::SubscribeStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("the null server only appends"))
+    }
+
+    async fn append(
+        &self,
+        request: tonic::Request<umadb_proto::v1::AppendRequest>,
+    ) -> Result<tonic::Response<umadb_proto::v1::AppendResponse>, tonic::Status> {
+        let events = request.into_inner().events.len() as u64;
+        let position = self.head.fetch_add(events, Ordering::Relaxed) + events;
+        Ok(tonic::Response::new(umadb_proto::v1::AppendResponse {
+            position,
+        }))
+    }
+
+    async fn head(
+        &self,
+        _: tonic::Request<umadb_proto::v1::HeadRequest>,
+    ) -> Result<tonic::Response<umadb_proto::v1::HeadResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("the null server only appends"))
+    }
+
+    async fn get_tracking_info(
+        &self,
+        _: tonic::Request<umadb_proto::v1::TrackingRequest>,
+    ) -> Result<tonic::Response<umadb_proto::v1::TrackingResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("the null server only appends"))
     }
 }
 
@@ -328,6 +445,9 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
     if args.umadb_bin.is_some() && args.url.is_none() {
         peers.push(Peer::Umadb);
     }
+    if args.url.is_none() {
+        peers.push(Peer::Null);
+    }
     let mut outcomes: Vec<Vec<Outcome>> = peers.iter().map(|_| Vec::new()).collect();
     for run in 0..args.runs.max(1) {
         // Alternate which server goes first, so that neither always meets a warmer disk.
@@ -369,9 +489,20 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
     }
     let ratio = |x: f64, y: f64| (x / y.max(1.0) * 100.0).round() / 100.0;
     result["annals_to_fsync_floor"] = json!(ratio(medians[0], floor));
-    if let Some(&umadb) = medians.get(1) {
-        result["annals_to_umadb"] = json!(ratio(medians[0], umadb));
-        result["umadb_to_fsync_floor"] = json!(ratio(umadb, floor));
+    if let Some(i) = peers.iter().position(|&p| p == Peer::Umadb) {
+        result["annals_to_umadb"] = json!(ratio(medians[0], medians[i]));
+        result["umadb_to_fsync_floor"] = json!(ratio(medians[i], floor));
+    }
+    if let Some(i) = peers.iter().position(|&p| p == Peer::Null) {
+        // One writer waits for a round trip and then an fdatasync per append: the fastest a
+        // server could answer it is the null server's round trip plus the floor's fdatasync.
+        let bound = 1.0 / (1.0 / medians[i].max(1.0) + 1.0 / floor.max(1.0));
+        result["annals_to_null_server"] = json!(ratio(medians[0], medians[i]));
+        if args.writers == 1 && args.batch == 1 {
+            result["round_trip_and_fsync_bound_per_sec"] = json!(bound.round());
+            result["round_trip_and_fsync_bound_to_fsync_floor"] = json!(ratio(bound, floor));
+            result["annals_to_round_trip_and_fsync_bound"] = json!(ratio(medians[0], bound));
+        }
     }
     Ok(result)
 }
