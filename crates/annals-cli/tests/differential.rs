@@ -720,10 +720,29 @@ fn annals_answers_as_umadb_does() {
     let Some(binary) = umadb_binary() else {
         return;
     };
-    let umadb_dir = tempfile::tempdir().unwrap();
     let annals_dir = tempfile::tempdir().unwrap();
-    let umadb = Umadb::start(&binary, umadb_dir.path());
-    let annals = ServerProcess::start(annals_dir.path(), &[]);
+    differential(&binary, ServerProcess::start(annals_dir.path(), &[]));
+}
+
+/// Goal: the same, with Annals' store in PostgreSQL: the backend changes nothing a UmaDB
+/// client sees. Method: as above, Annals served from a throwaway cluster.
+#[test]
+fn annals_on_postgres_answers_as_umadb_does() {
+    let Some(binary) = umadb_binary() else {
+        return;
+    };
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    differential(&binary, ServerProcess::start_postgres(&url, &[]));
+}
+
+/// Sends the scenario, seeded random rounds and the deliberate differences to a fresh UmaDB
+/// server and to `annals`; fails listing every answer that differs.
+fn differential(binary: &Path, annals: ServerProcess) {
+    let umadb_dir = tempfile::tempdir().unwrap();
+    let umadb = Umadb::start(binary, umadb_dir.path());
     let seed: u64 = std::env::var("ANNALS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

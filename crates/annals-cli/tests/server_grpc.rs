@@ -464,42 +464,15 @@ fn tls_with_api_key_through_umadb_client() {
 /// command installs them (scripts/setup); elsewhere the test says how to.
 #[test]
 fn umadb_python_client() {
-    let python = std::env::var("ANNALS_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_umadb = std::process::Command::new(&python)
-        .args([
-            "-c",
-            "import umadb, pytest, eventsourcing, eventsourcing_umadb",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_umadb {
-        assert!(
-            std::env::var_os("ANNALS_REQUIRE_PYTHON").is_none(),
-            "{python} lacks the umadb, eventsourcing and pytest packages: run scripts/setup"
-        );
-        eprintln!("skipped: {python} lacks umadb/pytest (scripts/test installs them)");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(dir.path(), &[]);
-    let tests = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
-    let mut pytest = std::process::Command::new(&python);
-    pytest
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", tests])
-        .env("ANNALS_GRPC_URL", server.grpc_url())
-        .env("ANNALS_BIN", env!("CARGO_BIN_EXE_annals"));
+    let mut env = vec![("ANNALS_GRPC_URL", server.grpc_url())];
     // UmaDB's own server, when scripts/setup built it: the eventsourcing tests run on it too.
     let umadb = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/umadb/bin/umadb");
     if std::path::Path::new(umadb).exists() {
-        pytest.env("ANNALS_UMADB_BIN", umadb);
+        env.push(("ANNALS_UMADB_BIN", umadb.to_string()));
     }
-    let out = pytest.output().unwrap();
-    assert!(
-        out.status.success(),
-        "pytest failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::python_suite(&env);
 }
 
 /// One gRPC call written by hand on HTTP/2: `body` as sent, the answer's status code and

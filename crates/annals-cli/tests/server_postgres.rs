@@ -287,3 +287,21 @@ fn a_server_that_cannot_listen_says_so() {
     assert!(stderr.contains("cannot listen"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// Goal: UmaDB's Python client, and the Python eventsourcing library's UmaDB recorders and DCB
+/// application, work unchanged against a server whose store is in PostgreSQL, as they do
+/// against one on files (server_grpc.rs runs the same suite there). The recorders' tests each
+/// get a fresh database of the cluster.
+#[test]
+fn umadb_python_client_on_postgres() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let server = ServerProcess::start_postgres(&url(&cluster), &[]);
+    let bin = annals_testkit::bin_dir().expect("PostgreSQL's programs");
+    common::python_suite(&[
+        ("ANNALS_GRPC_URL", server.grpc_url()),
+        ("ANNALS_PG_PORT", cluster.port().to_string()),
+        ("ANNALS_PG_BIN", bin.display().to_string()),
+    ]);
+}

@@ -153,6 +153,42 @@ impl ServerProcess {
     }
 }
 
+/// Runs tests/python (UmaDB's Python client and the eventsourcing library's recorders) with
+/// pytest and `env`; fails with pytest's output. Skipped, saying why, when the Python packages
+/// are missing, unless the test command requires them (ANNALS_REQUIRE_PYTHON).
+pub fn python_suite(env: &[(&str, String)]) {
+    let python = std::env::var("ANNALS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_packages = Command::new(&python)
+        .args([
+            "-c",
+            "import umadb, pytest, eventsourcing, eventsourcing_umadb",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_packages {
+        assert!(
+            std::env::var_os("ANNALS_REQUIRE_PYTHON").is_none(),
+            "{python} lacks the umadb, eventsourcing and pytest packages: run scripts/setup"
+        );
+        eprintln!("skipped: {python} lacks umadb/pytest (scripts/test installs them)");
+        return;
+    }
+    let tests = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");
+    let out = Command::new(&python)
+        .args(["-m", "pytest", "-v", "-p", "no:cacheprovider", tests])
+        .env("ANNALS_BIN", env!("CARGO_BIN_EXE_annals"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "pytest failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();

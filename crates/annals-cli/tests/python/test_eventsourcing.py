@@ -4,7 +4,9 @@ against Annals.
 The library ships test cases for every recorder; they assume an empty store, so each test here
 starts its own `annals serve` on a fresh data directory (ANNALS_BIN names the binary). When
 ANNALS_UMADB_BIN names UmaDB's own server, every test also runs against it, which shows the
-same calls pass there.
+same calls pass there. When ANNALS_PG_PORT names a PostgreSQL cluster on 127.0.0.1 (and
+ANNALS_PG_BIN the directory of its programs), the tests run instead against `annals serve
+--store postgres://...`, each on a fresh database of that cluster.
 """
 
 import os
@@ -40,9 +42,17 @@ class Server:
 
     def __init__(self, kind):
         self.dir = tempfile.TemporaryDirectory()
-        if kind == "annals":
+        self.database = None
+        if kind in ("annals", "postgres"):
+            if kind == "annals":
+                store = ["--data-dir", self.dir.name]
+            else:
+                self.database = "t" + uuid4().hex
+                psql(f"CREATE DATABASE {self.database}")
+                port = os.environ["ANNALS_PG_PORT"]
+                store = ["--store", f"postgres://postgres@127.0.0.1:{port}/{self.database}"]
             command = [
-                os.environ["ANNALS_BIN"], "serve", "--data-dir", self.dir.name,
+                os.environ["ANNALS_BIN"], "serve", *store,
                 "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
             ]
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
@@ -75,9 +85,27 @@ class Server:
         self.process.kill()
         self.process.wait()
         self.dir.cleanup()
+        if self.database:
+            psql(f"DROP DATABASE {self.database}")
 
 
-KINDS = ["annals"] + (["umadb"] if os.environ.get("ANNALS_UMADB_BIN") else [])
+def psql(sql):
+    """Runs one statement on the cluster ANNALS_PG_PORT names, as its `postgres` user."""
+    subprocess.run(
+        [
+            os.path.join(os.environ["ANNALS_PG_BIN"], "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+            "-h", "127.0.0.1", "-p", os.environ["ANNALS_PG_PORT"], "-U", "postgres",
+            "-d", "postgres", "-c", sql,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+if os.environ.get("ANNALS_PG_PORT"):
+    KINDS = ["postgres"]
+else:
+    KINDS = ["annals"] + (["umadb"] if os.environ.get("ANNALS_UMADB_BIN") else [])
 
 
 class OnFreshServer:
