@@ -47,7 +47,7 @@ fn round(x: f64) -> f64 {
 }
 
 /// Single-row insert + commit in a loop from one connection: commits per second.
-fn floor(url: &str, seconds: f64) -> Result<f64, String> {
+pub(crate) fn floor(url: &str, seconds: f64) -> Result<f64, String> {
     let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(|e| e.to_string())?;
     client
         .batch_execute("CREATE TABLE IF NOT EXISTS annals_bench_floor (n bigint)")

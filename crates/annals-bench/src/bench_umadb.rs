@@ -52,6 +52,12 @@ pub struct UmadbArgs {
     /// starting one; UmaDB's server is then not measured.
     #[arg(long)]
     url: Option<String>,
+    /// Serve Annals from PostgreSQL: a throwaway cluster with PostgreSQL's defaults (fsync
+    /// on, synchronous_commit on), a fresh database per run, and the database's commit floor
+    /// (one connection inserting one row per transaction) measured before and after. UmaDB's
+    /// server keeps its files.
+    #[arg(long)]
+    postgres: bool,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -134,15 +140,23 @@ impl Server {
 }
 
 /// Starts `peer` on a fresh store in `dir`.
-fn start(peer: Peer, args: &UmadbArgs, dir: &Path) -> Result<Server, String> {
+fn start(
+    peer: Peer,
+    args: &UmadbArgs,
+    dir: &Path,
+    database: Option<&str>,
+) -> Result<Server, String> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     match peer {
-        Peer::Annals => Ok(Server::Annals(crate::bench_http::start_server(
-            dir,
-            "d3",
-            &[],
-        )?)),
+        Peer::Annals => {
+            let store = database.map_or(dir.as_os_str(), std::ffi::OsStr::new);
+            Ok(Server::Annals(crate::bench_http::start_server_on(
+                store,
+                "d3",
+                &[],
+            )?))
+        }
         Peer::Umadb => {
             let binary = args.umadb_bin.as_ref().ok_or("no UmaDB binary")?;
             let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -293,11 +307,20 @@ struct Outcome {
     first_error: Option<String>,
 }
 
-fn one_run(peer: Peer, args: &UmadbArgs, run: usize) -> Result<Outcome, String> {
+fn one_run(
+    peer: Peer,
+    args: &UmadbArgs,
+    run: usize,
+    postgres: Option<&Postgres>,
+) -> Result<Outcome, String> {
     let dir = args.dir.join(format!("{}-{run}", peer.name()));
+    let database = match postgres {
+        Some(pg) if peer == Peer::Annals => Some(pg.fresh_database(run)?),
+        _ => None,
+    };
     let server = match &args.url {
         Some(url) => Server::Given(url.clone()),
-        None => start(peer, args, &dir)?,
+        None => start(peer, args, &dir, database.as_deref())?,
     };
     let pid = server.pid();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -438,8 +461,43 @@ fn summary(args: &UmadbArgs, mut outcomes: Vec<Outcome>) -> Value {
     })
 }
 
+/// The throwaway cluster of `--postgres`.
+struct Postgres {
+    cluster: annals_testkit::Cluster,
+}
+
+impl Postgres {
+    fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{database}",
+            self.cluster.port()
+        )
+    }
+
+    /// A new, empty database for run `run`; its URL.
+    fn fresh_database(&self, run: usize) -> Result<String, String> {
+        let name = format!("annals_umadb_{run}");
+        self.cluster
+            .sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        self.cluster.sql(&format!("CREATE DATABASE {name}"));
+        Ok(self.url(&name))
+    }
+
+    fn commit_floor(&self) -> Result<f64, String> {
+        crate::bench_postgres::floor(&self.url("postgres"), 2.0)
+    }
+}
+
 pub fn run(args: UmadbArgs) -> Result<Value, String> {
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let postgres = if args.postgres {
+        let cluster = annals_testkit::Cluster::start()
+            .ok_or("PostgreSQL is not installed (run scripts/setup)")?;
+        Some(Postgres { cluster })
+    } else {
+        None
+    };
+    let commit_floor_before = postgres.as_ref().map(Postgres::commit_floor).transpose()?;
     let floor_before = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(2))?;
     let mut peers = vec![Peer::Annals];
     if args.umadb_bin.is_some() && args.url.is_none() {
@@ -456,7 +514,7 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
             order.reverse();
         }
         for i in order {
-            let outcome = one_run(peers[i], &args, run)?;
+            let outcome = one_run(peers[i], &args, run, postgres.as_ref())?;
             eprintln!(
                 "run {run} {}: {:.0} appends/s, {} failed",
                 peers[i].name(),
@@ -468,6 +526,7 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
     }
     let floor_after = crate::bench::fsync_floor(&args.dir, true, Duration::from_secs(2))?;
     let floor = (floor_before + floor_after) / 2.0;
+    let commit_floor_after = postgres.as_ref().map(Postgres::commit_floor).transpose()?;
     let mut result = json!({
         "workload": "umadb_client_conditional_append",
         "client": "umadb-client 0.7.8 (Rust): one client, one channel, shared by all writers",
@@ -489,6 +548,15 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
     }
     let ratio = |x: f64, y: f64| (x / y.max(1.0) * 100.0).round() / 100.0;
     result["annals_to_fsync_floor"] = json!(ratio(medians[0], floor));
+    let mut commit_floor = None;
+    if let Some((before, after)) = commit_floor_before.zip(commit_floor_after) {
+        commit_floor = Some((before + after) / 2.0);
+        let commit_floor = (before + after) / 2.0;
+        result["annals_store"] = json!("postgresql (a throwaway cluster with its defaults)");
+        result["commit_floor_per_sec"] = json!(commit_floor.round());
+        result["commit_floor_before_after_per_sec"] = json!([before.round(), after.round()]);
+        result["annals_to_commit_floor"] = json!(ratio(medians[0], commit_floor));
+    }
     if let Some(i) = peers.iter().position(|&p| p == Peer::Umadb) {
         result["annals_to_umadb"] = json!(ratio(medians[0], medians[i]));
         result["umadb_to_fsync_floor"] = json!(ratio(medians[i], floor));
@@ -502,6 +570,12 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
             result["round_trip_and_fsync_bound_per_sec"] = json!(bound.round());
             result["round_trip_and_fsync_bound_to_fsync_floor"] = json!(ratio(bound, floor));
             result["annals_to_round_trip_and_fsync_bound"] = json!(ratio(medians[0], bound));
+            if let Some(commit) = commit_floor {
+                // On PostgreSQL the store's round trip is the client's plus a commit.
+                let bound = 1.0 / (1.0 / medians[i].max(1.0) + 1.0 / commit.max(1.0));
+                result["round_trip_and_commit_bound_per_sec"] = json!(bound.round());
+                result["annals_to_round_trip_and_commit_bound"] = json!(ratio(medians[0], bound));
+            }
         }
     }
     Ok(result)

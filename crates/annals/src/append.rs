@@ -138,9 +138,10 @@ impl<'a> Append<'a> {
             alone: false,
         };
         self.send(ReplyTo::Async(slot.clone()), how)?;
-        // A lone caller polls (see `Waiting`), yielding to the runtime between polls so that
-        // the thread stays free for any other task.
-        while waiting.keep_polling() && !slot.filled() {
+        // A lone caller on files polls (see `Waiting`), yielding to the runtime between polls
+        // so that the thread stays free for any other task.
+        let polls = store.lone_async_polls();
+        while polls && waiting.keep_polling() && !slot.filled() {
             let spin_until = Instant::now() + LONE_SPIN;
             while !slot.filled() && Instant::now() < spin_until {
                 std::hint::spin_loop();

@@ -429,6 +429,13 @@ pub struct Store {
 const LOCK_FILE: &str = "LOCK";
 
 impl Store {
+    /// Whether a lone async caller polls for its outcome before it sleeps: on files, where
+    /// the wait is an fdatasync and the caller's core is otherwise idle; not on PostgreSQL,
+    /// where the wait is the database's work on the same machine's cores (R30).
+    pub(crate) fn lone_async_polls(&self) -> bool {
+        self.remote.is_none()
+    }
+
     /// Opens (creating if needed) the store in `dir`. A D0 store lives in memory only and
     /// ignores `dir`.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store, StoreError> {
