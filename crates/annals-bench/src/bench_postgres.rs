@@ -4,6 +4,7 @@
 //! 512-event appends, 64 HTTP connections of conditional appends on one server and split over
 //! two, and selective reads over HTTP on PostgreSQL beside the same on files.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,7 +32,7 @@ pub struct PostgresArgs {
     /// Where the file backend's server keeps its data for the read comparison (emptied first).
     #[arg(long, default_value = "/tmp/annals-bench-pg-files")]
     dir: PathBuf,
-    /// Measure only these figures (comma-separated: one, wide, http, two), for
+    /// Measure only these figures (comma-separated: one, wide, http, two, separate), for
     /// profiling one of them; the floor is always measured. A partial run is not recorded.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -44,6 +45,24 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+/// 64 HTTP connections' conditional appends, 32 to each server at once: appends per second.
+fn split_load(a: SocketAddr, b: SocketAddr, seconds: f64) -> Result<f64, String> {
+    let (ra, rb) = std::thread::scope(|scope| {
+        let x = scope.spawn(move || run_against(a, Workload::Conditional, 32, seconds, 1, 0));
+        let y = scope.spawn(move || run_against(b, Workload::Conditional, 32, seconds, 1, 0));
+        (x.join().unwrap(), y.join().unwrap())
+    });
+    let rate = |v: &Result<Value, String>| -> Result<f64, String> {
+        Ok(v.as_ref()?["requests_per_sec"].as_f64().unwrap_or(0.0))
+    };
+    Ok(rate(&ra)? + rate(&rb)?)
+}
+
+/// A postgres:// URL without its database.
+fn cluster_base(url: &str) -> &str {
+    url.rsplit_once('/').map_or(url, |(base, _)| base)
 }
 
 /// Single-row insert + commit in a loop from one connection: commits per second.
@@ -114,16 +133,17 @@ fn appends(store: &Store, writers: usize, batch: usize, seconds: f64, run: usize
 }
 
 pub fn run(args: PostgresArgs) -> Result<Value, String> {
-    let cluster;
+    let mut cluster = None;
     // The reads compare stores holding the same events: a database of their own when the
     // benchmark makes the cluster, else the given one (which then holds the appends too).
     let (url, reads_url) = match &args.url {
         Some(url) => (url.clone(), url.clone()),
         None => {
-            cluster = annals_testkit::Cluster::start()
+            let made = annals_testkit::Cluster::start()
                 .ok_or("PostgreSQL is not installed (run scripts/setup)")?;
-            cluster.sql("CREATE DATABASE annals_reads");
-            let base = format!("postgres://postgres@127.0.0.1:{}", cluster.port());
+            made.sql("CREATE DATABASE annals_reads");
+            let base = format!("postgres://postgres@127.0.0.1:{}", made.port());
+            cluster = Some(made);
             (format!("{base}/postgres"), format!("{base}/annals_reads"))
         }
     };
@@ -154,9 +174,14 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     // 64 HTTP connections on one server, then split over two servers on the same database,
     // alternated run by run; the second server runs only for its runs (an idle one follows the
     // first, which costs CPU).
-    let (mut one_rates, mut one_p99s, mut one_errors, mut split) =
-        (Vec::new(), Vec::new(), 0.0, Vec::new());
-    if wants("http") || wants("two") {
+    // The control, alternated with both when the benchmark made the cluster: the same two
+    // servers' load with the second server on a database of its own (fresh each run), so
+    // that neither follows the other nor races it. What the two servers on one database lose
+    // beyond the control is the cost of sharing the log; the rest is two servers on two cores.
+    let (mut one_rates, mut one_p99s, mut one_errors, mut split, mut separate) =
+        (Vec::new(), Vec::new(), 0.0, Vec::new(), Vec::new());
+    let control = cluster.is_some() && wants("separate");
+    if wants("http") || wants("two") || control {
         let a = start_server_on(url.as_ref(), "d3", &[])?;
         for _ in 0..runs {
             if wants("http") {
@@ -168,18 +193,16 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             }
             if wants("two") {
                 let b = start_server_on(url.as_ref(), "d3", &[])?;
-                let (ha, hb) = (a.http, b.http);
-                let (ra, rb) = std::thread::scope(|scope| {
-                    let x = scope
-                        .spawn(move || run_against(ha, Workload::Conditional, 32, seconds, 1, 0));
-                    let y = scope
-                        .spawn(move || run_against(hb, Workload::Conditional, 32, seconds, 1, 0));
-                    (x.join().unwrap(), y.join().unwrap())
-                });
-                let rate = |v: &Result<Value, String>| -> Result<f64, String> {
-                    Ok(v.as_ref()?["requests_per_sec"].as_f64().unwrap_or(0.0))
-                };
-                split.push(rate(&ra)? + rate(&rb)?);
+                split.push(split_load(a.http, b.http, seconds)?);
+            }
+            if control {
+                let own = format!("{}/annals_control", cluster_base(&url));
+                if let Some(cluster) = &cluster {
+                    cluster.sql("DROP DATABASE IF EXISTS annals_control WITH (FORCE)");
+                    cluster.sql("CREATE DATABASE annals_control");
+                }
+                let b = start_server_on(own.as_ref(), "d3", &[])?;
+                separate.push(split_load(a.http, b.http, seconds)?);
             }
         }
     }
@@ -208,6 +231,10 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             "two_servers_http64_per_sec": figure(&split),
             "two_servers_runs": split.iter().map(|r| r.round()).collect::<Vec<_>>(),
             "two_servers_ratio_to_one": if split.is_empty() || one_rates.is_empty() { Value::Null } else { round(median(split.clone()) / http_rate).into() },
+            "two_separate_http64_per_sec": figure(&separate),
+            "two_separate_runs": separate.iter().map(|r| r.round()).collect::<Vec<_>>(),
+            "two_separate_ratio_to_one": if separate.is_empty() || one_rates.is_empty() { Value::Null } else { round(median(separate.clone()) / http_rate).into() },
+            "two_servers_ratio_to_separate": if separate.is_empty() || split.is_empty() { Value::Null } else { round(median(split.clone()) / median(separate.clone())).into() },
         }));
     }
     // Selective reads over HTTP: PostgreSQL, then files, each preloaded alike.
@@ -222,6 +249,11 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     drop(files);
     let one_rate = median(one.clone());
     let split_rate = median(split.clone());
+    let separate_rate = if separate.is_empty() {
+        f64::NAN
+    } else {
+        median(separate.clone())
+    };
     let pg_read_rate = pg_reads["requests_per_sec"].as_f64().unwrap_or(0.0);
     let file_read_rate = file_reads["requests_per_sec"].as_f64().unwrap_or(0.0);
     Ok(json!({
@@ -246,6 +278,10 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         "two_servers_http64_per_sec": split_rate.round(),
         "two_servers_runs": split.iter().map(|r| r.round()).collect::<Vec<_>>(),
         "two_servers_ratio_to_one": round(split_rate / http_rate),
+        "two_separate_http64_per_sec": separate_rate.round(),
+        "two_separate_runs": separate.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "two_separate_ratio_to_one": round(separate_rate / http_rate),
+        "two_servers_ratio_to_separate": round(split_rate / separate_rate),
         "http64_reads_per_sec": pg_read_rate,
         "http64_reads_files_per_sec": file_read_rate,
         "reads_ratio_to_files": round(pg_read_rate / file_read_rate),
