@@ -2,18 +2,23 @@
 appends of one 256-byte event with 2 tags from N threads, each with its own client, against
 Annals and against UmaDB's own server, each started on a fresh store in DIR, in alternated
 runs. Prints one JSON line: each server's median appends per second, latency percentiles
-(microseconds) and failed calls. D3 on both servers.
+(microseconds) and failed calls. D3 on both servers. With --postgres, Annals is also measured
+on PostgreSQL: a throwaway cluster with PostgreSQL's defaults made with the programs of the
+newest /usr/lib/postgresql/*/bin (or --pg-bin), a fresh database per run.
 
 Usage: target/python/bin/python bench/python_client.py --annals-bin target/release/annals \
-           --umadb-bin target/umadb/bin/umadb [--threads N] [--seconds S] [--runs R] [--dir DIR]
+           --umadb-bin target/umadb/bin/umadb [--postgres] [--threads N] [--seconds S] \
+           [--runs R] [--dir DIR]
 """
 
 import argparse
+import glob
 import json
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -42,13 +47,62 @@ def writer(url, seconds, latencies, stop_at, errors):
     client.close()
 
 
-def start(kind, binary, directory):
-    """A server on a fresh store in `directory`: (process, gRPC URL)."""
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A throwaway PostgreSQL cluster with its defaults, run as the `postgres` user when this
+    runs as root (PostgreSQL refuses root)."""
+
+    def __init__(self, bin_dir):
+        self.bin = bin_dir or sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1]
+        self.dir = tempfile.mkdtemp(prefix="annals-bench-pg")
+        self.port = free_port()
+        self.as_postgres = os.geteuid() == 0
+        if self.as_postgres:
+            subprocess.run(["chown", "postgres:postgres", self.dir], check=True)
+        data = os.path.join(self.dir, "data")
+        self.run("initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-instructions")
+        self.run("pg_ctl", "-D", data, "-l", os.path.join(self.dir, "log"), "-w", "-o",
+                 f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
+
+    def run(self, program, *args):
+        command = [os.path.join(self.bin, program), *args]
+        if self.as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+    def fresh_database(self, name):
+        """Drops and creates database `name`; its postgres:// URL."""
+        for sql in (f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}"):
+            subprocess.run(
+                [os.path.join(self.bin, "psql"), "-X", "-q", "-h", "127.0.0.1", "-p",
+                 str(self.port), "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1",
+                 "-c", sql],
+                check=True, stdout=subprocess.DEVNULL,
+                env={**os.environ, "PGOPTIONS": "-c client_min_messages=warning"})
+        return f"postgres://postgres@127.0.0.1:{self.port}/{name}"
+
+    def stop(self):
+        self.run("pg_ctl", "-D", os.path.join(self.dir, "data"), "-m", "immediate", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start(kind, binary, directory, cluster=None):
+    """A server on a fresh store in `directory` (or a fresh database of `cluster`): (process,
+    gRPC URL)."""
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
-    if kind == "annals":
+    if kind in ("annals", "annals_postgres"):
+        if kind == "annals":
+            store = ["--data-dir", directory]
+        else:
+            store = ["--store", cluster.fresh_database("annals_python")]
         process = subprocess.Popen(
-            [binary, "serve", "--data-dir", directory, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"],
+            [binary, "serve", *store, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"],
             stdout=subprocess.PIPE, text=True)
         for line in process.stdout:
             if line.startswith("annals: listening "):
@@ -107,18 +161,28 @@ def main():
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", default="/tmp/annals-bench-python")
+    parser.add_argument("--postgres", action="store_true")
+    parser.add_argument("--pg-bin")
     args = parser.parse_args()
     servers = [("annals", args.annals_bin)] + ([("umadb", args.umadb_bin)] if args.umadb_bin else [])
+    cluster = None
+    if args.postgres:
+        cluster = Cluster(args.pg_bin)
+        servers.append(("annals_postgres", args.annals_bin))
     results = {kind: [] for kind, _ in servers}
-    for run in range(args.runs):
-        order = servers if run % 2 == 0 else list(reversed(servers))
-        for kind, binary in order:
-            process, url = start(kind, binary, os.path.join(args.dir, kind))
-            try:
-                results[kind].append(one_run(url, args.threads, args.seconds))
-            finally:
-                process.terminate()
-                process.wait()
+    try:
+        for run in range(args.runs):
+            order = servers if run % 2 == 0 else list(reversed(servers))
+            for kind, binary in order:
+                process, url = start(kind, binary, os.path.join(args.dir, kind), cluster)
+                try:
+                    results[kind].append(one_run(url, args.threads, args.seconds))
+                finally:
+                    process.terminate()
+                    process.wait()
+    finally:
+        if cluster:
+            cluster.stop()
     out = {"workload": "umadb_python_client_conditional_append", "client": "umadb 0.7.8 (Python)",
            "threads": args.threads, "durability": "d3", "runs": args.runs, "seconds": args.seconds}
     for kind, runs in results.items():
@@ -129,6 +193,9 @@ def main():
         out[kind] = median
     if "umadb" in out:
         out["annals_to_umadb"] = round(out["annals"]["appends_per_sec"] / max(1, out["umadb"]["appends_per_sec"]), 2)
+        if "annals_postgres" in out:
+            out["annals_postgres_to_umadb"] = round(
+                out["annals_postgres"]["appends_per_sec"] / max(1, out["umadb"]["appends_per_sec"]), 2)
     print(json.dumps(out))
 
 
