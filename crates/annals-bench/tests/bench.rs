@@ -266,3 +266,60 @@ fn exchange_bench_json_contract() {
     assert_eq!(modes, ["d0", "d3-per-order", "d2-critical", "d3-pipelined"]);
     assert!(stdout.contains("production_safe"), "{stdout}");
 }
+
+/// Goal: `annals-bench umadb` drives UmaDB's Rust client against Annals and against a server
+/// that does nothing, and with one writer gives the bound that the client's round trip and
+/// the fsync floor set; with `--postgres`, Annals serves a throwaway cluster and the figures
+/// stand beside the database's commit floor (and no fsync count is claimed).
+#[test]
+fn bench_umadb_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backends = vec![false];
+    if annals_testkit::bin_dir().is_some() || annals_testkit::required() {
+        backends.push(true);
+    }
+    for postgres in backends {
+        let mut command = bench();
+        command
+            .args(["umadb", "--writers", "1", "--seconds", "0.3", "--runs", "1"])
+            .env_remove("ANNALS_UMADB_BIN")
+            .arg("--dir")
+            .arg(dir.path());
+        if postgres {
+            command.arg("--postgres");
+        }
+        let stdout = String::from_utf8(stdout_of(&mut command)).unwrap();
+        let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        for server in ["annals", "null_server"] {
+            let s = &last[server];
+            assert!(s["appends_per_sec"].as_f64().unwrap() > 0.0, "{last}");
+            assert_eq!(s["failed_calls"], 0, "{last}");
+            assert!(s["latency_us"]["p99"].as_u64().unwrap() > 0, "{last}");
+        }
+        let floor = last["fsync_floor_per_sec"].as_f64().unwrap();
+        let bound = last["round_trip_and_fsync_bound_per_sec"].as_f64().unwrap();
+        assert!(bound > 0.0 && bound <= floor, "{last}");
+        assert!(
+            last["annals_to_round_trip_and_fsync_bound"].is_f64(),
+            "{last}"
+        );
+        if postgres {
+            assert!(
+                last["commit_floor_per_sec"].as_f64().unwrap() > 0.0,
+                "{last}"
+            );
+            assert!(last["annals_to_commit_floor"].is_f64(), "{last}");
+            assert!(
+                last["round_trip_and_commit_bound_per_sec"].is_f64(),
+                "{last}"
+            );
+            assert!(last["annals"]["appends_per_fsync"].is_null(), "{last}");
+        } else {
+            assert!(last["commit_floor_per_sec"].is_null(), "{last}");
+            assert!(
+                last["annals"]["appends_per_fsync"].as_f64().unwrap() > 0.0,
+                "{last}"
+            );
+        }
+    }
+}
