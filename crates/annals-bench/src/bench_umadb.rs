@@ -552,14 +552,17 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
     }
     let ratio = |x: f64, y: f64| (x / y.max(1.0) * 100.0).round() / 100.0;
     result["annals_to_fsync_floor"] = json!(ratio(medians[0], floor));
-    let mut commit_floor = None;
-    if let Some((before, after)) = commit_floor_before.zip(commit_floor_after) {
-        commit_floor = Some((before + after) / 2.0);
-        let commit_floor = (before + after) / 2.0;
+    let commit_floor = commit_floor_before
+        .zip(commit_floor_after)
+        .map(|(before, after)| (before + after) / 2.0);
+    if let Some(((before, after), commit)) = commit_floor_before
+        .zip(commit_floor_after)
+        .zip(commit_floor)
+    {
         result["annals_store"] = json!("postgresql (a throwaway cluster with its defaults)");
-        result["commit_floor_per_sec"] = json!(commit_floor.round());
+        result["commit_floor_per_sec"] = json!(commit.round());
         result["commit_floor_before_after_per_sec"] = json!([before.round(), after.round()]);
-        result["annals_to_commit_floor"] = json!(ratio(medians[0], commit_floor));
+        result["annals_to_commit_floor"] = json!(ratio(medians[0], commit));
     }
     if let Some(i) = peers.iter().position(|&p| p == Peer::Umadb) {
         result["annals_to_umadb"] = json!(ratio(medians[0], medians[i]));
