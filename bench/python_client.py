@@ -26,7 +26,7 @@ import uuid
 from umadb import AppendCondition, Client, Event, Query, QueryItem
 
 
-def writer(url, seconds, latencies, stop_at, errors):
+def writer(url, stop_at, latencies, errors):
     client = Client(url)
     stream = f"stream:{uuid.uuid4().hex}"
     data = b"x" * 256
@@ -127,13 +127,14 @@ def start(kind, binary, directory, cluster=None):
             time.sleep(0.02)
 
 
-def one_run(url, threads, seconds):
+def one_run(worker, url, threads, seconds, unit):
+    """`threads` threads, each running worker(url, stop_at, latencies, errors) until `seconds`
+    have passed: `unit`s per second, failed ones, the first error and latency percentiles
+    (microseconds)."""
     latencies, errors = [], []
     stop_at = time.monotonic() + seconds
-    workers = [
-        threading.Thread(target=writer, args=(url, seconds, latencies, stop_at, errors))
-        for _ in range(threads)
-    ]
+    workers = [threading.Thread(target=worker, args=(url, stop_at, latencies, errors))
+               for _ in range(threads)]
     started = time.monotonic()
     for t in workers:
         t.start()
@@ -146,24 +147,33 @@ def one_run(url, threads, seconds):
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else None
 
     return {
-        "appends_per_sec": round(len(latencies) / elapsed),
+        f"{unit}_per_sec": round(len(latencies) / elapsed),
         "failed_calls": len(errors),
+        "first_error": errors[0] if errors else None,
         "latency_us": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
                        "max": latencies[-1] if latencies else None},
     }
 
 
-def main():
+def command_line(default_dir, default_seconds):
+    """The flags every Python benchmark takes."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--annals-bin", required=True)
     parser.add_argument("--umadb-bin")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=default_seconds)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--dir", default="/tmp/annals-bench-python")
+    parser.add_argument("--dir", default=default_dir)
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--pg-bin")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def measure(args, worker, unit, out):
+    """Runs `worker` against Annals, UmaDB (--umadb-bin) and Annals on PostgreSQL (--postgres),
+    each on a fresh store, in alternated runs; adds each server's median run to `out`, with
+    every run's rate and the failures of all runs, and each Annals figure against UmaDB's.
+    Returns `out`."""
     servers = [("annals", args.annals_bin)] + ([("umadb", args.umadb_bin)] if args.umadb_bin else [])
     cluster = None
     if args.postgres:
@@ -176,27 +186,33 @@ def main():
             for kind, binary in order:
                 process, url = start(kind, binary, os.path.join(args.dir, kind), cluster)
                 try:
-                    results[kind].append(one_run(url, args.threads, args.seconds))
+                    results[kind].append(one_run(worker, url, args.threads, args.seconds, unit))
                 finally:
                     process.terminate()
                     process.wait()
     finally:
         if cluster:
             cluster.stop()
-    out = {"workload": "umadb_python_client_conditional_append", "client": "umadb 0.7.8 (Python)",
-           "threads": args.threads, "durability": "d3", "runs": args.runs, "seconds": args.seconds}
+    rate = f"{unit}_per_sec"
     for kind, runs in results.items():
-        runs.sort(key=lambda r: r["appends_per_sec"])
+        runs.sort(key=lambda r: r[rate])
         median = dict(runs[len(runs) // 2])
-        median["runs_appends_per_sec"] = [r["appends_per_sec"] for r in runs]
+        median[f"runs_{rate}"] = [r[rate] for r in runs]
         median["failed_calls"] = sum(r["failed_calls"] for r in runs)
+        median["first_error"] = next((r["first_error"] for r in runs if r["first_error"]), None)
         out[kind] = median
     if "umadb" in out:
-        out["annals_to_umadb"] = round(out["annals"]["appends_per_sec"] / max(1, out["umadb"]["appends_per_sec"]), 2)
-        if "annals_postgres" in out:
-            out["annals_postgres_to_umadb"] = round(
-                out["annals_postgres"]["appends_per_sec"] / max(1, out["umadb"]["appends_per_sec"]), 2)
-    print(json.dumps(out))
+        for kind in ("annals", "annals_postgres"):
+            if kind in out:
+                out[f"{kind}_to_umadb"] = round(out[kind][rate] / max(1, out["umadb"][rate]), 2)
+    return out
+
+
+def main():
+    args = command_line("/tmp/annals-bench-python", 10.0)
+    out = {"workload": "umadb_python_client_conditional_append", "client": "umadb 0.7.8 (Python)",
+           "threads": args.threads, "durability": "d3", "runs": args.runs, "seconds": args.seconds}
+    print(json.dumps(measure(args, writer, "appends", out)))
 
 
 if __name__ == "__main__":

@@ -60,11 +60,6 @@ fn split_load(a: SocketAddr, b: SocketAddr, seconds: f64) -> Result<f64, String>
     Ok(rate(&ra)? + rate(&rb)?)
 }
 
-/// A postgres:// URL without its database.
-fn cluster_base(url: &str) -> &str {
-    url.rsplit_once('/').map_or(url, |(base, _)| base)
-}
-
 /// Single-row insert + commit in a loop from one connection: commits per second.
 pub(crate) fn floor(url: &str, seconds: f64) -> Result<f64, String> {
     let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(|e| e.to_string())?;
@@ -195,12 +190,13 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
                 let b = start_server_on(url.as_ref(), "d3", &[])?;
                 split.push(split_load(a.http, b.http, seconds)?);
             }
-            if control {
-                let own = format!("{}/annals_control", cluster_base(&url));
-                if let Some(cluster) = &cluster {
-                    cluster.sql("DROP DATABASE IF EXISTS annals_control WITH (FORCE)");
-                    cluster.sql("CREATE DATABASE annals_control");
-                }
+            if let Some(cluster) = cluster.as_ref().filter(|_| control) {
+                cluster.sql("DROP DATABASE IF EXISTS annals_control WITH (FORCE)");
+                cluster.sql("CREATE DATABASE annals_control");
+                let own = format!(
+                    "postgres://postgres@127.0.0.1:{}/annals_control",
+                    cluster.port()
+                );
                 let b = start_server_on(own.as_ref(), "d3", &[])?;
                 separate.push(split_load(a.http, b.http, seconds)?);
             }

@@ -315,7 +315,7 @@ fn one_run(
 ) -> Result<Outcome, String> {
     let dir = args.dir.join(format!("{}-{run}", peer.name()));
     let database = match postgres {
-        Some(pg) if peer == Peer::Annals => Some(pg.fresh_database(run)?),
+        Some(pg) if peer == Peer::Annals => Some(pg.fresh_database(run)),
         _ => None,
     };
     let server = match &args.url {
@@ -479,12 +479,12 @@ impl Postgres {
     }
 
     /// A new, empty database for run `run`; its URL.
-    fn fresh_database(&self, run: usize) -> Result<String, String> {
+    fn fresh_database(&self, run: usize) -> String {
         let name = format!("annals_umadb_{run}");
         self.cluster
             .sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
         self.cluster.sql(&format!("CREATE DATABASE {name}"));
-        Ok(self.url(&name))
+        self.url(&name)
     }
 
     fn commit_floor(&self) -> Result<f64, String> {
