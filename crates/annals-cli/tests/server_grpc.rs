@@ -460,7 +460,8 @@ fn tls_with_api_key_through_umadb_client() {
 }
 
 /// Goal: UmaDB's Python client (the `umadb` package), and the Python eventsourcing library's
-/// UmaDB recorders and DCB application built on it, work against Annals unchanged. The test
+/// UmaDB persistence module built on it (recorders, applications, projections), work against
+/// Annals unchanged. The test
 /// command installs them (scripts/setup); elsewhere the test says how to.
 #[test]
 fn umadb_python_client() {

@@ -288,10 +288,10 @@ fn a_server_that_cannot_listen_says_so() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
-/// Goal: UmaDB's Python client, and the Python eventsourcing library's UmaDB recorders and DCB
-/// application, work unchanged against a server whose store is in PostgreSQL, as they do
-/// against one on files (server_grpc.rs runs the same suite there). The recorders' tests each
-/// get a fresh database of the cluster.
+/// Goal: UmaDB's Python client, and the Python eventsourcing library's UmaDB persistence
+/// module (recorders, applications, projections), work unchanged against a server whose store
+/// is in PostgreSQL, as they do against one on files (server_grpc.rs runs the same suite
+/// there). The library's tests each get a fresh database of the cluster.
 #[test]
 fn umadb_python_client_on_postgres() {
     let Some(cluster) = Cluster::start() else {

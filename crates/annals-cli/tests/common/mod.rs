@@ -153,7 +153,8 @@ impl ServerProcess {
     }
 }
 
-/// Runs tests/python (UmaDB's Python client and the eventsourcing library's recorders) with
+/// Runs tests/python (UmaDB's Python client, and the eventsourcing library's recorders,
+/// applications and projections on its UmaDB persistence module) with
 /// pytest and `env`; fails with pytest's output. Skipped, saying why, when the Python packages
 /// are missing, unless the test command requires them (ANNALS_REQUIRE_PYTHON).
 pub fn python_suite(env: &[(&str, String)]) {

@@ -1,10 +1,11 @@
-"""The Python eventsourcing library's UmaDB recorders and its DCB application, unchanged,
-against Annals.
+"""The Python eventsourcing library's UmaDB recorders, its DCB application, and its application
+and projection test cases on the UmaDB persistence module, unchanged, against Annals.
 
-The library ships test cases for every recorder; they assume an empty store, so each test here
-starts its own `annals serve` on a fresh data directory (ANNALS_BIN names the binary). When
-ANNALS_UMADB_BIN names UmaDB's own server, every test also runs against it, which shows the
-same calls pass there. When ANNALS_PG_PORT names a PostgreSQL cluster on 127.0.0.1 (and
+The library ships test cases for every recorder, for applications and for projection runners
+(which follow an application's events by subscription); they assume an empty store, so each
+test here starts its own `annals serve` on a fresh data directory (ANNALS_BIN names the
+binary). When ANNALS_UMADB_BIN names UmaDB's own server, every test also runs against it,
+which shows the same calls pass there. When ANNALS_PG_PORT names a PostgreSQL cluster on 127.0.0.1 (and
 ANNALS_PG_BIN the directory of its programs), the tests run instead against `annals serve
 --store postgres://...`, each on a fresh database of that cluster.
 """
@@ -18,9 +19,13 @@ import unittest
 from uuid import uuid4
 
 import eventsourcing.dcb.tests as dcb_tests
+import eventsourcing.tests.application as application_tests
 import eventsourcing.tests.persistence as persistence_tests
+import eventsourcing.tests.projection as projection_tests
 import umadb
 from eventsourcing.domain import event
+from eventsourcing.persistence import Tracking
+from eventsourcing.popo import POPOTrackingRecorder
 from eventsourcing.pydantic.application import DcbApplication
 from eventsourcing.pydantic.immutable import Decision
 from eventsourcing.pydantic.mutable import EnduringObject
@@ -206,9 +211,95 @@ class DcbApplicationCase(OnFreshServer):
         self.assertEqual(app.get_dog(other), {"name": "Rex", "tricks": ()})
 
 
+class OnUmaDbPersistence(OnFreshServer):
+    """The application's persistence module is the UmaDB one, on this test's server, through
+    the process environment (as the library's own suites set a persistence module), so that
+    every application a library test case constructs stores its events there. The views of
+    the projection test cases are kept in memory (`eventsourcing.popo`): they are written by
+    the projection, which follows the application's events through the server."""
+
+    ENV = {
+        "PERSISTENCE_MODULE": "eventsourcing_umadb",
+        "STUDENTEVENTCOUNTERSPROJECTION_PERSISTENCE_MODULE": "eventsourcing.popo",
+        "DECISIONCOUNTERSPROJECTION_PERSISTENCE_MODULE": "eventsourcing.popo",
+    }
+
+    def setUp(self):
+        super().setUp()
+        os.environ.update(self.ENV, UMADB_URI=self.server.url)
+        # The projection cases pass their `env` to the runner.
+        self.env = {**getattr(self, "env", {}), **self.ENV, "UMADB_URI": self.server.url}
+
+    def tearDown(self):
+        for key in [*self.ENV, "UMADB_URI"]:
+            os.environ.pop(key, None)
+        super().tearDown()
+
+
+class EventCounters(projection_tests.EventCountersView, POPOTrackingRecorder):
+    """The projection test cases' view, in memory: counters and the position tracked."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.registered = 0
+        self.name_changed = 0
+
+    def get_student_registered_counter(self):
+        return self.registered
+
+    def get_student_name_changed_counter(self):
+        return self.name_changed
+
+    def incr_student_registered_counter(self, tracking: Tracking):
+        with self._database_lock:
+            self._assert_tracking_uniqueness(tracking)
+            self._insert_tracking(tracking)
+            self.registered += 1
+
+    def incr_student_name_changed_counter(self, tracking: Tracking):
+        with self._database_lock:
+            self._assert_tracking_uniqueness(tracking)
+            self._insert_tracking(tracking)
+            self.name_changed += 1
+
+
+class ApplicationCase(OnUmaDbPersistence):
+    # Saving, reading back, and aggregates cached and fast-forwarded from the store.
+    LIBRARY_CASE = application_tests.ApplicationTestCase
+
+    def test_persistence_is_umadb(self):
+        from eventsourcing.pydantic import AggregatesApplication
+        from eventsourcing_umadb.factory import Factory
+
+        self.assertIsInstance(AggregatesApplication(env=self.env).factory, Factory)
+
+
+class AggregateProjectionCase(OnUmaDbPersistence):
+    # A projection runner following an aggregates application's events by subscription.
+    LIBRARY_CASE = projection_tests.AggregateEventCountersProjectionTestCase
+    view_class = EventCounters
+
+
+class DecisionProjectionCase(OnUmaDbPersistence):
+    # The same for a DCB application's decisions.
+    LIBRARY_CASE = projection_tests.DecisionCountersProjectionTestCase
+    view_class = EventCounters
+
+
 # One concrete test class per case and kind of server, named after both: the case's methods,
-# then the library's test case (its tests and assertions).
-for _case in (AggregateRecorderCase, ApplicationRecorderCase, DcbRecorderCase, DcbApplicationCase):
+# then the library's test case (its tests and assertions). The library's example application,
+# and its projection kept by an event-sourced application, need snapshots and a process
+# recorder, which the UmaDB persistence module does not provide (it raises
+# NotImplementedError on UmaDB's server as on ours).
+for _case in (
+    AggregateRecorderCase,
+    ApplicationRecorderCase,
+    DcbRecorderCase,
+    DcbApplicationCase,
+    ApplicationCase,
+    AggregateProjectionCase,
+    DecisionProjectionCase,
+):
     for _kind in KINDS:
         _name = f"Test{_case.__name__}On{_kind.capitalize()}"
         globals()[_name] = type(_name, (_case, _case.LIBRARY_CASE), {"KIND": _kind})
