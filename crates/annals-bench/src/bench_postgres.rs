@@ -18,11 +18,15 @@ use crate::bench_http::{run_against, start_server_on, Workload};
 
 #[derive(clap::Args)]
 pub struct PostgresArgs {
-    /// The database to measure on (libpq string or postgres:// URL). Without it, a throwaway
-    /// cluster is made with PostgreSQL's defaults (fsync on, synchronous_commit on) in a
-    /// temporary directory.
+    /// The database to measure on (a postgres:// URL). Without it, a throwaway cluster is made
+    /// with PostgreSQL's defaults (fsync on, synchronous_commit on) in a temporary directory.
     #[arg(long)]
     url: Option<String>,
+    /// With the throwaway cluster: connect over its Unix socket, as servers on the database's
+    /// machine would, instead of TCP on 127.0.0.1 (the default, what servers on other
+    /// machines pay in kind).
+    #[arg(long, conflicts_with = "url")]
+    socket: bool,
     /// Measured seconds per run.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
@@ -137,13 +141,21 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             let made = annals_testkit::Cluster::start()
                 .ok_or("PostgreSQL is not installed (run scripts/setup)")?;
             made.sql("CREATE DATABASE annals_reads");
-            let base = format!("postgres://postgres@127.0.0.1:{}", made.port());
+            let urls = (
+                made.db_url("postgres", args.socket),
+                made.db_url("annals_reads", args.socket),
+            );
             cluster = Some(made);
-            (format!("{base}/postgres"), format!("{base}/annals_reads"))
+            urls
         }
     };
     let runs = args.runs.max(1);
     let seconds = args.seconds;
+    let connection = match (&args.url, args.socket) {
+        (Some(_), _) => "as the given URL says",
+        (None, true) => "the cluster's Unix socket",
+        (None, false) => "TCP on 127.0.0.1",
+    };
     let wants = |figure: &str| args.only.is_empty() || args.only.iter().any(|f| f == figure);
     let store = Store::open_postgres(&url, Options::default()).map_err(|e| e.to_string())?;
     // One client, alternated with the floor.
@@ -193,10 +205,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             if let Some(cluster) = cluster.as_ref().filter(|_| control) {
                 cluster.sql("DROP DATABASE IF EXISTS annals_control WITH (FORCE)");
                 cluster.sql("CREATE DATABASE annals_control");
-                let own = format!(
-                    "postgres://postgres@127.0.0.1:{}/annals_control",
-                    cluster.port()
-                );
+                let own = cluster.db_url("annals_control", args.socket);
                 let b = start_server_on(own.as_ref(), "d3", &[])?;
                 separate.push(split_load(a.http, b.http, seconds)?);
             }
@@ -217,6 +226,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         };
         return Ok(json!({
             "bench": "postgres-partial",
+            "connection": connection,
             "commit_floor_per_sec": floor_rate.round(),
             "one_client_conditional_per_sec": figure(&one),
             "one_client_ratio_to_floor": if one.is_empty() { Value::Null } else { round(median(one.clone()) / floor_rate).into() },
@@ -255,6 +265,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     Ok(json!({
         "bench": "postgres",
         "durability": "d3 (committed by PostgreSQL, synchronous_commit as configured)",
+        "connection": connection,
         "seconds": seconds,
         "runs": runs,
         "commit_floor_per_sec": floor_rate.round(),

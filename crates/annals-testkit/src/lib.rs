@@ -268,7 +268,13 @@ impl Cluster {
         writeln!(file, "\n# set by the test").unwrap();
         writeln!(file, "port = {}", self.port).unwrap();
         writeln!(file, "listen_addresses = '127.0.0.1'").unwrap();
-        writeln!(file, "unix_socket_directories = ''").unwrap();
+        // Its Unix socket in its own directory (see `Cluster::socket_url`), not the system's.
+        writeln!(
+            file,
+            "unix_socket_directories = '{}'",
+            self.dir.path().display()
+        )
+        .unwrap();
         for line in settings {
             writeln!(file, "{line}").unwrap();
         }
@@ -297,6 +303,36 @@ impl Cluster {
             "host=127.0.0.1 port={} user=postgres dbname=postgres",
             self.port
         )
+    }
+
+    /// A URL for database `db` over the cluster's Unix socket, as a client on the database's
+    /// machine connects (libpq's default there): the socket's directory, percent-encoded, is
+    /// the host.
+    pub fn socket_url(&self, db: &str) -> String {
+        let dir: String = self
+            .dir
+            .path()
+            .display()
+            .to_string()
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        format!("postgres://postgres@{dir}:{}/{db}", self.port)
+    }
+
+    /// A URL for database `db`: over the Unix socket ([`Cluster::socket_url`]) or TCP on
+    /// 127.0.0.1.
+    pub fn db_url(&self, db: &str, socket: bool) -> String {
+        if socket {
+            self.socket_url(db)
+        } else {
+            format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+        }
     }
 
     pub fn port(&self) -> u16 {

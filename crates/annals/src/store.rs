@@ -363,6 +363,35 @@ pub fn is_database_url(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
 }
 
+/// Whether `location` reads as libpq's other form of connection string, `key=value` pairs
+/// (`host=db1 dbname=annals`): every word a pair whose key is one of libpq's. Such a string
+/// given where a store is expected is refused as a directory, rather than made into one.
+fn is_key_value_connection_string(location: &str) -> bool {
+    const KEYS: &[&str] = &[
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "sslmode",
+        "sslrootcert",
+        "application_name",
+        "connect_timeout",
+        "options",
+        "target_session_attrs",
+        "keepalives",
+        "channel_binding",
+    ];
+    let mut words = location.split_whitespace().peekable();
+    words.peek().is_some()
+        && words.all(|w| {
+            w.split_once('=')
+                .is_some_and(|(key, _)| KEYS.contains(&key))
+        })
+}
+
 /// Per-append options.
 #[derive(Debug, Clone, Default)]
 pub struct AppendOptions {
@@ -438,7 +467,21 @@ impl Store {
 
     /// Opens (creating if needed) the store in `dir`. A D0 store lives in memory only and
     /// ignores `dir`.
+    /// A directory whose name reads as a libpq `key=value` connection string is refused: a
+    /// database is given as a URL (see [`Store::open_location`]).
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store, StoreError> {
+        if let Some(name) = dir
+            .as_ref()
+            .to_str()
+            .filter(|d| is_key_value_connection_string(d))
+        {
+            return Err(StoreError::InvalidOption(format!(
+                "{name:?} reads as a PostgreSQL connection string of key=value pairs, not a \
+                 directory; give the database as a URL, postgres://user@host:port/dbname (a Unix \
+                 socket's directory percent-encoded as the host, as in \
+                 postgres://user@%2Fvar%2Frun%2Fpostgresql/dbname)"
+            )));
+        }
         if options.durability == Durability::Memory {
             return Self::open_with_io(Arc::new(SimIo::memory()), dir.as_ref(), options);
         }

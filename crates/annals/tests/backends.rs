@@ -939,3 +939,59 @@ fn companion_files_live_with_the_log() {
         }
     });
 }
+
+/// Goal: a store reaches its database over a Unix socket when the URL's host is the socket's
+/// directory, percent-encoded, as servers on the database's machine connect; and a libpq
+/// `key=value` connection string given where a store's location is expected is refused with a
+/// clear message rather than made into a directory of that name.
+#[test]
+fn the_database_over_its_unix_socket() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = cluster.socket_url("postgres");
+    assert!(url.starts_with("postgres://postgres@%2F"), "{url}");
+    let store = Store::open_location(&url, small_options()).unwrap();
+    append_numbered(&store, 0..3, |i| format!("n:{i}"));
+    assert_eq!(store.head(), 3);
+    // Every session of the store's (application annals) came over the socket: no client
+    // address.
+    assert_eq!(
+        cluster.sql_value(
+            "SELECT count(*) FILTER (WHERE client_addr IS NULL) || '/' || count(*) \
+             FROM pg_stat_activity WHERE application_name = 'annals'"
+        ),
+        "2/2",
+        "the committer's session and the listener's"
+    );
+    store.close().unwrap();
+
+    let tcp = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        cluster.port()
+    );
+    for given in [
+        tcp.as_str(),
+        "dbname=annals",
+        "host=/var/run/postgresql dbname=annals",
+    ] {
+        let refused = match Store::open_location(given, small_options()) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{given:?} was opened as a directory"),
+        };
+        assert!(
+            refused.contains("reads as a PostgreSQL connection string")
+                && refused.contains("postgres://"),
+            "{refused}"
+        );
+        assert!(!Path::new(given).exists(), "{given:?} was created");
+    }
+    // A directory whose name merely contains '=' is still a directory.
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("run=1");
+    Store::open(&plain, small_options())
+        .unwrap()
+        .close()
+        .unwrap();
+    assert!(plain.join("LOCK").exists());
+}
