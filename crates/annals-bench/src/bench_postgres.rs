@@ -142,8 +142,8 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
                 .ok_or("PostgreSQL is not installed (run scripts/setup)")?;
             made.sql("CREATE DATABASE annals_reads");
             let urls = (
-                made.db_url("postgres", args.socket),
-                made.db_url("annals_reads", args.socket),
+                made.db_url("postgres", args.socket)?,
+                made.db_url("annals_reads", args.socket)?,
             );
             cluster = Some(made);
             urls
@@ -205,7 +205,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             if let Some(cluster) = cluster.as_ref().filter(|_| control) {
                 cluster.sql("DROP DATABASE IF EXISTS annals_control WITH (FORCE)");
                 cluster.sql("CREATE DATABASE annals_control");
-                let own = cluster.db_url("annals_control", args.socket);
+                let own = cluster.db_url("annals_control", args.socket)?;
                 let b = start_server_on(own.as_ref(), "d3", &[])?;
                 separate.push(split_load(a.http, b.http, seconds)?);
             }

@@ -268,13 +268,14 @@ impl Cluster {
         writeln!(file, "\n# set by the test").unwrap();
         writeln!(file, "port = {}", self.port).unwrap();
         writeln!(file, "listen_addresses = '127.0.0.1'").unwrap();
-        // Its Unix socket in its own directory (see `Cluster::socket_url`), not the system's.
-        writeln!(
-            file,
-            "unix_socket_directories = '{}'",
-            self.dir.path().display()
-        )
-        .unwrap();
+        // Its Unix socket in its own directory (see `Cluster::socket_url`), not the system's;
+        // none when the directory's path is too long for a socket's.
+        let sockets = if self.socket_fits() {
+            self.dir.path().display().to_string()
+        } else {
+            String::new()
+        };
+        writeln!(file, "unix_socket_directories = '{sockets}'").unwrap();
         for line in settings {
             writeln!(file, "{line}").unwrap();
         }
@@ -305,10 +306,19 @@ impl Cluster {
         )
     }
 
+    /// Whether the socket's path (the directory, `/.s.PGSQL.` and the port) fits the 107 bytes
+    /// a Unix socket's path may have.
+    fn socket_fits(&self) -> bool {
+        self.dir.path().as_os_str().len() + "/.s.PGSQL.65535".len() <= 107
+    }
+
     /// A URL for database `db` over the cluster's Unix socket, as a client on the database's
     /// machine connects (libpq's default there): the socket's directory, percent-encoded, is
-    /// the host.
-    pub fn socket_url(&self, db: &str) -> String {
+    /// the host. None when the cluster has no socket (its directory's path is too long).
+    pub fn socket_url(&self, db: &str) -> Option<String> {
+        if !self.socket_fits() {
+            return None;
+        }
         let dir: String = self
             .dir
             .path()
@@ -322,16 +332,21 @@ impl Cluster {
                 _ => format!("%{b:02X}"),
             })
             .collect();
-        format!("postgres://postgres@{dir}:{}/{db}", self.port)
+        Some(format!("postgres://postgres@{dir}:{}/{db}", self.port))
     }
 
     /// A URL for database `db`: over the Unix socket ([`Cluster::socket_url`]) or TCP on
     /// 127.0.0.1.
-    pub fn db_url(&self, db: &str, socket: bool) -> String {
+    pub fn db_url(&self, db: &str, socket: bool) -> Result<String, String> {
         if socket {
-            self.socket_url(db)
+            self.socket_url(db).ok_or_else(|| {
+                format!(
+                    "the cluster in {} has no Unix socket: its path is too long",
+                    self.dir.path().display()
+                )
+            })
         } else {
-            format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+            Ok(format!("postgres://postgres@127.0.0.1:{}/{db}", self.port))
         }
     }
 
