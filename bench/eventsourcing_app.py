@@ -17,47 +17,10 @@ import os
 import random
 import sys
 import time
-from uuid import uuid4
-
-from eventsourcing.domain import event
-from eventsourcing.pydantic.application import DcbApplication
-from eventsourcing.pydantic.immutable import Decision
-from eventsourcing.pydantic.mutable import EnduringObject
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dog_school import School  # noqa: E402
 from python_client import command_line, measure  # noqa: E402
-
-
-class Dog(EnduringObject):
-    class Registered(Decision):
-        dog_id: str
-        name: str
-
-    class TrickAdded(Decision):
-        dog_id: str
-        trick: str
-
-    @event(Registered)
-    def __init__(self, *, dog_id: str, name: str) -> None:
-        self.id = dog_id
-        self.name = name
-        self.tricks: list[str] = []
-
-    @event(TrickAdded)
-    def add_trick(self, trick: str) -> None:
-        self.tricks.append(trick)
-
-
-class School(DcbApplication):
-    def register(self, name):
-        dog = Dog(dog_id=str(uuid4()), name=name)
-        self.repository.save(dog)
-        return dog.id
-
-    def teach(self, dog_id, trick):
-        dog = self.repository.get(dog_id, Dog)
-        dog.add_trick(trick)
-        self.repository.save(dog)
 
 
 def worker(url, stop_at, latencies, errors):
