@@ -51,8 +51,25 @@ fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// Before a figure is measured: asks the database for a checkpoint, then writes out every
+/// dirty page of the machine, so that no figure pays for another's. With its defaults
+/// (max_wal_size 1 GB) PostgreSQL checkpoints every 20-30 s under these loads, writing its
+/// dirty buffers and syncing its files; and a store's mirror (and the file store) write to
+/// the page cache, which the kernel writes back some 30 s later (hundreds of MB after 64
+/// writers of 512 events). Either, in the middle of a figure, competes with the fsyncs its
+/// commits wait for. A database that refuses the checkpoint (a role without the right, with
+/// --url) is measured as it is.
+fn settle(url: &str) {
+    if let Ok(mut client) = postgres::Client::connect(url, postgres::NoTls) {
+        let _ = client.batch_execute("CHECKPOINT");
+    }
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
 /// 64 HTTP connections' conditional appends, 32 to each server at once: appends per second.
-fn split_load(a: SocketAddr, b: SocketAddr, seconds: f64) -> Result<f64, String> {
+fn split_load(url: &str, a: SocketAddr, b: SocketAddr, seconds: f64) -> Result<f64, String> {
+    settle(url);
     let (ra, rb) = std::thread::scope(|scope| {
         let x = scope.spawn(move || run_against(a, Workload::Conditional, 32, seconds, 1, 0));
         let y = scope.spawn(move || run_against(b, Workload::Conditional, 32, seconds, 1, 0));
@@ -66,6 +83,7 @@ fn split_load(a: SocketAddr, b: SocketAddr, seconds: f64) -> Result<f64, String>
 
 /// Single-row insert + commit in a loop from one connection: commits per second.
 pub(crate) fn floor(url: &str, seconds: f64) -> Result<f64, String> {
+    settle(url);
     let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(|e| e.to_string())?;
     client
         .batch_execute("CREATE TABLE IF NOT EXISTS annals_bench_floor (n bigint)")
@@ -163,6 +181,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     for run in 0..runs {
         floors.push(floor(&url, seconds)?);
         if wants("one") {
+            settle(&url);
             let (rate, p99) = appends(&store, 1, 1, seconds, run);
             one.push(rate);
             one_p99.push(p99 as f64);
@@ -172,6 +191,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     let (mut wide, mut wide_p99) = (Vec::new(), Vec::new());
     for run in 0..runs {
         if wants("wide") {
+            settle(&url);
             let (rate, p99) = appends(&store, 64, 512, seconds, 100 + run);
             wide.push(rate * 512.0);
             wide_p99.push(p99 as f64);
@@ -192,6 +212,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         let a = start_server_on(url.as_ref(), "d3", &[])?;
         for _ in 0..runs {
             if wants("http") {
+                settle(&url);
                 let one = run_against(a.http, Workload::Conditional, 64, seconds, 1, 0)?;
                 one_rates.push(one["requests_per_sec"].as_f64().unwrap_or(0.0));
                 let p99 = &one["operations"]["conditional_append"]["latency_ms"]["p99"];
@@ -200,14 +221,14 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             }
             if wants("two") {
                 let b = start_server_on(url.as_ref(), "d3", &[])?;
-                split.push(split_load(a.http, b.http, seconds)?);
+                split.push(split_load(&url, a.http, b.http, seconds)?);
             }
             if let Some(cluster) = cluster.as_ref().filter(|_| control) {
                 cluster.sql("DROP DATABASE IF EXISTS annals_control WITH (FORCE)");
                 cluster.sql("CREATE DATABASE annals_control");
                 let own = cluster.db_url("annals_control", args.socket)?;
                 let b = start_server_on(own.as_ref(), "d3", &[])?;
-                separate.push(split_load(a.http, b.http, seconds)?);
+                separate.push(split_load(&url, a.http, b.http, seconds)?);
             }
         }
     }
@@ -245,12 +266,14 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     }
     // Selective reads over HTTP: PostgreSQL, then files, each preloaded alike.
     let reader = start_server_on(reads_url.as_ref(), "d3", &[])?;
+    settle(&reads_url);
     let pg_reads = run_against(reader.http, Workload::Read, 64, seconds, runs, 100_000)?;
     drop(reader);
     if args.dir.exists() {
         std::fs::remove_dir_all(&args.dir).map_err(|e| e.to_string())?;
     }
     let files = start_server_on(args.dir.as_os_str(), "d3", &[])?;
+    settle(&reads_url);
     let file_reads = run_against(files.http, Workload::Read, 64, seconds, runs, 100_000)?;
     drop(files);
     let one_rate = median(one.clone());
