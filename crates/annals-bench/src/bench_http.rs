@@ -728,9 +728,16 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
         .map_err(|e| e.to_string())?;
     let mut own = None;
     let mut fsync_floor = None;
+    // Distinct for two loads started in the same microsecond by one process (the two-server
+    // figure starts two at once): shared keys would make half their appends fail their
+    // conditions, answered without a commit, and counted.
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let started = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 64;
     let run_id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64);
+        .map_or(0, |d| d.as_micros() as u64)
+        .wrapping_mul(64)
+        .wrapping_add(started);
     let target = match &args.url {
         Some(url) => Target {
             run_id,
@@ -784,7 +791,7 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
     for run in 0..args.runs.max(1) {
         // Each run claims condition keys of its own, so no run meets another's events.
         let target = Arc::new(Target {
-            run_id: target.run_id * 100 + run as u64,
+            run_id: target.run_id.wrapping_mul(100).wrapping_add(run as u64),
             http: target.http,
             grpc: target.grpc,
             api_key: target.api_key.clone(),

@@ -47,6 +47,14 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// The median of latencies in milliseconds, to the microsecond; null when none were measured.
+fn figure_ms(values: &[f64]) -> Value {
+    if values.is_empty() {
+        return Value::Null;
+    }
+    ((median(values.to_vec()) * 1000.0).round() / 1000.0).into()
+}
+
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
@@ -67,18 +75,51 @@ fn settle(url: &str) {
     unsafe { libc::sync() };
 }
 
-/// 64 HTTP connections' conditional appends, 32 to each server at once: appends per second.
-fn split_load(url: &str, a: SocketAddr, b: SocketAddr, seconds: f64) -> Result<f64, String> {
+/// What the load split over two servers made.
+struct Split {
+    /// Appends per second, both servers together.
+    rate: f64,
+    /// Appends refused.
+    errors: f64,
+    /// The latency of the server whose clients waited longer.
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+/// 64 HTTP connections' conditional appends, 32 to each server at once.
+fn split_load(url: &str, a: SocketAddr, b: SocketAddr, seconds: f64) -> Result<Split, String> {
     settle(url);
     let (ra, rb) = std::thread::scope(|scope| {
         let x = scope.spawn(move || run_against(a, Workload::Conditional, 32, seconds, 1, 0));
         let y = scope.spawn(move || run_against(b, Workload::Conditional, 32, seconds, 1, 0));
         (x.join().unwrap(), y.join().unwrap())
     });
-    let rate = |v: &Result<Value, String>| -> Result<f64, String> {
-        Ok(v.as_ref()?["requests_per_sec"].as_f64().unwrap_or(0.0))
+    let rate = |v: &Result<Value, String>| -> Result<(f64, f64, f64, f64), String> {
+        let v = v.as_ref()?;
+        // The workload's conditions never fail: a conflict is keys shared by mistake, and
+        // conflicts are answered without a commit, so they would inflate the figure.
+        let conflicts = v["conflicts"].as_u64().unwrap_or(0);
+        if conflicts > 0 {
+            return Err(format!(
+                "{conflicts} appends of the two-server load failed their conditions, which \
+                 never fail: the loads shared keys"
+            ));
+        }
+        let latency = &v["operations"]["conditional_append"]["latency_ms"];
+        Ok((
+            v["requests_per_sec"].as_f64().unwrap_or(0.0),
+            v["errors"].as_f64().unwrap_or(0.0),
+            latency["p99"].as_f64().unwrap_or(f64::NAN),
+            latency["max"].as_f64().unwrap_or(f64::NAN),
+        ))
     };
-    Ok(rate(&ra)? + rate(&rb)?)
+    let (a, b) = (rate(&ra)?, rate(&rb)?);
+    Ok(Split {
+        rate: a.0 + b.0,
+        errors: a.1 + b.1,
+        p99_ms: a.2.max(b.2),
+        max_ms: a.3.max(b.3),
+    })
 }
 
 /// Single-row insert + commit in a loop from one connection: commits per second.
@@ -207,6 +248,8 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     // beyond the control is the cost of sharing the log; the rest is two servers on two cores.
     let (mut one_rates, mut one_p99s, mut one_errors, mut split, mut separate) =
         (Vec::new(), Vec::new(), 0.0, Vec::new(), Vec::new());
+    let (mut split_errors, mut separate_errors) = (0.0, 0.0);
+    let (mut split_p99, mut split_max) = (Vec::new(), Vec::new());
     let control = cluster.is_some() && wants("separate");
     if wants("http") || wants("two") || control {
         let a = start_server_on(url.as_ref(), "d3", &[])?;
@@ -221,14 +264,20 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             }
             if wants("two") {
                 let b = start_server_on(url.as_ref(), "d3", &[])?;
-                split.push(split_load(&url, a.http, b.http, seconds)?);
+                let two = split_load(&url, a.http, b.http, seconds)?;
+                split.push(two.rate);
+                split_errors += two.errors;
+                split_p99.push(two.p99_ms);
+                split_max.push(two.max_ms);
             }
             if let Some(cluster) = cluster.as_ref().filter(|_| control) {
                 cluster.sql("DROP DATABASE IF EXISTS annals_control WITH (FORCE)");
                 cluster.sql("CREATE DATABASE annals_control");
                 let own = cluster.db_url("annals_control", args.socket)?;
                 let b = start_server_on(own.as_ref(), "d3", &[])?;
-                separate.push(split_load(&url, a.http, b.http, seconds)?);
+                let two = split_load(&url, a.http, b.http, seconds)?;
+                separate.push(two.rate);
+                separate_errors += two.errors;
             }
         }
     }
@@ -257,6 +306,16 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             "http64_conditional_per_sec": figure(&one_rates),
             "two_servers_http64_per_sec": figure(&split),
             "two_servers_runs": split.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "two_servers_errors": split_errors,
+        "two_servers_p99_ms": figure_ms(&split_p99),
+        "two_servers_max_ms": figure_ms(&split_max),
+        "two_separate_errors": separate_errors,
+            "two_servers_errors": split_errors,
+        "two_servers_p99_ms": figure_ms(&split_p99),
+        "two_servers_max_ms": figure_ms(&split_max),
+            "two_servers_p99_ms": figure_ms(&split_p99),
+            "two_servers_max_ms": figure_ms(&split_max),
+            "two_separate_errors": separate_errors,
             "two_servers_ratio_to_one": if split.is_empty() || one_rates.is_empty() { Value::Null } else { round(median(split.clone()) / http_rate).into() },
             "two_separate_http64_per_sec": figure(&separate),
             "two_separate_runs": separate.iter().map(|r| r.round()).collect::<Vec<_>>(),
@@ -307,6 +366,10 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         "http64_ratio_to_floor": round(http_rate / floor_rate),
         "two_servers_http64_per_sec": split_rate.round(),
         "two_servers_runs": split.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "two_servers_errors": split_errors,
+        "two_servers_p99_ms": figure_ms(&split_p99),
+        "two_servers_max_ms": figure_ms(&split_max),
+        "two_separate_errors": separate_errors,
         "two_servers_ratio_to_one": round(split_rate / http_rate),
         "two_separate_http64_per_sec": separate_rate.round(),
         "two_separate_runs": separate.iter().map(|r| r.round()).collect::<Vec<_>>(),

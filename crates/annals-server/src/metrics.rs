@@ -281,6 +281,12 @@ impl Metrics {
                     db.conflicts,
                 ),
                 (
+                    "annals_database_passed_total",
+                    "PostgreSQL: retries of groups that went in right after another server's \
+                     appends, which did not matter to their conditions.",
+                    db.passed,
+                ),
+                (
                     "annals_database_followed_total",
                     "PostgreSQL: appends of other servers taken into this server's log.",
                     db.followed,

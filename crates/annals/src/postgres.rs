@@ -11,19 +11,22 @@
 //! commit.
 //!
 //! The database holds two tables (created on first use; see `SCHEMA`): `annals_appends`, one
-//! row per append (its first and last position, its append time and its events encoded exactly
-//! as in a segment's record body, tracking trailer included), keyed by its first position, and
-//! `annals_schema`, the schema's version. A third, `annals_companions` (kind, name, bytes),
-//! holds read models' checkpoints and the exchange's snapshots (companions.rs); it is created
-//! by the first server that writes one and is not part of the log's schema version.
+//! row per append (its first and last position, its append time, its events encoded exactly
+//! as in a segment's record body, tracking trailer included, and its keys), keyed by its first
+//! position, and `annals_schema`, the schema's version. A third, `annals_companions` (kind,
+//! name, bytes), holds read models' checkpoints and the exchange's snapshots (companions.rs);
+//! it is created by the first server that writes one and is not part of the log's schema
+//! version.
 //!
 //! A group commits with one statement, run outside an explicit transaction (so one round trip
 //! and the statement's own commit): it inserts the group's first row unless a row already
 //! starts at that position, and the others only if the first went in. The key serialises
 //! writers on every server: a group starts right after the last position its server holds, so
 //! a concurrent group from the same head waits for the other's key, then finds it taken and
-//! inserts nothing, and a group from a stale head finds the row that follows it. Its server
-//! then reads what the others committed, checks its appends again and retries. A row starting
+//! inserts nothing, and a group from a stale head finds the row that follows it. Its retry
+//! ([`PASS_FUNCTION`]) reads in the database what the others committed, and goes in right
+//! after it when none of those appends holds a key the group's checks concern; otherwise its
+//! server reads them, checks its appends again and retries. A row starting
 //! at position p + 1 is written only by a server that has read the row ending at p, so
 //! committed rows always form a dense prefix of positions, committed in order, any snapshot of
 //! the table is gapless, and a condition is checked against every append committed before it,
@@ -32,9 +35,10 @@
 //! Nothing here needs locking of PostgreSQL's own (advisory locks, `SELECT ... FOR UPDATE`,
 //! serializable isolation): a unique key, which PostgreSQL-compatible distributed databases
 //! also offer. The PostgreSQL-only parts are `ON CONFLICT DO NOTHING` (an insert that skips a
-//! taken key rather than fail; elsewhere, a unique violation would be the lost race), and
+//! taken key rather than fail; elsewhere, a unique violation would be the lost race),
 //! `pg_notify` in the commit with `LISTEN` on a second connection, a wake-up for followers
-//! whose correctness never depends on it (they also poll).
+//! whose correctness never depends on it (they also poll), and the retry's PL/pgSQL function
+//! (elsewhere, the server's own read and check, which it falls back on anyway).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -55,7 +59,7 @@ use crate::store::Shared;
 use crate::writer::{checked, now_us, Reply, ReplyTo, Request, WriterRole};
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The statements that create the schema; each is idempotent.
 const SCHEMA: &[&str] = &[
@@ -71,8 +75,9 @@ const SCHEMA: &[&str] = &[
         first_position bigint PRIMARY KEY,
         last_position bigint NOT NULL,
         appended_at_us bigint NOT NULL,
-        body bytea COMPRESSION lz4 NOT NULL)",
-    "INSERT INTO annals_schema (id, version) VALUES (1, 2) ON CONFLICT (id) DO NOTHING",
+        body bytea COMPRESSION lz4 NOT NULL,
+        keys bigint[])",
+    "INSERT INTO annals_schema (id, version) VALUES (1, 3) ON CONFLICT (id) DO NOTHING",
 ];
 
 /// The table of appends on a server without lz4 compression.
@@ -80,7 +85,8 @@ const APPENDS_PLAIN: &str = "CREATE TABLE IF NOT EXISTS annals_appends (
         first_position bigint PRIMARY KEY,
         last_position bigint NOT NULL,
         appended_at_us bigint NOT NULL,
-        body bytea NOT NULL)";
+        body bytea NOT NULL,
+        keys bigint[])";
 
 /// From version 1, which kept the head in a row of its own, moved by compare in each commit:
 /// the first position's key serialises writers as well, for less work per commit.
@@ -90,13 +96,21 @@ const MIGRATE_FROM_1: &str = "BEGIN;
     UPDATE annals_schema SET version = 2 WHERE id = 1 AND version = 1;
     COMMIT";
 
+/// From version 2: each row also holds its append's keys (see [`PASS_FUNCTION`]). Rows
+/// written before, or by servers of version 2 still running, hold none (NULL), which every
+/// probe counts as a match.
+const MIGRATE_FROM_2: &str = "BEGIN;
+    ALTER TABLE annals_appends ADD COLUMN IF NOT EXISTS keys bigint[];
+    UPDATE annals_schema SET version = 3 WHERE id = 1 AND version = 2;
+    COMMIT";
+
 /// A group of one append: inserts its row unless a row already starts at its first position
 /// (another server committed first). Answers the rows inserted (0 or 1). The notification
 /// says the new head and which server committed ($5), so that a server's listener passes over
 /// its own commits; it is a wake-up only, and a spurious one (after a lost race) costs a look.
 const COMMIT_ONE: &str =
-    "INSERT INTO annals_appends (first_position, last_position, appended_at_us, body)
-    SELECT $1, $2, $3, $4
+    "INSERT INTO annals_appends (first_position, last_position, appended_at_us, body, keys)
+    SELECT $1, $2, $3, $4, $6
     FROM (SELECT pg_notify('annals_appended', $2::int8::text || ' ' || $5::int8::text)) AS wake
     ON CONFLICT (first_position) DO NOTHING";
 
@@ -104,16 +118,95 @@ const COMMIT_ONE: &str =
 /// in. They cannot collide once it did: a row starting later was written by a server that had
 /// read a row covering the first one's position. Answers the rows inserted.
 const COMMIT_GROUP: &str = "WITH lead AS (
-        INSERT INTO annals_appends (first_position, last_position, appended_at_us, body)
-        VALUES ($1, $2, $3, $4) ON CONFLICT (first_position) DO NOTHING RETURNING 1
+        INSERT INTO annals_appends (first_position, last_position, appended_at_us, body, keys)
+        VALUES ($1, $2, $3, $4, $11) ON CONFLICT (first_position) DO NOTHING RETURNING 1
     ), rest AS (
-        INSERT INTO annals_appends (first_position, last_position, appended_at_us, body)
-        SELECT f, l, t, b FROM unnest($5::int8[], $6::int8[], $7::int8[], $8::bytea[]) AS a(f, l, t, b)
+        INSERT INTO annals_appends (first_position, last_position, appended_at_us, body, keys)
+        SELECT f, l, t, b, CASE WHEN kf IS NULL THEN NULL ELSE ($12::int8[])[kf:kt] END
+        FROM unnest($5::int8[], $6::int8[], $7::int8[], $8::bytea[], $13::int4[], $14::int4[])
+            AS a(f, l, t, b, kf, kt)
         WHERE EXISTS (SELECT 1 FROM lead) RETURNING 1
     )
     SELECT (SELECT count(*) FROM lead) + (SELECT count(*) FROM rest),
         (SELECT pg_notify('annals_appended', $9::int8::text || ' ' || $10::int8::text)
          WHERE EXISTS (SELECT 1 FROM lead))";
+
+/// The retry of a group that lost a race, in one call (replaced at every open, so that it is
+/// this build's). The group was checked against its server's log up to `head`, and its
+/// appends' positions (`firsts`, `lasts`) follow `head`; a row's keys are
+/// `keys[key_from:key_to]`, none where those are NULL.
+///
+/// It inserts the group as [`COMMIT_GROUP`] does. When the first position is taken, it reads,
+/// with a snapshot of its own (each statement of a VOLATILE function takes one at read
+/// committed), what was committed after the position it tried, and compares each row's keys
+/// with the group's `probe`: the keys a row must hold to matter to one of the group's
+/// conditions or tracking positions. When none does, it tries again right after those rows,
+/// its positions moved by as much, without the round trip to the server that a read and a
+/// second check would take; otherwise (or after 8 tries, or 256 rows) it gives up, and the
+/// server reads and checks the group again itself. A NULL probe gives up at the first row
+/// taken; a row with NULL keys matches every probe but an empty one.
+///
+/// Answers the rows it passed over (body not NULL), for the server's mirror, then one row
+/// whose body is NULL: how far the group's positions moved and how many rows it inserted
+/// (0: it gave up).
+const PASS_FUNCTION: &str = "CREATE OR REPLACE FUNCTION annals_commit_after(
+        head bigint, probe bigint[], firsts bigint[], lasts bigint[], times bigint[],
+        bodies bytea[], keys bigint[], key_from integer[], key_to integer[], server bigint)
+    RETURNS TABLE (o_first bigint, o_last bigint, o_at bigint, o_body bytea)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        at bigint := head;
+        inserted bigint;
+        passed integer := 0;
+        r record;
+    BEGIN
+        FOR attempt IN 1..8 LOOP
+            INSERT INTO annals_appends (first_position, last_position, appended_at_us, body, keys)
+            VALUES (firsts[1] + at - head, lasts[1] + at - head, times[1], bodies[1],
+                CASE WHEN key_from[1] IS NULL THEN NULL ELSE keys[key_from[1]:key_to[1]] END)
+            ON CONFLICT (first_position) DO NOTHING;
+            GET DIAGNOSTICS inserted = ROW_COUNT;
+            IF inserted = 1 THEN
+                IF cardinality(firsts) > 1 THEN
+                    INSERT INTO annals_appends
+                        (first_position, last_position, appended_at_us, body, keys)
+                    SELECT f + at - head, l + at - head, t, b,
+                        CASE WHEN kf IS NULL THEN NULL ELSE keys[kf:kt] END
+                    FROM unnest(firsts[2:], lasts[2:], times[2:], bodies[2:], key_from[2:],
+                        key_to[2:]) AS x(f, l, t, b, kf, kt);
+                    GET DIAGNOSTICS inserted = ROW_COUNT;
+                    inserted := inserted + 1;
+                END IF;
+                PERFORM pg_notify('annals_appended',
+                    (lasts[cardinality(lasts)] + at - head)::text || ' ' || server::text);
+                RETURN QUERY SELECT at - head, inserted, NULL::bigint, NULL::bytea;
+                RETURN;
+            END IF;
+            FOR r IN SELECT a.first_position, a.last_position, a.appended_at_us, a.body, a.keys
+                FROM annals_appends a WHERE a.first_position > at
+                ORDER BY a.first_position LIMIT 256 - passed
+            LOOP
+                IF r.first_position <> at + 1 OR probe IS NULL
+                    OR (cardinality(probe) > 0 AND (r.keys IS NULL OR r.keys && probe)) THEN
+                    RETURN QUERY SELECT at - head, 0::bigint, NULL::bigint, NULL::bytea;
+                    RETURN;
+                END IF;
+                RETURN QUERY SELECT r.first_position, r.last_position, r.appended_at_us, r.body;
+                at := r.last_position;
+                passed := passed + 1;
+            END LOOP;
+            EXIT WHEN passed >= 256;
+        END LOOP;
+        RETURN QUERY SELECT at - head, 0::bigint, NULL::bigint, NULL::bytea;
+    END $fn$";
+
+/// Calls [`PASS_FUNCTION`].
+const COMMIT_AFTER: &str = "SELECT o_first, o_last, o_at, o_body FROM annals_commit_after(
+    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// Keys an append's row holds at most; one with more holds none (NULL), and so matches every
+/// probe: passing over is an optimisation, and a large append is rarely passed over.
+const KEYS_MAX: usize = 64;
 
 /// The last position committed (no row: none).
 const HEAD: &str = "SELECT last_position FROM annals_appends ORDER BY first_position DESC LIMIT 1";
@@ -124,9 +217,14 @@ const FETCH: &str = "SELECT first_position, last_position, appended_at_us, body 
 /// Rows fetched per round trip while following the database.
 const FETCH_ROWS: i64 = 2048;
 
-/// Attempts at committing one group (each after a lost race or a serialization failure)
-/// before its appends are refused as unavailable.
-const ATTEMPTS_MAX: u32 = 100;
+/// How long a group goes on trying while other servers' commits take its position first (or
+/// the database rolls it back as a serialization failure) before its appends are refused as
+/// unavailable. Each lost race is another server's progress. Two busy servers, each with a
+/// group always in flight, can make one lose a hundred races in a row: the winner's next group
+/// needs no read, the loser's retry does. A limit of 100 tries refused a group of 32 appends
+/// in about half of the benchmark's two-server runs (2026-11-26), appends that later tries
+/// would have committed.
+const RACING_MAX: Duration = Duration::from_secs(10);
 
 /// Appends committed with one statement at most.
 const GROUP_APPENDS_MAX: usize = 4096;
@@ -154,6 +252,9 @@ pub(crate) struct RemoteCounters {
     pub(crate) commits: AtomicU64,
     /// Group commits that found the head moved by another server and were checked again.
     pub(crate) conflicts: AtomicU64,
+    /// Retries of groups that went in right after other servers' appends, none of which
+    /// mattered to the group's checks.
+    pub(crate) passed: AtomicU64,
     /// Appends of other servers taken into this one's log.
     pub(crate) followed: AtomicU64,
     pub(crate) reconnects: AtomicU64,
@@ -287,6 +388,7 @@ impl Remote {
         crate::store::DatabaseStats {
             commits: c.commits.load(Ordering::Relaxed),
             conflicts: c.conflicts.load(Ordering::Relaxed),
+            passed: c.passed.load(Ordering::Relaxed),
             followed: c.followed.load(Ordering::Relaxed),
             reconnects: c.reconnects.load(Ordering::Relaxed),
             unknown_outcomes: c.unknown.load(Ordering::Relaxed),
@@ -413,6 +515,22 @@ fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
             .batch_execute(MIGRATE_FROM_1)
             .map_err(|e| unavailable("migrate the schema from version 1", &e))?;
     }
+    if version <= 2 {
+        // Servers of version 2 may go on: their rows hold no keys, which every probe matches.
+        client
+            .batch_execute(MIGRATE_FROM_2)
+            .map_err(|e| unavailable("migrate the schema from version 2", &e))?;
+    }
+    // Two servers replacing the function at once may collide in the catalog: try again.
+    let mut replaced = client.batch_execute(PASS_FUNCTION);
+    for _ in 0..5 {
+        if replaced.is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        replaced = client.batch_execute(PASS_FUNCTION);
+    }
+    replaced.map_err(|e| unavailable("create the function annals_commit_after", &e))?;
     Ok(())
 }
 
@@ -421,6 +539,7 @@ struct Connection {
     client: Client,
     commit_one: Statement,
     commit_group: Statement,
+    commit_after: Statement,
     head: Statement,
     fetch: Statement,
 }
@@ -478,6 +597,14 @@ impl StoredAppend {
     }
 }
 
+/// What a group's statement answered.
+enum Answered {
+    /// [`COMMIT_ONE`] or [`COMMIT_GROUP`]: whether the group went in.
+    Plain(bool),
+    /// [`COMMIT_AFTER`]'s rows.
+    After(Vec<postgres::Row>),
+}
+
 /// An append of this server's group that passed its checks.
 struct Accepted {
     request: Request,
@@ -526,12 +653,14 @@ impl Committer {
         };
         let commit_one = prepare(&mut client, COMMIT_ONE)?;
         let commit_group = prepare(&mut client, COMMIT_GROUP)?;
+        let commit_after = prepare(&mut client, COMMIT_AFTER)?;
         let head = prepare(&mut client, HEAD)?;
         let fetch = prepare(&mut client, FETCH)?;
         self.connection = Some(Connection {
             client,
             commit_one,
             commit_group,
+            commit_after,
             head,
             fetch,
         });
@@ -577,8 +706,8 @@ impl Committer {
     /// round trip when another server committed a group (after a lost race, say). Finding none,
     /// it reads the head as well, to notice a database that lost what the mirror holds.
     fn follow_once(&mut self) -> Result<(), StoreError> {
-        let mut local = self.inner.head();
         loop {
+            let local = self.inner.head();
             let connection = self.connection()?;
             let rows = connection
                 .client
@@ -595,56 +724,71 @@ impl Committer {
                 return self.check_not_behind(local);
             }
             let complete = (rows.len() as i64) < FETCH_ROWS;
-            let applied = Arc::new(Applied::default());
-            let mut handed = Vec::with_capacity(rows.len());
-            let mut bad = None;
-            for row in rows {
-                let (first, last, at, body) = (
-                    row.get::<_, i64>(0) as u64,
-                    row.get::<_, i64>(1) as u64,
-                    row.get::<_, i64>(2) as u64,
+            self.take_in(rows.iter().map(|row| {
+                (
+                    row.get::<_, i64>(0),
+                    row.get::<_, i64>(1),
+                    row.get::<_, i64>(2),
                     row.get::<_, Vec<u8>>(3),
-                );
-                if first != local + 1 || last < first || last - first >= u64::from(u32::MAX) {
-                    bad = Some(format!(
-                        "an append at positions {first}..={last} follows position {local}: the \
-                         table annals_appends is not a gapless log"
-                    ));
-                    break;
-                }
-                let append = match EncodedAppend::from_stored(body, (last - first + 1) as u32) {
-                    Ok(append) => append,
-                    Err(why) => {
-                        bad = Some(format!(
-                            "the append at position {first} is malformed: {why}"
-                        ));
-                        break;
-                    }
-                };
-                let expected = last;
-                self.last_append = StoredAppend::of(first, last, at, &append);
-                applied.expect(1);
-                let done = applied.clone();
-                let reply = ReplyTo::Callback(Box::new(move |outcome| {
-                    done.answer(match outcome {
-                        Ok(p) if p == expected => None,
-                        other => Some(format!(
-                            "the mirror took the append at {first}..={expected} as {other:?}"
-                        )),
-                    })
-                }));
-                handed.push(committed(append, at, reply));
-                local = last;
-                self.counters.followed.fetch_add(1, Ordering::Relaxed);
-            }
-            // What came before a bad row is committed and sound: the mirror takes it.
-            self.role.commit_committed(handed);
-            if let Some(error) = applied.wait().or(bad) {
-                return Err(StoreError::Database(error));
-            }
+                )
+            }))?;
             if complete {
                 return Ok(());
             }
+        }
+    }
+
+    /// Hands rows of other servers' appends (first and last position, append time, body)
+    /// that follow the mirror's head to the mirror's writer, and waits until it holds them.
+    /// Fails on a row that does not continue the log or that is malformed; what came before
+    /// it is committed and sound, and the mirror takes it.
+    fn take_in(
+        &mut self,
+        rows: impl Iterator<Item = (i64, i64, i64, Vec<u8>)>,
+    ) -> Result<(), StoreError> {
+        let mut local = self.inner.head();
+        let applied = Arc::new(Applied::default());
+        let mut handed = Vec::new();
+        let mut bad = None;
+        for (first, last, at, body) in rows {
+            let (first, last, at) = (first as u64, last as u64, at as u64);
+            if first != local + 1 || last < first || last - first >= u64::from(u32::MAX) {
+                bad = Some(format!(
+                    "an append at positions {first}..={last} follows position {local}: the \
+                     table annals_appends is not a gapless log"
+                ));
+                break;
+            }
+            let append = match EncodedAppend::from_stored(body, (last - first + 1) as u32) {
+                Ok(append) => append,
+                Err(why) => {
+                    bad = Some(format!(
+                        "the append at position {first} is malformed: {why}"
+                    ));
+                    break;
+                }
+            };
+            self.last_append = StoredAppend::of(first, last, at, &append);
+            applied.expect(1);
+            let done = applied.clone();
+            let reply = ReplyTo::Callback(Box::new(move |outcome| {
+                done.answer(match outcome {
+                    Ok(p) if p == last => None,
+                    other => Some(format!(
+                        "the mirror took the append at {first}..={last} as {other:?}"
+                    )),
+                })
+            }));
+            handed.push(committed(append, at, reply));
+            local = last;
+            self.counters.followed.fetch_add(1, Ordering::Relaxed);
+        }
+        if !handed.is_empty() {
+            self.role.commit_committed(handed);
+        }
+        match applied.wait().or(bad) {
+            Some(error) => Err(StoreError::Database(error)),
+            None => Ok(()),
         }
     }
 
@@ -716,13 +860,16 @@ impl Committer {
     fn commit_group(&mut self, group: &mut Vec<Request>, queue: Option<&Receiver<Request>>) {
         let mut pending: Vec<Request> = std::mem::take(group);
         let mut attempts = 0u32;
+        let started = Instant::now();
         while !pending.is_empty() {
             attempts += 1;
-            if attempts > ATTEMPTS_MAX {
+            if attempts > 1 && started.elapsed() > RACING_MAX {
                 let e = StoreError::Unavailable {
                     reason: format!(
-                        "PostgreSQL: the group lost {ATTEMPTS_MAX} races in a row to other \
-                         servers' commits"
+                        "PostgreSQL: the group lost every race to other servers' commits for \
+                         {} s ({} tries)",
+                        RACING_MAX.as_secs(),
+                        attempts - 1
                     ),
                 };
                 for request in pending.drain(..) {
@@ -741,7 +888,11 @@ impl Committer {
             }
             // The mirror must hold what the database holds before a condition is checked: a
             // fresh connection or a lost race means another server may have committed.
-            if attempts > 1 || self.connection.is_none() {
+            // After a plain statement lost, the retry passes over what the winner committed
+            // in the database when it can (`COMMIT_AFTER`), which reads it for the mirror;
+            // after that gave up, the committer reads and checks again itself.
+            let after_lost_race = attempts > 1;
+            if attempts > 2 || self.connection.is_none() {
                 if let Err(e) = self.follow() {
                     for request in pending.drain(..) {
                         request.reply.send(Err(clone_error(&e).into()));
@@ -750,12 +901,16 @@ impl Committer {
                 }
             }
             let head = self.inner.head();
-            let accepted = check(&self.inner, head, &mut pending);
+            let mut accepted = check(&self.inner, head, &mut pending);
             if accepted.is_empty() {
                 return;
             }
-            match self.commit(head, &accepted) {
-                Ok(true) => {
+            match self.commit(head, &accepted, after_lost_race) {
+                Ok(Some(moved)) => {
+                    for a in &mut accepted {
+                        a.first += moved;
+                        a.last += moved;
+                    }
                     self.counters.commits.fetch_add(1, Ordering::Relaxed);
                     self.counters
                         .committed_at_us
@@ -763,7 +918,7 @@ impl Committer {
                     self.hand_over(accepted);
                     return;
                 }
-                Ok(false) => {
+                Ok(None) => {
                     self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
                     pending = accepted.into_iter().map(|a| a.request).collect();
                     if let Some(queue) = queue {
@@ -785,94 +940,203 @@ impl Committer {
         }
     }
 
-    /// Runs the group's statement: true when committed, false when another server committed
-    /// first (nothing was inserted, or the database rolled the statement back as a
+    /// Runs the group's statement: [`COMMIT_ONE`] or [`COMMIT_GROUP`], or after a lost race
+    /// ([`COMMIT_AFTER`]) one that may pass over other servers' appends. Answers how far the
+    /// group's positions moved past other servers' appends (the mirror holds those when it
+    /// returns), or None when another server committed first and the group must be checked
+    /// again (nothing was inserted, or the database rolled the statement back as a
     /// serialization failure). An error whose outcome cannot be known is
     /// [`StoreError::OutcomeUnknown`]; one the database reported is [`StoreError::Unavailable`]
     /// (the statement, and so its transaction, failed: nothing was committed).
-    fn commit(&mut self, head: u64, accepted: &[Accepted]) -> Result<bool, StoreError> {
+    fn commit(
+        &mut self,
+        head: u64,
+        accepted: &[Accepted],
+        after_lost_race: bool,
+    ) -> Result<Option<u64>, StoreError> {
         let now = now_us();
-        let (lead, rest) = accepted.split_first().expect("a group");
-        assert_eq!(lead.first, head + 1, "a group starts right after the head");
-        let last = accepted.last().expect("a group").last as i64;
+        assert_eq!(
+            accepted.first().expect("a group").first,
+            head + 1,
+            "a group starts right after the head"
+        );
         // An append read from another log (a copy's) keeps its time.
         let time = |a: &Accepted| a.request.appended_at.unwrap_or(now) as i64;
-        let (lead_first, lead_last, lead_time) = (lead.first as i64, lead.last as i64, time(lead));
-        let lead_body = lead.request.append.body.as_slice();
+        let firsts: Vec<i64> = accepted.iter().map(|a| a.first as i64).collect();
+        let lasts: Vec<i64> = accepted.iter().map(|a| a.last as i64).collect();
+        let times: Vec<i64> = accepted.iter().map(time).collect();
+        let bodies: Vec<&[u8]> = accepted
+            .iter()
+            .map(|a| a.request.append.body.as_slice())
+            .collect();
+        // Each row's keys: keys[from..=to], counted from 1 as SQL does; none when NULL.
+        let mut keys = Vec::new();
+        let (mut key_from, mut key_to) = (Vec::new(), Vec::new());
+        for a in accepted {
+            let from = keys.len() as i32 + 1;
+            let kept = append_keys(&a.request.append, &mut keys);
+            key_from.push(kept.then_some(from));
+            key_to.push(kept.then_some(keys.len() as i32));
+        }
         self.warned.store(false, Ordering::Release);
         let server_id = self.server_id;
         let connection = self.connection()?;
-        let outcome = if rest.is_empty() {
-            connection.client.execute(
-                &connection.commit_one,
-                &[&lead_first, &lead_last, &lead_time, &lead_body, &server_id],
-            )
+        let outcome = if after_lost_race {
+            let probe = probe(head, accepted);
+            connection
+                .client
+                .query(
+                    &connection.commit_after,
+                    &[
+                        &(head as i64),
+                        &probe,
+                        &firsts,
+                        &lasts,
+                        &times,
+                        &bodies,
+                        &keys,
+                        &key_from,
+                        &key_to,
+                        &server_id,
+                    ],
+                )
+                .map(Answered::After)
+        } else if accepted.len() == 1 {
+            let lead_keys = key_from[0].map(|_| keys.as_slice());
+            connection
+                .client
+                .execute(
+                    &connection.commit_one,
+                    &[
+                        &firsts[0], &lasts[0], &times[0], &bodies[0], &server_id, &lead_keys,
+                    ],
+                )
+                .map(|inserted| Answered::Plain(inserted > 0))
         } else {
-            let firsts: Vec<i64> = rest.iter().map(|a| a.first as i64).collect();
-            let lasts: Vec<i64> = rest.iter().map(|a| a.last as i64).collect();
-            let times: Vec<i64> = rest.iter().map(time).collect();
-            let bodies: Vec<&[u8]> = rest
-                .iter()
-                .map(|a| a.request.append.body.as_slice())
-                .collect();
+            let lead_keys = key_from[0].map(|f| &keys[f as usize - 1..key_to[0].unwrap() as usize]);
+            // The other rows' key ranges, counted within the keys that follow the first's.
+            let skip = key_to[0].unwrap_or(0);
+            let rest_keys = &keys[skip as usize..];
+            let rest_from: Vec<Option<i32>> =
+                key_from[1..].iter().map(|f| f.map(|f| f - skip)).collect();
+            let rest_to: Vec<Option<i32>> =
+                key_to[1..].iter().map(|t| t.map(|t| t - skip)).collect();
             connection
                 .client
                 .query_one(
                     &connection.commit_group,
                     &[
-                        &lead_first,
-                        &lead_last,
-                        &lead_time,
-                        &lead_body,
-                        &firsts,
-                        &lasts,
-                        &times,
-                        &bodies,
-                        &last,
+                        &firsts[0],
+                        &lasts[0],
+                        &times[0],
+                        &bodies[0],
+                        &&firsts[1..],
+                        &&lasts[1..],
+                        &&times[1..],
+                        &&bodies[1..],
+                        &lasts[lasts.len() - 1],
                         &server_id,
+                        &lead_keys,
+                        &rest_keys,
+                        &rest_from,
+                        &rest_to,
                     ],
                 )
-                .map(|row| row.get::<_, i64>(0) as u64)
+                .map(|row| Answered::Plain(row.get::<_, i64>(0) > 0))
         };
-        match outcome {
-            Ok(inserted) => {
-                if self.warned.load(Ordering::Acquire) {
-                    // Committed on the primary, not confirmed by its synchronous standby: a
-                    // failover may lose it. Neither success nor failure can be promised.
-                    self.connection = None;
-                    self.verify_on_connect = true;
-                    return Err(StoreError::OutcomeUnknown {
-                        reason: "PostgreSQL committed locally but did not confirm replication"
-                            .into(),
-                    });
-                }
-                debug_assert!(inserted == 0 || inserted as usize == accepted.len());
-                if inserted != 0 && inserted as usize != accepted.len() {
-                    return Err(StoreError::Database(format!(
-                        "a group of {} appends committed {inserted} rows",
-                        accepted.len()
-                    )));
-                }
-                // The appends' time, for the mirror: the one the database holds.
-                self.group_time = now;
-                Ok(inserted > 0)
-            }
+        let answered = match outcome {
+            Ok(answered) => answered,
             // The database rolled the statement back for a concurrent one (a distributed
             // database's optimistic transactions, or isolation set above read committed):
             // nothing was committed, as in a lost race.
-            Err(e) if is_serialization_failure(&e) => Ok(false),
+            Err(e) if is_serialization_failure(&e) => return Ok(None),
             Err(e) if e.as_db_error().is_some() => {
                 let error = unavailable("commit", &e);
                 self.lost(&e);
-                Err(error)
+                return Err(error);
             }
             Err(e) => {
                 self.lost(&e);
-                Err(StoreError::OutcomeUnknown {
+                return Err(StoreError::OutcomeUnknown {
                     reason: format!("the connection to PostgreSQL failed during the commit: {e}"),
-                })
+                });
             }
+        };
+        if self.warned.load(Ordering::Acquire) {
+            // Committed on the primary, not confirmed by its synchronous standby: a
+            // failover may lose it. Neither success nor failure can be promised.
+            self.connection = None;
+            self.verify_on_connect = true;
+            return Err(StoreError::OutcomeUnknown {
+                reason: "PostgreSQL committed locally but did not confirm replication".into(),
+            });
         }
+        let moved = match answered {
+            Answered::Plain(inserted) => inserted.then_some(0),
+            Answered::After(rows) => self.passed_over(head, accepted.len(), &rows)?,
+        };
+        // The appends' time, for the mirror: the one the database holds.
+        self.group_time = now;
+        Ok(moved)
+    }
+
+    /// Takes in the answer of [`COMMIT_AFTER`] for a group of `appends` checked at `head`:
+    /// the other servers' appends it passed over go to the mirror (they are committed,
+    /// whatever became of the group), and how far the group moved, None when it gave up.
+    fn passed_over(
+        &mut self,
+        head: u64,
+        appends: usize,
+        rows: &[postgres::Row],
+    ) -> Result<Option<u64>, StoreError> {
+        let Some((status, passed)) = rows.split_last() else {
+            return Err(StoreError::Database(
+                "annals_commit_after answered no rows".into(),
+            ));
+        };
+        let (moved, inserted) = (status.get::<_, i64>(0), status.get::<_, i64>(1));
+        let stray = status.get::<_, Option<Vec<u8>>>(3).is_some()
+            || passed
+                .iter()
+                .any(|r| r.get::<_, Option<Vec<u8>>>(3).is_none());
+        let taken = if stray {
+            Ok(())
+        } else {
+            self.take_in(passed.iter().map(|row| {
+                (
+                    row.get::<_, i64>(0),
+                    row.get::<_, i64>(1),
+                    row.get::<_, i64>(2),
+                    row.get::<_, Option<Vec<u8>>>(3).unwrap_or_default(),
+                )
+            }))
+        };
+        let fits = !stray
+            && moved >= 0
+            && taken.is_ok()
+            && self.inner.head() == head + moved as u64
+            && (inserted == 0 || inserted as usize == appends);
+        debug_assert!(fits, "annals_commit_after's answer fits the group");
+        if !fits {
+            let reason = format!(
+                "a group of {appends} appends after position {head}, retried after a lost race, \
+                 was answered with {} rows passed over, a move of {moved} and {inserted} rows \
+                 inserted, which the mirror took as {taken:?}, at its head {}",
+                passed.len(),
+                self.inner.head()
+            );
+            // The database holds the log as it is; this server no longer knows it.
+            self.inner.poison(reason.clone());
+            if inserted > 0 {
+                // The group may well be committed, but not where this server can tell.
+                return Err(StoreError::OutcomeUnknown { reason });
+            }
+            return Err(StoreError::Database(reason));
+        }
+        if moved > 0 && inserted > 0 {
+            self.counters.passed.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok((inserted > 0).then_some(moved as u64))
     }
 
     /// Hands a committed group to the mirror, each append answered from there; waits until
@@ -1039,6 +1303,87 @@ fn first_match_in_group(accepted: &[Accepted], query: &Query, after: u64) -> Opt
             })
             .map(|(_, position)| position)
     })
+}
+
+/// What a row's keys and a group's probe are made of: a name with its kind, hashed to 64
+/// bits (FNV-1a) the same way by every server and every version, since rows keep them.
+/// Two names with one hash only make a probe match where it need not.
+fn key(kind: u8, name: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in std::iter::once(&kind).chain(name.as_bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash as i64
+}
+
+const KEY_TYPE: u8 = 1;
+const KEY_TAG: u8 = 2;
+const KEY_TRACKING: u8 = 3;
+
+/// Adds an append's keys to `keys`: each of its events' type and tags and its tracking
+/// source, each once. False, with `keys` as it was, when they are more than [`KEYS_MAX`]:
+/// the row then holds none.
+fn append_keys(append: &EncodedAppend, keys: &mut Vec<i64>) -> bool {
+    let start = keys.len();
+    for (_, entry, layout) in Entries::new(append.entries(), append.event_count).trusted() {
+        keys.push(key(KEY_TYPE, layout.event_type(entry)));
+        keys.extend(Tags::of(entry, &layout).map(|tag| key(KEY_TAG, tag)));
+        if keys.len() - start > 4 * KEYS_MAX {
+            keys.truncate(start);
+            return false;
+        }
+    }
+    if let Some((source, _)) = append.tracking() {
+        keys.push(key(KEY_TRACKING, source));
+    }
+    keys[start..].sort_unstable();
+    let mut kept = start;
+    for i in start..keys.len() {
+        if kept == start || keys[i] != keys[kept - 1] {
+            keys[kept] = keys[i];
+            kept += 1;
+        }
+    }
+    keys.truncate(kept);
+    if kept - start > KEYS_MAX {
+        keys.truncate(start);
+        return false;
+    }
+    true
+}
+
+/// The keys that another server's append must hold to matter to the group's checks: for
+/// each item of each condition's query, the first of its tags (an event it matches holds
+/// them all) or else each of its types; and each tracking source. None when any append
+/// could matter: a query that matches every event, or a condition reaching past `head`,
+/// whose `after` counts positions this server has not seen, among which the group's own
+/// appends would move.
+fn probe(head: u64, accepted: &[Accepted]) -> Option<Vec<i64>> {
+    let mut keys = Vec::new();
+    for a in accepted {
+        if let Some(condition) = &a.request.condition {
+            if condition.after.unwrap_or(0) > head {
+                return None;
+            }
+            let query = &condition.fail_if_events_match;
+            if query.matches_all() {
+                return None;
+            }
+            for item in &query.items {
+                match item.tags.first() {
+                    Some(tag) => keys.push(key(KEY_TAG, tag)),
+                    None => keys.extend(item.types.iter().map(|t| key(KEY_TYPE, t))),
+                }
+            }
+        }
+        if let Some((source, _)) = a.request.append.tracking() {
+            keys.push(key(KEY_TRACKING, source));
+        }
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Some(keys)
 }
 
 /// StoreError is not Clone (it may hold an io::Error); the backend's own errors are.

@@ -428,6 +428,9 @@ pub struct DatabaseStats {
     /// Group commits that found another server had committed first, or that the database
     /// rolled back as a serialization failure (SQLSTATE 40001, 40P01), and were checked again.
     pub conflicts: u64,
+    /// Retries of groups that went in right after another server's appends in one
+    /// statement, none of those mattering to the group's conditions or tracking positions.
+    pub passed: u64,
     /// Appends committed by other servers and taken into this one's log.
     pub followed: u64,
     /// Connections made again after one was lost.
