@@ -473,17 +473,22 @@ fn describe(e: &postgres::Error) -> String {
 /// Creates the schema when missing; refuses one newer than this build.
 fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
     let mut last = None;
-    // Two servers creating the schema at once may collide in the catalog: try again.
+    // Two servers creating the schema (or replacing the function) at once may collide in the
+    // catalog: try again. The function's body names the column `keys` but is not checked
+    // against the table until it runs, so it may precede the migration to version 3.
     for _ in 0..5 {
-        let created = SCHEMA.iter().try_for_each(|&statement| {
-            match client.batch_execute(statement) {
-                // No lz4 in this server (or no COMPRESSION clause before PostgreSQL 14).
-                Err(e) if statement.contains("lz4") && is_unsupported(&e) => {
-                    client.batch_execute(APPENDS_PLAIN)
+        let created = SCHEMA
+            .iter()
+            .chain([&PASS_FUNCTION])
+            .try_for_each(|&statement| {
+                match client.batch_execute(statement) {
+                    // No lz4 in this server (or no COMPRESSION clause before PostgreSQL 14).
+                    Err(e) if statement.contains("lz4") && is_unsupported(&e) => {
+                        client.batch_execute(APPENDS_PLAIN)
+                    }
+                    other => other,
                 }
-                other => other,
-            }
-        });
+            });
         match created {
             Ok(()) => {
                 last = None;
@@ -521,16 +526,6 @@ fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
             .batch_execute(MIGRATE_FROM_2)
             .map_err(|e| unavailable("migrate the schema from version 2", &e))?;
     }
-    // Two servers replacing the function at once may collide in the catalog: try again.
-    let mut replaced = client.batch_execute(PASS_FUNCTION);
-    for _ in 0..5 {
-        if replaced.is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        replaced = client.batch_execute(PASS_FUNCTION);
-    }
-    replaced.map_err(|e| unavailable("create the function annals_commit_after", &e))?;
     Ok(())
 }
 
@@ -1013,7 +1008,7 @@ impl Committer {
                 )
                 .map(|inserted| Answered::Plain(inserted > 0))
         } else {
-            let lead_keys = key_from[0].map(|f| &keys[f as usize - 1..key_to[0].unwrap() as usize]);
+            let lead_keys = key_to[0].map(|to| &keys[..to as usize]);
             // The other rows' key ranges, counted within the keys that follow the first's.
             let skip = key_to[0].unwrap_or(0);
             let rest_keys = &keys[skip as usize..];
