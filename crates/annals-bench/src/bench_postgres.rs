@@ -1,6 +1,7 @@
 //! `annals-bench postgres`: the PostgreSQL backend beside the database's own commit rate,
 //! measured in the same run on the same cluster: the floor (one connection inserting one row
-//! per transaction in a loop), one embedded client's conditional appends, 64 writers of
+//! per transaction in a loop), the row floor (the same with the row and statement of a lone
+//! append), one embedded client's conditional appends, 64 writers of
 //! 512-event appends, 64 HTTP connections of conditional appends on one server and split over
 //! two, and selective reads over HTTP on PostgreSQL beside the same on files.
 
@@ -142,6 +143,54 @@ pub(crate) fn floor(url: &str, seconds: f64) -> Result<f64, String> {
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
+/// The database's own work for a lone append, without the server: the statement a server
+/// commits a lone append with (`annals::lone_commit_statement`), on a table made like the
+/// store's and emptied first, in a loop from one connection, with the row of an append the
+/// one-client figure makes (its body and keys, read back from the store), at positions
+/// counted up. Commits per second. Between the floor (a row of one number, no index) and the
+/// one-client figure, it tells what the database costs per append row from what the server
+/// adds.
+pub(crate) fn row_floor(url: &str, seconds: f64, store: &Store) -> Result<f64, String> {
+    let event = NewEvent::new("Bench", vec![b'x'; 256]).tag("k:f:0:123");
+    store.append(&[event], None).map_err(|e| e.to_string())?;
+    settle(url);
+    let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(|e| e.to_string())?;
+    let row = client
+        .query_one(
+            "SELECT body, keys FROM annals_appends ORDER BY first_position DESC LIMIT 1",
+            &[],
+        )
+        .map_err(|e| e.to_string())?;
+    let (body, keys): (Vec<u8>, Option<Vec<i64>>) = (row.get(0), row.get(1));
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS annals_bench_rows (LIKE annals_appends INCLUDING ALL);
+             TRUNCATE annals_bench_rows",
+        )
+        .map_err(|e| e.to_string())?;
+    let insert = client
+        .prepare(&annals::lone_commit_statement(
+            "annals_bench_rows",
+            "annals_bench_rows",
+        ))
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let (mut n, server, time): (i64, i64, i64) = (0, 0, 0);
+    while Instant::now() < deadline {
+        n += 1;
+        let inserted = client
+            .execute(&insert, &[&n, &n, &time, &body, &server, &keys])
+            .map_err(|e| e.to_string())?;
+        if inserted != 1 {
+            return Err(format!(
+                "the row floor's insert at {n} inserted {inserted} rows"
+            ));
+        }
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
 /// `writers` threads appending `batch` events at a time, each append conditional on a tag of
 /// its own (checked, never failing), for `seconds`: appends per second and the latency.
 fn appends(store: &Store, writers: usize, batch: usize, seconds: f64, run: usize) -> (f64, u64) {
@@ -219,9 +268,11 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     let store = Store::open_postgres(&url, Options::default()).map_err(|e| e.to_string())?;
     // One client, alternated with the floor.
     let (mut floors, mut one, mut one_p99) = (Vec::new(), Vec::new(), Vec::new());
+    let mut row_floors = Vec::new();
     for run in 0..runs {
         floors.push(floor(&url, seconds)?);
         if wants("one") {
+            row_floors.push(row_floor(&url, seconds, &store)?);
             settle(&url);
             let (rate, p99) = appends(&store, 1, 1, seconds, run);
             one.push(rate);
@@ -300,19 +351,16 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             "commit_floor_per_sec": floor_rate.round(),
             "one_client_conditional_per_sec": figure(&one),
             "one_client_ratio_to_floor": if one.is_empty() { Value::Null } else { round(median(one.clone()) / floor_rate).into() },
+            "row_floor_per_sec": figure(&row_floors),
+            "row_floor_ratio_to_floor": if row_floors.is_empty() { Value::Null } else { round(median(row_floors.clone()) / floor_rate).into() },
+            "one_client_ratio_to_row_floor": if one.is_empty() { Value::Null } else { round(median(one.clone()) / median(row_floors.clone())).into() },
             "one_client_p99_us": figure(&one_p99),
             "writers64_batch512_events_per_sec": figure(&wide),
             "writers64_batch512_p99_us": figure(&wide_p99),
             "http64_conditional_per_sec": figure(&one_rates),
             "two_servers_http64_per_sec": figure(&split),
             "two_servers_runs": split.iter().map(|r| r.round()).collect::<Vec<_>>(),
-        "two_servers_errors": split_errors,
-        "two_servers_p99_ms": figure_ms(&split_p99),
-        "two_servers_max_ms": figure_ms(&split_max),
-        "two_separate_errors": separate_errors,
             "two_servers_errors": split_errors,
-        "two_servers_p99_ms": figure_ms(&split_p99),
-        "two_servers_max_ms": figure_ms(&split_max),
             "two_servers_p99_ms": figure_ms(&split_p99),
             "two_servers_max_ms": figure_ms(&split_max),
             "two_separate_errors": separate_errors,
@@ -336,6 +384,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
     let file_reads = run_against(files.http, Workload::Read, 64, seconds, runs, 100_000)?;
     drop(files);
     let one_rate = median(one.clone());
+    let row_floor_rate = median(row_floors.clone());
     let split_rate = median(split.clone());
     let separate_rate = if separate.is_empty() {
         f64::NAN
@@ -356,6 +405,10 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         "one_client_runs": one.iter().map(|r| r.round()).collect::<Vec<_>>(),
         "one_client_p99_us": median(one_p99),
         "one_client_ratio_to_floor": round(one_rate / floor_rate),
+        "row_floor_per_sec": row_floor_rate.round(),
+        "row_floor_runs": row_floors.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        "row_floor_ratio_to_floor": round(row_floor_rate / floor_rate),
+        "one_client_ratio_to_row_floor": round(one_rate / row_floor_rate),
         "writers64_batch512_events_per_sec": median(wide.clone()).round(),
         "writers64_batch512_runs": wide.iter().map(|r| r.round()).collect::<Vec<_>>(),
         "writers64_batch512_p99_us": median(wide_p99),

@@ -323,3 +323,39 @@ fn bench_umadb_json_contract() {
         }
     }
 }
+
+/// Goal: `annals-bench postgres` measures one client beside both floors of the same run: the
+/// database's plain commit floor and its row floor (the statement and row of a lone append,
+/// without the server), which lies between them.
+#[test]
+fn bench_postgres_floors_json_contract() {
+    if annals_testkit::bin_dir().is_none() && !annals_testkit::required() {
+        eprintln!("skipped: PostgreSQL is not installed (run scripts/setup)");
+        return;
+    }
+    let stdout = stdout_of(bench().args([
+        "postgres",
+        "--only",
+        "one",
+        "--seconds",
+        "0.3",
+        "--runs",
+        "1",
+    ]));
+    let stdout = String::from_utf8(stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["bench"], "postgres-partial", "{last}");
+    for figure in [
+        "commit_floor_per_sec",
+        "row_floor_per_sec",
+        "one_client_conditional_per_sec",
+    ] {
+        assert!(last[figure].as_f64().unwrap() > 0.0, "{figure}: {last}");
+    }
+    let ratio = |a: &str, b: &str| last[a].as_f64().unwrap() / last[b].as_f64().unwrap();
+    let reported = last["one_client_ratio_to_row_floor"].as_f64().unwrap();
+    let computed = ratio("one_client_conditional_per_sec", "row_floor_per_sec");
+    assert!((reported - computed).abs() < 0.01, "{last}");
+    // Figures not asked for are not made up.
+    assert!(last["two_servers_http64_per_sec"].is_null(), "{last}");
+}

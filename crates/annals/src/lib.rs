@@ -65,6 +65,8 @@ pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;
 pub use options::{Durability, Options, Preallocation};
+#[doc(hidden)]
+pub use postgres::lone_commit_statement;
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
 pub use store::{
