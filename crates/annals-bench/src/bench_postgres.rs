@@ -56,6 +56,18 @@ fn figure_ms(values: &[f64]) -> Value {
     ((median(values.to_vec()) * 1000.0).round() / 1000.0).into()
 }
 
+/// The median of run-by-run ratios of figures measured in alternation (`a[i]` beside
+/// `b[i]`), which a machine that slows down during the benchmark leaves alone where a ratio
+/// of medians would not. Null without pairs.
+fn paired_ratio(a: &[f64], b: &[f64]) -> Value {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+    if ratios.is_empty() {
+        Value::Null
+    } else {
+        round(median(ratios)).into()
+    }
+}
+
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
@@ -365,6 +377,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             "two_servers_max_ms": figure_ms(&split_max),
             "two_separate_errors": separate_errors,
             "two_servers_ratio_to_one": if split.is_empty() || one_rates.is_empty() { Value::Null } else { round(median(split.clone()) / http_rate).into() },
+            "two_servers_ratio_to_one_paired": paired_ratio(&split, &one_rates),
             "two_separate_http64_per_sec": figure(&separate),
             "two_separate_runs": separate.iter().map(|r| r.round()).collect::<Vec<_>>(),
             "two_separate_ratio_to_one": if separate.is_empty() || one_rates.is_empty() { Value::Null } else { round(median(separate.clone()) / http_rate).into() },
@@ -424,6 +437,8 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         "two_servers_max_ms": figure_ms(&split_max),
         "two_separate_errors": separate_errors,
         "two_servers_ratio_to_one": round(split_rate / http_rate),
+        "two_servers_ratio_to_one_paired": paired_ratio(&split, &one_rates),
+        "two_separate_ratio_to_one_paired": paired_ratio(&separate, &one_rates),
         "two_separate_http64_per_sec": separate_rate.round(),
         "two_separate_runs": separate.iter().map(|r| r.round()).collect::<Vec<_>>(),
         "two_separate_ratio_to_one": round(separate_rate / http_rate),
