@@ -326,7 +326,7 @@ fn bench_umadb_json_contract() {
 
 /// Goal: `annals-bench postgres` measures one client beside both floors of the same run: the
 /// database's plain commit floor and its row floor (the statement and row of a lone append,
-/// without the server), which lies between them.
+/// without the server), and reports the ratio to the row floor from the figures it gives.
 #[test]
 fn bench_postgres_floors_json_contract() {
     if annals_testkit::bin_dir().is_none() && !annals_testkit::required() {
