@@ -140,7 +140,9 @@ pub(crate) fn floor(url: &str, seconds: f64) -> Result<f64, String> {
     settle(url);
     let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(|e| e.to_string())?;
     client
-        .batch_execute("CREATE TABLE IF NOT EXISTS annals_bench_floor (n bigint)")
+        .batch_execute(
+            "DROP TABLE IF EXISTS annals_bench_floor; CREATE TABLE annals_bench_floor (n bigint)",
+        )
         .map_err(|e| e.to_string())?;
     let insert = client
         .prepare("INSERT INTO annals_bench_floor VALUES ($1)")
@@ -152,12 +154,17 @@ pub(crate) fn floor(url: &str, seconds: f64) -> Result<f64, String> {
         client.execute(&insert, &[&n]).map_err(|e| e.to_string())?;
         n += 1;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    // A database given with --url keeps nothing of it.
+    client
+        .batch_execute("DROP TABLE annals_bench_floor")
+        .map_err(|e| e.to_string())?;
+    Ok(rate)
 }
 
 /// The database's own work for a lone append, without the server: the statement a server
 /// commits a lone append with (`annals::lone_commit_statement`), on a table made like the
-/// store's and emptied first, in a loop from one connection, with the row of an append the
+/// store's and made anew, in a loop from one connection, with the row of an append the
 /// one-client figure makes (its body and keys, read back from the store), at positions
 /// counted up. Commits per second. Between the floor (a row of one number, no index) and the
 /// one-client figure, it tells what the database costs per append row from what the server
@@ -176,8 +183,8 @@ pub(crate) fn row_floor(url: &str, seconds: f64, store: &Store) -> Result<f64, S
     let (body, keys): (Vec<u8>, Option<Vec<i64>>) = (row.get(0), row.get(1));
     client
         .batch_execute(
-            "CREATE TABLE IF NOT EXISTS annals_bench_rows (LIKE annals_appends INCLUDING ALL);
-             TRUNCATE annals_bench_rows",
+            "DROP TABLE IF EXISTS annals_bench_rows;
+             CREATE TABLE annals_bench_rows (LIKE annals_appends INCLUDING ALL)",
         )
         .map_err(|e| e.to_string())?;
     let insert = client
@@ -200,7 +207,12 @@ pub(crate) fn row_floor(url: &str, seconds: f64, store: &Store) -> Result<f64, S
             ));
         }
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    // A database given with --url keeps nothing of it.
+    client
+        .batch_execute("DROP TABLE annals_bench_rows")
+        .map_err(|e| e.to_string())?;
+    Ok(rate)
 }
 
 /// `writers` threads appending `batch` events at a time, each append conditional on a tag of
