@@ -608,8 +608,8 @@ impl StoredAppend {
 
 /// What a group's statement answered.
 enum Answered {
-    /// [`COMMIT_ONE`] or [`COMMIT_GROUP`]: whether the group went in.
-    Plain(bool),
+    /// [`COMMIT_ONE`] or [`COMMIT_GROUP`]: the rows inserted, none or the whole group.
+    Plain(u64),
     /// [`COMMIT_AFTER`]'s rows.
     After(Vec<postgres::Row>),
 }
@@ -1020,7 +1020,7 @@ impl Committer {
                         &firsts[0], &lasts[0], &times[0], &bodies[0], &server_id, &lead_keys,
                     ],
                 )
-                .map(|inserted| Answered::Plain(inserted > 0))
+                .map(Answered::Plain)
         } else {
             let lead_keys = key_to[0].map(|to| &keys[..to as usize]);
             // The other rows' key ranges, counted within the keys that follow the first's.
@@ -1051,7 +1051,7 @@ impl Committer {
                         &rest_to,
                     ],
                 )
-                .map(|row| Answered::Plain(row.get::<_, i64>(0) > 0))
+                .map(|row| Answered::Plain(row.get::<_, i64>(0) as u64))
         };
         let answered = match outcome {
             Ok(answered) => answered,
@@ -1081,7 +1081,20 @@ impl Committer {
             });
         }
         let moved = match answered {
-            Answered::Plain(inserted) => inserted.then_some(0),
+            Answered::Plain(inserted) => {
+                let fits = inserted == 0 || inserted as usize == accepted.len();
+                debug_assert!(fits, "a group's statement inserts none of it or all");
+                if !fits {
+                    let reason = format!(
+                        "a group of {} appends after position {head} committed {inserted} rows",
+                        accepted.len()
+                    );
+                    // Some of the group is in the log, where this server cannot tell.
+                    self.inner.poison(reason.clone());
+                    return Err(StoreError::OutcomeUnknown { reason });
+                }
+                (inserted > 0).then_some(0)
+            }
             Answered::After(rows) => self.passed_over(head, accepted.len(), &rows)?,
         };
         // The appends' time, for the mirror: the one the database holds.
