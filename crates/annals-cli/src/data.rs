@@ -153,7 +153,7 @@ pub struct ImportArgs {
 
 /// Where the events are: a store opened here, or a server.
 enum Target {
-    Dir(Store),
+    Dir(Box<Store>),
     Url(Remote),
 }
 
@@ -163,7 +163,7 @@ impl Target {
             return remote.map(Target::Url);
         }
         match &at.store {
-            Some(store) => open_store(store, Options::default()).map(Target::Dir),
+            Some(store) => open_store(store, Options::default()).map(|s| Target::Dir(Box::new(s))),
             None => Err("say where the events are: --store DIR|postgres://... or --url URL".into()),
         }
     }

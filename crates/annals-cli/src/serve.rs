@@ -16,6 +16,13 @@ pub struct ServeArgs {
     /// servers may serve one database. Env: ANNALS_STORE
     #[arg(long, value_name = "DIR|URL")]
     store: Option<String>,
+    /// With a store on PostgreSQL: keep the server's copy of the log in DIR across restarts,
+    /// so that a restart after a clean stop reads only what the database committed since
+    /// (it is filled from the database again after a crash, a kill or a failover that lost
+    /// its last append). One server per directory. Env: ANNALS_MIRROR. Default: a temporary
+    /// directory, filled from the database at every start.
+    #[arg(long, value_name = "DIR")]
+    mirror: Option<PathBuf>,
     /// HTTP listen address. Env: ANNALS_HTTP_LISTEN. Default: 127.0.0.1:7400
     #[arg(long, value_name = "HOST:PORT")]
     http: Option<String>,
@@ -84,6 +91,9 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     }
     if let Some(store) = &args.store {
         config.set_store(store);
+    }
+    if let Some(mirror) = args.mirror {
+        config.mirror = Some(mirror);
     }
     if let Some(http) = args.http {
         config.http_listen =
@@ -185,12 +195,32 @@ async fn serve(config: Config) -> Result<(), String> {
         durability.description(),
         server.store.head(),
         report.open_ms,
-        match &report.index {
-            annals::IndexSource::Checkpoint { scanned_events } =>
+        match (&report.index, &report.mirror) {
+            // A copy of the log filled from the database has no checkpoint to speak of.
+            (_, Some(mirror)) if mirror.resumed_at.is_none() =>
+                "index built from the database".to_string(),
+            (annals::IndexSource::Checkpoint { scanned_events }, _) =>
                 format!("index from checkpoint, {scanned_events} events scanned after it"),
-            annals::IndexSource::Rebuilt { reason } => format!("index rebuilt: {reason}"),
+            (annals::IndexSource::Rebuilt { reason }, _) => format!("index rebuilt: {reason}"),
         }
     );
+    if let Some(mirror) = &report.mirror {
+        let kept = match (&mirror.kept, mirror.resumed_at, &mirror.rebuilt) {
+            (None, _, _) => "in a temporary directory".to_string(),
+            (Some(dir), Some(at), _) => {
+                format!("kept in {}, used as closed at position {at}", dir.display())
+            }
+            (Some(dir), None, why) => format!(
+                "kept in {}, filled from the database: {}",
+                dir.display(),
+                why.as_deref().unwrap_or("")
+            ),
+        };
+        println!(
+            "annals: the log's copy {kept}; {} appends read from the database",
+            mirror.followed
+        );
+    }
     if let Some((path, offset, why)) = &report.torn_tail {
         println!(
             "annals: cut a torn tail in {} at offset {offset}: {why}",

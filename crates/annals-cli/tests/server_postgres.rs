@@ -40,14 +40,33 @@ fn subscriber(addr: std::net::SocketAddr, stop: Arc<AtomicBool>) -> Vec<u64> {
 /// once, by a condition), one server killed with -9 mid-load and restarted: no condition is
 /// ever violated, positions are gapless, every acknowledged claim is stored exactly once, and
 /// a subscriber on the other server sees every position once, in order, while both append.
+/// The killed server keeps its copy of the log in a directory (`--mirror`): after each kill it
+/// fills it from the database again (its writes there were never synced); after a clean stop
+/// it uses it as it was left.
 #[test]
 fn two_servers_on_one_database_under_kill9() {
     let Some(cluster) = Cluster::start() else {
         return;
     };
     let url = url(&cluster);
+    let kept = tempfile::tempdir().unwrap();
+    let mirror = kept.path().join("mirror");
+    let mirror_flag = ["--mirror", mirror.to_str().unwrap()];
+    let started_line = |server: &ServerProcess| -> String {
+        server
+            .startup
+            .iter()
+            .find(|l| l.contains("the log's copy"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no line on the log's copy in {:?}", server.startup))
+    };
     let mut acked: Vec<(u64, String)> = Vec::new();
-    let mut a = ServerProcess::start_postgres(&url, &[]);
+    let mut a = ServerProcess::start_postgres(&url, &mirror_flag);
+    assert!(
+        started_line(&a).contains("none was kept here yet"),
+        "{}",
+        started_line(&a)
+    );
     let b = ServerProcess::start_postgres(&url, &[]);
     let stop_watch = Arc::new(AtomicBool::new(false));
     let watcher = {
@@ -72,11 +91,27 @@ fn two_servers_on_one_database_under_kill9() {
         for c in clients {
             acked.extend(c.join().unwrap());
         }
-        a = ServerProcess::start_postgres(&url, &[]);
+        a = ServerProcess::start_postgres(&url, &mirror_flag);
+        let line = started_line(&a);
+        assert!(line.contains("it was not closed cleanly"), "{line}");
         let events = a.read("{}", "{}");
         check_claims(&events, &acked);
         assert_eq!(b.read("{}", "{}"), events, "both servers hold the same log");
     }
+    // A clean stop: the next start uses the copy as it was left, reading only what b
+    // committed meanwhile.
+    let left_at = a.head();
+    assert!(a.terminate().success());
+    b.append(&common::append_body(&[("Meanwhile", &[], "x")], None));
+    a = ServerProcess::start_postgres(&url, &mirror_flag);
+    let line = started_line(&a);
+    assert!(
+        line.contains(&format!(
+            "used as closed at position {left_at}; 1 appends read"
+        )),
+        "{line}"
+    );
+    assert_eq!(a.read("{}", "{}"), b.read("{}", "{}"));
     let head = b.head();
     // The subscriber has everything up to the head within moments.
     let deadline = Instant::now() + Duration::from_secs(10);

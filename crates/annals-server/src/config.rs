@@ -38,6 +38,9 @@ pub struct Config {
     /// A PostgreSQL connection string: the log lives in that database instead of `data_dir`
     /// (see `annals::Store::open_postgres`).
     pub postgres: Option<String>,
+    /// With `postgres`: where the store keeps its copy of the log across restarts
+    /// (`annals::Options::mirror`); None: a temporary directory.
+    pub mirror: Option<PathBuf>,
     /// HTTP listen address; loopback unless asked otherwise.
     pub http_listen: SocketAddr,
     /// gRPC (UmaDB protocol) listen address; `None` disables gRPC.
@@ -222,6 +225,7 @@ impl Default for Config {
         Config {
             data_dir: PathBuf::from("annals-data"),
             postgres: None,
+            mirror: None,
             http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
             grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
             durability: Durability::Synced,
@@ -241,7 +245,8 @@ impl Default for Config {
 /// The configuration file, every field optional.
 ///
 /// ```toml
-/// data_dir = "/var/lib/annals"
+/// data_dir = "/var/lib/annals"     # or store = "postgres://...", with
+/// # mirror = "/var/lib/annals-mirror"  # where a PostgreSQL store's copy of the log is kept
 /// http_listen = "127.0.0.1:7400"
 /// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
 /// durability = "d3"
@@ -268,6 +273,8 @@ pub struct ConfigFile {
     pub data_dir: Option<PathBuf>,
     /// A directory, or a PostgreSQL URL (postgres://...) for the database backend.
     pub store: Option<String>,
+    /// With a store on PostgreSQL: the directory its copy of the log is kept in.
+    pub mirror: Option<PathBuf>,
     pub http_listen: Option<String>,
     pub grpc_listen: Option<String>,
     pub durability: Option<String>,
@@ -383,6 +390,9 @@ impl Config {
         if let Some(store) = file.store {
             self.set_store(&store);
         }
+        if let Some(mirror) = file.mirror {
+            self.mirror = Some(mirror);
+        }
         if let Some(v) = file.http_listen {
             self.http_listen = required_listen(&v, "http_listen")?;
         }
@@ -467,6 +477,7 @@ impl Config {
             match name.as_str() {
                 "ANNALS_DATA_DIR" => self.data_dir = PathBuf::from(value),
                 "ANNALS_STORE" => self.set_store(&value),
+                "ANNALS_MIRROR" => self.mirror = Some(PathBuf::from(value)),
                 "ANNALS_HTTP_LISTEN" => self.http_listen = required_listen(&value, &name)?,
                 "ANNALS_GRPC_LISTEN" => self.grpc_listen = parse_listen(&value)?,
                 "ANNALS_DURABILITY" => self.durability = value.parse()?,
@@ -545,7 +556,10 @@ impl Config {
     pub fn refusal(&self) -> Option<String> {
         if self.exposed() && self.api_keys.is_empty() && !self.allow_unauthenticated_network {
             return Some(format!(
-                "refusing to listen beyond loopback (http {}, grpc {}) without API keys: anyone                  who can connect could read and append. Configure keys (--api-keys-file FILE,                  ANNALS_API_KEYS=key=read,append or api_keys in the config file), or pass                  --allow-unauthenticated-network to serve everyone on purpose",
+                "refusing to listen beyond loopback (http {}, grpc {}) without API keys: anyone \
+                 who can connect could read and append. Configure keys (--api-keys-file FILE, \
+                 ANNALS_API_KEYS=key=read,append or api_keys in the config file), or pass \
+                 --allow-unauthenticated-network to serve everyone on purpose",
                 self.http_listen,
                 self.grpc_listen
                     .map_or_else(|| "off".to_string(), |a| a.to_string())
@@ -622,6 +636,7 @@ mod tests {
 data_dir = "/srv/annals"
 grpc_listen = "off"
 durability = "d2"
+mirror = "/srv/mirror"
 api_keys = [{ key = "file-key-0123456789", scopes = ["read"] }]
 [limits]
 tags_per_event_max = 4
@@ -634,6 +649,7 @@ body_timeout_ms = 500
         assert_eq!(config.data_dir, PathBuf::from("/srv/annals"));
         assert_eq!(config.grpc_listen, None);
         assert_eq!(config.durability, Durability::SyncedLater);
+        assert_eq!(config.mirror, Some(PathBuf::from("/srv/mirror")));
         assert_eq!(config.limits.store.tags_per_event_max, 4);
         assert_eq!(config.limits.body_timeout, Duration::from_millis(500));
         assert!(!config.api_keys.is_empty());
@@ -641,10 +657,12 @@ body_timeout_ms = 500
             .apply_env([
                 ("ANNALS_DURABILITY".to_string(), "d3".to_string()),
                 ("ANNALS_HTTP_LISTEN".to_string(), "0.0.0.0:9000".to_string()),
+                ("ANNALS_MIRROR".to_string(), "/var/mirror".to_string()),
                 ("UNRELATED".to_string(), "x".to_string()),
             ])
             .unwrap();
         assert_eq!(config.durability, Durability::Synced);
+        assert_eq!(config.mirror, Some(PathBuf::from("/var/mirror")));
         assert!(config.exposed());
     }
 

@@ -141,6 +141,7 @@ impl Server {
             ..Options::default()
         };
         options.limits = config.limits.store.clone();
+        options.mirror = config.mirror.clone();
         let dir = config.data_dir.clone();
         let postgres = config.postgres.clone();
         let store = tokio::task::spawn_blocking(move || match postgres {

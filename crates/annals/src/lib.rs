@@ -38,6 +38,7 @@ mod histogram;
 mod index;
 pub mod io;
 mod limits;
+mod mirror;
 pub mod numbers;
 mod options;
 mod pgconnect;
@@ -70,8 +71,8 @@ pub use postgres::lone_commit_statement;
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
 pub use store::{
-    is_database_url, AppendOptions, DatabaseStats, IndexSource, LiveCheck, OpenReport, Stats,
-    Store, Tracking,
+    is_database_url, AppendOptions, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport,
+    Stats, Store, Tracking,
 };
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};

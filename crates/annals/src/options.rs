@@ -152,6 +152,11 @@ pub struct Options {
     /// the file `synced-length` (unsynced), so a test can cut the segment back to it to emulate
     /// a power loss after killing the process.
     pub record_synced_length: bool,
+    /// On PostgreSQL only: the directory where the store keeps its copy of the log (the
+    /// mirror) across restarts, so that an open after a clean close reads only what the
+    /// database committed since. None: a temporary directory, filled from the database at
+    /// every open and removed at close. See `Store::open_postgres`.
+    pub mirror: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -166,6 +171,7 @@ impl Default for Options {
             checkpoint_interval_events: 1_000_000,
             checkpoint_on_close: true,
             record_synced_length: false,
+            mirror: None,
         }
     }
 }

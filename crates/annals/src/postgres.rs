@@ -259,6 +259,47 @@ const BUSY: Duration = Duration::from_millis(50);
 const IDLE_TICK: Duration = Duration::from_millis(10);
 const LISTEN_TICK: Duration = Duration::from_millis(100);
 
+/// Whether the database at `url` holds `last`, a kept mirror's last append (see mirror.rs),
+/// as the mirror holds it: None when it does, else why the mirror cannot be used.
+pub(crate) fn holds(url: &str, last: StoredAppend) -> Result<Option<String>, StoreError> {
+    let target = Target::parse(url)?;
+    let mut client = target
+        .connect(None)
+        .map_err(|e| unavailable("connect", &e))?;
+    let exists = client
+        .query_one("SELECT to_regclass('annals_appends') IS NOT NULL", &[])
+        .map_err(|e| unavailable("look for the log", &e))?
+        .get::<_, bool>(0);
+    let found = if exists {
+        client
+            .query_opt(VERIFY, &[&(last.last as i64)])
+            .map_err(|e| unavailable("verify the log", &e))?
+            .map(|r| stored(&r))
+    } else {
+        None
+    };
+    crate::pgconnect::close(client);
+    Ok((found != Some(last)).then(|| {
+        format!(
+            "the database does not hold its last append ({last:?}; found {found:?}): another \
+             database, or one that lost appends"
+        )
+    }))
+}
+
+/// The row holding `$1` or the last before it, as [`StoredAppend`]'s fields.
+const VERIFY: &str = "SELECT first_position, last_position, appended_at_us, octet_length(body) \
+    FROM annals_appends WHERE first_position <= $1 ORDER BY first_position DESC LIMIT 1";
+
+fn stored(row: &postgres::Row) -> StoredAppend {
+    StoredAppend {
+        first: row.get::<_, i64>(0) as u64,
+        last: row.get::<_, i64>(1) as u64,
+        at: row.get::<_, i64>(2) as u64,
+        bytes: row.get::<_, i32>(3) as u64,
+    }
+}
+
 /// Counters of the database backend, for [`crate::Stats`].
 #[derive(Default)]
 pub(crate) struct RemoteCounters {
@@ -294,13 +335,20 @@ pub(crate) struct Remote {
 }
 
 impl Remote {
-    /// Connects, creates or checks the schema, loads the database's log into the store's
-    /// memory-only log (`inner`, still empty) and starts the committer and the listener.
+    /// Connects, creates or checks the schema, takes the database's log into the store's
+    /// mirror (`inner`: empty, or a kept mirror whose last append, `last_append`, the
+    /// database holds) and starts the committer and the listener.
     pub(crate) fn start(
         url: &str,
         inner: Arc<Shared>,
         role: Arc<WriterRole>,
+        last_append: StoredAppend,
     ) -> Result<Remote, StoreError> {
+        debug_assert_eq!(
+            last_append.last,
+            inner.head(),
+            "the mirror ends with its last append"
+        );
         let target = Target::parse(url)?;
         let warned = Arc::new(AtomicBool::new(false));
         let mut client = target
@@ -317,7 +365,7 @@ impl Remote {
             warned,
             verify_on_connect: false,
             group_time: 0,
-            last_append: StoredAppend::default(),
+            last_append,
             server_id: server_id(),
         };
         committer.adopt(client)?;
@@ -419,6 +467,11 @@ impl Remote {
 
     pub(crate) fn queue_depth(&self) -> usize {
         self.sender.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// The mirror's last append as the database stored it (for a kept mirror's close).
+    pub(crate) fn last_append(&self) -> StoredAppend {
+        self.state.lock().last_append
     }
 
     /// Stops taking appends, lets the committer finish what it holds, stops the listener.
@@ -588,11 +641,11 @@ impl Applied {
 
 /// What identifies an append stored in the database: positions, append time, body size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct StoredAppend {
-    first: u64,
-    last: u64,
-    at: u64,
-    bytes: u64,
+pub(crate) struct StoredAppend {
+    pub(crate) first: u64,
+    pub(crate) last: u64,
+    pub(crate) at: u64,
+    pub(crate) bytes: u64,
 }
 
 impl StoredAppend {
@@ -837,19 +890,9 @@ impl Committer {
         let connection = self.connection.as_mut().expect("connected");
         let row = connection
             .client
-            .query_opt(
-                "SELECT first_position, last_position, appended_at_us, octet_length(body) \
-                 FROM annals_appends WHERE first_position <= $1 \
-                 ORDER BY first_position DESC LIMIT 1",
-                &[&(head as i64)],
-            )
+            .query_opt(VERIFY, &[&(head as i64)])
             .map_err(|e| unavailable("verify the log", &e))?;
-        let found = row.map(|r| StoredAppend {
-            first: r.get::<_, i64>(0) as u64,
-            last: r.get::<_, i64>(1) as u64,
-            at: r.get::<_, i64>(2) as u64,
-            bytes: r.get::<_, i32>(3) as u64,
-        });
+        let found = row.map(|r| stored(&r));
         if found == Some(mine) && mine.last == head {
             return Ok(());
         }

@@ -265,10 +265,45 @@ pub enum IndexSource {
 /// What opening the store found.
 #[derive(Debug, Clone)]
 pub struct OpenReport {
+    /// The index of the log on files, or of the mirror on PostgreSQL.
     pub index: IndexSource,
     /// A torn tail that was cut: the file, the offset, and why the bytes there were not a record.
     pub torn_tail: Option<(PathBuf, u64, String)>,
+    /// The whole open, on PostgreSQL the reading of the database's log included.
     pub open_ms: f64,
+    /// On PostgreSQL: where the mirror came from.
+    pub mirror: Option<MirrorKind>,
+}
+
+/// Where a PostgreSQL store's mirror (its copy of the log) came from at open.
+#[derive(Debug, Clone)]
+pub struct MirrorKind {
+    /// The directory it is kept in (`Options::mirror`); None: a temporary one.
+    pub kept: Option<PathBuf>,
+    /// A kept mirror used as it was closed, up to this position.
+    pub resumed_at: Option<u64>,
+    /// Why a kept mirror was not used and was filled from the database instead.
+    pub rebuilt: Option<String>,
+    /// Appends read from the database at open.
+    pub followed: u64,
+}
+
+/// What opening a kept mirror found, before the database's log is read.
+#[derive(Default)]
+struct MirrorReport {
+    resumed_at: Option<u64>,
+    rebuilt: Option<String>,
+    last_append: crate::postgres::StoredAppend,
+}
+
+impl MirrorReport {
+    fn resumed(closed: crate::mirror::Closed) -> MirrorReport {
+        MirrorReport {
+            resumed_at: Some(closed.head),
+            rebuilt: None,
+            last_append: closed.last,
+        }
+    }
 }
 
 /// A snapshot of the store's state and counters.
@@ -454,6 +489,8 @@ pub struct Store {
     remote: Option<crate::postgres::Remote>,
     /// The mirror's temporary directory, removed at close.
     mirror_dir: Option<PathBuf>,
+    /// The mirror's directory when it is kept across closes (`Options::mirror`).
+    kept: Option<crate::mirror::KeptMirror>,
     /// Where read models' checkpoints and the exchange's snapshots are kept.
     companions: Arc<dyn Companions>,
 }
@@ -505,6 +542,13 @@ impl Store {
     ) -> Result<Store, StoreError> {
         let started = Instant::now();
         options.validate().map_err(StoreError::InvalidOption)?;
+        if let Some(mirror) = &options.mirror {
+            return Err(StoreError::InvalidOption(format!(
+                "a mirror directory ({}) is for a store on PostgreSQL; a store on files is its \
+                 own directory",
+                mirror.display()
+            )));
+        }
         io.create_dir_all(dir)
             .map_err(|e| StoreError::io("create data directory", dir, 0, e))?;
         let lock = io.lock(&dir.join(LOCK_FILE)).map_err(|e| {
@@ -656,6 +700,7 @@ impl Store {
                 .torn
                 .map(|t| (t.path, t.offset, t.reason.to_string())),
             open_ms: started.elapsed().as_secs_f64() * 1e3,
+            mirror: None,
         };
         Ok(Store {
             shared,
@@ -667,6 +712,7 @@ impl Store {
             report,
             remote: None,
             mirror_dir: None,
+            kept: None,
             companions: Arc::new(InDirectory {
                 io: io.clone(),
                 dir: dir.to_path_buf(),
@@ -689,35 +735,105 @@ impl Store {
                 options.durability.label()
             )));
         }
-        // The mirror is a file store in a private temporary directory, written to the page
-        // cache and never synced (D1): the database holds the truth, and reads map the mirror's
-        // segments as they do on files. Removed at close, rebuilt from the database at open.
-        let mut mirror = options;
+        let started = Instant::now();
+        // The mirror is a file store, written to the page cache and never synced (D1): the
+        // database holds the truth, and reads map the mirror's segments as they do on files.
+        // In a private temporary directory, removed at close and filled from the database at
+        // open; or in the directory `options.mirror` names, kept across clean closes.
+        let mut mirror = options.clone();
+        mirror.mirror = None;
         mirror.durability = Durability::Written;
-        mirror.checkpoint_on_close = false;
+        mirror.checkpoint_on_close = options.mirror.is_some();
         mirror.checkpoint_interval_events = 0;
-        // Nothing written to the mirror is ever synced, nor its segments filled with zeros:
-        // either would put the mirror's disk traffic beside the database's own commits.
+        // Nothing written to the mirror is synced while it runs, nor its segments filled with
+        // zeros: either would put the mirror's disk traffic beside the database's own commits.
         mirror.preallocation = crate::Preallocation::Fallocate;
         mirror.unsynced_bytes_max = 1 << 40;
-        static MIRRORS: AtomicU64 = AtomicU64::new(0);
-        remove_stale_mirrors();
-        let dir = std::env::temp_dir().join(format!(
-            "annals-mirror-{}-{}",
-            std::process::id(),
-            MIRRORS.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut store = Self::open_with_io(Arc::new(RealIo), &dir, mirror)?;
-        store.mirror_dir = Some(dir);
+        let io: Arc<dyn Io> = Arc::new(RealIo);
+        let (mut store, kept, report) = match &options.mirror {
+            None => {
+                static MIRRORS: AtomicU64 = AtomicU64::new(0);
+                remove_stale_mirrors();
+                let dir = std::env::temp_dir().join(format!(
+                    "annals-mirror-{}-{}",
+                    std::process::id(),
+                    MIRRORS.fetch_add(1, Ordering::Relaxed)
+                ));
+                let _ = std::fs::remove_dir_all(&dir);
+                let mut store = Self::open_with_io(io, &dir, mirror)?;
+                store.mirror_dir = Some(dir);
+                (store, None, MirrorReport::default())
+            }
+            Some(dir) => {
+                let (kept, closed) = crate::mirror::KeptMirror::claim(io.clone(), dir)?;
+                let (store, report) = Self::open_kept_mirror(url, io, &kept, closed, mirror)?;
+                (store, Some(kept), report)
+            }
+        };
+        let last_append = report.last_append;
         // Companion files live in the database with the log, not in the mirror's directory.
         store.companions = Arc::new(InDatabase::new(crate::pgconnect::Target::parse(url)?));
-        store.remote = Some(crate::postgres::Remote::start(
+        store.kept = kept;
+        let remote = crate::postgres::Remote::start(
             url,
             store.shared.clone(),
             store.role.clone(),
-        )?);
+            last_append,
+        )?;
+        store.report.mirror = Some(MirrorKind {
+            kept: options.mirror.clone(),
+            resumed_at: report.resumed_at,
+            rebuilt: report.rebuilt,
+            followed: remote.counters.followed.load(Ordering::Relaxed),
+        });
+        store.report.open_ms = started.elapsed().as_secs_f64() * 1e3;
+        store.remote = Some(remote);
         Ok(store)
+    }
+
+    /// Opens the file store of a kept mirror: as it was closed, when the database holds its
+    /// last append (`closed`, what its clean close recorded); else emptied, to be filled from
+    /// the database.
+    fn open_kept_mirror(
+        url: &str,
+        io: Arc<dyn Io>,
+        kept: &crate::mirror::KeptMirror,
+        closed: Result<crate::mirror::Closed, String>,
+        options: Options,
+    ) -> Result<(Store, MirrorReport), StoreError> {
+        let dir = kept.log_dir();
+        let why_not = match closed {
+            Err(why) => why,
+            Ok(closed) => {
+                let store = Self::open_with_io(io.clone(), &dir, options.clone())?;
+                let why_not = if store.head() != closed.head {
+                    format!(
+                        "it ends at position {}, where its close recorded {}",
+                        store.head(),
+                        closed.head
+                    )
+                } else if closed.head == 0 {
+                    return Ok((store, MirrorReport::resumed(closed)));
+                } else {
+                    match crate::postgres::holds(url, closed.last)? {
+                        None => return Ok((store, MirrorReport::resumed(closed))),
+                        Some(why_not) => why_not,
+                    }
+                };
+                drop(store);
+                why_not
+            }
+        };
+        kept.wipe()?;
+        let store = Self::open_with_io(io, &dir, options)?;
+        debug_assert_eq!(store.head(), 0, "a wiped mirror is empty");
+        Ok((
+            store,
+            MirrorReport {
+                rebuilt: Some(why_not),
+                ..MirrorReport::default()
+            },
+        ))
     }
 
     /// Opens the store at `location`: a PostgreSQL URL (`postgres://` or `postgresql://`, see
@@ -1255,17 +1371,52 @@ impl Store {
     }
 
     fn shutdown(&mut self) -> Result<(), StoreError> {
-        let result = self.stop_threads();
+        let mut last_append = None;
+        let result = self.stop_threads(&mut last_append);
         if let Some(dir) = self.mirror_dir.take() {
             let _ = std::fs::remove_dir_all(dir);
         }
-        result
+        match (self.kept.take(), last_append) {
+            (Some(kept), Some(last)) if result.is_ok() => self.close_kept_mirror(&kept, last),
+            _ => result,
+        }
     }
 
-    fn stop_threads(&mut self) -> Result<(), StoreError> {
+    /// Syncs a kept mirror, then records its clean close (see mirror.rs); the index
+    /// checkpoint is written and synced already.
+    fn close_kept_mirror(
+        &self,
+        kept: &crate::mirror::KeptMirror,
+        last: crate::postgres::StoredAppend,
+    ) -> Result<(), StoreError> {
+        let head = self.head();
+        debug_assert_eq!(last.last, head, "a kept mirror ends with its last append");
+        if last.last != head {
+            // Not recorded as closed: the next open fills it from the database.
+            return Err(StoreError::Database(format!(
+                "the mirror ends at position {head}, its last append at {}",
+                last.last
+            )));
+        }
+        for segment in self.shared.segments.read().iter() {
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| StoreError::io("sync mirror segment", &segment.path, 0, e))?;
+        }
+        kept.close(crate::mirror::Closed { head, last })
+    }
+
+    /// Stops the threads and writes the checkpoint; on PostgreSQL, `last_append` is the
+    /// mirror's last append as the database stored it.
+    fn stop_threads(
+        &mut self,
+        last_append: &mut Option<crate::postgres::StoredAppend>,
+    ) -> Result<(), StoreError> {
         // The backend first: what it has committed still goes to the mirror's writer.
         if let Some(mut remote) = self.remote.take() {
             remote.stop();
+            *last_append = Some(remote.last_append());
         }
         let Some(sender) = self.sender.take() else {
             return Ok(());

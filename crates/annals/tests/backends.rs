@@ -22,7 +22,8 @@ use rand::{Rng, SeedableRng};
 /// Where a test's store lives.
 enum Backend {
     Files(SimIo),
-    Postgres(Cluster),
+    /// The cluster, and a directory for a mirror kept across closes ([`Reopen::Kept`]).
+    Postgres(Cluster, tempfile::TempDir),
 }
 
 /// How a store is opened again, to show that what a test checks survives it.
@@ -36,6 +37,9 @@ enum Reopen {
     Crash,
     /// PostgreSQL: a new store loads the log from the database.
     Reload,
+    /// PostgreSQL: a new store uses a mirror kept in a directory across closes, taking in
+    /// only what the database committed since (`Options::mirror`).
+    Kept,
 }
 
 impl Backend {
@@ -44,7 +48,7 @@ impl Backend {
     fn all(seed: u64) -> Vec<Backend> {
         let mut backends = vec![Backend::Files(SimIo::new(seed))];
         if let Some(cluster) = Cluster::start() {
-            backends.push(Backend::Postgres(cluster));
+            backends.push(Backend::Postgres(cluster, tempfile::tempdir().unwrap()));
         }
         backends
     }
@@ -52,7 +56,7 @@ impl Backend {
     fn name(&self) -> &'static str {
         match self {
             Backend::Files(_) => "files",
-            Backend::Postgres(_) => "postgres",
+            Backend::Postgres(..) => "postgres",
         }
     }
 
@@ -65,14 +69,14 @@ impl Backend {
             Backend::Files(io) => {
                 Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options).unwrap()
             }
-            Backend::Postgres(cluster) => Store::open_postgres(&cluster.url(), options).unwrap(),
+            Backend::Postgres(cluster, _) => Store::open_postgres(&cluster.url(), options).unwrap(),
         }
     }
 
     fn reopens(&self) -> &'static [Reopen] {
         match self {
             Backend::Files(_) => &[Reopen::Checkpoint, Reopen::Rebuild, Reopen::Crash],
-            Backend::Postgres(_) => &[Reopen::Reload],
+            Backend::Postgres(..) => &[Reopen::Reload, Reopen::Kept],
         }
     }
 
@@ -92,6 +96,25 @@ impl Backend {
                     store.open_report().index,
                     annals::IndexSource::Rebuilt { .. }
                 ));
+                store
+            }
+            (Backend::Postgres(cluster, kept), Reopen::Kept) => {
+                let head = store.head();
+                store.close().unwrap();
+                let options = Options {
+                    mirror: Some(kept.path().join("mirror")),
+                    ..small_options()
+                };
+                // The first open fills the directory from the database (or takes in what was
+                // committed since an earlier round closed it); the second uses it as closed.
+                let first = Store::open_postgres(&cluster.url(), options.clone()).unwrap();
+                assert_eq!(first.head(), head);
+                first.close().unwrap();
+                let store = Store::open_postgres(&cluster.url(), options).unwrap();
+                let mirror = store.open_report().mirror.clone().unwrap();
+                assert_eq!(mirror.resumed_at, Some(head), "{mirror:?}");
+                assert_eq!(mirror.followed, 0, "{mirror:?}");
+                assert_eq!(store.head(), head);
                 store
             }
             _ => {
@@ -458,7 +481,7 @@ fn racing_conditions_hold() {
         let first = backend.open();
         match backend {
             Backend::Files(_) => claim_race(&first, 16, 40).unwrap(),
-            Backend::Postgres(_) => {
+            Backend::Postgres(..) => {
                 let second = backend.open();
                 let stores = [&first, &second];
                 common::harness::claim_race_over(&stores, 32, 25).unwrap();
@@ -737,6 +760,92 @@ fn stale_mirrors_are_removed() {
     store.close().unwrap();
     drop(held);
     std::fs::remove_dir_all(&live).unwrap();
+}
+
+/// Goal: a mirror kept across closes (`Options::mirror`) is used as its clean close left it,
+/// taking in only what other stores committed since, and only while the database holds its
+/// last append; otherwise (that append lost and another written in its place, or no clean
+/// close) it is filled from the database again. One directory serves one store at a time, and
+/// a store on files refuses the option.
+#[test]
+fn a_kept_mirror_is_used_only_as_the_database_holds_it() {
+    use annals::StoreError;
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let kept = tempfile::tempdir().unwrap();
+    let options = Options {
+        mirror: Some(kept.path().join("mirror")),
+        ..small_options()
+    };
+    let open = || Store::open_postgres(&cluster.url(), options.clone());
+    let data = |store: &Store| -> Vec<(u64, Vec<u8>)> {
+        read_all(store, &Query::all(), ReadOptions::forwards())
+            .unwrap()
+            .iter()
+            .map(|e| (e.position(), e.data().to_vec()))
+            .collect()
+    };
+    let store = open().unwrap();
+    let mirror = store.open_report().mirror.clone().unwrap();
+    assert!(mirror.rebuilt.unwrap().contains("none was kept"));
+    append_numbered(&store, 0..5, |i| format!("n{i}"));
+    assert!(
+        matches!(open(), Err(StoreError::Locked { .. })),
+        "one store per directory"
+    );
+    store.close().unwrap();
+
+    let other = Store::open_postgres(&cluster.url(), small_options()).unwrap();
+    append_numbered(&other, 5..8, |i| format!("n{i}"));
+    let expected = data(&other);
+    other.close().unwrap();
+    let store = open().unwrap();
+    let mirror = store.open_report().mirror.clone().unwrap();
+    assert_eq!(mirror.resumed_at, Some(5), "{mirror:?}");
+    assert_eq!(mirror.followed, 3, "only what was committed since is read");
+    assert_eq!(data(&store), expected);
+    store.close().unwrap();
+
+    // The database loses the mirror's last append (as a failover to a standby that lacked it
+    // would), and another store writes a different one at its position.
+    cluster.sql("DELETE FROM annals_appends WHERE first_position = 8");
+    let other = Store::open_postgres(&cluster.url(), small_options()).unwrap();
+    assert_eq!(other.head(), 7);
+    other
+        .append(&[NewEvent::new("E", "in its place").tag("n8")], None)
+        .unwrap();
+    let expected = data(&other);
+    other.close().unwrap();
+    let store = open().unwrap();
+    let mirror = store.open_report().mirror.clone().unwrap();
+    assert_eq!(mirror.resumed_at, None, "{mirror:?}");
+    assert!(
+        mirror
+            .rebuilt
+            .as_deref()
+            .unwrap()
+            .contains("does not hold its last append"),
+        "{mirror:?}"
+    );
+    assert_eq!(mirror.followed, 8);
+    assert_eq!(data(&store), expected);
+    assert_eq!(expected[7].1, b"in its place");
+    store.close().unwrap();
+
+    // No record of a clean close, as after a crash: filled again.
+    std::fs::remove_file(kept.path().join("mirror").join("closed")).unwrap();
+    let store = open().unwrap();
+    let mirror = store.open_report().mirror.clone().unwrap();
+    assert!(mirror.rebuilt.unwrap().contains("not closed cleanly"));
+    assert_eq!(data(&store), expected);
+    store.close().unwrap();
+
+    let files = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        Store::open(files.path(), options.clone()),
+        Err(StoreError::InvalidOption(_))
+    ));
 }
 
 /// Goal: a server that took in an append which a failover then lost stops answering for the

@@ -15,6 +15,8 @@ pub struct ServerProcess {
     pub http: SocketAddr,
     pub grpc: Option<SocketAddr>,
     pub dir: PathBuf,
+    /// Lines the server printed before its listening line.
+    pub startup: Vec<String>,
     /// Lines the server printed after its listening line.
     pub output: std::sync::mpsc::Receiver<String>,
 }
@@ -63,6 +65,7 @@ impl ServerProcess {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(60);
+        let mut startup = Vec::new();
         loop {
             let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
             else {
@@ -86,9 +89,11 @@ impl ServerProcess {
                     http: http.unwrap(),
                     grpc,
                     dir: dir.map(Path::to_path_buf).unwrap_or_default(),
+                    startup,
                     output: rx,
                 };
             }
+            startup.push(line);
         }
     }
 
