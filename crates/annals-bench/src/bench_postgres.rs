@@ -3,7 +3,9 @@
 //! per transaction in a loop), the row floor (the same with the row and statement of a lone
 //! append), one embedded client's conditional appends, 64 writers of
 //! 512-event appends, 64 HTTP connections of conditional appends on one server and split over
-//! two, and selective reads over HTTP on PostgreSQL beside the same on files.
+//! two, the open of a store on the log all that left (filled from the database, and again
+//! from a mirror kept across a clean close), and selective reads over HTTP on PostgreSQL
+//! beside the same on files.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,7 +39,7 @@ pub struct PostgresArgs {
     /// Where the file backend's server keeps its data for the read comparison (emptied first).
     #[arg(long, default_value = "/tmp/annals-bench-pg-files")]
     dir: PathBuf,
-    /// Measure only these figures (comma-separated: one, wide, http, two, separate), for
+    /// Measure only these figures (comma-separated: one, wide, http, two, separate, open), for
     /// profiling one of them; the floor is always measured. A partial run is not recorded.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -132,6 +134,65 @@ fn split_load(url: &str, a: SocketAddr, b: SocketAddr, seconds: f64) -> Result<S
         errors: a.1 + b.1,
         p99_ms: a.2.max(b.2),
         max_ms: a.3.max(b.3),
+    })
+}
+
+/// What opening a store on the log took.
+struct Opened {
+    events: u64,
+    appends: u64,
+    /// Filled from the database (a mirror in a directory of its own, as `--mirror` keeps it).
+    filled_ms: f64,
+    /// The clean close that keeps it: checkpoint, sync, record.
+    close_ms: f64,
+    /// Again, from the mirror as it was closed.
+    kept_ms: f64,
+}
+
+/// Opens a store on the database's log twice through a kept mirror: filled from the database,
+/// then, after a clean close, from the mirror as it was left.
+fn open_times(url: &str) -> Result<Opened, String> {
+    let dir = std::env::temp_dir().join(format!("annals-bench-kept-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = Options {
+        mirror: Some(dir.clone()),
+        ..Options::default()
+    };
+    let ms = |since: Instant| (since.elapsed().as_secs_f64() * 1e4).round() / 10.0;
+    let started = Instant::now();
+    let store = Store::open_postgres(url, options.clone()).map_err(|e| e.to_string())?;
+    let filled_ms = ms(started);
+    let events = store.head();
+    let appends = store
+        .open_report()
+        .mirror
+        .as_ref()
+        .map_or(0, |m| m.followed);
+    let started = Instant::now();
+    store.close().map_err(|e| e.to_string())?;
+    let close_ms = ms(started);
+    let started = Instant::now();
+    let store = Store::open_postgres(url, options).map_err(|e| e.to_string())?;
+    let kept_ms = ms(started);
+    let resumed = store
+        .open_report()
+        .mirror
+        .as_ref()
+        .and_then(|m| m.resumed_at);
+    if resumed != Some(events) || store.head() != events {
+        return Err(format!(
+            "the kept mirror was not used as closed at {events}: {:?}",
+            store.open_report().mirror
+        ));
+    }
+    store.close().map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).map_err(|e| e.to_string())?;
+    Ok(Opened {
+        events,
+        appends,
+        filled_ms,
+        close_ms,
+        kept_ms,
     })
 }
 
@@ -356,6 +417,18 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             }
         }
     }
+    let opened = if wants("open") {
+        let o = open_times(&url)?;
+        json!({
+            "events": o.events,
+            "appends": o.appends,
+            "filled_ms": o.filled_ms,
+            "close_kept_ms": o.close_ms,
+            "kept_ms": o.kept_ms,
+        })
+    } else {
+        Value::Null
+    };
     let http_rate = if one_rates.is_empty() {
         0.0
     } else {
@@ -394,6 +467,7 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
             "two_separate_runs": separate.iter().map(|r| r.round()).collect::<Vec<_>>(),
             "two_separate_ratio_to_one": if separate.is_empty() || one_rates.is_empty() { Value::Null } else { round(median(separate.clone()) / http_rate).into() },
             "two_servers_ratio_to_separate": if separate.is_empty() || split.is_empty() { Value::Null } else { round(median(split.clone()) / median(separate.clone())).into() },
+            "open": opened,
         }));
     }
     // Selective reads over HTTP: PostgreSQL, then files, each preloaded alike.
@@ -458,5 +532,6 @@ pub fn run(args: PostgresArgs) -> Result<Value, String> {
         "http64_reads_per_sec": pg_read_rate,
         "http64_reads_files_per_sec": file_read_rate,
         "reads_ratio_to_files": round(pg_read_rate / file_read_rate),
+        "open": opened,
     }))
 }

@@ -326,7 +326,8 @@ fn bench_umadb_json_contract() {
 
 /// Goal: `annals-bench postgres` measures one client beside both floors of the same run: the
 /// database's plain commit floor and its row floor (the statement and row of a lone append,
-/// without the server), and reports the ratio to the row floor from the figures it gives.
+/// without the server), and reports the ratio to the row floor from the figures it gives; and
+/// the open of a store on that log, filled from the database and from a kept mirror.
 #[test]
 fn bench_postgres_floors_json_contract() {
     if annals_testkit::bin_dir().is_none() && !annals_testkit::required() {
@@ -336,7 +337,7 @@ fn bench_postgres_floors_json_contract() {
     let stdout = stdout_of(bench().args([
         "postgres",
         "--only",
-        "one",
+        "one,open",
         "--seconds",
         "0.3",
         "--runs",
@@ -356,6 +357,15 @@ fn bench_postgres_floors_json_contract() {
     let reported = last["one_client_ratio_to_row_floor"].as_f64().unwrap();
     let computed = ratio("one_client_conditional_per_sec", "row_floor_per_sec");
     assert!((reported - computed).abs() < 0.01, "{last}");
+    // The open of a store on what the one client appended (one event each), filled from the
+    // database and then from its kept mirror.
+    let open = &last["open"];
+    let events = open["events"].as_u64().unwrap();
+    assert!(events > 0, "{last}");
+    assert_eq!(open["appends"].as_u64(), Some(events), "{last}");
+    for figure in ["filled_ms", "close_kept_ms", "kept_ms"] {
+        assert!(open[figure].as_f64().unwrap() >= 0.0, "{figure}: {last}");
+    }
     // Figures not asked for are not made up.
     assert!(last["two_servers_http64_per_sec"].is_null(), "{last}");
 }
