@@ -1,19 +1,18 @@
 //! A PostgreSQL store's mirror kept in a directory across restarts ([`crate::Options::mirror`]).
 //!
 //! A store on PostgreSQL keeps a copy of the log in a file store of its own (the mirror, see
-//! `Store::open_postgres`). By default that copy lives in a temporary directory and is read
-//! again from the database at every open: about a second per million events, and as many
-//! bytes written again. A kept mirror survives a clean close, so the next open reads only
-//! what the database committed since.
+//! `Store::open_postgres`). By default that copy lives in a temporary directory and the whole
+//! log is read again from the database, and written again, at every open. A kept mirror
+//! survives a clean close, so the next open reads only what the database committed since.
 //!
-//! The directory holds `LOCK` (held while a store uses the mirror), `log/` (the file store)
-//! and, only between a clean close and the next open, `closed`: the head the mirror held and
-//! its last append as the database stored it. The marker is removed at open before anything
-//! is written, so a mirror whose server crashed, was killed or lost power is never trusted:
-//! its writes were never synced (the database holds the truth), and it is rebuilt. A mirror
-//! that was closed cleanly is used only if the database still holds that last append at the
-//! same positions, with the same append time and size; otherwise (another database, or one
-//! restored or failed over to a copy that lacks it) it is rebuilt as well.
+//! The directory holds `LOCK` (held while a store uses the mirror), `log/` (the file store) and,
+//! only between a clean close and the next open, `closed`: the head the mirror held and its last
+//! append as the database stored it. The marker is removed at open before anything is written to
+//! the mirror, so a mirror whose server crashed, was killed or lost power is never trusted: its
+//! writes were never synced (the database holds the truth), and it is rebuilt. A mirror that was
+//! closed cleanly is used only if the database still holds that last append at the same positions,
+//! with the same append time and size; otherwise (another database, or one restored or failed over
+//! to a copy that lacks it) it is rebuilt as well.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -88,9 +87,10 @@ pub(crate) struct KeptMirror {
 }
 
 impl KeptMirror {
-    /// Takes the directory (made if missing) and what its last clean close left, which it
-    /// removes: from here on the mirror is not closed. Without it, the reason it cannot be
-    /// used; the caller then rebuilds it ([`KeptMirror::wipe`]).
+    /// Takes the directory (made if missing) and reads what its last clean close left, or why
+    /// there is none; the caller then rebuilds the mirror ([`KeptMirror::wipe`]). The record
+    /// stays until [`KeptMirror::consume`], so that an open that fails before it (the database
+    /// unreachable, say) leaves the mirror as trusted as it found it.
     pub(crate) fn claim(
         io: Arc<dyn Io>,
         dir: &Path,
@@ -120,10 +120,6 @@ impl KeptMirror {
         let closed = if names.iter().any(|n| n == CLOSED) {
             let text = read_small(io.as_ref(), &marker)
                 .map_err(|e| fail("read mirror marker", &marker, e))?;
-            io.remove(&marker)
-                .map_err(|e| fail("remove mirror marker", &marker, e))?;
-            io.sync_dir(dir)
-                .map_err(|e| fail("sync mirror directory", dir, e))?;
             Closed::parse(&text).ok_or_else(|| format!("its marker is malformed ({text:?})"))
         } else if kept.holds_a_log()? {
             Err("it was not closed cleanly (its server crashed or was killed)".to_string())
@@ -148,8 +144,24 @@ impl KeptMirror {
         self.dir.join(LOG)
     }
 
-    /// Removes the file store, so that it is made anew and filled from the database.
+    /// Removes the record of a clean close, before anything is written to the mirror: from
+    /// here on it is not closed, until [`KeptMirror::close`].
+    pub(crate) fn consume(&self) -> Result<(), StoreError> {
+        let marker = self.dir.join(CLOSED);
+        match self.io.remove(&marker) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(StoreError::io("remove mirror marker", &marker, 0, e)),
+        }
+        self.io
+            .sync_dir(&self.dir)
+            .map_err(|e| StoreError::io("sync mirror directory", &self.dir, 0, e))
+    }
+
+    /// Removes the file store (and any record of a clean close), so that it is made anew and
+    /// filled from the database.
     pub(crate) fn wipe(&self) -> Result<(), StoreError> {
+        self.consume()?;
         let log = self.log_dir();
         let names = match self.io.list(&log) {
             Ok(names) => names,
@@ -269,7 +281,12 @@ mod tests {
         let (kept, found) = KeptMirror::claim(io.clone(), dir).unwrap();
         assert_eq!(found, Ok(closed(7)));
         drop(kept);
-        // The marker was taken: the next open without a close does not trust the mirror.
+        // Not consumed (an open that failed before writing): still trusted.
+        let (kept, found) = KeptMirror::claim(io.clone(), dir).unwrap();
+        assert_eq!(found, Ok(closed(7)));
+        kept.consume().unwrap();
+        drop(kept);
+        // Consumed: the next open without a close does not trust the mirror.
         let (kept, found) = KeptMirror::claim(io.clone(), dir).unwrap();
         assert!(found.unwrap_err().contains("not closed cleanly"));
         kept.wipe().unwrap();

@@ -812,11 +812,16 @@ impl Store {
                         store.head(),
                         closed.head
                     )
-                } else if closed.head == 0 {
-                    return Ok((store, MirrorReport::resumed(closed)));
                 } else {
-                    match crate::postgres::holds(url, closed.last)? {
-                        None => return Ok((store, MirrorReport::resumed(closed))),
+                    let holds = match closed.head {
+                        0 => None,
+                        _ => crate::postgres::holds(url, closed.last)?,
+                    };
+                    match holds {
+                        None => {
+                            kept.consume()?;
+                            return Ok((store, MirrorReport::resumed(closed)));
+                        }
                         Some(why_not) => why_not,
                     }
                 };

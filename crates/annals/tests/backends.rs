@@ -807,6 +807,20 @@ fn a_kept_mirror_is_used_only_as_the_database_holds_it() {
     assert_eq!(data(&store), expected);
     store.close().unwrap();
 
+    // An open that cannot reach the database leaves the mirror as trusted as it found it.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unreachable = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?connect_timeout=2",
+        free.local_addr().unwrap().port()
+    );
+    drop(free);
+    assert!(Store::open_postgres(&unreachable, options.clone()).is_err());
+    let store = open().unwrap();
+    let mirror = store.open_report().mirror.clone().unwrap();
+    assert_eq!(mirror.resumed_at, Some(8), "{mirror:?}");
+    assert_eq!(mirror.followed, 0);
+    store.close().unwrap();
+
     // The database loses the mirror's last append (as a failover to a standby that lacked it
     // would), and another store writes a different one at its position.
     cluster.sql("DELETE FROM annals_appends WHERE first_position = 8");
