@@ -114,10 +114,11 @@ const COMMIT_ONE: &str =
     FROM (SELECT pg_notify('annals_appended', $2::int8::text || ' ' || $5::int8::text)) AS wake
     ON CONFLICT (first_position) DO NOTHING";
 
-/// [`COMMIT_ONE`] aimed at another table and notification channel: the database's own work
-/// for a lone append, without the server. The benchmark measures it beside its commit floor,
-/// on a table made `LIKE annals_appends INCLUDING ALL`, so that a lone client's figure can be
-/// told apart from what the database costs per append row.
+/// The statement of a lone append (`COMMIT_ONE`) aimed at another table and notification
+/// channel: the database's own work for a lone append, without the server. The benchmark
+/// measures it beside its commit floor, on a table made `LIKE annals_appends INCLUDING ALL`,
+/// so that a lone client's figure can be told apart from what the database costs per append
+/// row.
 pub fn lone_commit_statement(table: &str, channel: &str) -> String {
     assert!(
         COMMIT_ONE.contains("annals_appends") && COMMIT_ONE.contains("'annals_appended'"),

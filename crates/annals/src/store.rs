@@ -726,7 +726,9 @@ impl Store {
     /// and loads the log into memory. Several stores, in this process or others, may open the
     /// same database: each takes in what the others commit. The durability is D3: an append
     /// is acknowledged once the database has committed it (with its `synchronous_commit`
-    /// setting in force).
+    /// setting in force). The store's copy of the log (its mirror) is filled from the database
+    /// into a temporary directory, or kept across clean closes in `options.mirror` (see
+    /// [`Options::mirror`]; what the open found is in [`Store::open_report`]).
     pub fn open_postgres(url: &str, options: Options) -> Result<Store, StoreError> {
         if options.durability != Durability::Synced {
             return Err(StoreError::InvalidOption(format!(
