@@ -229,8 +229,12 @@ const HEAD: &str = "SELECT last_position FROM annals_appends ORDER BY first_posi
 const FETCH: &str = "SELECT first_position, last_position, appended_at_us, body FROM annals_appends
     WHERE first_position > $1 ORDER BY first_position LIMIT $2";
 
-/// Rows fetched per round trip while following the database.
-const FETCH_ROWS: i64 = 2048;
+/// Rows read per statement while following the database.
+const FETCH_ROWS: i64 = 65536;
+
+/// Rows, and their bodies' bytes, the mirror takes in at a time while more are streamed.
+const TAKE_IN_ROWS: usize = 1024;
+const TAKE_IN_BYTES: usize = 8 << 20;
 
 /// How long a group goes on trying while other servers' commits take its position first (or
 /// the database rolls it back as a serialization failure) before its appends are refused as
@@ -660,6 +664,14 @@ impl StoredAppend {
     }
 }
 
+/// Why streaming the rows after the mirror's head stopped early.
+enum Stopped {
+    /// The database or the connection failed.
+    Read(postgres::Error),
+    /// The mirror refused a row (not a continuation of the log, or malformed).
+    Refused(StoreError),
+}
+
 /// What a group's statement answered.
 enum Answered {
     /// [`COMMIT_ONE`] or [`COMMIT_GROUP`]: the rows inserted, none or the whole group.
@@ -765,37 +777,66 @@ impl Committer {
         result
     }
 
-    /// Reads the rows after the mirror's head, a chunk at a time, until there are none: one
-    /// round trip when another server committed a group (after a lost race, say). Finding none,
-    /// it reads the head as well, to notice a database that lost what the mirror holds.
+    /// Reads the rows after the mirror's head until there are none: one round trip when
+    /// another server committed a group (after a lost race, say). The rows are streamed: the
+    /// database sends the next while the mirror takes in the last, a chunk at a time (at most
+    /// [`TAKE_IN_ROWS`] rows, [`TAKE_IN_BYTES`] bytes). Finding none, it reads the head as
+    /// well, to notice a database that lost what the mirror holds.
     fn follow_once(&mut self) -> Result<(), StoreError> {
         loop {
             let local = self.inner.head();
-            let connection = self.connection()?;
-            let rows = connection
+            self.connection()?;
+            let mut connection = self.connection.take().expect("connected above");
+            let mut chunk = Vec::new();
+            let mut chunk_bytes = 0;
+            let mut read = 0i64;
+            let streamed = match connection
                 .client
-                .query(&connection.fetch, &[&(local as i64), &FETCH_ROWS]);
-            let rows = match rows {
-                Ok(rows) => rows,
-                Err(e) => {
-                    let error = unavailable("read appends", &e);
-                    self.lost(&e);
-                    return Err(error);
-                }
+                .query_raw(&connection.fetch, [&(local as i64), &FETCH_ROWS])
+            {
+                Err(e) => Err(Stopped::Read(e)),
+                Ok(mut rows) => loop {
+                    match rows.next() {
+                        Err(e) => break Err(Stopped::Read(e)),
+                        Ok(row) => {
+                            let last_row = row.is_none();
+                            if let Some(row) = row {
+                                let body = row.get::<_, Vec<u8>>(3);
+                                chunk_bytes += body.len();
+                                chunk.push((row.get(0), row.get(1), row.get(2), body));
+                                read += 1;
+                            }
+                            let full = chunk.len() >= TAKE_IN_ROWS || chunk_bytes >= TAKE_IN_BYTES;
+                            if (full || last_row) && !chunk.is_empty() {
+                                if let Err(e) = self.take_in(chunk.drain(..)) {
+                                    break Err(Stopped::Refused(e));
+                                }
+                                chunk_bytes = 0;
+                            }
+                            if last_row {
+                                break Ok(());
+                            }
+                        }
+                    }
+                },
             };
-            if rows.is_empty() {
+            match streamed {
+                Ok(()) => self.connection = Some(connection),
+                // The mirror refused a row: what came before it is in.
+                Err(Stopped::Refused(e)) => return Err(e),
+                Err(Stopped::Read(e)) => {
+                    if e.as_db_error().is_some() && !e.is_closed() {
+                        self.connection = Some(connection);
+                    } else {
+                        self.verify_on_connect = true;
+                    }
+                    return Err(unavailable("read appends", &e));
+                }
+            }
+            if read == 0 {
                 return self.check_not_behind(local);
             }
-            let complete = (rows.len() as i64) < FETCH_ROWS;
-            self.take_in(rows.iter().map(|row| {
-                (
-                    row.get::<_, i64>(0),
-                    row.get::<_, i64>(1),
-                    row.get::<_, i64>(2),
-                    row.get::<_, Vec<u8>>(3),
-                )
-            }))?;
-            if complete {
+            if read < FETCH_ROWS {
                 return Ok(());
             }
         }

@@ -762,6 +762,50 @@ fn stale_mirrors_are_removed() {
     std::fs::remove_dir_all(&live).unwrap();
 }
 
+/// Goal: a store opened on a log longer than one chunk of rows, and heavier than one chunk of
+/// bytes, takes in all of it, in order: the rows are streamed from the database to the mirror
+/// a chunk at a time.
+#[test]
+fn a_long_log_is_taken_in_chunk_by_chunk() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let writer = Store::open_postgres(&cluster.url(), Options::default()).unwrap();
+    let big = vec![b'x'; 1 << 20];
+    for i in 0..10u64 {
+        let mut data = big.clone();
+        data[0] = b'0' + i as u8;
+        writer
+            .append(&[NewEvent::new("Big", data).tag("big")], None)
+            .unwrap();
+    }
+    // Sent without waiting, so that they share commits.
+    let (done, answers) = std::sync::mpsc::channel();
+    for i in 0..2500u64 {
+        let event = NewEvent::new("E", format!("{i}").into_bytes()).tag(format!("n{i}"));
+        let done = done.clone();
+        writer
+            .appending(&[event])
+            .then(move |outcome| done.send(outcome.map(|_| ())).unwrap())
+            .unwrap();
+    }
+    for _ in 0..2500 {
+        answers.recv().unwrap().unwrap();
+    }
+    let expected = read_all(&writer, &Query::all(), ReadOptions::forwards()).unwrap();
+    assert_eq!(expected.len(), 2510);
+    writer.close().unwrap();
+    let reader = Store::open_postgres(&cluster.url(), Options::default()).unwrap();
+    assert_eq!(reader.head(), 2510);
+    assert_eq!(reader.open_report().mirror.as_ref().unwrap().followed, 2510);
+    let got = read_all(&reader, &Query::all(), ReadOptions::forwards()).unwrap();
+    assert_eq!(got.len(), expected.len());
+    for (a, b) in got.iter().zip(&expected) {
+        assert_eq!((a.position(), a.data()), (b.position(), b.data()));
+    }
+    reader.close().unwrap();
+}
+
 /// Goal: a mirror kept across closes (`Options::mirror`) is used as its clean close left it,
 /// taking in only what other stores committed since, and only while the database holds its
 /// last append; otherwise (that append lost and another written in its place, or no clean
