@@ -288,24 +288,6 @@ pub struct MirrorKind {
     pub followed: u64,
 }
 
-/// What opening a kept mirror found, before the database's log is read.
-#[derive(Default)]
-struct MirrorReport {
-    resumed_at: Option<u64>,
-    rebuilt: Option<String>,
-    last_append: crate::postgres::StoredAppend,
-}
-
-impl MirrorReport {
-    fn resumed(closed: crate::mirror::Closed) -> MirrorReport {
-        MirrorReport {
-            resumed_at: Some(closed.head),
-            rebuilt: None,
-            last_append: closed.last,
-        }
-    }
-}
-
 /// A snapshot of the store's state and counters.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Stats {
@@ -752,7 +734,8 @@ impl Store {
         mirror.preallocation = crate::Preallocation::Fallocate;
         mirror.unsynced_bytes_max = 1 << 40;
         let io: Arc<dyn Io> = Arc::new(RealIo);
-        let (mut store, kept, report) = match &options.mirror {
+        // A kept mirror: used as closed, or why it was filled again.
+        let (mut store, kept, found) = match &options.mirror {
             None => {
                 static MIRRORS: AtomicU64 = AtomicU64::new(0);
                 remove_stale_mirrors();
@@ -764,15 +747,16 @@ impl Store {
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut store = Self::open_with_io(io, &dir, mirror)?;
                 store.mirror_dir = Some(dir);
-                (store, None, MirrorReport::default())
+                (store, None, None)
             }
             Some(dir) => {
                 let (kept, closed) = crate::mirror::KeptMirror::claim(io.clone(), dir)?;
-                let (store, report) = Self::open_kept_mirror(url, io, &kept, closed, mirror)?;
-                (store, Some(kept), report)
+                let (store, found) = Self::open_kept_mirror(url, io, &kept, closed, mirror)?;
+                (store, Some(kept), Some(found))
             }
         };
-        let last_append = report.last_append;
+        let resumed = found.as_ref().and_then(|f| f.as_ref().ok());
+        let last_append = resumed.map_or_else(Default::default, |closed| closed.last);
         // Companion files live in the database with the log, not in the mirror's directory.
         store.companions = Arc::new(InDatabase::new(crate::pgconnect::Target::parse(url)?));
         store.kept = kept;
@@ -784,8 +768,8 @@ impl Store {
         )?;
         store.report.mirror = Some(MirrorKind {
             kept: options.mirror.clone(),
-            resumed_at: report.resumed_at,
-            rebuilt: report.rebuilt,
+            resumed_at: resumed.map(|closed| closed.head),
+            rebuilt: found.and_then(Result::err),
             followed: remote.counters.followed.load(Ordering::Relaxed),
         });
         store.report.open_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -794,15 +778,15 @@ impl Store {
     }
 
     /// Opens the file store of a kept mirror: as it was closed, when the database holds its
-    /// last append (`closed`, what its clean close recorded); else emptied, to be filled from
-    /// the database.
+    /// last append (`closed`, what its clean close recorded), answered with that record; else
+    /// emptied, to be filled from the database, answered with why.
     fn open_kept_mirror(
         url: &str,
         io: Arc<dyn Io>,
         kept: &crate::mirror::KeptMirror,
         closed: Result<crate::mirror::Closed, String>,
         options: Options,
-    ) -> Result<(Store, MirrorReport), StoreError> {
+    ) -> Result<(Store, Result<crate::mirror::Closed, String>), StoreError> {
         let dir = kept.log_dir();
         let why_not = match closed {
             Err(why) => why,
@@ -822,7 +806,7 @@ impl Store {
                     match holds {
                         None => {
                             kept.consume()?;
-                            return Ok((store, MirrorReport::resumed(closed)));
+                            return Ok((store, Ok(closed)));
                         }
                         Some(why_not) => why_not,
                     }
@@ -834,13 +818,7 @@ impl Store {
         kept.wipe()?;
         let store = Self::open_with_io(io, &dir, options)?;
         debug_assert_eq!(store.head(), 0, "a wiped mirror is empty");
-        Ok((
-            store,
-            MirrorReport {
-                rebuilt: Some(why_not),
-                ..MirrorReport::default()
-            },
-        ))
+        Ok((store, Err(why_not)))
     }
 
     /// Opens the store at `location`: a PostgreSQL URL (`postgres://` or `postgresql://`, see
@@ -1378,8 +1356,12 @@ impl Store {
     }
 
     fn shutdown(&mut self) -> Result<(), StoreError> {
-        let mut last_append = None;
-        let result = self.stop_threads(&mut last_append);
+        // The backend first: what it has committed still goes to the mirror's writer.
+        let last_append = self.remote.take().map(|mut remote| {
+            remote.stop();
+            remote.last_append()
+        });
+        let result = self.stop_threads();
         if let Some(dir) = self.mirror_dir.take() {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -1414,17 +1396,8 @@ impl Store {
         kept.close(crate::mirror::Closed { head, last })
     }
 
-    /// Stops the threads and writes the checkpoint; on PostgreSQL, `last_append` is the
-    /// mirror's last append as the database stored it.
-    fn stop_threads(
-        &mut self,
-        last_append: &mut Option<crate::postgres::StoredAppend>,
-    ) -> Result<(), StoreError> {
-        // The backend first: what it has committed still goes to the mirror's writer.
-        if let Some(mut remote) = self.remote.take() {
-            remote.stop();
-            *last_append = Some(remote.last_append());
-        }
+    /// Stops the writer's threads (the backend's are stopped first) and writes the checkpoint.
+    fn stop_threads(&mut self) -> Result<(), StoreError> {
         let Some(sender) = self.sender.take() else {
             return Ok(());
         };
