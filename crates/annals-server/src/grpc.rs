@@ -102,12 +102,12 @@ fn invalid(message: impl Into<String>) -> Status {
 
 fn store_status(e: &StoreError) -> Status {
     match e {
-        StoreError::Poisoned { .. }
-        | StoreError::Closed
-        | StoreError::Unavailable { .. }
-        | StoreError::OutcomeUnknown { .. } => {
+        StoreError::Poisoned { .. } | StoreError::Closed | StoreError::Unavailable { .. } => {
             status(Code::Unavailable, ErrorType::Io, e.to_string())
         }
+        // Not UNAVAILABLE, which gRPC clients may retry by themselves: the append may be
+        // stored, and a blind retry would store it twice.
+        StoreError::OutcomeUnknown { .. } => status(Code::Unknown, ErrorType::Io, e.to_string()),
         _ => status(Code::Internal, ErrorType::Internal, e.to_string()),
     }
 }

@@ -301,6 +301,12 @@ impl Metrics {
                     "PostgreSQL: appends answered outcome_unknown (the commit's fate not known).",
                     db.unknown_outcomes,
                 ),
+                (
+                    "annals_database_settled_outcomes_total",
+                    "PostgreSQL: appends whose commit's fate was unknown when the session ended, \
+                     then settled by reading the log.",
+                    db.settled_outcomes,
+                ),
             ] {
                 counter(&mut out, name, help, value as f64);
             }

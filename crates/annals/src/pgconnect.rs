@@ -110,6 +110,16 @@ impl Target {
     }
 }
 
+impl Target {
+    /// Asks the server to cancel what the connection of `token` is running.
+    pub(crate) fn cancel(&self, token: &postgres::CancelToken) -> Result<(), postgres::Error> {
+        match &self.tls {
+            Some(tls) => token.cancel_query(tls.clone()),
+            None => token.cancel_query(NoTls),
+        }
+    }
+}
+
 /// Drops a value holding connections (a `postgres` client) off any async runtime: the client
 /// closes its connection by blocking on it, which panics on a thread that drives a runtime (a
 /// server that fails to start drops its store there).

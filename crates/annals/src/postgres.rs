@@ -245,6 +245,12 @@ const TAKE_IN_BYTES: usize = 8 << 20;
 /// would have committed.
 const RACING_MAX: Duration = Duration::from_secs(10);
 
+/// How long a group whose commit's outcome is unknown (the session ended while the commit ran)
+/// waits for the database to tell whether it is in the log (see [`Committer::settle`]) before
+/// its appends are answered with an unknown outcome. A database restart or a failover to a
+/// standby promoted at once fits in it.
+pub(crate) const SETTLE_MAX: Duration = Duration::from_secs(10);
+
 /// Appends committed with one statement at most.
 const GROUP_APPENDS_MAX: usize = 4096;
 
@@ -320,6 +326,9 @@ pub(crate) struct RemoteCounters {
     pub(crate) reconnects: AtomicU64,
     /// Appends answered with an unknown outcome.
     pub(crate) unknown: AtomicU64,
+    /// Appends whose commit's outcome was unknown and then settled by reading the log: found
+    /// committed (and answered so), or found absent (and tried again).
+    pub(crate) settled: AtomicU64,
     /// When this server's last group committed, in microseconds since the epoch (see
     /// [`BUSY`]).
     pub(crate) committed_at_us: AtomicU64,
@@ -372,6 +381,7 @@ impl Remote {
             group_time: 0,
             last_append,
             server_id: server_id(),
+            awaited: None,
         };
         committer.adopt(client)?;
         committer.follow()?;
@@ -459,6 +469,7 @@ impl Remote {
             followed: c.followed.load(Ordering::Relaxed),
             reconnects: c.reconnects.load(Ordering::Relaxed),
             unknown_outcomes: c.unknown.load(Ordering::Relaxed),
+            settled_outcomes: c.settled.load(Ordering::Relaxed),
         }
     }
 
@@ -502,6 +513,23 @@ fn unavailable(what: &str, e: &postgres::Error) -> StoreError {
     StoreError::Unavailable {
         reason: format!("PostgreSQL {what}: {}", describe(e)),
     }
+}
+
+/// The database reported that the statement itself failed (severity ERROR): the statement's
+/// transaction rolled back, so nothing of it was committed, whatever happens to the
+/// connection next. A report of severity FATAL or PANIC ends the session instead, and may come
+/// after the commit: a session terminated while its commit was under way (by
+/// `pg_terminate_backend`, a fast shutdown or a pooler) commits, then reports FATAL instead of
+/// the statement's end. Such a report, like a connection lost without one, says nothing of
+/// whether the statement committed.
+fn statement_failed(e: &postgres::Error) -> bool {
+    use postgres::error::Severity;
+    e.as_db_error()
+        .is_some_and(|db| match db.parsed_severity() {
+            Some(severity) => severity == Severity::Error,
+            // Servers before 9.6 send only the localised severity.
+            None => db.severity() == "ERROR",
+        })
 }
 
 /// The database rolled a transaction back because of a concurrent one; trying it again may
@@ -604,6 +632,9 @@ fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
 /// One connection with its prepared statements.
 struct Connection {
     client: Client,
+    /// The database session serving it, to make sure, after the connection is lost with a
+    /// statement in flight, that the session has ended and cannot commit it later.
+    session: Session,
     commit_one: Statement,
     commit_group: Statement,
     commit_after: Statement,
@@ -644,6 +675,28 @@ impl Applied {
     }
 }
 
+/// A database session as `pg_stat_activity` names it: its process id and when it started
+/// (as text), which together name one session on one server.
+#[derive(Clone, Debug)]
+struct Session {
+    pid: i32,
+    started: String,
+}
+
+const SESSION: &str = "SELECT pid, backend_start::text FROM pg_stat_activity \
+    WHERE pid = pg_backend_pid()";
+
+/// Ends the session `$1`, `$2` if it is still there (a statement of a lost connection may still
+/// be running in it); answers whether it was there.
+const END_SESSION: &str = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+    WHERE pid = $1 AND backend_start::text = $2";
+
+/// A write whose commit waits, as any commit does, for the WAL before it to be flushed and,
+/// with a synchronous standby, confirmed by it: a settled append's commit is then as durable
+/// as one answered at once. (A statement timeout does not bound that wait, which comes after
+/// the statement; a cancel does, and is reported as a warning.)
+const CONFIRM: &str = "UPDATE annals_schema SET version = version WHERE id = 1";
+
 /// What identifies an append stored in the database: positions, append time, body size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct StoredAppend {
@@ -670,6 +723,65 @@ enum Stopped {
     Read(postgres::Error),
     /// The mirror refused a row (not a continuation of the log, or malformed).
     Refused(StoreError),
+}
+
+/// Why a group's statement did not answer with its outcome.
+enum Failed {
+    /// The statement may have committed or not: its session ended while it ran (a FATAL
+    /// report or a lost connection), or the primary committed it without its synchronous
+    /// standby's confirmation. `session` ran it; `time` is the group's append time.
+    Unsettled {
+        reason: String,
+        session: Session,
+        time: u64,
+    },
+    /// Nothing was committed (the database reported the statement's failure, or it was never
+    /// sent), or this server can no longer tell (it is poisoned).
+    Known(StoreError),
+}
+
+/// What [`Committer::settle`] found of a group.
+enum Settled {
+    /// In the log, each append with the positions where it was found.
+    Committed(Vec<(Accepted, (u64, u64))>),
+    /// Not in the log, and it cannot get there any more: the group's requests, to try again.
+    Absent(Vec<Request>),
+    /// Not known within [`SETTLE_MAX`].
+    Unknown(Vec<Accepted>, StoreError),
+}
+
+/// A group whose commit is being settled, and what of it the log was found to hold.
+struct Awaited {
+    group: Vec<Accepted>,
+    /// The group's append time (an append read from another log keeps its own).
+    time: u64,
+    /// Where each of the group's first appends was found, in order.
+    found: Vec<(u64, u64)>,
+    /// Why the log cannot hold what this server wrote (set when part of the group was found,
+    /// then a row that is not the next of it).
+    broken: Option<String>,
+}
+
+impl Awaited {
+    /// Takes a row the log holds after the mirror's head (first and last position, append
+    /// time, body), in order.
+    fn see(&mut self, first: u64, last: u64, at: u64, body: &[u8]) {
+        let Some(next) = self.group.get(self.found.len()) else {
+            return;
+        };
+        let request = &next.request;
+        let same = at == request.appended_at.unwrap_or(self.time)
+            && last.checked_sub(first) == Some(next.last - next.first)
+            && body == request.append.body.as_slice();
+        if same {
+            self.found.push((first, last));
+        } else if !self.found.is_empty() && self.broken.is_none() {
+            self.broken = Some(format!(
+                "the append at positions {first}..={last} follows the first {} of the group",
+                self.found.len()
+            ));
+        }
+    }
 }
 
 /// What a group's statement answered.
@@ -708,6 +820,8 @@ struct Committer {
     last_append: StoredAppend,
     /// Names this server's commits in their notifications (see [`COMMIT`]).
     server_id: i64,
+    /// The group whose commit is being settled (see [`Committer::settle`]).
+    awaited: Option<Awaited>,
 }
 
 impl Drop for Committer {
@@ -731,8 +845,16 @@ impl Committer {
         let commit_after = prepare(&mut client, COMMIT_AFTER)?;
         let head = prepare(&mut client, HEAD)?;
         let fetch = prepare(&mut client, FETCH)?;
+        let session = client
+            .query_one(SESSION, &[])
+            .map_err(|e| unavailable("name the session", &e))?;
+        let session = Session {
+            pid: session.get(0),
+            started: session.get(1),
+        };
         self.connection = Some(Connection {
             client,
+            session,
             commit_one,
             commit_group,
             commit_after,
@@ -761,7 +883,7 @@ impl Committer {
 
     /// Drops the connection after an error that may have left it unusable.
     fn lost(&mut self, e: &postgres::Error) {
-        if e.as_db_error().is_none() || e.is_closed() {
+        if !statement_failed(e) || e.is_closed() {
             self.connection = None;
             self.verify_on_connect = true;
         }
@@ -825,7 +947,7 @@ impl Committer {
                 // The mirror refused a row: what came before it is in.
                 Err(Stopped::Refused(e)) => return Err(e),
                 Err(Stopped::Read(e)) => {
-                    if e.as_db_error().is_some() && !e.is_closed() {
+                    if statement_failed(&e) && !e.is_closed() {
                         self.connection = Some(connection);
                     } else {
                         self.verify_on_connect = true;
@@ -856,6 +978,9 @@ impl Committer {
         let mut bad = None;
         for (first, last, at, body) in rows {
             let (first, last, at) = (first as u64, last as u64, at as u64);
+            if let Some(awaited) = &mut self.awaited {
+                awaited.see(first, last, at, &body);
+            }
             if first != local + 1 || last < first || last - first >= u64::from(u32::MAX) {
                 bad = Some(format!(
                     "an append at positions {first}..={last} follows position {local}: the \
@@ -958,10 +1083,13 @@ impl Committer {
         while !pending.is_empty() {
             attempts += 1;
             if attempts > 1 && started.elapsed() > RACING_MAX {
+                // Every try before ended with nothing committed: a race lost to another
+                // server's commit, or a commit settled as not made.
                 let e = StoreError::Unavailable {
                     reason: format!(
-                        "PostgreSQL: the group lost every race to other servers' commits for \
-                         {} s ({} tries)",
+                        "PostgreSQL: the group was not committed in {} s ({} tries): other \
+                         servers' commits took its position first, or the database ended its \
+                         sessions",
                         RACING_MAX.as_secs(),
                         attempts - 1
                     ),
@@ -1019,19 +1147,245 @@ impl Committer {
                         take_queued(&mut pending, queue, self.inner.options.group_bytes_max);
                     }
                 }
-                Err(error) => {
-                    if matches!(error, StoreError::OutcomeUnknown { .. }) {
-                        self.counters
-                            .unknown
-                            .fetch_add(accepted.len() as u64, Ordering::Relaxed);
-                    }
-                    for a in accepted {
-                        a.request.reply.send(Err(clone_error(&error).into()));
-                    }
+                Err(Failed::Known(error)) => {
+                    self.refuse(accepted, &error);
                     return;
                 }
+                Err(Failed::Unsettled {
+                    reason,
+                    session,
+                    time,
+                }) => match self.settle(head, accepted, time, &session, &reason) {
+                    Settled::Committed(found) => {
+                        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                        self.counters
+                            .committed_at_us
+                            .store(now_us(), Ordering::Relaxed);
+                        for (a, (_, last)) in found {
+                            a.request.reply.send(Ok(last));
+                        }
+                        return;
+                    }
+                    // Nothing of it was committed and nothing can be: try again, as after a
+                    // lost race.
+                    Settled::Absent(requests) => pending = requests,
+                    Settled::Unknown(accepted, error) => {
+                        self.refuse(accepted, &error);
+                        return;
+                    }
+                },
             }
         }
+    }
+
+    /// Answers every append of a group with `error`.
+    fn refuse(&self, accepted: Vec<Accepted>, error: &StoreError) {
+        if matches!(error, StoreError::OutcomeUnknown { .. }) {
+            self.counters
+                .unknown
+                .fetch_add(accepted.len() as u64, Ordering::Relaxed);
+        }
+        for a in accepted {
+            a.request.reply.send(Err(clone_error(error).into()));
+        }
+    }
+
+    /// Finds out whether a group whose statement may or may not have committed (`reason`) is
+    /// in the log. The statement ran in `session`, for appends checked at the mirror's `head`
+    /// and stamped with `time`. Reconnects; makes sure that session has ended, so that nothing
+    /// of it can commit later; then reads what the database holds after `head` into the mirror,
+    /// as any follow does, looking for the group's rows: each append's length, time and bytes,
+    /// in order (after a lost race they may have moved past other servers' appends). Found
+    /// whole, the commit is confirmed as durable as an answered one ([`confirm_statement`]).
+    /// Tries until [`SETTLE_MAX`] has passed; the group's outcome stays unknown only when the
+    /// database cannot tell within that time.
+    fn settle(
+        &mut self,
+        head: u64,
+        accepted: Vec<Accepted>,
+        time: u64,
+        session: &Session,
+        reason: &str,
+    ) -> Settled {
+        debug_assert_eq!(
+            self.inner.head(),
+            head,
+            "nothing moved the mirror meanwhile"
+        );
+        let deadline = Instant::now() + SETTLE_MAX;
+        self.awaited = Some(Awaited {
+            group: accepted,
+            time,
+            found: Vec::new(),
+            broken: None,
+        });
+        let mut ended = false;
+        let mut pause = Duration::from_millis(10);
+        let outcome = loop {
+            match self.settle_once(session, &mut ended, deadline) {
+                Ok(()) => break Ok(()),
+                Err(e) => {
+                    let poisoned = self.inner.poison_error().is_some();
+                    if poisoned || Instant::now() + pause >= deadline {
+                        break Err(e);
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        };
+        let awaited = self.awaited.take().expect("set above");
+        let unknown = |why: String| StoreError::OutcomeUnknown {
+            reason: format!("{reason}; {why}"),
+        };
+        if let Some(broken) = awaited.broken {
+            // The group commits whole or not at all: the log holds something this server
+            // did not write.
+            let why = format!("the log holds part of the group: {broken}");
+            self.inner.poison(why.clone());
+            return Settled::Unknown(awaited.group, unknown(why));
+        }
+        let found_whole = awaited.found.len() == awaited.group.len();
+        match outcome {
+            Ok(()) if found_whole => {
+                self.counters
+                    .settled
+                    .fetch_add(awaited.group.len() as u64, Ordering::Relaxed);
+                Settled::Committed(awaited.group.into_iter().zip(awaited.found).collect())
+            }
+            Ok(()) if awaited.found.is_empty() => {
+                self.counters
+                    .settled
+                    .fetch_add(awaited.group.len() as u64, Ordering::Relaxed);
+                Settled::Absent(awaited.group.into_iter().map(|a| a.request).collect())
+            }
+            Ok(()) => unreachable!("settle_once ends with the group found whole or not at all"),
+            Err(e) => {
+                let why = if found_whole {
+                    format!(
+                        "it is in the log, but its durability was not confirmed within {} s: {e}",
+                        SETTLE_MAX.as_secs()
+                    )
+                } else {
+                    format!(
+                        "the database could not be asked within {} s: {e}",
+                        SETTLE_MAX.as_secs()
+                    )
+                };
+                Settled::Unknown(awaited.group, unknown(why))
+            }
+        }
+    }
+
+    /// One try of [`Committer::settle`]: Ok once the group is found whole (and confirmed) or
+    /// known absent.
+    fn settle_once(
+        &mut self,
+        session: &Session,
+        ended: &mut bool,
+        deadline: Instant,
+    ) -> Result<(), StoreError> {
+        self.connection()?;
+        if !*ended {
+            self.end_session(session, deadline)?;
+            *ended = true;
+        }
+        self.follow()?;
+        let awaited = self.awaited.as_ref().expect("settling");
+        if let Some(broken) = &awaited.broken {
+            return Err(StoreError::Database(broken.clone()));
+        }
+        if awaited.found.is_empty() {
+            return Ok(());
+        }
+        if awaited.found.len() < awaited.group.len() {
+            let why = format!(
+                "{} of the group's {} appends are in the log, the others not after them",
+                awaited.found.len(),
+                awaited.group.len()
+            );
+            self.awaited.as_mut().expect("settling").broken = Some(why.clone());
+            return Err(StoreError::Database(why));
+        }
+        self.confirm(deadline)
+    }
+
+    /// Ends `session` if it is still there, and waits until it has gone: a statement of a
+    /// lost connection may still run in it. A session ended has committed or rolled back for
+    /// good (its transaction is ended before it leaves `pg_stat_activity`). After a failover
+    /// the session was on another server, and no session here has its name.
+    fn end_session(&mut self, session: &Session, deadline: Instant) -> Result<(), StoreError> {
+        loop {
+            let connection = self.connection()?;
+            let there = match connection
+                .client
+                .query(END_SESSION, &[&session.pid, &session.started])
+            {
+                Ok(rows) => !rows.is_empty(),
+                Err(e) => {
+                    let error = unavailable("end the session of a lost connection", &e);
+                    self.lost(&e);
+                    return Err(error);
+                }
+            };
+            if !there {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::Unavailable {
+                    reason: format!(
+                        "PostgreSQL session {} (started {}) that ran the commit did not end",
+                        session.pid, session.started
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Makes sure that what the log holds is durable as configured: a commit that waits, as
+    /// every commit does, for the WAL before it to be flushed and confirmed by a synchronous
+    /// standby ([`CONFIRM`]). The wait is cancelled at `deadline`.
+    fn confirm(&mut self, deadline: Instant) -> Result<(), StoreError> {
+        self.warned.store(false, Ordering::Release);
+        let target = self.target.clone();
+        let connection = self.connection()?;
+        let token = connection.client.cancel_token();
+        let (done, finished) = crossbeam_channel::bounded::<()>(0);
+        let canceller = std::thread::spawn(move || {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let late = matches!(
+                finished.recv_timeout(left),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout)
+            );
+            if late {
+                let _ = target.cancel(&token);
+            }
+            late
+        });
+        let confirmed = connection.client.batch_execute(CONFIRM);
+        drop(done);
+        let cancelled = canceller.join().unwrap_or(true);
+        if cancelled {
+            // A cancel that came late must not meet a later statement on this connection.
+            self.connection = None;
+            self.verify_on_connect = true;
+        }
+        if let Err(e) = confirmed {
+            let error = unavailable("confirm a commit", &e);
+            self.lost(&e);
+            return Err(error);
+        }
+        if self.warned.load(Ordering::Acquire) {
+            self.connection = None;
+            self.verify_on_connect = true;
+            return Err(StoreError::Unavailable {
+                reason: "PostgreSQL committed locally but its synchronous standby did not \
+                         confirm"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     /// Runs the group's statement: [`COMMIT_ONE`] or [`COMMIT_GROUP`], or after a lost race
@@ -1047,7 +1401,7 @@ impl Committer {
         head: u64,
         accepted: &[Accepted],
         after_lost_race: bool,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>, Failed> {
         let now = now_us();
         assert_eq!(
             accepted.first().expect("a group").first,
@@ -1074,7 +1428,8 @@ impl Committer {
         }
         self.warned.store(false, Ordering::Release);
         let server_id = self.server_id;
-        let connection = self.connection()?;
+        let connection = self.connection().map_err(Failed::Known)?;
+        let session = connection.session.clone();
         let outcome = if after_lost_race {
             let probe = probe(head, accepted);
             connection
@@ -1144,25 +1499,33 @@ impl Committer {
             // database's optimistic transactions, or isolation set above read committed):
             // nothing was committed, as in a lost race.
             Err(e) if is_serialization_failure(&e) => return Ok(None),
-            Err(e) if e.as_db_error().is_some() => {
+            // The statement failed, and its transaction with it: nothing was committed.
+            Err(e) if statement_failed(&e) => {
                 let error = unavailable("commit", &e);
                 self.lost(&e);
-                return Err(error);
+                return Err(Failed::Known(error));
             }
             Err(e) => {
                 self.lost(&e);
-                return Err(StoreError::OutcomeUnknown {
-                    reason: format!("the connection to PostgreSQL failed during the commit: {e}"),
+                return Err(Failed::Unsettled {
+                    reason: format!(
+                        "the PostgreSQL session ended during the commit: {}",
+                        describe(&e)
+                    ),
+                    session,
+                    time: now,
                 });
             }
         };
         if self.warned.load(Ordering::Acquire) {
             // Committed on the primary, not confirmed by its synchronous standby: a
-            // failover may lose it. Neither success nor failure can be promised.
+            // failover may lose it. Neither success nor failure can be promised yet.
             self.connection = None;
             self.verify_on_connect = true;
-            return Err(StoreError::OutcomeUnknown {
+            return Err(Failed::Unsettled {
                 reason: "PostgreSQL committed locally but did not confirm replication".into(),
+                session,
+                time: now,
             });
         }
         let moved = match answered {
@@ -1176,11 +1539,13 @@ impl Committer {
                     );
                     // Some of the group is in the log, where this server cannot tell.
                     self.inner.poison(reason.clone());
-                    return Err(StoreError::OutcomeUnknown { reason });
+                    return Err(Failed::Known(StoreError::OutcomeUnknown { reason }));
                 }
                 (inserted > 0).then_some(0)
             }
-            Answered::After(rows) => self.passed_over(head, accepted.len(), &rows)?,
+            Answered::After(rows) => self
+                .passed_over(head, accepted.len(), &rows)
+                .map_err(Failed::Known)?,
         };
         // The appends' time, for the mirror: the one the database holds.
         self.group_time = now;

@@ -452,8 +452,12 @@ pub struct DatabaseStats {
     pub followed: u64,
     /// Connections made again after one was lost.
     pub reconnects: u64,
-    /// Appends answered with an unknown outcome (the connection was lost during the commit).
+    /// Appends answered with an unknown outcome: the session ended during the commit and the
+    /// database could not tell, within the time a group waits for it, whether it committed.
     pub unknown_outcomes: u64,
+    /// Appends whose commit's outcome was unknown when the session ended, then settled by
+    /// reading the log: found committed and answered so, or found absent and tried again.
+    pub settled_outcomes: u64,
 }
 
 /// A durable DCB event store. See the crate documentation for a tour.

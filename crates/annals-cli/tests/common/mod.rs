@@ -2,6 +2,7 @@
 //! misbehave on purpose (partial requests, stalls), for the end-to-end tests.
 #![allow(dead_code)]
 
+pub mod answers;
 pub mod claims;
 
 use std::io::{BufRead, BufReader, Read, Write};

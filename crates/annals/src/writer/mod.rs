@@ -74,6 +74,15 @@ pub(crate) struct Request {
     pub(crate) appended_at: Option<u64>,
 }
 
+/// The answer to an append whose record went to a segment by a write, or was to be made
+/// durable by a sync, that failed: the record may be on disk or not (a later open finds out),
+/// so neither success nor "nothing was appended" would be true.
+pub(crate) fn write_failed(reason: &str) -> StoreError {
+    StoreError::OutcomeUnknown {
+        reason: format!("{reason}; the store is poisoned until it is reopened"),
+    }
+}
+
 pub(crate) fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -232,7 +241,7 @@ impl Writer {
                 }
                 .into()));
             }
-            let _ = self.abandon_early(&error.to_string(), None);
+            self.abandon_early(&error.to_string(), false);
             return None;
         }
         let appended_at = now_us();
@@ -357,36 +366,40 @@ impl Writer {
         inline
     }
 
-    /// The store is poisoned: answers what callers staged early, which will never be written,
-    /// the first with `first` if given, and returns `first` if there was none.
-    fn abandon_early(&mut self, reason: &str, mut first: Option<StoreError>) -> Option<StoreError> {
+    /// The store is poisoned: answers what callers staged early. Their records were in the
+    /// buffer of a write that failed when `written` (they may be on disk or not), and will
+    /// never be written otherwise.
+    fn abandon_early(&mut self, reason: &str, written: bool) {
         self.early = 0;
         self.buffer.clear();
         for w in self.waiters.drain(..) {
-            let e = first.take().unwrap_or(StoreError::Poisoned {
-                reason: reason.to_owned(),
-            });
-            w.reply.send(Err(e.into()));
+            if written {
+                w.fail(reason);
+            } else {
+                w.reply.send(Err(StoreError::Poisoned {
+                    reason: reason.to_owned(),
+                }
+                .into()));
+            }
         }
-        first
     }
 
-    /// A write failed: poison the store and tell every append of the group.
+    /// A write failed: poison the store and tell every append of the group. Those staged were
+    /// in what was being written, or written before in this group: their outcome is unknown.
+    /// Those not staged (their checks failed, or the group stopped before them) were not.
     fn fail(&mut self, error: StoreError, group: &mut Vec<Request>, staged: &mut Vec<Staged>) {
         let reason = error.to_string();
         self.shared.poison(reason.clone());
-        let mut first = Some(error);
-        // What callers staged early went before the group: the first of them names the error.
-        first = self.abandon_early(&reason, first);
+        // What callers staged early went before the group, into the same buffer.
+        self.abandon_early(&reason, true);
         for (request, outcome) in group.drain(..).zip(staged.drain(..)) {
             let e = match outcome {
+                Staged::Appended(_) => write_failed(&reason).into(),
                 Staged::Done(Err(AppendError::Input(e))) => AppendError::Input(e),
-                _ => first
-                    .take()
-                    .unwrap_or(StoreError::Poisoned {
-                        reason: reason.clone(),
-                    })
-                    .into(),
+                Staged::Done(_) => StoreError::Poisoned {
+                    reason: reason.clone(),
+                }
+                .into(),
             };
             request.reply.send(Err(e));
         }

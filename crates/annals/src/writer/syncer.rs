@@ -27,6 +27,24 @@ pub(crate) struct Waiter {
     pub(super) outcome: Result<u64, AppendError>,
 }
 
+impl Waiter {
+    /// The sync it waited for failed, or will never come (the store is poisoned): an append
+    /// staged is on disk or not, one refused by its checks was not appended.
+    pub(super) fn fail(self, reason: &str) {
+        let e = match self.outcome {
+            Ok(_) => write_failed(reason).into(),
+            // Wrong whatever the log holds.
+            Err(AppendError::Input(e)) => AppendError::Input(e),
+            // A failed condition may name an event that the failed sync leaves off the log.
+            Err(_) => StoreError::Poisoned {
+                reason: reason.to_owned(),
+            }
+            .into(),
+        };
+        self.reply.send(Err(e));
+    }
+}
+
 struct SyncState {
     written: u64,
     /// Bytes written to the log by this process so far, and how many of them are synced.
@@ -98,11 +116,9 @@ impl Syncer {
         state.written_bytes = state.written_bytes.max(bytes);
         if let Some(reason) = state.failed.clone() {
             drop(state);
+            // Written, and never to be synced by this store: on disk or not.
             for w in waiters.drain(..) {
-                w.reply.send(Err(StoreError::Poisoned {
-                    reason: reason.clone(),
-                }
-                .into()));
+                w.fail(&reason);
             }
             return;
         }
@@ -276,12 +292,9 @@ impl Syncer {
                 self.room.notify_all();
                 let waiters = std::mem::take(&mut state.waiters);
                 drop(state);
-                let mut first = Some(error);
+                // Every waiter's record was written before the sync that failed.
                 for w in waiters {
-                    let e = first.take().unwrap_or(StoreError::Poisoned {
-                        reason: reason.clone(),
-                    });
-                    w.reply.send(Err(e.into()));
+                    w.fail(&reason);
                 }
                 false
             }

@@ -346,3 +346,187 @@ pub fn damage_rounds(seed: u64, flips: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Waits until the first `issued` appends of [`answers_round`] are answered.
+fn all_answered<T>(
+    answers: &Mutex<std::collections::HashMap<u64, T>>,
+    issued: u64,
+) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while (answers.lock().unwrap().len() as u64) < issued {
+        if std::time::Instant::now() > deadline {
+            return Err("appends left unanswered".into());
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    Ok(())
+}
+
+/// What the store answered one append of [`answers_round`].
+#[derive(Debug)]
+enum Answered {
+    Position(u64),
+    /// Nothing was appended: a failed condition or the store already poisoned.
+    Refused(String),
+    /// Stored or not.
+    Unknown(String),
+}
+
+/// Injects a write or sync failure at a random moment while appends go on, keeps every
+/// append's answer by its id, then reopens the store (after a crash in `crash` mode, or as the
+/// process left it when None: unsynced writes still in the page cache) and checks each answer
+/// against what it holds: an append answered with its position is there at that position (D3),
+/// one refused (a failed condition, `Poisoned`) is not, one answered `OutcomeUnknown` may be;
+/// no other answer comes, and every append there was answered with its position or unknown.
+/// Answers how many appends were answered `OutcomeUnknown`.
+pub fn answers_round(
+    seed: u64,
+    options: &Options,
+    crash: Option<CrashMode>,
+) -> Result<usize, String> {
+    use annals::StoreError;
+    use std::collections::HashMap;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let io = SimIo::new(seed);
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone())
+        .map_err(|e| format!("seed {seed}: open failed: {e}"))?;
+    let kind = if rng.gen_bool(0.5) {
+        FaultKind::Eio
+    } else {
+        FaultKind::NoSpace
+    };
+    let persistent = rng.gen_bool(0.5);
+    let on_sync = rng.gen_bool(0.5);
+    let n = rng.gen_range(0..20);
+    if on_sync {
+        io.fail_sync(n, kind, persistent);
+    } else {
+        io.fail_write(n, kind, persistent);
+    }
+    let answers: Arc<Mutex<HashMap<u64, Answered>>> = Arc::default();
+    let mut id = 0u64;
+    let mut issue_one = |rng: &mut StdRng| {
+        id += 1;
+        let id = id;
+        let events = tracked_events(id, rng.gen_range(1..=3), &[format!("id-{id}")]);
+        // Every fifth append carries a condition that fails (its own tag is named after
+        // position 0 by an event of the append before it); the others one that holds.
+        let failing = id > 1 && id % 5 == 0;
+        let named = if failing { id - 1 } else { id };
+        let condition =
+            AppendCondition::new(Query::item(QueryItem::tags([format!("id-{named}")])), None);
+        let answers = answers.clone();
+        let record = move |outcome: Result<u64, AppendError>| {
+            let answer = match outcome {
+                Ok(p) => Answered::Position(p),
+                Err(AppendError::ConditionFailed { position }) => {
+                    Answered::Refused(format!("condition failed at {position}"))
+                }
+                Err(AppendError::Store(StoreError::Poisoned { reason })) => {
+                    Answered::Refused(format!("poisoned: {reason}"))
+                }
+                Err(AppendError::Store(StoreError::OutcomeUnknown { reason })) => {
+                    Answered::Unknown(reason)
+                }
+                Err(other) => Answered::Refused(format!("unexpected: {other}")),
+            };
+            answers.lock().unwrap().insert(id, answer);
+        };
+        let refused_at_once = Arc::new(Mutex::new(Some(record)));
+        let in_callback = refused_at_once.clone();
+        let sent = store.append_then(
+            &events,
+            Some(&condition),
+            AppendOptions::default(),
+            move |outcome| {
+                if let Some(record) = in_callback.lock().unwrap().take() {
+                    record(outcome);
+                }
+            },
+        );
+        // Refused before it was queued: answered here, not by the callback.
+        if let Err(e) = sent {
+            if let Some(record) = refused_at_once.lock().unwrap().take() {
+                record(Err(e));
+            }
+        }
+        id
+    };
+    let mut issued = 0;
+    let mut bursts = 0;
+    while store.stats().poisoned.is_none() {
+        bursts += 1;
+        if bursts > 400 {
+            return Err(format!(
+                "seed {seed}: the fault (sync {on_sync}, n {n}) did not poison the store"
+            ));
+        }
+        for _ in 0..rng.gen_range(1..8) {
+            issued = issue_one(&mut rng);
+        }
+        // Each burst goes as a group or a few: wait for its answers.
+        all_answered(&answers, issued).map_err(|e| format!("seed {seed}: {e}"))?;
+    }
+    // Appends after the poisoning: refused, never written.
+    for _ in 0..3 {
+        issued = issue_one(&mut rng);
+    }
+    all_answered(&answers, issued).map_err(|e| format!("seed {seed}: {e}"))?;
+    let io = match crash {
+        Some(mode) => io.crash(mode),
+        None => io,
+    };
+    drop(store);
+    io.clear_faults();
+    let store = Store::open_with_io(Arc::new(io), Path::new(DIR), options.clone())
+        .map_err(|e| format!("seed {seed}: reopen failed: {e}"))?;
+    let mut there: HashMap<u64, u64> = HashMap::new();
+    for event in read_all(&store, &Query::all(), ReadOptions::forwards())? {
+        let data = std::str::from_utf8(event.data())
+            .unwrap_or_default()
+            .to_owned();
+        let mut parts = data.split('/');
+        let id: u64 = parts
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or("bad data")?;
+        let (i, count): (u64, u64) = (
+            parts
+                .next()
+                .and_then(|s| s.parse().ok())
+                .ok_or("bad data")?,
+            parts
+                .next()
+                .and_then(|s| s.parse().ok())
+                .ok_or("bad data")?,
+        );
+        if i + 1 == count {
+            if there.insert(id, event.position()).is_some() {
+                return Err(format!("seed {seed}: append {id} is there twice"));
+            }
+        }
+    }
+    let answers = answers.lock().unwrap();
+    let mut unknown = 0;
+    for (id, answer) in answers.iter() {
+        let found = there.get(id).copied();
+        match answer {
+            Answered::Position(p) if found != Some(*p) => {
+                return Err(format!(
+                    "seed {seed}: append {id} was acknowledged at {p} but found at {found:?}"
+                ))
+            }
+            Answered::Refused(why) if why.starts_with("unexpected") => {
+                return Err(format!("seed {seed}: append {id} was answered {why}"))
+            }
+            Answered::Refused(why) if found.is_some() => {
+                return Err(format!(
+                    "seed {seed}: append {id} was refused ({why}) but is there at {found:?}"
+                ))
+            }
+            Answered::Unknown(_) => unknown += 1,
+            _ => {}
+        }
+    }
+    Ok(unknown)
+}
