@@ -345,7 +345,9 @@ struct ImportEvent {
     event_type: String,
     #[serde(default)]
     tags: Vec<String>,
-    data: String,
+    /// Any JSON value: a string is the data itself, anything else stands for its compact
+    /// JSON text.
+    data: Box<RawValue>,
     #[serde(default)]
     id: Option<uuid::Uuid>,
     #[serde(default)]
@@ -363,14 +365,26 @@ struct ImportEvent {
 fn parse_event(line: &[u8], number: usize) -> Result<NewEvent, String> {
     let e: ImportEvent =
         serde_json::from_slice(line).map_err(|err| format!("line {number}: {err}"))?;
-    let data = match e.data_encoding.as_deref() {
-        None => Bytes::from(e.data.into_bytes()),
-        Some("base64") => Bytes::from(
+    let raw = e.data.get();
+    let text: Option<String> = if raw.starts_with('"') {
+        Some(serde_json::from_str(raw).map_err(|err| format!("line {number}: data: {err}"))?)
+    } else {
+        None
+    };
+    let data = match (e.data_encoding.as_deref(), text) {
+        (None, Some(text)) => Bytes::from(text.into_bytes()),
+        (None, None) => Bytes::from(compact_json(raw).into_bytes()),
+        (Some("base64"), Some(text)) => Bytes::from(
             base64::engine::general_purpose::STANDARD
-                .decode(e.data)
+                .decode(text)
                 .map_err(|err| format!("line {number}: data: {err}"))?,
         ),
-        Some(other) => return Err(format!("line {number}: unknown dataEncoding {other:?}")),
+        (Some("base64"), None) => {
+            return Err(format!(
+                "line {number}: data with dataEncoding base64 must be a string"
+            ))
+        }
+        (Some(other), _) => return Err(format!("line {number}: unknown dataEncoding {other:?}")),
     };
     Ok(NewEvent {
         event_type: e.event_type,
@@ -425,6 +439,100 @@ impl Progress {
     }
 }
 
+/// JSON text without the whitespace between its tokens (the text must be valid JSON; what is
+/// inside strings is kept as written, and so is the order of an object's keys).
+pub(crate) fn compact_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in text.chars() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+            out.push(c);
+        } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// An event's data for a person at a terminal: JSON as compact JSON; other text as it is,
+/// except that backslashes, control characters (which could move the cursor or change
+/// colours), the characters that reorder text on screen, and bytes that are not UTF-8 are
+/// escaped (`\\`, `\n`, `\u{1b}`, `\xff`), so that what is shown stands for one data only.
+pub(crate) fn shown_data(data: &[u8]) -> String {
+    if let Ok(text) = std::str::from_utf8(data) {
+        if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() {
+            return compact_json(text);
+        }
+    }
+    let mut out = String::with_capacity(data.len());
+    for chunk in data.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                c if c.is_control() || is_reordering(c) => {
+                    out.push_str(&format!("\\u{{{:x}}}", c as u32))
+                }
+                c => out.push(c),
+            }
+        }
+        for byte in chunk.invalid() {
+            out.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    out
+}
+
+/// Unicode's bidirectional controls, which reorder the text around them on screen.
+fn is_reordering(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` cut to `width` characters, the last of them an ellipsis when it was longer.
+pub(crate) fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let mut out: String = text.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// The width of the terminal standard output goes to; else `COLUMNS`; else 120.
+fn terminal_width() -> usize {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given, and only inspects the descriptor.
+    let asked = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut size) };
+    if asked == 0 && size.ws_col > 0 {
+        return usize::from(size.ws_col);
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(120)
+}
+
+/// The columns before the data: position, type and tags with their gaps.
+const LEFT_COLUMNS: usize = 10 + 2 + 24 + 2 + 32 + 2;
+
 fn print_line(out: &mut impl Write, line: &[u8], format: Format) -> Result<(), String> {
     let result = match format {
         Format::Ndjson => out.write_all(line).and_then(|_| out.write_all(b"\n")),
@@ -435,18 +543,21 @@ fn print_line(out: &mut impl Write, line: &[u8], format: Format) -> Result<(), S
                 .as_array()
                 .map(|a| a.iter().filter_map(|t| t.as_str()).collect())
                 .unwrap_or_default();
-            let data = v["data"].as_str().unwrap_or("");
-            let mut shown: String = data.chars().take(60).collect();
-            if shown.len() < data.len() {
-                shown.push('…');
-            }
+            let text = v["data"].as_str().unwrap_or("");
+            let data = match v["dataEncoding"].as_str() {
+                Some("base64") => base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .map_err(|e| format!("bad event line: data: {e}"))?,
+                _ => text.as_bytes().to_vec(),
+            };
+            let width = terminal_width().saturating_sub(LEFT_COLUMNS).max(16);
             writeln!(
                 out,
                 "{:>10}  {:<24}  {:<32}  {}",
                 v["position"].as_u64().unwrap_or(0),
                 v["type"].as_str().unwrap_or(""),
                 tags.join(","),
-                shown.escape_debug()
+                cut(&shown_data(&data), width)
             )
         }
     };
@@ -655,4 +766,33 @@ pub fn import(args: ImportArgs) -> Result<(), String> {
     };
     progress.finish(n, &detail);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: compaction drops only the whitespace between tokens, keeping what is inside
+    /// strings (spaces, escaped quotes and backslashes) and the order of keys.
+    #[test]
+    fn compact_json_keeps_strings_and_key_order() {
+        let raw = "{ \"b\" : [ 1 , 2 ],\n \"a\": \"x \\\" y\\\\\" , \"c\" : { } }";
+        assert_eq!(compact_json(raw), r#"{"b":[1,2],"a":"x \" y\\","c":{}}"#);
+    }
+
+    /// Goal: what the table shows stands for one data only, and holds nothing that moves the
+    /// cursor: JSON compact, text with its backslashes and control characters escaped, bytes
+    /// that are not UTF-8 as \xNN, the characters that reorder text escaped.
+    #[test]
+    fn shown_data_is_unambiguous_and_inert() {
+        assert_eq!(shown_data(b"{ \"a\": 1 }"), r#"{"a":1}"#);
+        assert_eq!(shown_data(b"plain text"), "plain text");
+        assert_eq!(shown_data(b"a\\nb"), r"a\\nb");
+        assert_eq!(shown_data(b"a\nb"), r"a\nb");
+        assert_eq!(shown_data(b"\x1b[2J"), r"\u{1b}[2J");
+        assert_eq!(shown_data(b"\xff\x00"), r"\xff\u{0}");
+        assert_eq!(shown_data("x\u{202e}y".as_bytes()), r"x\u{202e}y");
+        assert_eq!(cut("abcdef", 4), "abc…");
+        assert_eq!(cut("abc", 4), "abc");
+    }
 }

@@ -4,12 +4,31 @@ use std::path::PathBuf;
 
 use annals::{Durability, Options, Store};
 
+/// The store a command opens: `--store` (alias `--dir`), or the same given on its own.
+#[derive(clap::Args)]
+pub struct StoreLocation {
+    /// The store: a data directory (of a closed store) or a PostgreSQL URL
+    /// (postgres://user:password@host/database); or give --url for a running server.
+    #[arg(long, visible_alias = "dir", value_name = "DIR|URL")]
+    store: Option<String>,
+    /// The store, given without --store.
+    #[arg(value_name = "DIR|URL", conflicts_with_all = ["store", "url"])]
+    store_given: Option<String>,
+}
+
+impl StoreLocation {
+    fn location(&self) -> Result<String, String> {
+        self.store
+            .clone()
+            .or_else(|| self.store_given.clone())
+            .ok_or_else(|| "say which store: --store DIR|postgres://... or --url URL".into())
+    }
+}
+
 #[derive(clap::Args)]
 pub struct VerifyArgs {
-    /// The data directory of a closed store, or a PostgreSQL URL (postgres://...), or give
-    /// --url for a running server.
-    #[arg(required_unless_present = "url", value_name = "DIR|URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    at: StoreLocation,
     #[command(flatten)]
     server: crate::remote::RemoteArgs,
     /// Print the report as JSON.
@@ -19,10 +38,8 @@ pub struct VerifyArgs {
 
 #[derive(clap::Args)]
 pub struct StatsArgs {
-    /// The data directory, or a PostgreSQL URL (postgres://...), or give --url for a running
-    /// server.
-    #[arg(required_unless_present = "url", value_name = "DIR|URL")]
-    store: Option<String>,
+    #[command(flatten)]
+    at: StoreLocation,
     #[command(flatten)]
     server: crate::remote::RemoteArgs,
     /// Print the report as JSON.
@@ -62,7 +79,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
     if let Some(remote) = args.server.connect() {
         return verify_server(remote?, args.json);
     }
-    let store = args.store.clone().ok_or("give a data directory or --url")?;
+    let store = args.at.location()?;
     if annals::is_database_url(&store) {
         return verify_database(&store, args.json);
     }
@@ -195,7 +212,7 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         let url = args.server.url.clone().unwrap_or_default();
         return server_stats(remote?, &url, args.json);
     }
-    let location = args.store.clone().ok_or("give a data directory or --url")?;
+    let location = args.at.location()?;
     if annals::is_database_url(&location) {
         let store = crate::data::open_store(&location, Options::default())?;
         return print_stats(&store, args.json);

@@ -32,16 +32,27 @@ enum Command {
     ///
     /// Examples:
     ///   annals append --url http://127.0.0.1:7400 --type UserRegistered --tag user:ada --data '{"name":"Ada"}'
-    ///   annals append --dir ./data --type Claimed --tag user:ada \
+    ///   annals append --store ./data --type Claimed --tag user:ada \
     ///       --condition '{"failIfEventsMatch":{"items":[{"tags":["user:ada"]}]}}'
     ///   cat events.ndjson | annals append --url http://127.0.0.1:7400
+    ///
+    /// An NDJSON line is an event as `annals export` writes it: {"type","tags","data"} and
+    /// optionally "id" and "metadata". Its data may be any JSON value: a string is stored as
+    /// it is, anything else (an object, an array, a number) as its compact JSON text. So
+    ///   {"type":"CourseDefined","tags":["course:c1"],"data":{"capacity":10}}
+    /// stores the data {"capacity":10}, and "data":"{\"capacity\":10}" stores the same bytes.
     #[command(verbatim_doc_comment)]
     Append(data::AppendArgs),
     /// Read the events matching a query, as a table or NDJSON.
     ///
     /// Examples:
     ///   annals read --url http://127.0.0.1:7400 --tag course:c1
-    ///   annals read --dir ./data --type OrderPlaced --backwards --limit 10 --format ndjson
+    ///   annals read --store ./data --type OrderPlaced --backwards --limit 10 --format ndjson
+    ///
+    /// The table shows data as it was written: JSON as compact JSON, other text as it is,
+    /// with backslashes, control characters and bytes that are not UTF-8 escaped (\\, \n,
+    /// \u{1b}, \xff), cut to the terminal's width. --format ndjson shows the stored data
+    /// exactly.
     #[command(verbatim_doc_comment)]
     Read(data::ReadArgs),
     /// Follow the events matching a query as they are appended (Ctrl-C to stop).
@@ -54,7 +65,11 @@ enum Command {
     Export(data::ExportArgs),
     /// Append the events of an NDJSON file (as export writes it), in atomic batches.
     ///
-    /// Example: annals import --dir ./restored backup.ndjson
+    /// Data may be any JSON value, as for `annals append`: a string is stored as it is (what
+    /// export writes imports byte for byte), anything else as its compact JSON text.
+    ///
+    /// Example: annals import --store ./restored backup.ndjson
+    #[command(verbatim_doc_comment)]
     Import(data::ImportArgs),
     /// Copy a store, positions and append times kept: from a directory to PostgreSQL or back
     /// (or between two of either), then compare both logs. A stopped copy resumes when run
@@ -69,8 +84,8 @@ enum Command {
     /// have a running server check its live log (with --url).
     ///
     /// Examples:
-    ///   annals verify ./data
-    ///   annals verify postgres://annals:secret@db1/annals
+    ///   annals verify --store ./data        (or: annals verify ./data)
+    ///   annals verify --store postgres://annals:secret@db1/annals
     ///   annals verify --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     #[command(verbatim_doc_comment)]
     Verify(inspect::VerifyArgs),
@@ -78,7 +93,7 @@ enum Command {
     /// server's (with --url).
     ///
     /// Examples:
-    ///   annals stats ./data --json
+    ///   annals stats --store ./data --json  (or: annals stats ./data --json)
     ///   annals stats --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     #[command(verbatim_doc_comment)]
     Stats(inspect::StatsArgs),

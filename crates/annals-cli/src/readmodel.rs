@@ -29,7 +29,7 @@ pub enum ReadModelCommand {
     ///
     /// Examples:
     ///   annals readmodel rebuild seats-by-course --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
-    ///   annals readmodel rebuild seats-by-course --dir ./data
+    ///   annals readmodel rebuild seats-by-course --store ./data
     #[command(verbatim_doc_comment)]
     Rebuild(RebuildArgs),
 }
@@ -37,7 +37,13 @@ pub enum ReadModelCommand {
 #[derive(clap::Args)]
 pub struct StatusArgs {
     /// A data directory whose checkpoint files to list.
-    #[arg(id = "store", long = "dir", required_unless_present = "url")]
+    #[arg(
+        id = "store",
+        long = "store",
+        visible_alias = "dir",
+        value_name = "DIR",
+        required_unless_present = "url"
+    )]
     dir: Option<PathBuf>,
     #[command(flatten)]
     server: RemoteArgs,
@@ -58,7 +64,13 @@ pub struct GetArgs {
     /// How long to wait for --min-position, in milliseconds (at most 10000).
     #[arg(long, default_value_t = 5000)]
     wait_ms: u64,
-    #[arg(id = "store", long = "dir", hide = true)]
+    #[arg(
+        id = "store",
+        long = "store",
+        alias = "dir",
+        value_name = "DIR",
+        hide = true
+    )]
     dir: Option<PathBuf>,
     #[command(flatten)]
     server: RemoteArgs,
@@ -68,7 +80,13 @@ pub struct GetArgs {
 pub struct RebuildArgs {
     name: String,
     /// A data directory: remove the model's checkpoint there.
-    #[arg(id = "store", long = "dir", required_unless_present = "url")]
+    #[arg(
+        id = "store",
+        long = "store",
+        visible_alias = "dir",
+        value_name = "DIR",
+        required_unless_present = "url"
+    )]
     dir: Option<PathBuf>,
     #[command(flatten)]
     server: RemoteArgs,

@@ -404,3 +404,156 @@ fn stats_of_a_running_server() {
         "{stderr}"
     );
 }
+
+/// Removes the `appendedAt` field from an export's lines, as text (the rest byte for byte).
+fn without_append_times(ndjson: &str) -> String {
+    ndjson
+        .lines()
+        .map(|line| {
+            let Some(at) = line.find(",\"appendedAt\":") else {
+                return line.to_string();
+            };
+            let rest = &line[at + ",\"appendedAt\":".len()..];
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            format!("{}{}\n", &line[..at], &rest[digits..])
+        })
+        .collect()
+}
+
+/// Goal: NDJSON data may be any JSON value (a string stored as it is, anything else as its
+/// compact JSON text); the table shows data as written, escaping what could move the cursor or
+/// is not UTF-8, cut to the terminal's width; an export imported into an empty store exports
+/// the same bytes; every command names a store with `--store` (alias `--dir`), and `stats` and
+/// `verify` still take it on its own. Method: the commands on a directory, and `read` against
+/// a server holding the same events.
+#[test]
+fn data_as_written_and_one_way_to_name_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let a = a.to_str().unwrap();
+    let input = concat!(
+        r#"{"type":"CourseDefined","tags":["course:c1"],"data":{ "capacity": 10, "name": "Intro" }}"#,
+        "\n",
+        r#"{"type":"Listed","tags":[],"data":[1, 2,3]}"#,
+        "\n",
+        r#"{"type":"Counted","data":42}"#,
+        "\n",
+        r#"{"type":"Texted","data":"{\"capacity\":10}"}"#,
+        "\n",
+        r#"{"type":"Coloured","data":"a\u001b[31mred\nline \\ end"}"#,
+        "\n",
+        r#"{"type":"Binary","data":"/wBh","dataEncoding":"base64"}"#,
+        "\n",
+    );
+    let out = with_stdin(&["append", "--store", a], input);
+    assert_eq!(out.trim(), r#"{"position":6}"#);
+    // Stored: compact JSON text for values, strings as they are, bytes as given.
+    let stored = lines(&ok(&["read", "--dir", a, "--format", "ndjson"]));
+    assert_eq!(stored[0]["data"], r#"{"capacity":10,"name":"Intro"}"#);
+    assert_eq!(stored[1]["data"], "[1,2,3]");
+    assert_eq!(stored[2]["data"], "42");
+    assert_eq!(stored[3]["data"], r#"{"capacity":10}"#);
+    assert_eq!(stored[4]["data"], "a\u{1b}[31mred\nline \\ end");
+    assert_eq!(stored[5]["dataEncoding"], "base64");
+    // A value that is not a string with a base64 encoding is refused, and nothing appended.
+    let (success, _, stderr) = {
+        let mut child = annals()
+            .args(["append", "--store", a])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(br#"{"type":"X","data":{"a":1},"dataEncoding":"base64"}"#)
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert!(!success);
+    assert!(stderr.contains("must be a string"), "{stderr}");
+
+    // The table: as written, nothing that moves the cursor, one line per event.
+    let table = |args: &[&str]| -> String {
+        let out = annals().args(args).env("COLUMNS", "200").output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let shown = table(&["read", "--store", a]);
+    assert_eq!(shown.lines().count(), 1 + 6, "{shown}");
+    assert!(
+        shown.contains(r#"{"capacity":10,"name":"Intro"}"#),
+        "{shown}"
+    );
+    assert!(shown.contains("[1,2,3]"), "{shown}");
+    assert!(!shown.contains("\\\""), "no JSON escapes: {shown}");
+    assert!(
+        !shown.contains('\u{1b}'),
+        "no escape character reaches the terminal"
+    );
+    assert!(
+        shown.contains(r"a\u{1b}[31mred\nline \\ end"),
+        "control characters and backslashes escaped: {shown}"
+    );
+    assert!(
+        shown.contains(r"\xff\u{0}a"),
+        "bytes that are not UTF-8 escaped: {shown}"
+    );
+    // A long value is cut to the terminal's width with an ellipsis.
+    let long = "x".repeat(500);
+    ok(&["append", "--store", a, "--type", "Long", "--data", &long]);
+    let out = annals()
+        .args(["read", "--store", a, "--type", "Long"])
+        .env("COLUMNS", "100")
+        .output()
+        .unwrap();
+    let row = String::from_utf8(out.stdout).unwrap();
+    let row = row.lines().nth(1).unwrap();
+    assert!(row.ends_with('…'), "{row}");
+    assert_eq!(row.chars().count(), 100, "{row}");
+
+    // The round trip: export, import into an empty store, export: the same bytes.
+    let exported = ok(&["export", "--store", a]);
+    let file = dir.path().join("events.ndjson");
+    std::fs::write(&file, &exported).unwrap();
+    let b = dir.path().join("b");
+    let b = b.to_str().unwrap();
+    ok(&["import", "--dir", b, file.to_str().unwrap()]);
+    let again = ok(&["export", "--dir", b]);
+    assert_eq!(
+        without_append_times(&again),
+        without_append_times(&exported)
+    );
+
+    // One way to name a store: --store, --dir, or (stats and verify) on its own.
+    for args in [
+        &["stats", "--store", a, "--json"][..],
+        &["stats", "--dir", a, "--json"],
+        &["stats", a, "--json"],
+        &["verify", "--store", a, "--json"],
+        &["verify", "--dir", a, "--json"],
+        &["verify", a, "--json"],
+    ] {
+        let v: serde_json::Value = serde_json::from_str(&ok(args)).unwrap();
+        assert!(v.is_object(), "{args:?}: {v}");
+    }
+    let (success, _, stderr) = run(&["stats", "--store", a, b]);
+    assert!(!success, "two stores are refused");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    ok(&["readmodel", "status", "--store", a]);
+    ok(&["readmodel", "status", "--dir", a]);
+
+    // Against a server holding the same events, the table is the same.
+    let server = ServerProcess::start(std::path::Path::new(b), &[]);
+    let url = format!("http://{}", server.http);
+    let remote = table(&["read", "--url", &url]);
+    let local = table(&["read", "--store", a]);
+    assert_eq!(remote, local);
+}

@@ -29,7 +29,7 @@ pub enum Answer {
 /// A connection the server closes is opened again.
 pub fn appender(addr: SocketAddr, id: usize, stop: Arc<AtomicBool>) -> Vec<(String, Answer)> {
     let mut answers = Vec::new();
-    let mut n = 0;
+    let mut n = 0u64;
     'connections: while !stop.load(Ordering::Relaxed) {
         let Ok(stream) = TcpStream::connect(addr) else {
             std::thread::sleep(Duration::from_millis(20));
@@ -46,7 +46,7 @@ pub fn appender(addr: SocketAddr, id: usize, stop: Arc<AtomicBool>) -> Vec<(Stri
                 format!(r#"{{"failIfEventsMatch":{{"items":[{{"tags":["{tag}"]}}]}}}}"#);
             let body = append_body(
                 &[("Noted", &[&tag], &nonce)],
-                (n % 2 == 0).then_some(condition.as_str()),
+                n.is_multiple_of(2).then_some(condition.as_str()),
             );
             // One write: a second small one would wait for the first's delayed ACK.
             let request = format!(

@@ -411,7 +411,7 @@ pub fn answers_round(
         let events = tracked_events(id, rng.gen_range(1..=3), &[format!("id-{id}")]);
         // Every fifth append carries a condition that fails (its own tag is named after
         // position 0 by an event of the append before it); the others one that holds.
-        let failing = id > 1 && id % 5 == 0;
+        let failing = id > 1 && id.is_multiple_of(5);
         let named = if failing { id - 1 } else { id };
         let condition =
             AppendCondition::new(Query::item(QueryItem::tags([format!("id-{named}")])), None);
@@ -500,10 +500,8 @@ pub fn answers_round(
                 .and_then(|s| s.parse().ok())
                 .ok_or("bad data")?,
         );
-        if i + 1 == count {
-            if there.insert(id, event.position()).is_some() {
-                return Err(format!("seed {seed}: append {id} is there twice"));
-            }
+        if i + 1 == count && there.insert(id, event.position()).is_some() {
+            return Err(format!("seed {seed}: append {id} is there twice"));
         }
     }
     let answers = answers.lock().unwrap();
