@@ -224,17 +224,57 @@ fn terminate_sessions(cluster: &Cluster, times: usize, every: Duration) {
     }
 }
 
-/// Runs 8 appending clients against `server` while `faults` runs, then checks every answer
-/// against the log the server reads back.
+/// Appends through UmaDB's Rust client (gRPC) until `stop`, each a `Noted` event whose data is
+/// a nonce of its own (`g{id}-n{n}`); returns every answer by nonce, read from the error the
+/// client gives (its message is the server's).
+fn grpc_appender(url: String, id: usize, stop: Arc<AtomicBool>) -> Vec<(String, Answer)> {
+    use umadb_dcb::{DcbEvent, DcbEventStoreSync};
+    let client = umadb_client::UmaDbClient::new(url).connect().unwrap();
+    let mut answers = Vec::new();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let nonce = format!("g{id}-n{n}");
+        n += 1;
+        let event = DcbEvent {
+            event_type: "Noted".into(),
+            tags: vec![format!("nonce:{nonce}")],
+            data: nonce.clone().into_bytes(),
+            uuid: None,
+            metadata: Vec::new(),
+        };
+        let answer = match client.append(vec![event], None, None) {
+            Ok(_) => Answer::Stored,
+            Err(e) => {
+                let message = e.to_string();
+                if message.contains("nothing was appended") {
+                    Answer::Unavailable
+                } else {
+                    // The outcome is unknown, or no answer came at all.
+                    Answer::Unknown
+                }
+            }
+        };
+        answers.push((nonce, answer));
+    }
+    answers
+}
+
+/// Runs 8 HTTP clients and 2 gRPC clients (UmaDB's Rust client) appending to `server` while
+/// `faults` runs, then checks every answer against the log the server reads back.
 fn answers_under(server: &ServerProcess, faults: impl FnOnce()) -> (Tally, Vec<(String, Answer)>) {
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..8)
+    let mut clients: Vec<_> = (0..8)
         .map(|id| {
             let stop = stop.clone();
             let addr = server.http;
             std::thread::spawn(move || appender(addr, id, stop))
         })
         .collect();
+    clients.extend((0..2).map(|id| {
+        let stop = stop.clone();
+        let url = server.grpc_url();
+        std::thread::spawn(move || grpc_appender(url, id, stop))
+    }));
     faults();
     // Appends go on a moment after the last fault, so that the server is seen to recover.
     std::thread::sleep(Duration::from_millis(700));
@@ -250,6 +290,12 @@ fn answers_under(server: &ServerProcess, faults: impl FnOnce()) -> (Tally, Vec<(
         tally.stored > 100,
         "too few appends stored to mean much: {tally:?}"
     );
+    assert!(
+        answers
+            .iter()
+            .any(|(n, a)| n.starts_with('g') && *a == Answer::Stored),
+        "the gRPC clients appended too"
+    );
     let last: Vec<_> = answers.iter().rev().take(8).collect();
     assert!(
         last.iter().any(|(_, a)| *a == Answer::Stored),
@@ -258,7 +304,8 @@ fn answers_under(server: &ServerProcess, faults: impl FnOnce()) -> (Tally, Vec<(
     (tally, answers)
 }
 
-/// Goal: every answer an append gets while the database ends the server's sessions is true.
+/// Goal: every answer an append gets while the database ends the server's sessions is true,
+/// over HTTP and over gRPC.
 /// Story: with 8 clients appending while every client session was terminated 12 times, a few
 /// appends answered `database_unavailable` ("nothing was appended") were in the log: the
 /// session's end came as a FATAL error after the commit, which the server took for the
