@@ -23,6 +23,12 @@ pub struct ServeArgs {
     /// directory, filled from the database at every start.
     #[arg(long, value_name = "DIR")]
     mirror: Option<PathBuf>,
+    /// Free space of the data directory's file system that the store leaves alone, for
+    /// checkpoints, other programs and you: appends that need a new segment are refused
+    /// (507 disk_full) while less would be left, and taken again once there is room.
+    /// Env: ANNALS_DISK_RESERVE_BYTES. Default: one segment (64 MiB).
+    #[arg(long, value_name = "BYTES")]
+    disk_reserve: Option<u64>,
     /// HTTP listen address. Env: ANNALS_HTTP_LISTEN. Default: 127.0.0.1:7400
     #[arg(long, value_name = "HOST:PORT")]
     http: Option<String>,
@@ -94,6 +100,9 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     }
     if let Some(mirror) = args.mirror {
         config.mirror = Some(mirror);
+    }
+    if let Some(reserve) = args.disk_reserve {
+        config.disk_reserve_bytes = Some(reserve);
     }
     if let Some(http) = args.http {
         config.http_listen =

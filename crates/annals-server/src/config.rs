@@ -41,6 +41,9 @@ pub struct Config {
     /// With `postgres`: where the store keeps its copy of the log across restarts
     /// (`annals::Options::mirror`); None: a temporary directory.
     pub mirror: Option<PathBuf>,
+    /// Free space the store leaves alone (`annals::Options::disk_reserve_bytes`); None: one
+    /// segment's size.
+    pub disk_reserve_bytes: Option<u64>,
     /// HTTP listen address; loopback unless asked otherwise.
     pub http_listen: SocketAddr,
     /// gRPC (UmaDB protocol) listen address; `None` disables gRPC.
@@ -226,6 +229,7 @@ impl Default for Config {
             data_dir: PathBuf::from("annals-data"),
             postgres: None,
             mirror: None,
+            disk_reserve_bytes: None,
             http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
             grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
             durability: Durability::Synced,
@@ -247,6 +251,7 @@ impl Default for Config {
 /// ```toml
 /// data_dir = "/var/lib/annals"     # or store = "postgres://...", with
 /// # mirror = "/var/lib/annals-mirror"  # where a PostgreSQL store's copy of the log is kept
+/// disk_reserve_bytes = 67108864     # free space left alone; default: one segment
 /// http_listen = "127.0.0.1:7400"
 /// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
 /// durability = "d3"
@@ -275,6 +280,9 @@ pub struct ConfigFile {
     pub store: Option<String>,
     /// With a store on PostgreSQL: the directory its copy of the log is kept in.
     pub mirror: Option<PathBuf>,
+    /// Free space of the log's file system left alone; appends that need a new segment are
+    /// refused below it.
+    pub disk_reserve_bytes: Option<u64>,
     pub http_listen: Option<String>,
     pub grpc_listen: Option<String>,
     pub durability: Option<String>,
@@ -393,6 +401,9 @@ impl Config {
         if let Some(mirror) = file.mirror {
             self.mirror = Some(mirror);
         }
+        if let Some(reserve) = file.disk_reserve_bytes {
+            self.disk_reserve_bytes = Some(reserve);
+        }
         if let Some(v) = file.http_listen {
             self.http_listen = required_listen(&v, "http_listen")?;
         }
@@ -478,6 +489,13 @@ impl Config {
                 "ANNALS_DATA_DIR" => self.data_dir = PathBuf::from(value),
                 "ANNALS_STORE" => self.set_store(&value),
                 "ANNALS_MIRROR" => self.mirror = Some(PathBuf::from(value)),
+                "ANNALS_DISK_RESERVE_BYTES" => {
+                    self.disk_reserve_bytes = Some(
+                        value
+                            .parse()
+                            .map_err(|_| format!("{name}: {value:?} is not a number of bytes"))?,
+                    )
+                }
                 "ANNALS_HTTP_LISTEN" => self.http_listen = required_listen(&value, &name)?,
                 "ANNALS_GRPC_LISTEN" => self.grpc_listen = parse_listen(&value)?,
                 "ANNALS_DURABILITY" => self.durability = value.parse()?,

@@ -105,6 +105,9 @@ fn store_status(e: &StoreError) -> Status {
         StoreError::Poisoned { .. } | StoreError::Closed | StoreError::Unavailable { .. } => {
             status(Code::Unavailable, ErrorType::Io, e.to_string())
         }
+        StoreError::DiskFull { .. } => {
+            status(Code::ResourceExhausted, ErrorType::Io, e.to_string())
+        }
         // Not UNAVAILABLE, which gRPC clients may retry by themselves: the append may be
         // stored, and a blind retry would store it twice.
         StoreError::OutcomeUnknown { .. } => status(Code::Unknown, ErrorType::Io, e.to_string()),

@@ -240,6 +240,10 @@ fn store_error(e: &StoreError) -> ApiError {
             "database_unavailable",
             e.to_string(),
         ),
+        // Nothing was appended; the store goes on and takes appends again once there is room.
+        StoreError::DiskFull { .. } => {
+            ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", e.to_string())
+        }
         // Neither success nor failure: the client must find out (read, or retry with ids).
         StoreError::OutcomeUnknown { .. } => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -926,11 +930,18 @@ async fn openapi(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
 /// only the head, the durability class and whether the store is poisoned.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let stats = state.store.stats();
+    // A full disk refuses appends but serves everything else: the server is still ready.
+    let status = match (&stats.poisoned, &stats.disk_full) {
+        (Some(_), _) => "poisoned",
+        (None, Some(_)) => "disk_full",
+        (None, None) => "ok",
+    };
     let body = serde_json::json!({
-        "status": if stats.poisoned.is_some() { "poisoned" } else { "ok" },
+        "status": status,
         "head": stats.head,
         "durability": stats.durability,
-        "reason": stats.poisoned,
+        "reason": stats.poisoned.as_ref().or(stats.disk_full.as_ref()),
+        "diskFreeBytes": stats.disk_free_bytes,
     });
     let status = if stats.poisoned.is_some() {
         StatusCode::SERVICE_UNAVAILABLE

@@ -142,6 +142,7 @@ impl Server {
         };
         options.limits = config.limits.store.clone();
         options.mirror = config.mirror.clone();
+        options.disk_reserve_bytes = config.disk_reserve_bytes;
         let dir = config.data_dir.clone();
         let postgres = config.postgres.clone();
         let store = tokio::task::spawn_blocking(move || match postgres {

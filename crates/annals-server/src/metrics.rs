@@ -375,6 +375,26 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "annals_disk_full",
+            "1 while appends that need a new segment are refused for lack of room.",
+            if stats.disk_full.is_some() { 1.0 } else { 0.0 },
+        );
+        if let Some(free) = stats.disk_free_bytes {
+            gauge(
+                &mut out,
+                "annals_disk_free_bytes",
+                "Free bytes of the file system holding the log.",
+                free as f64,
+            );
+        }
+        counter(
+            &mut out,
+            "annals_disk_full_refusals_total",
+            "Appends refused because the file system had no room for a new segment.",
+            stats.disk_full_refusals as f64,
+        );
+        gauge(
+            &mut out,
             "annals_poisoned",
             "1 when a failed write or fsync stopped acknowledgements until reopen.",
             if stats.poisoned.is_some() { 1.0 } else { 0.0 },

@@ -53,6 +53,11 @@ pub enum StoreError {
          to find out, or retry it with the same event ids"
     )]
     OutcomeUnknown { reason: String },
+    /// The file system holding the log (or the database) has no room for the append: nothing
+    /// of it was written, and the store is not poisoned. It takes appends again once there is
+    /// room, by itself.
+    #[error("no room on the disk ({reason}); nothing was appended, retry once there is room")]
+    DiskFull { reason: String },
     /// The database holds something this build cannot use (a newer schema, a damaged row).
     #[error("database: {0}")]
     Database(String),

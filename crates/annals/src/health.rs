@@ -1,5 +1,7 @@
 //! Whether a store can still answer: poisoned (a write or sync failed, or its outcome is
-//! unknown: every later append is refused until the store is reopened) or closed.
+//! unknown: every later append is refused until the store is reopened), short of disk space
+//! (appends that need a new segment are refused until there is room; nothing else stops), or
+//! closed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -13,6 +15,9 @@ pub(crate) struct Health {
     reason: Mutex<Option<String>>,
     poisoned: AtomicBool,
     closed: AtomicBool,
+    /// Why the last segment could not be had for lack of space, until one could.
+    disk_full: Mutex<Option<String>>,
+    full: AtomicBool,
 }
 
 impl Health {
@@ -33,6 +38,29 @@ impl Health {
         Some(StoreError::Poisoned {
             reason: self.reason.lock().clone().unwrap_or_default(),
         })
+    }
+
+    /// Enters the disk-full state (or says why again); true when it was not in it.
+    pub(crate) fn enter_disk_full(&self, reason: &str) -> bool {
+        *self.disk_full.lock() = Some(reason.to_owned());
+        !self.full.swap(true, Ordering::AcqRel)
+    }
+
+    /// Leaves the disk-full state; true when it was in it.
+    pub(crate) fn leave_disk_full(&self) -> bool {
+        if !self.full.load(Ordering::Acquire) {
+            return false;
+        }
+        *self.disk_full.lock() = None;
+        self.full.swap(false, Ordering::AcqRel)
+    }
+
+    /// Why appends that need a new segment are refused, while the disk is full.
+    pub(crate) fn disk_full(&self) -> Option<String> {
+        if !self.full.load(Ordering::Acquire) {
+            return None;
+        }
+        self.disk_full.lock().clone()
     }
 
     pub(crate) fn close(&self) {

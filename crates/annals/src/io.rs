@@ -43,6 +43,19 @@ pub trait Io: Send + Sync + 'static {
     fn is_persistent(&self) -> bool {
         true
     }
+    /// The bytes that files in `dir` may still grow by (the file system's space available to
+    /// this process), or None where that is not known.
+    fn available_bytes(&self, dir: &Path) -> io::Result<Option<u64>> {
+        let _ = dir;
+        Ok(None)
+    }
+}
+
+/// Whether an I/O error means the file system has no room for what was asked (ENOSPC, or a
+/// quota's EDQUOT).
+pub fn is_no_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || e.kind() == io::ErrorKind::StorageFull
 }
 
 /// One open file.
@@ -177,6 +190,19 @@ impl Io for RealIo {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+
+    fn available_bytes(&self, dir: &Path) -> io::Result<Option<u64>> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+        // SAFETY: statvfs reads the NUL-terminated path and fills the struct it is given.
+        let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; both pointers are valid for the call.
+        if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Some(stats.f_bavail.saturating_mul(stats.f_frsize)))
     }
 
     fn lock(&self, path: &Path) -> io::Result<Box<dyn DirLock>> {

@@ -157,6 +157,18 @@ pub struct Options {
     /// database committed since. None: a temporary directory, filled from the database at
     /// every open and removed at close. See `Store::open_postgres`.
     pub mirror: Option<std::path::PathBuf>,
+    /// Free space of the file system holding the log that the store leaves alone, for derived
+    /// files, other programs and the operator: a new segment is begun only while the room left
+    /// after it stays at least this large, and appends that need one are refused
+    /// ([`crate::StoreError::DiskFull`]) until it does. None: one segment's size.
+    pub disk_reserve_bytes: Option<u64>,
+}
+
+impl Options {
+    /// The free space the store leaves alone (see [`Options::disk_reserve_bytes`]).
+    pub(crate) fn disk_reserve(&self) -> u64 {
+        self.disk_reserve_bytes.unwrap_or(self.segment_bytes)
+    }
 }
 
 impl Default for Options {
@@ -172,6 +184,7 @@ impl Default for Options {
             checkpoint_on_close: true,
             record_synced_length: false,
             mirror: None,
+            disk_reserve_bytes: None,
         }
     }
 }

@@ -1501,7 +1501,13 @@ impl Committer {
             Err(e) if is_serialization_failure(&e) => return Ok(None),
             // The statement failed, and its transaction with it: nothing was committed.
             Err(e) if statement_failed(&e) => {
-                let error = unavailable("commit", &e);
+                let error = if e.code() == Some(&postgres::error::SqlState::DISK_FULL) {
+                    StoreError::DiskFull {
+                        reason: format!("PostgreSQL commit: {}", describe(&e)),
+                    }
+                } else {
+                    unavailable("commit", &e)
+                };
                 self.lost(&e);
                 return Err(Failed::Known(error));
             }
@@ -1871,6 +1877,9 @@ fn clone_error(e: &StoreError) -> StoreError {
             reason: reason.clone(),
         },
         StoreError::Poisoned { reason } => StoreError::Poisoned {
+            reason: reason.clone(),
+        },
+        StoreError::DiskFull { reason } => StoreError::DiskFull {
             reason: reason.clone(),
         },
         other => StoreError::Unavailable {

@@ -588,6 +588,27 @@ pub(crate) fn open_segments(
         match Segment::open(io, dir, number) {
             Ok(segment) => segments.push(Arc::new(segment)),
             Err(crate::segment::SegmentOpenError::Io(e)) => return Err(e),
+            Err(crate::segment::SegmentOpenError::NoRoom(e)) => {
+                // A segment's creation cut short (by a crash, or by the disk filling before an
+                // older build removed it) leaves a short last segment with no record in it:
+                // nothing of the log, so it goes, and the open needs no room. One that holds
+                // records cannot be extended now: say so.
+                let last = i + 1 == numbers.len();
+                let empty = Segment::open_unchecked(io, dir, number)
+                    .map_or(Ok(false), |s| has_any_record(&s).map(|any| !any))?;
+                if last && empty {
+                    let path = dir.join(crate::segment::file_name(number));
+                    if repair {
+                        io.remove(&path).map_err(|e| {
+                            StoreError::io("remove unfinished segment", &path, 0, e)
+                        })?;
+                        io.sync_dir(dir)
+                            .map_err(|e| StoreError::io("sync directory", dir, 0, e))?;
+                    }
+                    break;
+                }
+                return Err(e);
+            }
             Err(crate::segment::SegmentOpenError::BadHeader { path, reason }) => {
                 let last = i + 1 == numbers.len();
                 // A creation cut short by a crash leaves a last segment with a bad header and no

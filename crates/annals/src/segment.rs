@@ -139,7 +139,13 @@ impl Segment {
             .map_err(|e| SegmentOpenError::Io(StoreError::io("stat segment", &path, 0, e)))?;
         if len < size {
             file.allocate(size).map_err(|e| {
-                SegmentOpenError::Io(StoreError::io("extend segment", &path, len, e))
+                let no_room = crate::io::is_no_space(&e);
+                let error = StoreError::io("extend segment", &path, len, e);
+                if no_room {
+                    SegmentOpenError::NoRoom(error)
+                } else {
+                    SegmentOpenError::Io(error)
+                }
             })?;
             file.sync_data()
                 .map_err(|e| SegmentOpenError::Io(StoreError::io("sync segment", &path, len, e)))?;
@@ -242,7 +248,12 @@ impl Segment {
 
 pub(crate) enum SegmentOpenError {
     Io(StoreError),
-    BadHeader { path: PathBuf, reason: &'static str },
+    /// The file is shorter than its header says, and the file system has no room to extend it.
+    NoRoom(StoreError),
+    BadHeader {
+        path: PathBuf,
+        reason: &'static str,
+    },
 }
 
 /// A hint to load the cache line holding `address`; nothing on targets without one.

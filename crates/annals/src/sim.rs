@@ -139,6 +139,10 @@ struct State {
     sync_passes: u64,
     /// The threads of the syncs waiting for a pass.
     sync_threads: Vec<std::thread::ThreadId>,
+    /// The bytes all live files may hold together (a small file system); None: unbounded.
+    capacity: Option<u64>,
+    /// Whether `available_bytes` tells the room left (else the store finds out by ENOSPC).
+    tells_available: bool,
 }
 
 impl State {
@@ -201,6 +205,8 @@ impl SimIo {
                 syncs_held: false,
                 sync_passes: 0,
                 sync_threads: Vec::new(),
+                capacity: None,
+                tells_available: true,
             })),
             track,
         }
@@ -224,6 +230,27 @@ impl SimIo {
             persistent,
             fired: false,
         });
+    }
+
+    /// Bounds the bytes all live files may hold together, as a small file system does: a write,
+    /// `set_len` or `allocate` that would grow them beyond it fails with ENOSPC and changes
+    /// nothing. None removes the bound (the file system grown).
+    pub fn set_capacity(&self, capacity: Option<u64>) {
+        self.state.lock().capacity = capacity;
+    }
+
+    /// Whether the file system tells how much room is left (`Io::available_bytes`); when it
+    /// does not, the store finds out from ENOSPC.
+    pub fn tell_available(&self, tells: bool) {
+        self.state.lock().tells_available = tells;
+    }
+
+    /// Whether an injected fault has failed an operation yet.
+    pub fn fault_fired(&self) -> bool {
+        let state = self.state.lock();
+        [state.write_fault, state.sync_fault]
+            .iter()
+            .any(|f| f.is_some_and(|f| f.fired))
     }
 
     /// Removes every injected fault.
@@ -543,6 +570,43 @@ impl Io for SimIo {
     fn is_persistent(&self) -> bool {
         self.track
     }
+
+    fn available_bytes(&self, dir: &Path) -> io::Result<Option<u64>> {
+        let _ = dir;
+        let state = self.live_state()?;
+        if !state.tells_available {
+            return Ok(None);
+        }
+        Ok(state
+            .capacity
+            .map(|capacity| capacity.saturating_sub(state.used_bytes())))
+    }
+}
+
+impl State {
+    /// Fails with ENOSPC when `file`, `len` bytes long now, may not grow to `to`.
+    fn room_for(&self, file: &FileData, len: u64, to: u64) -> io::Result<()> {
+        let Some(capacity) = self.capacity else {
+            return Ok(());
+        };
+        if to <= len {
+            return Ok(());
+        }
+        let others: u64 = self
+            .live
+            .values()
+            .filter(|f| !Arc::ptr_eq(f, file))
+            .map(|f| f.lock().live.len() as u64)
+            .sum();
+        if others + to > capacity {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        Ok(())
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.live.values().map(|f| f.lock().live.len() as u64).sum()
+    }
 }
 
 impl IoFile for SimFile {
@@ -559,6 +623,8 @@ impl IoFile for SimFile {
         let mut state = self.live_state()?;
         state.writes += 1;
         Fault::check(&mut state.write_fault)?;
+        let len = self.data.lock().live.len() as u64;
+        state.room_for(&self.data, len, offset + buf.len() as u64)?;
         let mut image = self.data.lock();
         apply_write(&mut image.live, offset, buf);
         if self.track {
@@ -604,7 +670,9 @@ impl IoFile for SimFile {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        let _state = self.live_state()?;
+        let state = self.live_state()?;
+        let now = self.data.lock().live.len() as u64;
+        state.room_for(&self.data, now, len)?;
         let mut image = self.data.lock();
         image.live.resize(len as usize, 0);
         if self.track {

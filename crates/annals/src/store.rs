@@ -69,6 +69,8 @@ pub(crate) struct Counters {
     /// Segments created since open, and the bytes of zeros written to preallocate them.
     pub(crate) segments_created: AtomicU64,
     pub(crate) zero_fill_bytes: AtomicU64,
+    /// Appends refused because the file system had no room for a new segment.
+    pub(crate) disk_full_refusals: AtomicU64,
 }
 
 impl Counters {
@@ -339,6 +341,14 @@ pub struct Stats {
     /// Callers blocked on or awaiting an append's outcome.
     pub waiting: usize,
     pub poisoned: Option<String>,
+    /// Why appends that need a new segment are refused, while the file system has no room
+    /// for one (None otherwise). Reads go on; appends resume by themselves once there is room.
+    pub disk_full: Option<String>,
+    /// Appends refused for lack of room since open.
+    pub disk_full_refusals: u64,
+    /// Free bytes of the file system holding the log (None where not known, as on PostgreSQL
+    /// or in memory).
+    pub disk_free_bytes: Option<u64>,
 }
 
 /// What [`Store::check`] found.
@@ -1345,6 +1355,17 @@ impl Store {
             },
             waiting: self.shared.waiting.load(Ordering::Relaxed),
             poisoned: self.shared.poison_error().map(|e| e.to_string()),
+            disk_full: self.shared.health.disk_full(),
+            disk_full_refusals: c.disk_full_refusals.load(Ordering::Relaxed),
+            disk_free_bytes: match &self.remote {
+                Some(_) => None,
+                None => self
+                    .shared
+                    .io
+                    .available_bytes(&self.shared.dir)
+                    .ok()
+                    .flatten(),
+            },
         }
     }
 

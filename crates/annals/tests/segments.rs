@@ -211,3 +211,119 @@ fn a_written_store_keeps_appending_past_the_unsynced_bound() {
         "the syncer kept the backlog bounded"
     );
 }
+
+/// Goal: a file system without room for the next segment is a state the store lives through:
+/// the appends that need the segment are refused with `DiskFull`, nothing is poisoned, reads
+/// and subscriptions go on, appends resume by themselves once there is room, and every
+/// acknowledged append is there after a reopen. Method: 8 KiB segments on a simulated file
+/// system that holds 40 KiB; appends until refused; then the file system grown. Twice: on a
+/// file system that tells how much room is left (the store does not begin a segment that
+/// cannot fit), and on one that does not (the store begins it, meets ENOSPC while filling it
+/// with zeros, and removes it).
+#[test]
+fn a_full_disk_refuses_appends_cleanly_and_resumes() {
+    for tells in [true, false] {
+        full_disk_round(tells);
+    }
+}
+
+fn full_disk_round(tells: bool) {
+    use annals::{AppendError, StoreError};
+    let io = SimIo::new(43);
+    io.set_capacity(Some(40 << 10));
+    io.tell_available(tells);
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
+    let subscription = store.subscribe(&Query::all(), 0).unwrap();
+    let event = |i: u64| NewEvent::new("Filled", format!("{i:0>200}").into_bytes()).tag("fill");
+    let mut acknowledged = 0u64;
+    let refusal = loop {
+        match store.append(&[event(acknowledged)], None) {
+            Ok(position) => {
+                acknowledged += 1;
+                assert_eq!(position, acknowledged);
+            }
+            Err(e) => break e,
+        }
+        assert!(acknowledged < 10_000, "the file system never filled");
+    };
+    assert!(
+        matches!(refusal, AppendError::Store(StoreError::DiskFull { .. })),
+        "{refusal:?}"
+    );
+    let stats = store.stats();
+    assert!(stats.poisoned.is_none(), "a full disk poisons nothing");
+    assert!(stats.disk_full.is_some());
+    if tells {
+        // A segment (8 KiB) and the reserve (one segment) no longer fit; the reserve was kept.
+        let free = stats.disk_free_bytes.unwrap();
+        assert!((6 << 10..16 << 10).contains(&free), "{free} bytes free");
+    } else {
+        assert!(
+            stats
+                .disk_full
+                .as_deref()
+                .unwrap()
+                .contains("No space left"),
+            "{:?}",
+            stats.disk_full
+        );
+    }
+    assert!(acknowledged > 20, "only {acknowledged} appends fit");
+    // Refused again, at once, with nothing written; reads and the subscription go on.
+    for _ in 0..3 {
+        assert!(matches!(
+            store.append(&[event(0)], None),
+            Err(AppendError::Store(StoreError::DiskFull { .. }))
+        ));
+    }
+    assert_eq!(store.head(), acknowledged);
+    let read = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
+    assert_eq!(read.len() as u64, acknowledged);
+    let mut subscription = subscription;
+    for position in 1..=acknowledged {
+        let seen = subscription.next().unwrap().unwrap();
+        assert_eq!(seen.position(), position);
+    }
+    // No segment file was left begun.
+    let segments = io
+        .file_names(Path::new(DIR))
+        .into_iter()
+        .filter(|n| n.ends_with(".seg"))
+        .count();
+    assert_eq!(segments, store.stats().segments);
+
+    // Killed while full: the store opens on the still full disk, serves every acknowledged
+    // append, and refuses appends until there is room.
+    drop(subscription);
+    let io = io.crash(annals::sim::CrashMode::DropUnsynced);
+    drop(store);
+    let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), small_options()).unwrap();
+    assert_eq!(store.head(), acknowledged);
+    let read = read_all(&store, &Query::all(), ReadOptions::forwards()).unwrap();
+    assert_eq!(read.len() as u64, acknowledged);
+    let mut refused = 0;
+    while refused == 0 {
+        match store.append(&[event(acknowledged)], None) {
+            Ok(position) => {
+                acknowledged += 1;
+                assert_eq!(position, acknowledged);
+            }
+            Err(AppendError::Store(StoreError::DiskFull { .. })) => refused += 1,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    let mut subscription = store.subscribe(&Query::all(), acknowledged).unwrap();
+
+    // Room again: appends resume without a reopen, and the state is left.
+    io.set_capacity(None);
+    let position = store.append(&[event(acknowledged)], None).unwrap();
+    assert_eq!(position, acknowledged + 1);
+    assert!(store.stats().disk_full.is_none());
+    assert_eq!(store.stats().disk_full_refusals, 1);
+    let seen = subscription.next().unwrap().unwrap();
+    assert_eq!(seen.position(), position);
+    drop(subscription);
+    store.close().unwrap();
+    let store = Store::open_with_io(Arc::new(io), Path::new(DIR), small_options()).unwrap();
+    assert_eq!(store.head(), acknowledged + 1);
+}

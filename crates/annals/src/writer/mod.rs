@@ -83,6 +83,67 @@ pub(crate) fn write_failed(reason: &str) -> StoreError {
     }
 }
 
+/// The answer to an append refused for lack of room.
+fn disk_full(reason: &str) -> AppendError {
+    StoreError::DiskFull {
+        reason: reason.to_owned(),
+    }
+    .into()
+}
+
+/// Why segment `number` of `size` bytes cannot be made in `dir`, when the file system says it
+/// has less room than that beside the `reserve` the store leaves alone.
+fn no_room(
+    io: &dyn crate::io::Io,
+    dir: &std::path::Path,
+    number: u32,
+    size: u64,
+    reserve: u64,
+) -> Option<String> {
+    match io.available_bytes(dir) {
+        Ok(Some(available)) if available < size.saturating_add(reserve) => Some(format!(
+            "segment {number} needs {size} bytes and {reserve} are kept in reserve; the file \
+             system has {available} free"
+        )),
+        _ => None,
+    }
+}
+
+/// Creates segment `number`, unless the file system has no room for it: then what was made of
+/// it is removed, and the answer is [`StoreError::DiskFull`], which poisons nothing (the
+/// segment held no record). Any other failure is the store's, as before.
+fn make_segment(
+    io: &dyn crate::io::Io,
+    dir: &std::path::Path,
+    number: u32,
+    size: u64,
+    reserve: u64,
+    zero_fill: bool,
+) -> Result<Segment, StoreError> {
+    if let Some(reason) = no_room(io, dir, number, size, reserve) {
+        return Err(StoreError::DiskFull { reason });
+    }
+    match Segment::create(io, dir, number, size, zero_fill) {
+        Err(StoreError::Io {
+            operation,
+            path,
+            offset,
+            source,
+        }) if crate::io::is_no_space(&source) => {
+            // Not yet a segment of the log: no record was written to it.
+            let _ = io.remove(&path);
+            let _ = io.sync_dir(dir);
+            Err(StoreError::DiskFull {
+                reason: format!(
+                    "{operation} failed on {} at offset {offset}: {source}",
+                    path.display()
+                ),
+            })
+        }
+        other => other,
+    }
+}
+
 pub(crate) fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -203,15 +264,20 @@ impl Writer {
         self.shared.options.preallocation.zero_fill(history)
     }
 
-    /// Starts preparing the segment after the current one on a background thread.
+    /// Starts preparing the segment after the current one on a background thread, unless the
+    /// file system is known to lack the room (the roll into it tries again).
     fn prepare_next_segment(&mut self, zero_fill: bool) {
         let io = self.shared.io.clone();
         let dir = self.shared.dir.clone();
         let number = self.segment.number + 1;
         let size = self.shared.options.segment_bytes;
+        let reserve = self.shared.options.disk_reserve();
+        if no_room(io.as_ref(), &dir, number, size, reserve).is_some() {
+            return;
+        }
         self.next_segment = std::thread::Builder::new()
             .name("annals-segment".into())
-            .spawn(move || Segment::create(io.as_ref(), &dir, number, size, zero_fill))
+            .spawn(move || make_segment(io.as_ref(), &dir, number, size, reserve, zero_fill))
             .ok()
             .map(|handle| (handle, zero_fill));
     }
@@ -246,17 +312,37 @@ impl Writer {
         }
         let appended_at = now_us();
         let mut failure: Option<StoreError> = None;
+        // Why the appends from the first that needed a new segment on are refused: the file
+        // system had no room for it. Nothing of them is written; what went before stays.
+        let mut no_room: Option<String> = None;
         for request in group.iter() {
             if failure.is_some() {
                 staged.push(Staged::Done(Err(StoreError::Closed.into())));
                 continue;
             }
+            if let Some(reason) = &no_room {
+                staged.push(Staged::Done(Err(disk_full(reason))));
+                continue;
+            }
             let stored = aligned(HEADER_BYTES + request.append.body.len()) as u64;
             if self.tail + self.buffer.len() as u64 + stored > self.segment.size {
-                if let Err(e) = self.roll() {
-                    failure = Some(e);
-                    staged.push(Staged::Done(Err(StoreError::Closed.into())));
-                    continue;
+                match self.roll() {
+                    Ok(()) => {}
+                    Err(StoreError::DiskFull { reason }) => {
+                        self.shared.health.enter_disk_full(&reason);
+                        self.shared
+                            .counters
+                            .disk_full_refusals
+                            .fetch_add(1, Ordering::Relaxed);
+                        staged.push(Staged::Done(Err(disk_full(&reason))));
+                        no_room = Some(reason);
+                        continue;
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        staged.push(Staged::Done(Err(StoreError::Closed.into())));
+                        continue;
+                    }
                 }
             }
             staged.push(self.stage(request, appended_at));
@@ -566,17 +652,34 @@ impl Writer {
                 prepared_zero_fill,
             ),
             None => {
-                let segment = Segment::create(
+                let segment = make_segment(
                     self.shared.io.as_ref(),
                     &self.shared.dir,
                     self.segment.number + 1,
                     self.shared.options.segment_bytes,
+                    self.shared.options.disk_reserve(),
                     zero_fill,
                 );
                 (segment, zero_fill)
             }
         };
+        let (prepared, zero_filled) = match prepared {
+            // Prepared ahead while there was no room: there may be now.
+            Err(StoreError::DiskFull { .. }) => (
+                make_segment(
+                    self.shared.io.as_ref(),
+                    &self.shared.dir,
+                    self.segment.number + 1,
+                    self.shared.options.segment_bytes,
+                    self.shared.options.disk_reserve(),
+                    zero_fill,
+                ),
+                zero_fill,
+            ),
+            other => (other, zero_filled),
+        };
         let next = Arc::new(prepared?);
+        self.shared.health.leave_disk_full();
         self.shared.counters.record_segment(&next, zero_filled);
         self.shared.segments.write().push(next.clone());
         self.segment = next;

@@ -107,8 +107,19 @@ pub fn crash_rounds(seed: u64, rounds: usize, options: &Options) -> Result<(), S
     result
 }
 
+/// Whether an injected fault has shown: the store is poisoned, or it refused appends for lack
+/// of room (a fault in the making of a segment, which held no record), or the fault failed an
+/// operation whose failure the store absorbed (the making of a segment ahead of need, made
+/// again when needed).
+fn fault_fired(store: &Store, io: &SimIo) -> bool {
+    let stats = store.stats();
+    stats.poisoned.is_some() || stats.disk_full_refusals > 0 || io.fault_fired()
+}
+
 /// Injects a write or sync failure at a random moment: the store must poison (acknowledge
-/// nothing more), and after a crash every acknowledged append must be there.
+/// nothing more), or, when the failure was a lack of room for a segment not yet in the log,
+/// refuse the appends that needed it without poisoning; after a crash every acknowledged
+/// append must be there.
 pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let io = SimIo::new(seed);
@@ -132,7 +143,7 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
     let acked = Arc::new(AtomicU64::new(0));
     // Keep appending in bursts until the fault fires.
     let mut bursts = 0;
-    while store.stats().poisoned.is_none() {
+    while !fault_fired(&store, &io) {
         bursts += 1;
         if bursts > 200 {
             return Err(format!(
@@ -156,9 +167,11 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
             }
         }
     }
-    match store.append(&tracked_events(0, 1, &[]), None) {
-        Err(AppendError::Store(_)) => {}
-        other => return Err(format!("seed {seed}: poisoned store answered {other:?}")),
+    if store.stats().poisoned.is_some() {
+        match store.append(&tracked_events(0, 1, &[]), None) {
+            Err(AppendError::Store(_)) => {}
+            other => return Err(format!("seed {seed}: poisoned store answered {other:?}")),
+        }
     }
     let io = io.crash(CrashMode::DropUnsynced);
     drop(store);
@@ -425,6 +438,9 @@ pub fn answers_round(
                 Err(AppendError::Store(StoreError::Poisoned { reason })) => {
                     Answered::Refused(format!("poisoned: {reason}"))
                 }
+                Err(AppendError::Store(StoreError::DiskFull { reason })) => {
+                    Answered::Refused(format!("disk full: {reason}"))
+                }
                 Err(AppendError::Store(StoreError::OutcomeUnknown { reason })) => {
                     Answered::Unknown(reason)
                 }
@@ -454,7 +470,7 @@ pub fn answers_round(
     };
     let mut issued = 0;
     let mut bursts = 0;
-    while store.stats().poisoned.is_none() {
+    while !fault_fired(&store, &io) {
         bursts += 1;
         if bursts > 400 {
             return Err(format!(
