@@ -196,6 +196,11 @@ fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Res
         "index_bytes": value("annals_index_bytes") as u64,
         "segments": value("annals_segments") as u64,
         "poisoned": value("annals_poisoned") > 0.0,
+        "disk_full": value("annals_disk_full") > 0.0,
+        "disk_free_bytes": text
+            .lines()
+            .any(|l| l.starts_with("annals_disk_free_bytes "))
+            .then(|| value("annals_disk_free_bytes") as u64),
     });
     if json {
         println!("{report}");
@@ -261,6 +266,12 @@ fn print_stats(store: &Store, json: bool) -> Result<(), String> {
             stats.index_bytes, stats.index_bytes_per_event
         );
         println!("opened in:   {:.1} ms ({:?})", report.open_ms, report.index);
+        if let Some(free) = stats.disk_free_bytes {
+            println!("disk free:   {free} bytes");
+        }
+        if let Some(reason) = &stats.disk_full {
+            println!("disk full:   appends that need a new segment are refused: {reason}");
+        }
     }
     Ok(())
 }

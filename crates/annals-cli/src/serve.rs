@@ -283,11 +283,46 @@ async fn serve(config: Config) -> Result<(), String> {
             .grpc_addr
             .map_or_else(|| "off".to_string(), |a| a.to_string())
     );
+    let watcher = tokio::spawn(watch_disk(server.store.clone()));
     wait_for_signal().await;
+    watcher.abort();
     println!("annals: shutting down: finishing in-flight requests, then syncing and closing");
     server.shutdown().await?;
     println!("annals: stopped cleanly");
     Ok(())
+}
+
+/// Says when the store enters the disk-full state (appends that need a new segment refused)
+/// and when there is room again, looking once a second.
+async fn watch_disk(store: std::sync::Arc<annals::Store>) {
+    let mut full = false;
+    loop {
+        let stats = {
+            let store = store.clone();
+            match tokio::task::spawn_blocking(move || store.stats()).await {
+                Ok(stats) => stats,
+                Err(_) => return,
+            }
+        };
+        match (&stats.disk_full, full) {
+            (Some(reason), false) => {
+                println!(
+                    "annals: disk full: appends that need a new segment are refused (507 \
+                     disk_full) until there is room; reads go on: {reason}"
+                );
+                full = true;
+            }
+            (None, true) => {
+                let free = stats
+                    .disk_free_bytes
+                    .map_or_else(String::new, |b| format!(" ({b} bytes free)"));
+                println!("annals: room on the disk again: appends are taken{free}");
+                full = false;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 async fn wait_for_signal() {

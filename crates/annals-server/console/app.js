@@ -510,6 +510,8 @@ async function storePage() {
       if (match) durability = match[1];
     }
     const poisoned = metric(m, 'annals_poisoned') === 1;
+    const diskFull = metric(m, 'annals_disk_full') === 1;
+    const diskFree = metric(m, 'annals_disk_free_bytes');
     const fsyncs = metric(m, 'annals_fsyncs_total');
     const groups = metric(m, 'annals_groups_total');
     const groupAppends = metric(m, 'annals_group_appends_sum');
@@ -517,7 +519,10 @@ async function storePage() {
     const p50 = histogramQuantile(m, 'annals_fsync_seconds', 0.5);
     cards.replaceChildren(
       card('Head position', fmt(metric(m, 'annals_head_position'))),
-      card('State', poisoned ? 'POISONED: appends refused until reopened' : 'healthy', poisoned),
+      card('State', poisoned ? 'POISONED: appends refused until reopened'
+        : diskFull ? 'DISK FULL: appends refused until there is room; reads go on' : 'healthy',
+        poisoned || diskFull),
+      card('Disk free', diskFree === null ? '-' : bytes(diskFree), diskFull),
       card('Durability', durability),
       card('Segments', fmt(metric(m, 'annals_segments')) + ' (' + bytes(metric(m, 'annals_segment_bytes')) + ')'),
       card('Index', bytes(metric(m, 'annals_index_bytes'))),

@@ -157,7 +157,8 @@ pub(crate) fn document() -> String {
                     "409": error_response("A tracking position not above the one recorded for its source."),
                     "413": error_response("The body exceeds the configured limit."),
                     "415": error_response("The body was not sent as application/json."),
-                    "503": error_response("The append queue stayed full, the store is poisoned by a failed write or fsync, or the server is shutting down.")
+                    "503": error_response("The append queue stayed full, the store is poisoned by a failed write or fsync (store_poisoned: the append was not written), the outcome is unknown (outcome_unknown: the append's write or fsync failed, or its database commit could not be confirmed or denied), the database is unavailable (database_unavailable: nothing was appended), or the server is shutting down."),
+                    "507": error_response("No room on the disk for the segment the append needs (disk_full): nothing was appended and nothing is poisoned; appends are taken again once there is room.")
                 }), auth_errors())
             } },
             "/v1/head": { "get": {
@@ -239,7 +240,8 @@ pub(crate) fn document() -> String {
                 "security": [],
                 "responses": {
                     "200": { "description": "Serving.", "content": { "application/json": { "schema": { "type": "object",
-                        "properties": { "status": { "const": "ok" }, "head": { "type": "integer" }, "durability": { "type": "string" } } } } } },
+                        "properties": { "status": { "enum": ["ok", "disk_full"] }, "head": { "type": "integer" }, "durability": { "type": "string" },
+                            "reason": { "type": ["string", "null"] }, "diskFreeBytes": { "type": ["integer", "null"] } } } } } },
                     "503": { "description": "The store is poisoned by a failed write or fsync; it acknowledges nothing until reopened." }
                 }
             } },

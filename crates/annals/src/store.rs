@@ -1355,7 +1355,7 @@ impl Store {
             },
             waiting: self.shared.waiting.load(Ordering::Relaxed),
             poisoned: self.shared.poison_error().map(|e| e.to_string()),
-            disk_full: self.shared.health.disk_full(),
+            disk_full: self.disk_full(),
             disk_full_refusals: c.disk_full_refusals.load(Ordering::Relaxed),
             disk_free_bytes: match &self.remote {
                 Some(_) => None,
@@ -1366,6 +1366,18 @@ impl Store {
                     .ok()
                     .flatten(),
             },
+        }
+    }
+
+    /// Why appends that need a new segment are refused now: the last roll found no room, and
+    /// the file system still lacks it (when it tells; the next roll finds out otherwise).
+    fn disk_full(&self) -> Option<String> {
+        let reason = self.shared.health.disk_full()?;
+        let options = &self.shared.options;
+        let needed = options.segment_bytes.saturating_add(options.disk_reserve());
+        match self.shared.io.available_bytes(&self.shared.dir) {
+            Ok(Some(available)) if available >= needed => None,
+            _ => Some(reason),
         }
     }
 

@@ -143,6 +143,7 @@ try {
   const head = (await (await fetch(OPEN_URL + '/v1/head')).json()).head;
   check(cards.includes('Head position') && cards.includes(String(head)) && cards.includes('healthy') && cards.includes('KiB'),
     'the store page shows the head, the state and the log\'s size');
+  check(/Disk free\s*[0-9.]+\s*[KMGT]?i?B/.test(cards), 'the store page shows the disk\'s free space: ' + cards);
   // Appends while the page samples the metrics, so that its chart has something to draw.
   for (let i = 0; i < 25; i++) {
     await append([{ type: 'ChartCheck', tags: ['chart'], data: '{}' }]);

@@ -1,0 +1,185 @@
+//! `annals serve` on a real file system that fills up: a small tmpfs the test mounts (it must
+//! run as root, as CI does; elsewhere it says so and stops, and the simulated disk's full-disk
+//! tests in crates/annals cover the store).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{append_body, ServerProcess, Stream};
+
+/// A tmpfs mounted on a directory of its own, unmounted on drop.
+struct Mount {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Mount {
+    /// Mounts a tmpfs of `mib` MiB, or None when this process may not mount.
+    fn tmpfs(mib: u64) -> Option<Mount> {
+        // SAFETY: geteuid only reads the process's credentials.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("server_disk: not root, so no file system to fill: skipped");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fs");
+        std::fs::create_dir(&path).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(&path)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root and must be able to mount a tmpfs"
+            );
+            eprintln!("server_disk: mounting a tmpfs failed: skipped");
+            return None;
+        }
+        Some(Mount { _dir: dir, path })
+    }
+
+    /// Grows (or shrinks) the file system to `mib` MiB, as an operator who adds space does.
+    fn resize(&self, mib: u64) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={mib}m")])
+            .arg(&self.path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "remount to {mib} MiB");
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+/// An append of one event of about 200 KiB whose data starts with `nonce`.
+fn big_append(nonce: &str) -> String {
+    let data = format!("{nonce}:{}", "x".repeat(200 << 10));
+    append_body(&[("Filled", &["fill"], &data)], None)
+}
+
+/// Appends until the server refuses; returns the nonces acknowledged and the refusal.
+fn fill(server: &ServerProcess, from: usize) -> (Vec<String>, common::Response) {
+    let mut acknowledged = Vec::new();
+    for n in from.. {
+        let nonce = format!("n{n}");
+        let response = server.post("/v1/append", &big_append(&nonce));
+        if response.status != 200 {
+            return (acknowledged, response);
+        }
+        acknowledged.push(nonce);
+        assert!(acknowledged.len() < 5000, "the file system never filled");
+    }
+    unreachable!()
+}
+
+/// The nonces of every event the server holds, in order.
+fn stored(server: &ServerProcess) -> Vec<String> {
+    server
+        .read("{}", "{}")
+        .iter()
+        .map(|e| {
+            let data = e["data"].as_str().unwrap();
+            data.split(':').next().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Waits up to 5 s for a line of the server's log containing `text`.
+fn logged(server: &ServerProcess, text: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match server.output.recv_timeout(left) {
+            Ok(line) if line.contains(text) => return line,
+            Ok(_) => {}
+            Err(_) => panic!("the server never logged {text:?}"),
+        }
+    }
+}
+
+fn metric(server: &ServerProcess, name: &str) -> Option<f64> {
+    let text = String::from_utf8(server.get("/metrics").body).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Goal: a full disk is a state the server lives through. Story: on a 150 MiB file system,
+/// the append that needed a third segment answered 500 and poisoned the store, every later
+/// append answered 503, and a restart on the full disk failed, so not even reads were served.
+/// Method: a 160 MiB tmpfs and a 16 MiB reserve; 200 KiB appends over HTTP until refused: the
+/// refusal is 507 `disk_full`, nothing is poisoned, /health and /metrics say so, reads and a
+/// subscription go on, and the log says so; the file system grown by a remount: the log says
+/// so within a second, and appends resume without a restart;
+/// filled again and the server killed with -9 while full: it starts on the full disk, serves
+/// every acknowledged append, refuses appends with 507 once its segment is full, and takes
+/// them again when the file system grows.
+#[test]
+fn a_full_disk_refuses_appends_and_resumes() {
+    let Some(mount) = Mount::tmpfs(160) else {
+        return;
+    };
+    let dir = mount.path.join("data");
+    let start = |dir: &Path| ServerProcess::start(dir, &["--disk-reserve", "16777216"]);
+    let mut server = start(&dir);
+    let (mut acknowledged, refusal) = fill(&server, 0);
+    assert_eq!(refusal.status, 507, "{}", refusal.text());
+    assert_eq!(refusal.kind(), "disk_full");
+    assert!(
+        acknowledged.len() > 300,
+        "{} appends fit",
+        acknowledged.len()
+    );
+    // Refused again, and nothing is poisoned.
+    let again = server.post("/v1/append", &big_append("refused"));
+    assert_eq!(again.status, 507);
+    let health = server.get("/health");
+    assert_eq!(health.status, 200);
+    assert_eq!(health.json()["status"], "disk_full", "{}", health.text());
+    assert_eq!(metric(&server, "annals_disk_full"), Some(1.0));
+    assert_eq!(metric(&server, "annals_poisoned"), Some(0.0));
+    assert!(metric(&server, "annals_disk_free_bytes").unwrap() < (80 << 20) as f64);
+    assert!(metric(&server, "annals_disk_full_refusals_total").unwrap() >= 2.0);
+    logged(&server, "annals: disk full");
+    // Reads and a subscription go on.
+    assert_eq!(stored(&server), acknowledged);
+    let mut stream = Stream::open(server.http, "/v1/subscribe?after=0", &[]);
+    assert_eq!(stream.status, 200);
+    let first: serde_json::Value = serde_json::from_str(&stream.next_line().unwrap()).unwrap();
+    assert_eq!(first["position"], 1);
+
+    // Room again: appends resume, with no restart.
+    mount.resize(320);
+    logged(&server, "room on the disk again");
+    let resumed = server.post("/v1/append", &big_append("resumed"));
+    assert_eq!(resumed.status, 200, "{}", resumed.text());
+    acknowledged.push("resumed".into());
+    assert_eq!(server.get("/health").json()["status"], "ok");
+    assert_eq!(metric(&server, "annals_disk_full"), Some(0.0));
+
+    // Full again, then killed: the restart on the full disk serves everything acknowledged.
+    let (more, refusal) = fill(&server, acknowledged.len());
+    assert_eq!(refusal.status, 507, "{}", refusal.text());
+    acknowledged.extend(more);
+    server.kill9();
+    server = start(&dir);
+    assert_eq!(stored(&server), acknowledged);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (more, refusal) = fill(&server, acknowledged.len() + 1_000_000);
+    assert_eq!(refusal.status, 507, "{}", refusal.text());
+    acknowledged.extend(more);
+    mount.resize(480);
+    let resumed = server.post("/v1/append", &big_append("after-restart"));
+    assert_eq!(resumed.status, 200, "{}", resumed.text());
+    acknowledged.push("after-restart".into());
+    assert_eq!(stored(&server), acknowledged);
+    assert!(Instant::now() < deadline);
+}
