@@ -28,6 +28,13 @@ fn ok(args: &[&str]) -> String {
 }
 
 fn with_stdin(args: &[&str], input: &str) -> String {
+    let (success, stdout, stderr) = run_with_stdin(args, input);
+    assert!(success, "{stderr}");
+    stdout
+}
+
+/// Runs with `input` on standard input: success, stdout, stderr.
+fn run_with_stdin(args: &[&str], input: &str) -> (bool, String, String) {
     let mut child = annals()
         .args(args)
         .stdin(Stdio::piped())
@@ -42,12 +49,11 @@ fn with_stdin(args: &[&str], input: &str) -> String {
         .write_all(input.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
+    (
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn lines(ndjson: &str) -> Vec<serde_json::Value> {
@@ -456,27 +462,10 @@ fn data_as_written_and_one_way_to_name_a_store() {
     assert_eq!(stored[4]["data"], "a\u{1b}[31mred\nline \\ end");
     assert_eq!(stored[5]["dataEncoding"], "base64");
     // A value that is not a string with a base64 encoding is refused, and nothing appended.
-    let (success, _, stderr) = {
-        let mut child = annals()
-            .args(["append", "--store", a])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(br#"{"type":"X","data":{"a":1},"dataEncoding":"base64"}"#)
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let (success, _, stderr) = run_with_stdin(
+        &["append", "--store", a],
+        r#"{"type":"X","data":{"a":1},"dataEncoding":"base64"}"#,
+    );
     assert!(!success);
     assert!(stderr.contains("must be a string"), "{stderr}");
 

@@ -13,6 +13,19 @@ use common::answers::{appender, check_answers, Answer, Tally};
 use common::claims::{check_claims, client};
 use common::{ServerProcess, Stream};
 
+/// A primary with a synchronous standby, and a URL that names both and finds the primary;
+/// None without PostgreSQL (the test command requires it).
+fn primary_and_standby() -> Option<(Cluster, Cluster, String)> {
+    let primary = Cluster::start()?;
+    let standby = primary.synchronous_standby();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        primary.port(),
+        standby.port()
+    );
+    Some((primary, standby, url))
+}
+
 /// A postgres:// URL for the cluster's `postgres` database.
 fn url(cluster: &Cluster) -> String {
     format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port())
@@ -165,15 +178,9 @@ fn two_servers_on_one_database_under_kill9() {
 /// acknowledged claim is there exactly once.
 #[test]
 fn failover_to_a_synchronous_standby_loses_nothing() {
-    let Some(primary) = Cluster::start() else {
+    let Some((primary, standby, url)) = primary_and_standby() else {
         return;
     };
-    let standby = primary.synchronous_standby();
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
-        primary.port(),
-        standby.port()
-    );
     let server = ServerProcess::start_postgres(&url, &[]);
     let mut acked: Vec<(u64, String)> = Vec::new();
     for round in 0..2 {
@@ -347,15 +354,9 @@ fn metric(server: &ServerProcess, name: &str) -> u64 {
 /// terminated on it; every answer checked against the log by nonce.
 #[test]
 fn every_answer_holds_across_a_failover() {
-    let Some(primary) = Cluster::start() else {
+    let Some((primary, standby, url)) = primary_and_standby() else {
         return;
     };
-    let standby = primary.synchronous_standby();
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
-        primary.port(),
-        standby.port()
-    );
     let server = ServerProcess::start_postgres(&url, &[]);
     answers_under(&server, || {
         terminate_sessions(&primary, 3, Duration::from_millis(400));

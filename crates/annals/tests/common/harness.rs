@@ -107,6 +107,25 @@ pub fn crash_rounds(seed: u64, rounds: usize, options: &Options) -> Result<(), S
     result
 }
 
+/// Injects one fault at random: EIO or ENOSPC, once or from then on, on one of the next 20
+/// writes or file syncs. Returns whether it is on a sync, and on which.
+fn inject_fault(rng: &mut StdRng, io: &SimIo) -> (bool, u64) {
+    let kind = if rng.gen_bool(0.5) {
+        FaultKind::Eio
+    } else {
+        FaultKind::NoSpace
+    };
+    let persistent = rng.gen_bool(0.5);
+    let on_sync = rng.gen_bool(0.5);
+    let n = rng.gen_range(0..20);
+    if on_sync {
+        io.fail_sync(n, kind, persistent);
+    } else {
+        io.fail_write(n, kind, persistent);
+    }
+    (on_sync, n)
+}
+
 /// Whether an injected fault has shown: the store is poisoned, or it refused appends for lack
 /// of room (a fault in the making of a segment, which held no record), or the fault failed an
 /// operation whose failure the store absorbed (the making of a segment ahead of need, made
@@ -127,19 +146,7 @@ pub fn fault_round(seed: u64, options: &Options) -> Result<(), String> {
     let next_id = AtomicU64::new(1);
     let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone())
         .map_err(|e| format!("seed {seed}: open failed: {e}"))?;
-    let kind = if rng.gen_bool(0.5) {
-        FaultKind::Eio
-    } else {
-        FaultKind::NoSpace
-    };
-    let persistent = rng.gen_bool(0.5);
-    let on_sync = rng.gen_bool(0.5);
-    let n = rng.gen_range(0..20);
-    if on_sync {
-        io.fail_sync(n, kind, persistent);
-    } else {
-        io.fail_write(n, kind, persistent);
-    }
+    let (on_sync, n) = inject_fault(&mut rng, &io);
     let acked = Arc::new(AtomicU64::new(0));
     // Keep appending in bursts until the fault fires.
     let mut bursts = 0;
@@ -403,19 +410,7 @@ pub fn answers_round(
     let io = SimIo::new(seed);
     let store = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone())
         .map_err(|e| format!("seed {seed}: open failed: {e}"))?;
-    let kind = if rng.gen_bool(0.5) {
-        FaultKind::Eio
-    } else {
-        FaultKind::NoSpace
-    };
-    let persistent = rng.gen_bool(0.5);
-    let on_sync = rng.gen_bool(0.5);
-    let n = rng.gen_range(0..20);
-    if on_sync {
-        io.fail_sync(n, kind, persistent);
-    } else {
-        io.fail_write(n, kind, persistent);
-    }
+    let (on_sync, n) = inject_fault(&mut rng, &io);
     let answers: Arc<Mutex<HashMap<u64, Answered>>> = Arc::default();
     let mut id = 0u64;
     let mut issue_one = |rng: &mut StdRng| {
