@@ -4,61 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use annals_testkit::Tmpfs;
 use common::{append_body, ServerProcess, Stream};
-
-/// A tmpfs mounted on a directory of its own, unmounted on drop.
-struct Mount {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
-impl Mount {
-    /// Mounts a tmpfs of `mib` MiB, or None when this process may not mount.
-    fn tmpfs(mib: u64) -> Option<Mount> {
-        // SAFETY: geteuid only reads the process's credentials.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("server_disk: not root, so no file system to fill: skipped");
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fs");
-        std::fs::create_dir(&path).unwrap();
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-            .arg(&path)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !mounted {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI runs as root and must be able to mount a tmpfs"
-            );
-            eprintln!("server_disk: mounting a tmpfs failed: skipped");
-            return None;
-        }
-        Some(Mount { _dir: dir, path })
-    }
-
-    /// Grows (or shrinks) the file system to `mib` MiB, as an operator who adds space does.
-    fn resize(&self, mib: u64) {
-        let status = Command::new("mount")
-            .args(["-o", &format!("remount,size={mib}m")])
-            .arg(&self.path)
-            .status()
-            .unwrap();
-        assert!(status.success(), "remount to {mib} MiB");
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.path).status();
-    }
-}
 
 /// An append of one event of about 200 KiB whose data starts with `nonce`.
 fn big_append(nonce: &str) -> String {
@@ -124,10 +74,10 @@ fn metric(server: &ServerProcess, name: &str) -> Option<f64> {
 /// them again when the file system grows.
 #[test]
 fn a_full_disk_refuses_appends_and_resumes() {
-    let Some(mount) = Mount::tmpfs(160) else {
+    let Some(mount) = Tmpfs::mount(160) else {
         return;
     };
-    let dir = mount.path.join("data");
+    let dir = mount.path().join("data");
     let start = |dir: &Path| ServerProcess::start(dir, &["--disk-reserve", "16777216"]);
     let mut server = start(&dir);
     let (mut acknowledged, refusal) = fill(&server, 0);

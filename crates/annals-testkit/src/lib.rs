@@ -547,3 +547,75 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+/// A small file system that a test can fill and grow: a tmpfs mounted on a directory of its
+/// own, unmounted on drop. Mounting needs root (CI runs as root).
+pub struct Tmpfs {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `mib` MiB, or None, saying why, when this process may not mount (in
+    /// CI, which runs as root, that fails the test instead).
+    pub fn mount(mib: u64) -> Option<Tmpfs> {
+        // SAFETY: geteuid only reads the process's credentials.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root and must be able to mount a tmpfs"
+            );
+            eprintln!("not root, so no file system to fill: skipped");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("fs");
+        std::fs::create_dir(&path).expect("the mount point");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(&path)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root and must be able to mount a tmpfs"
+            );
+            eprintln!("mounting a tmpfs failed: skipped");
+            return None;
+        }
+        Some(Tmpfs { _dir: dir, path })
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Grows (or shrinks) it to `mib` MiB, as an operator who adds space does.
+    pub fn resize(&self, mib: u64) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={mib}m")])
+            .arg(&self.path)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "remount to {mib} MiB");
+    }
+
+    /// Hands it to the `postgres` user, as a tablespace's directory must be when the clusters
+    /// run as that user (under root).
+    pub fn give_to_postgres(&self) {
+        let status = Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(&self.path)
+            .status()
+            .expect("run chown");
+        assert!(status.success(), "chown the tmpfs to postgres");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}

@@ -1242,3 +1242,69 @@ fn busy_servers_do_not_starve_each_other() {
         assert_eq!(store.head(), appended, "every append is in both stores");
     }
 }
+
+/// Goal: on PostgreSQL, the database's own full disk (SQLSTATE 53100, the statement rolled
+/// back) is answered as on files: `DiskFull`, nothing appended, nothing poisoned, reads go on,
+/// and appends resume once the database has room. Method: the log's table and its key moved
+/// to a tablespace on an 8 MiB tmpfs (as root, as CI runs); appends of 64 KiB that does not
+/// compress until refused; the tmpfs grown.
+#[test]
+fn a_full_database_disk_refuses_appends_cleanly() {
+    use annals::StoreError;
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let Some(disk) = annals_testkit::Tmpfs::mount(8) else {
+        return;
+    };
+    disk.give_to_postgres();
+    let store = Store::open_postgres(&cluster.url(), small_options()).unwrap();
+    cluster.sql(&format!(
+        "CREATE TABLESPACE small LOCATION '{}'",
+        disk.path().display()
+    ));
+    cluster.sql("ALTER TABLE annals_appends SET TABLESPACE small");
+    cluster.sql("ALTER INDEX annals_appends_pkey SET TABLESPACE small");
+    let mut rng = StdRng::seed_from_u64(53100);
+    let mut event = || {
+        let data: Vec<u8> = (0..64 << 10).map(|_| rng.gen()).collect();
+        NewEvent::new("Filled", data).tag("fill")
+    };
+    drop(store);
+    let store = Store::open_postgres(&cluster.url(), Options::default()).unwrap();
+    let mut acknowledged = 0u64;
+    let refusal = loop {
+        match store.append(&[event()], None) {
+            Ok(position) => {
+                acknowledged += 1;
+                assert_eq!(position, acknowledged);
+            }
+            Err(e) => break e,
+        }
+        assert!(acknowledged < 1000, "the tablespace never filled");
+    };
+    assert!(
+        matches!(refusal, AppendError::Store(StoreError::DiskFull { .. })),
+        "{refusal:?}"
+    );
+    assert!(acknowledged > 10, "only {acknowledged} appends fit");
+    assert!(store.stats().poisoned.is_none());
+    assert_eq!(store.head(), acknowledged);
+    assert_eq!(
+        read_all(&store, &Query::all(), ReadOptions::forwards())
+            .unwrap()
+            .len() as u64,
+        acknowledged
+    );
+    assert_eq!(
+        cluster.sql_value("SELECT count(*) FROM annals_appends"),
+        acknowledged.to_string(),
+        "the refused append is not in the database"
+    );
+    disk.resize(64);
+    assert_eq!(store.append(&[event()], None).unwrap(), acknowledged + 1);
+    drop(store);
+    cluster.sql("ALTER TABLE annals_appends SET TABLESPACE pg_default");
+    cluster.sql("ALTER INDEX annals_appends_pkey SET TABLESPACE pg_default");
+    cluster.sql("DROP TABLESPACE small");
+}
