@@ -121,6 +121,9 @@ pub struct ServiceStats {
     /// The journal position of the newest snapshot saved (0: none).
     pub snapshot_position: AtomicU64,
     pub snapshot_error: Mutex<Option<String>>,
+    /// Snapshots that could not be saved (a full disk, say); the next one due tries again.
+    /// They never stop matching or journaling.
+    pub snapshot_failures: AtomicU64,
 }
 
 type Reply<T> = Box<dyn FnOnce(Result<T, ExchangeError>) + Send>;
@@ -588,7 +591,10 @@ impl Matcher {
                     .store(snapshot.position, Ordering::Relaxed);
                 *stats.snapshot_error.lock() = None;
             }
-            Err(e) => *stats.snapshot_error.lock() = Some(e.to_string()),
+            Err(e) => {
+                stats.snapshot_failures.fetch_add(1, Ordering::Relaxed);
+                *stats.snapshot_error.lock() = Some(e.to_string());
+            }
         };
         if stopping {
             save();

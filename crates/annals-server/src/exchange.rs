@@ -695,6 +695,7 @@ async fn status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
                 "snapshots": load(&stats.snapshots),
                 "snapshotPosition": load(&stats.snapshot_position),
                 "snapshotError": *stats.snapshot_error.lock(),
+                "snapshotFailures": load(&stats.snapshot_failures),
             })
             .to_string(),
         ))

@@ -501,7 +501,7 @@ pub(crate) fn render_stream_bytes(out: &mut String, held: usize, max: usize) {
 /// The read models' gauges and counters, labelled by name.
 pub fn render_read_models(out: &mut String, models: &[crate::readmodels::ModelView]) {
     type Field = fn(&crate::readmodels::ModelView) -> u64;
-    let series: [(&str, &str, &str, Field); 7] = [
+    let series: [(&str, &str, &str, Field); 8] = [
         (
             "annals_readmodel_position",
             "gauge",
@@ -539,6 +539,13 @@ pub fn render_read_models(out: &mut String, models: &[crate::readmodels::ModelVi
             |m| m.status.rebuilds,
         ),
         (
+            "annals_readmodel_failures_total",
+            "counter",
+            "Steps that failed and were retried: checkpoints not written (a full disk, say), \
+             effects not appended.",
+            |m| m.status.failures,
+        ),
+        (
             "annals_readmodel_failing",
             "gauge",
             "1 while the read model's last step failed (see its status for the error).",
@@ -562,7 +569,7 @@ pub fn render_read_models(out: &mut String, models: &[crate::readmodels::ModelVi
 pub fn render_exchange(out: &mut String, stats: &annals_exchange::ServiceStats) {
     use annals_exchange::ServiceStats;
     type Field = fn(&ServiceStats) -> u64;
-    let series: [(&str, &str, &str, Field); 7] = [
+    let series: [(&str, &str, &str, Field); 8] = [
         (
             "annals_exchange_commands_total",
             "counter",
@@ -598,6 +605,12 @@ pub fn render_exchange(out: &mut String, stats: &annals_exchange::ServiceStats) 
             "gauge",
             "The journal position of the newest snapshot saved since the server started.",
             |s| s.snapshot_position.load(Ordering::Relaxed),
+        ),
+        (
+            "annals_exchange_snapshot_failures_total",
+            "counter",
+            "Snapshots that could not be saved (the next one due tries again).",
+            |s| s.snapshot_failures.load(Ordering::Relaxed),
         ),
         (
             "annals_exchange_snapshot_failing",

@@ -274,6 +274,9 @@ pub struct ReadModelStatus {
     /// The last error; a runner with an error keeps retrying unless the store is poisoned or
     /// closed.
     pub error: Option<String>,
+    /// Steps that failed and were retried: a checkpoint that could not be written (a full
+    /// disk, say) or an effect not appended. They never stop the store's appends.
+    pub failures: u64,
 }
 
 /// The checkpoint files of read models in one directory.
@@ -563,6 +566,7 @@ impl Runner {
                 resumed_from: start.after,
                 rebuilt_because: start.rebuilt_because,
                 error: None,
+                failures: 0,
             }),
             progressed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -694,7 +698,9 @@ fn run<D: Driver>(
                 if n == 0 {
                     // Caught up: a good moment for a checkpoint, then wait for the head to move.
                     if let Err(e) = driver.checkpoint(store, false) {
-                        shared.status.lock().error = Some(e.to_string());
+                        let mut status = shared.status.lock();
+                        status.error = Some(e.to_string());
+                        status.failures += 1;
                     }
                     if let Some(event) = sub.next_timeout(Some(options.poll))? {
                         batch.push(event);
@@ -730,7 +736,15 @@ fn run<D: Driver>(
                 shared.progressed.notify_all();
             }
             Err(e) => {
-                shared.status.lock().error = Some(e.to_string());
+                {
+                    let mut status = shared.status.lock();
+                    status.error = Some(e.to_string());
+                    status.failures += 1;
+                    // What was folded before the step failed (a checkpoint that found no room
+                    // comes after the fold) is served.
+                    status.position = driver.position();
+                    shared.progressed.notify_all();
+                }
                 // A poisoned or closed store fails every step from now on.
                 if store.poison_reason().is_some() || store.is_closed() {
                     return finish(Some(e.to_string()));

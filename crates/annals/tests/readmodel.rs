@@ -413,3 +413,61 @@ fn folded_state_round_trips() {
     other.reset();
     assert!(other.state().is_empty());
 }
+
+/// Goal: a read model whose checkpoint finds no room on the disk counts the failure, goes on
+/// folding and retries, never stops the store's appends, and writes its checkpoint once there
+/// is room. Method: a store on the simulated disk, the file system then bounded to exactly
+/// what it holds (appends still fit in the segment already allocated; a checkpoint does not);
+/// appends followed by the runner; then the bound lifted.
+#[test]
+fn a_checkpoint_without_room_is_counted_and_retried() {
+    use annals::sim::SimIo;
+    let io = SimIo::new(7);
+    let options = Options {
+        segment_bytes: 1 << 20,
+        limits: Limits {
+            append_bytes_max: 64 << 10,
+            ..Limits::default()
+        },
+        ..Options::default()
+    };
+    let store = Arc::new(
+        Store::open_with_io(Arc::new(io.clone()), std::path::Path::new("/data"), options).unwrap(),
+    );
+    let runner = ReadModelRunner::start(&store, seats_model("seats"), frequent()).unwrap();
+    enrol(&store, 1, 1);
+    assert!(runner.wait_for(store.head(), WAIT));
+    // Bound the file system to what it holds now.
+    io.set_capacity(Some(u64::MAX));
+    let free = store.stats().disk_free_bytes.unwrap();
+    io.set_capacity(Some(u64::MAX - free));
+    assert_eq!(store.stats().disk_free_bytes, Some(0));
+    for i in 0..200 {
+        enrol(&store, i % 3, 100 + i);
+    }
+    assert!(runner.wait_for(store.head(), WAIT));
+    assert_eq!(
+        runner.read(|m| m.state().clone()),
+        seats_from_scratch(&store)
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    while runner.status().failures == 0 {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint failed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = runner.status();
+    assert!(status.checkpoint_position < store.head());
+    assert!(status.error.unwrap().contains("No space left"));
+    assert!(store.stats().poisoned.is_none());
+    // Room again: the checkpoint is written, and the error is gone.
+    io.set_capacity(None);
+    let position = enrol(&store, 1, 999);
+    while runner.status().checkpoint_position < position {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the checkpoint was never written"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(runner.status().error.is_none());
+}
