@@ -265,8 +265,13 @@ impl Writer {
     }
 
     /// Starts preparing the segment after the current one on a background thread, unless the
-    /// file system is known to lack the room (the roll into it tries again).
+    /// file system is known to lack the room, or lacked it at the last roll (the roll into it
+    /// tries again, on the writer's thread: no segment is begun and removed for every group
+    /// on a file system that cannot tell its free space).
     fn prepare_next_segment(&mut self, zero_fill: bool) {
+        if self.shared.health.disk_full().is_some() {
+            return;
+        }
         let io = self.shared.io.clone();
         let dir = self.shared.dir.clone();
         let number = self.segment.number + 1;
@@ -321,6 +326,10 @@ impl Writer {
                 continue;
             }
             if let Some(reason) = &no_room {
+                self.shared
+                    .counters
+                    .disk_full_refusals
+                    .fetch_add(1, Ordering::Relaxed);
                 staged.push(Staged::Done(Err(disk_full(reason))));
                 continue;
             }
