@@ -8,7 +8,7 @@ second, latency percentiles (microseconds) and failed operations (`failed_calls`
 server.
 
 Usage: target/python/bin/python bench/eventsourcing_app.py --annals-bin target/release/annals \\
-           --umadb-bin target/umadb/bin/umadb [--postgres] [--threads N] [--seconds S] \\
+           --umadb-bin "$ANNALS_UMADB_BIN" [--postgres] [--threads N] [--seconds S] \\
            [--runs R] [--dir DIR]
 """
 

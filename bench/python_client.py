@@ -7,7 +7,7 @@ on PostgreSQL: a throwaway cluster with PostgreSQL's defaults made with the prog
 newest /usr/lib/postgresql/*/bin (or --pg-bin), a fresh database per run.
 
 Usage: target/python/bin/python bench/python_client.py --annals-bin target/release/annals \
-           --umadb-bin target/umadb/bin/umadb [--postgres] [--threads N] [--seconds S] \
+           --umadb-bin "$ANNALS_UMADB_BIN" [--postgres] [--threads N] [--seconds S] \
            [--runs R] [--dir DIR]
 """
 

@@ -63,7 +63,7 @@ pub enum BenchCommand {
     /// UmaDB's own Rust client against Annals and against UmaDB's server, in the same run:
     /// conditional appends from tasks sharing one channel, beside the fsync floor.
     ///
-    /// Example: annals-bench umadb --writers 64 --seconds 10 --umadb-bin target/umadb/bin/umadb
+    /// Example: annals-bench umadb --writers 64 --seconds 10 --umadb-bin "$ANNALS_UMADB_BIN"
     Umadb(crate::bench_umadb::UmadbArgs),
 }
 

@@ -40,7 +40,7 @@ pub struct UmadbArgs {
     /// Directory for both servers' stores (emptied before each run) and the fsync floor.
     #[arg(long, default_value = "/tmp/annals-bench-umadb")]
     dir: PathBuf,
-    /// UmaDB's server binary (scripts/setup builds it into target/umadb/bin/umadb); without
+    /// UmaDB's server binary (scripts/setup builds it into its tools directory, ANNALS_UMADB_BIN); without
     /// it, only Annals is measured.
     #[arg(long, env = "ANNALS_UMADB_BIN")]
     umadb_bin: Option<PathBuf>,

@@ -22,18 +22,13 @@ use umadb_proto::v1::dcb_client::DcbClient;
 
 /// UmaDB's server, as scripts/setup installs it.
 fn umadb_binary() -> Option<PathBuf> {
-    let path = std::env::var_os("ANNALS_UMADB_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/umadb/bin/umadb")
-        });
-    if path.exists() {
+    if let Some(path) = annals_testkit::umadb_bin() {
         return Some(path);
     }
     assert!(
         std::env::var_os("ANNALS_REQUIRE_PEERS").is_none(),
-        "UmaDB's server is missing at {}: run scripts/setup",
-        path.display()
+        "UmaDB's server is missing from {}: run scripts/setup",
+        annals_testkit::tools_dir().display()
     );
     eprintln!("skipped: UmaDB's server is not installed (scripts/setup installs it)");
     None

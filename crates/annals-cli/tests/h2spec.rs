@@ -11,14 +11,13 @@ use common::ServerProcess;
 
 /// The h2spec binary scripts/setup installs, if present.
 fn h2spec() -> Option<std::path::PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/h2spec");
-    if path.exists() {
+    if let Some(path) = annals_testkit::h2spec_bin() {
         return Some(path);
     }
     assert!(
         std::env::var_os("ANNALS_REQUIRE_PEERS").is_none(),
-        "h2spec is missing at {}: run scripts/setup",
-        path.display()
+        "h2spec is missing from {}: run scripts/setup",
+        annals_testkit::tools_dir().display()
     );
     eprintln!("skipped: h2spec is not installed (scripts/setup installs it)");
     None

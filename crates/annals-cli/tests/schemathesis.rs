@@ -13,17 +13,18 @@ use common::ServerProcess;
 /// streams (subscribe, market data, reports) never end, so they are left to their own tests.
 #[test]
 fn the_openapi_document_matches_the_server() {
-    let python = std::env::var("ANNALS_PYTHON").unwrap_or_else(|_| "python3".into());
-    let schemathesis = std::path::Path::new(&python).with_file_name("schemathesis");
-    if !schemathesis.exists() {
+    let schemathesis = annals_testkit::python()
+        .map(|python| python.with_file_name("schemathesis"))
+        .filter(|path| path.exists());
+    let Some(schemathesis) = schemathesis else {
         assert!(
             std::env::var_os("ANNALS_REQUIRE_PYTHON").is_none(),
-            "{} is missing: run scripts/setup",
-            schemathesis.display()
+            "schemathesis is missing from {}: run scripts/setup",
+            annals_testkit::tools_dir().display()
         );
-        eprintln!("skipped: no schemathesis beside {python} (scripts/test installs it)");
+        eprintln!("skipped: no schemathesis (scripts/test installs it)");
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     // A read model and an exchange hosted, so that their operations are reached too (the
     // exchange in D0: conformance does not depend on durability, and the run stays short).

@@ -469,9 +469,8 @@ fn umadb_python_client() {
     let server = ServerProcess::start(dir.path(), &[]);
     let mut env = vec![("ANNALS_GRPC_URL", server.grpc_url())];
     // UmaDB's own server, when scripts/setup built it: the eventsourcing tests run on it too.
-    let umadb = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/umadb/bin/umadb");
-    if std::path::Path::new(umadb).exists() {
-        env.push(("ANNALS_UMADB_BIN", umadb.to_string()));
+    if let Some(umadb) = annals_testkit::umadb_bin() {
+        env.push(("ANNALS_UMADB_BIN", umadb.display().to_string()));
     }
     common::python_suite(&env);
 }

@@ -7,6 +7,9 @@
 //! (Debian's packages), else beside `initdb` on the `PATH`. PostgreSQL refuses to run as root;
 //! under root the commands run as the `postgres` user (Debian's packages create it), through
 //! `runuser`.
+//!
+//! Also: where scripts/setup's other tools are (`tools_dir`, `umadb_bin`, `h2spec_bin`,
+//! `python`), and whether a test may use them at all (`tools_allowed`).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -15,6 +18,9 @@ use std::time::{Duration, Instant};
 
 /// Where PostgreSQL's programs are, or None when it is not installed.
 pub fn bin_dir() -> Option<PathBuf> {
+    if !tools_allowed() {
+        return None;
+    }
     if let Some(dir) = std::env::var_os("ANNALS_PG_BIN") {
         return Some(PathBuf::from(dir));
     }
@@ -618,4 +624,49 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.path).status();
     }
+}
+
+/// The directory where scripts/setup installs the tools the tests drive, once per machine:
+/// `ANNALS_TOOLS`, else `$XDG_CACHE_HOME/annals-tools`, else `~/.cache/annals-tools`.
+pub fn tools_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ANNALS_TOOLS") {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    cache.join("annals-tools")
+}
+
+/// Whether the tests may drive programs from outside the Rust build (PostgreSQL, UmaDB's server,
+/// Python, h2spec, Chromium): not under `ANNALS_NO_TOOLS=1`, which `scripts/test quick` sets so
+/// that the inner loop needs nothing but cargo.
+pub fn tools_allowed() -> bool {
+    std::env::var_os("ANNALS_NO_TOOLS").is_none_or(|v| v.is_empty() || v == "0")
+}
+
+/// A tool scripts/setup installs: the path in the environment variable `var` (scripts/test sets
+/// them from setup's answer), else `relative` inside [`tools_dir`]; None when it is not there
+/// or tools are not allowed.
+pub fn tool(var: &str, relative: &str) -> Option<PathBuf> {
+    let path = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| tools_dir().join(relative));
+    (tools_allowed() && path.exists()).then_some(path)
+}
+
+/// UmaDB's own server (`ANNALS_UMADB_BIN`).
+pub fn umadb_bin() -> Option<PathBuf> {
+    tool("ANNALS_UMADB_BIN", "umadb-0.7.8/bin/umadb")
+}
+
+/// h2spec (`ANNALS_H2SPEC_BIN`).
+pub fn h2spec_bin() -> Option<PathBuf> {
+    tool("ANNALS_H2SPEC_BIN", "h2spec-2.2.1/h2spec")
+}
+
+/// The Python with the clients the tests drive (`ANNALS_PYTHON`).
+pub fn python() -> Option<PathBuf> {
+    tool("ANNALS_PYTHON", "python/bin/python")
 }

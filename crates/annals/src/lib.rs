@@ -27,6 +27,8 @@
 
 mod append;
 mod batch;
+#[doc(hidden)]
+pub mod canary;
 mod checkpoint;
 pub mod companions;
 mod copy;

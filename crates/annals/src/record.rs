@@ -443,7 +443,7 @@ pub fn decode_header(bytes: &[u8]) -> Frame {
 
 /// Checks a whole record (header and body, without padding) against its CRC.
 pub fn crc_matches(record: &[u8], header: &RecordHeader) -> bool {
-    if cfg!(feature = "canary-skip-crc") {
+    if crate::canary::on(crate::canary::Canary::SkipCrc) {
         return true;
     }
     let Some(body) = record.get(HEADER_BYTES..HEADER_BYTES + header.body_len as usize) else {

@@ -618,7 +618,7 @@ impl Store {
             published: Published::new(
                 mark,
                 options.durability == Durability::Synced
-                    && !cfg!(feature = "canary-ack-before-fsync"),
+                    && !crate::canary::on(crate::canary::Canary::AckBeforeFsync),
             ),
             health: Health::default(),
             counters,
@@ -1119,11 +1119,10 @@ impl Store {
         if options.require_synced && self.durability() == Durability::Memory {
             return Err(InputError::SyncUnavailable.into());
         }
-        #[cfg(feature = "canary-condition-outside-writer")]
         let condition = match condition {
             // Deliberately wrong: checks the condition against the published head, outside the
             // writer, so two racing appends can both pass.
-            Some(c) => {
+            Some(c) if crate::canary::on(crate::canary::Canary::ConditionOutsideWriter) => {
                 let index = self.shared.index.read();
                 let head = self.shared.head();
                 let query = &c.fail_if_events_match;
@@ -1134,7 +1133,7 @@ impl Store {
                 }
                 None
             }
-            None => None,
+            other => other,
         };
         // From here on the reply must be answered exactly once: by the writer, or disarmed
         // below when the request never reaches it.

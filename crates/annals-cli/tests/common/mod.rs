@@ -164,20 +164,22 @@ impl ServerProcess {
 /// pytest and `env`; fails with pytest's output. Skipped, saying why, when the Python packages
 /// are missing, unless the test command requires them (ANNALS_REQUIRE_PYTHON).
 pub fn python_suite(env: &[(&str, String)]) {
-    let python = std::env::var("ANNALS_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_packages = Command::new(&python)
-        .args([
-            "-c",
-            "import umadb, pytest, eventsourcing, eventsourcing_umadb",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
+    let python = annals_testkit::python().unwrap_or_else(|| "python3".into());
+    let has_packages = annals_testkit::tools_allowed()
+        && Command::new(&python)
+            .args([
+                "-c",
+                "import umadb, pytest, eventsourcing, eventsourcing_umadb",
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
     if !has_packages {
         assert!(
             std::env::var_os("ANNALS_REQUIRE_PYTHON").is_none(),
-            "{python} lacks the umadb, eventsourcing and pytest packages: run scripts/setup"
+            "{} lacks the umadb, eventsourcing and pytest packages: run scripts/setup",
+            python.display()
         );
-        eprintln!("skipped: {python} lacks umadb/pytest (scripts/test installs them)");
+        eprintln!("skipped: no Python with umadb/pytest (scripts/test installs them)");
         return;
     }
     let tests = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python");

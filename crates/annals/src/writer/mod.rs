@@ -389,8 +389,8 @@ impl Writer {
             last_record_offset: self.last_record_offset,
         };
         let durability = self.shared.options.durability;
-        let acknowledge_now =
-            durability != Durability::Synced || cfg!(feature = "canary-ack-before-fsync");
+        let acknowledge_now = durability != Durability::Synced
+            || crate::canary::on(crate::canary::Canary::AckBeforeFsync);
         if acknowledge_now && mark.head > self.shared.head() {
             self.shared.published.publish(&RIGHT, mark);
             self.shared.maybe_checkpoint();

@@ -257,7 +257,7 @@ impl Syncer {
                 }
                 drop(state);
                 let publish = shared.options.durability == Durability::Synced
-                    && !cfg!(feature = "canary-ack-before-fsync");
+                    && !crate::canary::on(crate::canary::Canary::AckBeforeFsync);
                 // The writer's inline sync, or the syncer with nothing more to sync yet,
                 // answers the group itself rather than hand it to the notifier (a wake-up on
                 // each side), unless that means waking blocked threads one by one: callbacks
