@@ -1,4 +1,4 @@
-//! `annals serve` end to end over HTTP on loopback: the DCB semantics of BRIEF.md section 4,
+//! `annals serve` end to end over HTTP on loopback: the DCB semantics of docs/GUIDE.md,
 //! subscriptions that start while appends run, every kind of bad input, auth, the OpenAPI
 //! document, metrics and a clean SIGTERM.
 

@@ -26,7 +26,7 @@ use crate::recovery::{Recovered, Snapshot};
 use crate::types::*;
 
 /// How the exchange makes its journal durable; each mode is labelled with its durability class
-/// (BRIEF.md section 5).
+/// (the README's durability table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// D0: nothing is journaled; the books live in memory only (the seed's event_sourcing).

@@ -1,5 +1,5 @@
-//! The hosted exchange over HTTP, under `/v1/exchange` (BRIEF.md section 6 lists the store's
-//! own endpoints; these sit beside them when the server runs with `--exchange MODE`).
+//! The hosted exchange over HTTP, under `/v1/exchange` (docs/SERVER.md lists the
+//! store's own endpoints; these sit beside them when the server runs with `--exchange MODE`).
 //!
 //! Commands (place, cancel, amend, cancel-all) are answered once the journal holds them in the
 //! exchange's durability class, with every execution report the command produced. Queries

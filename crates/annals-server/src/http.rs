@@ -1,4 +1,4 @@
-//! The HTTP API, base path `/v1` (BRIEF.md section 6), plus `/health` and `/metrics`.
+//! The HTTP API, base path `/v1` (docs/SERVER.md), plus `/health` and `/metrics`.
 //!
 //! Every answer that is not a success carries `{"error": message, "kind": machine-readable
 //! kind}`. Reads answer a JSON array, or NDJSON when the client accepts

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use crate::limits::Limits;
 
-/// What is true of an append when it is acknowledged (BRIEF.md section 5).
+/// What is true of an append when it is acknowledged (the README's durability table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Durability {
     /// D0: in memory only; nothing survives the process.

@@ -1,4 +1,4 @@
-//! DCB queries, append conditions and read options (BRIEF.md section 4).
+//! DCB queries, append conditions and read options (docs/GUIDE.md).
 
 use serde::{Deserialize, Serialize};
 

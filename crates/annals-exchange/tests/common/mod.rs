@@ -1,4 +1,4 @@
-//! A naive reference matcher, written from the matching rules in docs/EXCHANGE.md (R1-R12) and
+//! A naive reference matcher, written from the matching rules in docs/EXCHANGE.md (M1-M12) and
 //! to be obviously correct rather than fast: live orders in one vector, every match a sort of
 //! the crossing orders by price then arrival, self-trade prevention as the rules' table, fill or
 //! kill as a dry run of the match. The engine must produce exactly its reports and books.
@@ -52,7 +52,7 @@ fn crosses(taker: Side, limit: Price, resting: Price) -> bool {
     }
 }
 
-/// What a self-trade does (R9's table): quantity cancelled from the resting order and from the
+/// What a self-trade does (M9's table): quantity cancelled from the resting order and from the
 /// taker, and whether the taker stops matching (it is then cancelled).
 struct SelfTrade {
     resting_cut: Qty,
@@ -215,7 +215,7 @@ impl Reference {
         if p.kind == Kind::PostOnly && !crossing.is_empty() {
             return reject(out, Reject::WouldTake);
         }
-        // R8: a dry run of the match on a copy of the book must trade the whole quantity.
+        // M8: a dry run of the match on a copy of the book must trade the whole quantity.
         if p.kind == Kind::Fok {
             let mut dry = Reference {
                 specs: self.specs.clone(),

@@ -6,8 +6,8 @@
 //! therefore clip every answer to the published head they took at their start.
 //!
 //! Posting lists are sorted vectors of positions, so a query item with tags walks its shortest
-//! tag list and checks the others by binary search; an append condition asks for the first match
-//! after a position, a binary search and a short walk.
+//! tag list and checks the others by a galloping search (`ids.rs`); an append condition asks for
+//! the first match after a position, a galloping search from the tail and a short walk.
 
 use std::collections::HashMap;
 

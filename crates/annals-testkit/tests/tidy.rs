@@ -1,0 +1,358 @@
+//! Keeps the documents true mechanically, over every file git tracks:
+//! - every path a document or a comment names (`docs/X.md`, `writer/mod.rs`, a Markdown link)
+//!   is a file of the repository;
+//! - every decision record cited (`R12`) is a record of docs/DECISIONS.md, every matching rule
+//!   cited beside docs/EXCHANGE.md (`M8`) one of its rules, and no two documents define records
+//!   of one series;
+//! - every format version constant in the code is the version docs/internals/data-directory.md
+//!   gives.
+//!
+//! Each check collects every finding before it fails, so one run lists all the drift.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// The tracked files whose text is prose or code: not the history (the changelog, the results
+/// log), not the fuzz corpora and lock files.
+fn tracked_text() -> Vec<(String, String)> {
+    let out = Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root())
+        .output()
+        .expect("git ls-files");
+    assert!(out.status.success(), "git ls-files failed");
+    let text_kinds = [
+        ".md", ".rs", ".toml", ".py", ".mjs", ".sh", ".proto", ".yaml",
+    ];
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split('\0')
+        .filter(|path| !path.is_empty())
+        .filter(|path| {
+            let scripts = path.starts_with("scripts/") || path.starts_with(".ci/");
+            scripts || text_kinds.iter().any(|kind| path.ends_with(kind))
+        })
+        .filter(|path| {
+            !(*path == "CHANGELOG.md"
+                || path.starts_with("bench/results/")
+                || path.starts_with("fuzz/corpus/")
+                || path.ends_with("Cargo.lock"))
+        })
+        .filter_map(|path| {
+            let text = std::fs::read_to_string(root().join(path)).ok()?;
+            Some((path.to_string(), text))
+        })
+        .collect()
+}
+
+/// The words of a text as path-like tokens: runs of letters, digits and `_./-`.
+fn tokens(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
+        .map(|t| t.trim_end_matches(['.', '-']))
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether a token names a file: a path with a file kind, or any Markdown document.
+fn names_a_file(token: &str) -> bool {
+    const KINDS: [&str; 10] = [
+        ".md", ".rs", ".toml", ".py", ".mjs", ".sh", ".proto", ".yaml", ".png", ".json",
+    ];
+    if token.starts_with('/') || token.starts_with("//") || token.contains("..//") {
+        return false;
+    }
+    let kind = KINDS
+        .iter()
+        .any(|k| token.ends_with(k) && token.len() > k.len());
+    kind && (token.contains('/') || token.ends_with(".md"))
+}
+
+/// Goal: no document or comment names a file that is not in the repository. A name resolves
+/// from the repository's root, from the naming file's directory, or as the tail of a tracked
+/// path (`writer/mod.rs` in crates/annals/src).
+#[test]
+fn every_named_file_exists() {
+    let files = tracked_text();
+    let out = Command::new("git")
+        .args(["ls-files"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let all: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let exists = |from: &str, name: &str| -> bool {
+        let dir = Path::new(from).parent().unwrap_or(Path::new(""));
+        let relative = normalize(&dir.join(name));
+        if let Some(relative) = &relative {
+            if all.iter().any(|p| {
+                Path::new(p) == relative || p.starts_with(&format!("{}/", relative.display()))
+            }) {
+                return true;
+            }
+        }
+        if name.starts_with("../") {
+            // Relative to the naming file only; outside the repository it names nothing here.
+            return false;
+        }
+        let name = name.trim_start_matches("./");
+        all.iter()
+            .any(|p| p == name || p.ends_with(&format!("/{name}")))
+    };
+    let mut missing = Vec::new();
+    for (path, text) in &files {
+        for (n, line) in text.lines().enumerate() {
+            for token in tokens(line).filter(|t| names_a_file(t)) {
+                if !exists(path, token) {
+                    missing.push(format!("{path}:{}: {token}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "named files that are not in the repository:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// `a/b/../c` as `a/c`; None when it climbs out of the repository.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                parts.pop()?;
+            }
+            std::path::Component::CurDir => {}
+            other => parts.push(other.as_os_str()),
+        }
+    }
+    Some(parts.iter().collect())
+}
+
+/// The records a document defines, by series: `## R12.` headings and `- **M8.` rules.
+fn defined_records(files: &[(String, String)]) -> BTreeMap<char, BTreeMap<u32, Vec<String>>> {
+    let mut series: BTreeMap<char, BTreeMap<u32, Vec<String>>> = BTreeMap::new();
+    for (path, text) in files.iter().filter(|(p, _)| p.ends_with(".md")) {
+        for line in text.lines() {
+            let rest = line
+                .strip_prefix("## ")
+                .or_else(|| line.strip_prefix("- **"))
+                .or_else(|| line.strip_prefix("**"));
+            let Some(rest) = rest else { continue };
+            let mut chars = rest.chars();
+            let Some(letter) = chars.next().filter(char::is_ascii_uppercase) else {
+                continue;
+            };
+            let digits: String = chars.clone().take_while(char::is_ascii_digit).collect();
+            let after = chars.as_str().get(digits.len()..).unwrap_or("");
+            if digits.is_empty() || !(after.starts_with('.') || after.starts_with(' ')) {
+                continue;
+            }
+            series
+                .entry(letter)
+                .or_default()
+                .entry(digits.parse().unwrap())
+                .or_default()
+                .push(path.clone());
+        }
+    }
+    series
+}
+
+/// The number of a citation token like `R12`, for the given letter.
+fn cited(token: &str, letter: char) -> Option<u32> {
+    let digits = token.strip_prefix(letter)?;
+    (!digits.is_empty() && digits.len() <= 3 && digits.chars().all(|c| c.is_ascii_digit()))
+        .then(|| digits.parse().unwrap())
+}
+
+/// Goal: a decision record or matching rule cited anywhere exists, and each series of records
+/// is defined by one document, each record once.
+#[test]
+fn every_cited_record_exists_and_series_do_not_share_numbers() {
+    let files = tracked_text();
+    let series = defined_records(&files);
+    let mut problems = Vec::new();
+    for (letter, records) in &series {
+        let owners: BTreeSet<&String> = records.values().flatten().collect();
+        if owners.len() > 1 {
+            problems.push(format!("series {letter} is defined by {owners:?}"));
+        }
+        for (number, places) in records {
+            if places.len() > 1 {
+                problems.push(format!(
+                    "{letter}{number} is defined {} times",
+                    places.len()
+                ));
+            }
+        }
+    }
+    let decisions = series.get(&'R').cloned().unwrap_or_default();
+    assert!(
+        decisions
+            .values()
+            .flatten()
+            .all(|p| p == "docs/DECISIONS.md")
+            && !decisions.is_empty(),
+        "the decision records (R) are docs/DECISIONS.md's"
+    );
+    let rules = series.get(&'M').cloned().unwrap_or_default();
+    assert!(
+        rules.values().flatten().all(|p| p == "docs/EXCHANGE.md") && !rules.is_empty(),
+        "the matching rules (M) are docs/EXCHANGE.md's"
+    );
+    for (path, text) in &files {
+        let about_rules = path == "docs/EXCHANGE.md" || text.contains("EXCHANGE.md");
+        for (n, line) in text.lines().enumerate() {
+            for token in line.split(|c: char| !c.is_ascii_alphanumeric()) {
+                if let Some(number) = cited(token, 'R') {
+                    if !decisions.contains_key(&number) {
+                        problems.push(format!(
+                            "{path}:{}: R{number} is not a decision record",
+                            n + 1
+                        ));
+                    }
+                }
+                if let Some(number) = cited(token, 'M').filter(|_| about_rules) {
+                    if !rules.contains_key(&number) {
+                        problems.push(format!(
+                            "{path}:{}: M{number} is not a matching rule",
+                            n + 1
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "records:\n{}", problems.join("\n"));
+}
+
+/// The number in parentheses right after each place `anchor` occurs in `text`.
+fn numbers_after(text: &str, anchor: &str) -> Vec<u32> {
+    text.match_indices(anchor)
+        .map(|(at, _)| {
+            let rest = &text[at + anchor.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits
+                .parse()
+                .unwrap_or_else(|_| panic!("no number after {anchor:?}"))
+        })
+        .collect()
+}
+
+/// The value of `const NAME: T = value;` in a source file.
+fn constant(path: &str, name: &str) -> u32 {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    let at = text
+        .find(&format!("const {name}:"))
+        .unwrap_or_else(|| panic!("{path} has no constant {name}"));
+    let value = text[at..].split('=').nth(1).unwrap();
+    value
+        .trim()
+        .trim_end_matches(|c: char| !c.is_ascii_digit())
+        .split(';')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{path}: {name}: {e}"))
+}
+
+/// Goal: every format version the code writes is the one the data directory's document gives,
+/// at every place it gives it.
+#[test]
+fn format_versions_match_the_data_directory_document() {
+    let doc = std::fs::read_to_string(root().join("docs/internals/data-directory.md")).unwrap();
+    let table: [(&str, &str, &[&str]); 7] = [
+        (
+            "crates/annals/src/segment.rs",
+            "SEGMENT_VERSION",
+            &[
+                "the log, in segments                        (version ",
+                "magic \"ANNALSEG\"   8  version u32 (",
+            ],
+        ),
+        (
+            "crates/annals/src/record.rs",
+            "RECORD_VERSION",
+            &["magic u32 \"ANRC\"    4  version u8 ("],
+        ),
+        (
+            "crates/annals/src/checkpoint.rs",
+            "VERSION",
+            &[
+                "the indexes at a published head             (version ",
+                "magic \"ANNALCKP\", version u32 (",
+            ],
+        ),
+        (
+            "crates/annals/src/readmodel.rs",
+            "VERSION",
+            &[
+                "one read model's state and position        (version ",
+                "magic \"ANNALSRM\", format version u32 (",
+            ],
+        ),
+        (
+            "crates/annals-exchange/src/engine/snapshot.rs",
+            "VERSION",
+            &[
+                "the exchange's state (version ",
+                "magic \"ANXS\", version u32 (",
+            ],
+        ),
+        (
+            "crates/annals-exchange/src/codec.rs",
+            "VERSION",
+            &["with the encoding version ("],
+        ),
+        (
+            "crates/annals/src/postgres.rs",
+            "SCHEMA_VERSION",
+            &["schema version in `annals_schema` (version "],
+        ),
+    ];
+    let mut problems = Vec::new();
+    for (path, name, anchors) in table {
+        let code = constant(path, name);
+        for anchor in anchors {
+            let given = numbers_after(&doc, anchor);
+            if given.is_empty() {
+                problems.push(format!("the document no longer says {anchor:?}"));
+            }
+            for number in given.into_iter().filter(|n| *n != code) {
+                problems.push(format!(
+                    "{path} {name} is {code}; the document says {number} at {anchor:?}"
+                ));
+            }
+        }
+    }
+    // The kept mirror's marker carries its version in its first word.
+    let mirror = std::fs::read_to_string(root().join("crates/annals/src/mirror.rs")).unwrap();
+    let magic = mirror
+        .split("const MAGIC: &str = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("mirror.rs's MAGIC");
+    if !doc.contains(&format!("`{magic}`")) {
+        problems.push(format!(
+            "the document does not give the mirror's marker `{magic}`"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "format versions:\n{}",
+        problems.join("\n")
+    );
+}
