@@ -1,6 +1,6 @@
 //! Keeps the documents true mechanically, over every file git tracks:
-//! - every path a document or a comment names (`docs/X.md`, `writer/mod.rs`, a Markdown link)
-//!   is a file of the repository;
+//! - every path a document or a comment names (a document under docs/, a source file, a
+//!   Markdown link) is a file of the repository;
 //! - every decision record cited (`R12`) is a record of docs/DECISIONS.md, every matching rule
 //!   cited beside docs/EXCHANGE.md (`M8`) one of its rules, and no two documents define records
 //!   of one series;
@@ -60,7 +60,7 @@ fn tokens(text: &str) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Whether a token names a file: a path with a file kind, or any Markdown document.
+/// Whether a token names a file: a path with a file kind, or the name of a document or source.
 fn names_a_file(token: &str) -> bool {
     const KINDS: [&str; 10] = [
         ".md", ".rs", ".toml", ".py", ".mjs", ".sh", ".proto", ".yaml", ".png", ".json",
@@ -71,7 +71,9 @@ fn names_a_file(token: &str) -> bool {
     let kind = KINDS
         .iter()
         .any(|k| token.ends_with(k) && token.len() > k.len());
-    kind && (token.contains('/') || token.ends_with(".md"))
+    // A bare name (no directory) counts only for documents and sources: `x.json` in code is
+    // mostly a method call.
+    kind && (token.contains('/') || token.ends_with(".md") || token.ends_with(".rs"))
 }
 
 /// Goal: no document or comment names a file that is not in the repository. A name resolves
@@ -318,7 +320,7 @@ fn format_versions_match_the_data_directory_document() {
             &["with the encoding version ("],
         ),
         (
-            "crates/annals/src/postgres.rs",
+            "crates/annals/src/postgres/sql.rs",
             "SCHEMA_VERSION",
             &["schema version in `annals_schema` (version "],
         ),
@@ -339,7 +341,8 @@ fn format_versions_match_the_data_directory_document() {
         }
     }
     // The kept mirror's marker carries its version in its first word.
-    let mirror = std::fs::read_to_string(root().join("crates/annals/src/mirror.rs")).unwrap();
+    let mirror =
+        std::fs::read_to_string(root().join("crates/annals/src/postgres/mirror.rs")).unwrap();
     let magic = mirror
         .split("const MAGIC: &str = \"")
         .nth(1)
@@ -355,4 +358,157 @@ fn format_versions_match_the_data_directory_document() {
         "format versions:\n{}",
         problems.join("\n")
     );
+}
+
+/// The storage crate's modules and the modules each imports (`crate::name`), from its source
+/// files without comments and without the test module at a file's end.
+fn storage_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let src = root().join("crates/annals/src");
+    let mut imports: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "bin") {
+                    stack.push(path);
+                }
+                continue;
+            }
+            let relative = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            if !relative.ends_with(".rs") || relative == "lib.rs" {
+                continue;
+            }
+            let module = relative
+                .split('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".rs")
+                .to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text
+                .split("#[cfg(test)]\nmod tests")
+                .next()
+                .unwrap()
+                .lines()
+                .map(|line| line.split("//").next().unwrap())
+                .collect::<Vec<_>>()
+                .join("\n");
+            let used = imports.entry(module.clone()).or_default();
+            for (at, _) in code.match_indices("crate::") {
+                let rest = &code[at + "crate::".len()..];
+                let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+                    let group = &group[..group.find('}').unwrap_or(group.len())];
+                    group.split(',').collect()
+                } else {
+                    vec![rest]
+                };
+                for name in names {
+                    let name: String = name
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() && name != module {
+                        used.insert(name);
+                    }
+                }
+            }
+        }
+    }
+    imports
+}
+
+/// The layer table of docs/ARCHITECTURE.md: each module's layer number.
+fn layer_table() -> BTreeMap<String, u32> {
+    let doc = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
+    let table = doc
+        .split("### Layers")
+        .nth(1)
+        .expect("docs/ARCHITECTURE.md has a section \"### Layers\"");
+    let mut layers = BTreeMap::new();
+    for row in table
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+    {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let Some(number) = cells
+            .get(1)
+            .and_then(|c| c.split(' ').next()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        for module in cells[2].split(',') {
+            layers.insert(module.trim().trim_matches('`').to_string(), number);
+        }
+    }
+    layers
+}
+
+/// Goal: the layer table of docs/ARCHITECTURE.md is the storage crate's import graph: every
+/// module is in it, none imports a module of a higher layer, and no import loop joins more
+/// than two modules.
+#[test]
+fn the_storage_crate_is_layered_as_documented() {
+    let imports = storage_imports();
+    let layers = layer_table();
+    let mut problems = Vec::new();
+    for (module, used) in &imports {
+        let Some(own) = layers.get(module) else {
+            problems.push(format!("{module} is not in the layer table"));
+            continue;
+        };
+        for other in used {
+            match layers.get(other) {
+                Some(layer) if layer > own => problems.push(format!(
+                    "{module} (layer {own}) imports {other} (layer {layer})"
+                )),
+                Some(_) => {}
+                // `crate::files` and the like: what lib.rs itself defines.
+                None if !imports.contains_key(other) => {}
+                None => problems.push(format!("{other} is not in the layer table")),
+            }
+        }
+    }
+    for module in layers.keys() {
+        if !imports.contains_key(module) {
+            problems.push(format!(
+                "the layer table names {module}, which is not a module"
+            ));
+        }
+    }
+    // Loops: the modules each module reaches; two that reach each other are in one loop.
+    let reach = |from: &str| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.to_string()];
+        while let Some(m) = todo.pop() {
+            for next in imports.get(&m).into_iter().flatten() {
+                if imports.contains_key(next) && seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        imports.keys().map(|m| (m, reach(m))).collect();
+    for (module, from_it) in &reached {
+        let in_loop: BTreeSet<&String> = from_it
+            .iter()
+            .filter(|other| {
+                reached
+                    .get(other)
+                    .is_some_and(|back| back.contains(*module))
+            })
+            .collect();
+        if in_loop.len() > 2 {
+            problems.push(format!("{module} is in an import loop with {in_loop:?}"));
+        }
+    }
+    assert!(problems.is_empty(), "layers:\n{}", problems.join("\n"));
 }

@@ -25,8 +25,46 @@ use crate::batch::EventBatch;
 use crate::error::AppendError;
 use crate::event::NewEvent;
 use crate::query::AppendCondition;
-use crate::store::{AppendOptions, Store, Submit, Tracking};
+use crate::store::Store;
 use crate::writer::{AsyncSlot, Completion, ReplyTo, Waiting};
+
+/// How an append is handed to the writer.
+#[derive(Clone, Copy)]
+pub(crate) struct Submit {
+    /// Wait while the queue is full; otherwise fail with [`InputError::QueueFull`].
+    pub(crate) wait_when_full: bool,
+    /// A blocking caller that is the only one waiting on the store: it may commit its append
+    /// on its own thread (see [`WriterRole::commit_alone`]).
+    pub(crate) alone: bool,
+}
+
+/// Per-append options.
+#[derive(Debug, Clone, Default)]
+pub struct AppendOptions {
+    /// Ask for D3 (fsynced before acknowledgement) even when the store runs in a weaker class.
+    pub require_synced: bool,
+    /// Record a consumer's position in the same record as the events: the append fails with
+    /// [`AppendError::TrackingNotIncreasing`] unless the position is above the one recorded
+    /// for the source, so a process that appends the effects of what it consumed can neither
+    /// lose nor repeat one across a crash.
+    pub tracking: Option<Tracking>,
+}
+
+/// A named consumer's position in some upstream sequence (see [`AppendOptions::tracking`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracking {
+    pub source: String,
+    pub position: u64,
+}
+
+impl Tracking {
+    pub fn new(source: impl Into<String>, position: u64) -> Self {
+        Tracking {
+            source: source.into(),
+            position,
+        }
+    }
+}
 
 /// An append being prepared; nothing happens until it is sent with [`Append::wait`],
 /// [`Append::submit`] or [`Append::then`]. Made by [`Store::appending`] and

@@ -15,22 +15,13 @@ use std::path::Path;
 use crate::error::StoreError;
 use crate::index::{Index, IndexLock};
 use crate::io::{Io, IoFile, OpenMode};
-use crate::published::Published;
+use crate::published::{Mark, Published};
 
 pub const FILE_NAME: &str = "index.checkpoint";
 const TEMP_NAME: &str = "index.checkpoint.tmp";
 const MAGIC: &[u8; 8] = b"ANNALCKP";
 const END: &[u8; 8] = b"ANNALEND";
 const VERSION: u32 = 3;
-
-/// Where the log stood when the checkpoint was taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Mark {
-    pub(crate) head: u64,
-    pub(crate) segment: u32,
-    pub(crate) end_offset: u64,
-    pub(crate) last_record_offset: u64,
-}
 
 /// Streams bytes to a file in large writes, keeping a running CRC. `put` only buffers; the
 /// caller flushes with `flush_full` where it holds no lock, so no index lock is ever held

@@ -11,71 +11,14 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{AppendError, InputError, ReadError, StoreError};
 use crate::query::{AppendCondition, Query, ReadOptions};
 use crate::read::ReadIter;
-use crate::record::{decode_trailer, EncodedAppend};
-use crate::store::{store_error, Store};
-
-/// One append as the log holds it: its events, encoded as in a segment's record body (the
-/// tracking trailer included), where they start and when they were appended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredAppend {
-    first_position: u64,
-    event_count: u32,
-    appended_at_us: u64,
-    trailer_len: u32,
-    body: Bytes,
-}
-
-impl StoredAppend {
-    pub(crate) fn new(
-        first_position: u64,
-        event_count: u32,
-        appended_at_us: u64,
-        trailer_len: u32,
-        body: Bytes,
-    ) -> Self {
-        debug_assert!(event_count > 0 && first_position > 0);
-        debug_assert!(trailer_len as usize <= body.len());
-        StoredAppend {
-            first_position,
-            event_count,
-            appended_at_us,
-            trailer_len,
-            body,
-        }
-    }
-
-    pub fn first_position(&self) -> u64 {
-        self.first_position
-    }
-
-    pub fn last_position(&self) -> u64 {
-        self.first_position + u64::from(self.event_count) - 1
-    }
-
-    pub fn event_count(&self) -> u32 {
-        self.event_count
-    }
-
-    pub fn appended_at_us(&self) -> u64 {
-        self.appended_at_us
-    }
-
-    /// The encoded events and trailer, as stored.
-    pub fn body(&self) -> &[u8] {
-        &self.body
-    }
-
-    /// The tracking position the append records, if any.
-    pub fn tracking(&self) -> Option<(&str, u64)> {
-        decode_trailer(&self.body[self.body.len() - self.trailer_len as usize..])
-    }
-}
+use crate::record::{EncodedAppend, StoredAppend};
+use crate::shared::store_error;
+use crate::store::Store;
 
 /// The appends of a store in log order (see [`Store::appends`]).
 pub struct Appends {
@@ -113,13 +56,13 @@ impl Store {
         append: &StoredAppend,
         done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
-        let encoded = EncodedAppend::from_stored(append.body.to_vec(), append.event_count)
+        let encoded = EncodedAppend::from_stored(append.body().to_vec(), append.event_count())
             .map_err(|why| InputError::MalformedStoredAppend {
-                position: append.first_position,
+                position: append.first_position(),
                 why: why.to_string(),
             })?;
-        let condition = AppendCondition::new(Query::all(), Some(append.first_position - 1));
-        self.submit_stored(encoded, condition, append.appended_at_us, Box::new(done))
+        let condition = AppendCondition::new(Query::all(), Some(append.first_position() - 1));
+        self.submit_stored(encoded, condition, append.appended_at_us(), Box::new(done))
     }
 }
 

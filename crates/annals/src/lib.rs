@@ -40,10 +40,8 @@ mod histogram;
 mod index;
 pub mod io;
 mod limits;
-mod mirror;
 pub mod numbers;
 mod options;
-mod pgconnect;
 mod postgres;
 mod published;
 mod query;
@@ -54,15 +52,18 @@ mod recovery;
 #[cfg(feature = "schema")]
 pub mod schema;
 mod segment;
+mod shared;
 pub mod sim;
+mod stats;
 mod store;
 mod subscription;
 mod verify;
 mod writer;
 
 pub use append::Append;
+pub use append::{AppendOptions, Tracking};
 pub use batch::{EventBatch, EventWriter};
-pub use copy::{compare, copy, Appends, CopyPhase, CopyReport, StoredAppend};
+pub use copy::{compare, copy, Appends, CopyPhase, CopyReport};
 pub use error::{AppendError, InputError, ReadError, StoreError};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
@@ -72,9 +73,9 @@ pub use options::{Durability, Options, Preallocation};
 pub use postgres::lone_commit_statement;
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
+pub use record::StoredAppend;
 pub use store::{
-    is_database_url, AppendOptions, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport,
-    Stats, Store, Tracking,
+    is_database_url, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, Stats, Store,
 };
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};
@@ -87,8 +88,7 @@ pub struct Guide;
 /// File names inside a data directory, for tools and tests.
 pub mod files {
     pub use crate::checkpoint::FILE_NAME as CHECKPOINT;
-    /// Written after every sync when `Options::record_synced_length` is set: "segment offset".
-    pub const SYNCED_LENGTH: &str = "synced-length";
+    pub use crate::segment::SYNCED_LENGTH;
 
     /// The file name of segment `number`.
     pub fn segment(number: u32) -> String {

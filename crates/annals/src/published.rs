@@ -1,6 +1,7 @@
 //! What readers see of the log: the published head (and where the log ends at it) and how far
 //! the log is durable. Readers, subscriptions and checkpoints read them; only the writer's
-//! side moves them, and moving them takes a [`PublishRight`], which only the writer module (`writer/`) can make.
+//! side moves them, and moving them takes the one [`PublishRight`], which the store hands to the
+//! writer at open.
 //! So "only the writer publishes" is checked by the compiler, and the order of the two (in
 //! D3, nothing is published past the synced position) by an assertion.
 
@@ -9,8 +10,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use event_listener::EventListener;
 use parking_lot::Mutex;
 
-use crate::checkpoint::Mark;
-use crate::writer::PublishRight;
+/// Where the log stands at a published head: the head, and where its last record is and ends
+/// (what an index checkpoint records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pub(crate) head: u64,
+    pub(crate) segment: u32,
+    pub(crate) end_offset: u64,
+    pub(crate) last_record_offset: u64,
+}
+
+/// The right to move what readers see. Its field is private to this module and
+/// [`Published::new`] makes the only one, which the store hands to the writer's side (the
+/// role's holder, the syncer, the notifier) at open: so "only the writer publishes" is
+/// checked by the compiler.
+#[derive(Clone, Copy)]
+pub(crate) struct PublishRight {
+    _private: (),
+}
 
 pub(crate) struct Published {
     /// Every event at or below it is acknowledged (and, in D3, durable).
@@ -26,15 +43,17 @@ pub(crate) struct Published {
 }
 
 impl Published {
-    /// At open: everything the log holds is published and synced.
-    pub(crate) fn new(mark: Mark, synced_first: bool) -> Self {
-        Published {
+    /// At open: everything the log holds is published and synced. Returns the one right to
+    /// move it.
+    pub(crate) fn new(mark: Mark, synced_first: bool) -> (Self, PublishRight) {
+        let published = Published {
             head: AtomicU64::new(mark.head),
             synced: AtomicU64::new(mark.head),
             mark: Mutex::new(mark),
             changed: event_listener::Event::new(),
             synced_first,
-        }
+        };
+        (published, PublishRight { _private: () })
     }
 
     pub(crate) fn head(&self) -> u64 {

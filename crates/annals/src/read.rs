@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::copy::StoredAppend;
 use crate::error::{ReadError, StoreError};
 use crate::event::Event;
 use crate::index::{split_location, Resolved, Window};
 use crate::query::{Query, ReadOptions};
+use crate::record::StoredAppend;
 use crate::record::{crc_matches, decode_header, EntryLayout, Frame, RecordHeader, HEADER_BYTES};
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
-use crate::store::Shared;
+use crate::shared::Shared;
 
 const CHUNK: usize = 512;
 /// How many events ahead an indexed read prefetches entries.

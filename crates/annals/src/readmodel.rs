@@ -43,12 +43,13 @@ use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::append::{AppendOptions, Tracking};
 use crate::companions::{Companions, InDirectory};
 use crate::error::{AppendError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
 use crate::options::Durability;
 use crate::query::{Query, ReadOptions};
-use crate::store::{AppendOptions, Store, Tracking};
+use crate::store::Store;
 use crate::subscription::Subscription;
 
 /// The directory, inside a store's data directory, that holds read-model checkpoints.

@@ -27,6 +27,7 @@
 
 use std::ops::Range;
 
+use bytes::Bytes;
 use uuid::Uuid;
 
 use crate::error::InputError;
@@ -637,5 +638,62 @@ impl<'a> Iterator for Entries<'a> {
         self.at += layout.entry_len as usize;
         self.remaining -= 1;
         Some((offset, entry, layout))
+    }
+}
+
+/// One append as the log holds it: its events, encoded as in a segment's record body (the
+/// tracking trailer included), where they start and when they were appended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAppend {
+    first_position: u64,
+    event_count: u32,
+    appended_at_us: u64,
+    trailer_len: u32,
+    body: Bytes,
+}
+
+impl StoredAppend {
+    pub(crate) fn new(
+        first_position: u64,
+        event_count: u32,
+        appended_at_us: u64,
+        trailer_len: u32,
+        body: Bytes,
+    ) -> Self {
+        debug_assert!(event_count > 0 && first_position > 0);
+        debug_assert!(trailer_len as usize <= body.len());
+        StoredAppend {
+            first_position,
+            event_count,
+            appended_at_us,
+            trailer_len,
+            body,
+        }
+    }
+
+    pub fn first_position(&self) -> u64 {
+        self.first_position
+    }
+
+    pub fn last_position(&self) -> u64 {
+        self.first_position + u64::from(self.event_count) - 1
+    }
+
+    pub fn event_count(&self) -> u32 {
+        self.event_count
+    }
+
+    pub fn appended_at_us(&self) -> u64 {
+        self.appended_at_us
+    }
+
+    /// The encoded events and trailer, as stored.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The tracking position the append records, if any.
+    pub fn tracking(&self) -> Option<(&str, u64)> {
+        decode_trailer(&self.body[self.body.len() - self.trailer_len as usize..])
     }
 }

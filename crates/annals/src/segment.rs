@@ -17,6 +17,9 @@ use crate::io::{read_exact_at, Io, IoFile, OpenMode};
 
 pub(crate) const SEGMENT_HEADER_BYTES: u64 = 64;
 const SEGMENT_MAGIC: &[u8; 8] = b"ANNALSEG";
+/// Written after every sync when `Options::record_synced_length` is set: "segment offset".
+pub const SYNCED_LENGTH: &str = "synced-length";
+
 const SEGMENT_VERSION: u32 = 1;
 const ZERO_CHUNK: usize = 1 << 20;
 

@@ -11,7 +11,7 @@ use crate::error::{ReadError, StoreError};
 use crate::event::Event;
 use crate::query::{Query, ReadOptions};
 use crate::read::ReadIter;
-use crate::store::Shared;
+use crate::shared::Shared;
 use event_listener::Listener;
 
 pub struct Subscription {

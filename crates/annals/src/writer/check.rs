@@ -10,7 +10,7 @@ use super::*;
 /// committer's group; the writer stages each append before checking the next, so has none).
 pub(crate) fn checked(
     index: &crate::index::Index,
-    counters: &crate::store::Counters,
+    counters: &crate::shared::Counters,
     request: &Request,
     pending_match: impl Fn(&crate::Query, u64) -> Option<u64>,
     pending_tracking: impl Fn(&str) -> Option<u64>,

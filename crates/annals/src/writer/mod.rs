@@ -46,23 +46,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::checkpoint::Mark;
 use crate::error::{AppendError, StoreError};
 use crate::index::{location, Ahead, AheadStage};
 use crate::options::Durability;
+use crate::published::{Mark, PublishRight};
 use crate::query::AppendCondition;
 use crate::record::{aligned, EncodedAppend, Entries, EntryLayout, RecordHeader, HEADER_BYTES};
 use crate::recovery::Tail;
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
-use crate::store::Shared;
-
-/// The right to move what readers see ([`crate::published::Published`]): its field is private
-/// to this module, so only the writer's side (the role's holder, the syncer, the notifier)
-/// can publish a head or a synced position.
-pub(crate) struct PublishRight(());
-
-/// The writer side's one right to publish.
-const RIGHT: PublishRight = PublishRight(());
+use crate::shared::Shared;
 
 pub(crate) struct Request {
     pub(crate) append: EncodedAppend,
@@ -165,6 +157,8 @@ fn is_small(append: &EncodedAppend) -> bool {
 
 pub(crate) struct Writer {
     shared: Arc<Shared>,
+    /// The store's one right to publish (shared with the syncer and the notifier).
+    right: PublishRight,
     receiver: Receiver<Request>,
     segment: Arc<Segment>,
     /// Offset in `segment` where `buffer` will be written.
@@ -232,9 +226,11 @@ impl Writer {
         segment: Arc<Segment>,
         tail: Tail,
         syncer: Option<Arc<Syncer>>,
+        right: PublishRight,
     ) -> Self {
         Writer {
             shared,
+            right,
             receiver,
             segment,
             tail: tail.offset,
@@ -392,7 +388,7 @@ impl Writer {
         let acknowledge_now = durability != Durability::Synced
             || crate::canary::on(crate::canary::Canary::AckBeforeFsync);
         if acknowledge_now && mark.head > self.shared.head() {
-            self.shared.published.publish(&RIGHT, mark);
+            self.shared.published.publish(&self.right, mark);
             self.shared.maybe_checkpoint();
         }
         // A lone small append, queued with nothing behind it: nothing to overlap its sync with.

@@ -5,6 +5,8 @@ use super::*;
 /// Publishes synced groups and wakes their clients, so that the syncer can start the next
 /// fdatasync at once instead of spending tens of microseconds per client on wake-ups.
 pub(crate) struct Notifier {
+    /// The store's one right to publish.
+    right: PublishRight,
     queue: Mutex<NotifierQueue>,
     wake: Condvar,
 }
@@ -16,8 +18,9 @@ struct NotifierQueue {
 }
 
 impl Notifier {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(right: PublishRight) -> Self {
         Notifier {
+            right,
             queue: Mutex::new(NotifierQueue::default()),
             wake: Condvar::new(),
         }
@@ -50,7 +53,7 @@ impl Notifier {
             let mut answers = Answers::default();
             for (mark, waiters) in batches.drain(..) {
                 if let Some(mark) = mark {
-                    shared.published.publish(&RIGHT, mark);
+                    shared.published.publish(&self.right, mark);
                 }
                 for w in waiters {
                     answers.send(w.reply, w.outcome);

@@ -10,6 +10,8 @@ use super::*;
 /// waiting for the CPU nor the CPU for the disk. In D2 it syncs whatever is unsynced, in D1 only
 /// when an append asked for D3; in both, only those appends wait for it.
 pub(crate) struct Syncer {
+    /// The store's one right to publish.
+    right: PublishRight,
     /// D2 and D3 sync whatever is written; D1 only what an append or the writer asks for.
     eager: bool,
     state: Mutex<SyncState>,
@@ -80,8 +82,10 @@ impl Syncer {
         mark: Mark,
         notifier: Arc<Notifier>,
         durability: Durability,
+        right: PublishRight,
     ) -> Self {
         Syncer {
+            right,
             eager: durability >= Durability::SyncedLater,
             notifier,
             room: Condvar::new(),
@@ -247,7 +251,7 @@ impl Syncer {
                 state.synced = target;
                 state.synced_bytes = state.synced_bytes.max(target_bytes);
                 self.room.notify_all();
-                shared.published.set_synced(&RIGHT, target);
+                shared.published.set_synced(&self.right, target);
                 let (done, waiting): (Vec<Waiter>, Vec<Waiter>) =
                     state.waiters.drain(..).partition(|w| w.needed <= target);
                 state.waiters = waiting;
@@ -269,7 +273,7 @@ impl Syncer {
                     <= 1;
                 if few_blocked && (direct || !more) {
                     if publish {
-                        shared.published.publish(&RIGHT, mark);
+                        shared.published.publish(&self.right, mark);
                     }
                     let mut answers = Answers::default();
                     for w in done {
@@ -346,7 +350,7 @@ fn record_synced_length(shared: &Shared, mark: Mark) -> Result<(), StoreError> {
     if !shared.options.record_synced_length {
         return Ok(());
     }
-    let path = shared.dir.join(crate::files::SYNCED_LENGTH);
+    let path = shared.dir.join(crate::segment::SYNCED_LENGTH);
     let record = format!("{} {}", mark.segment, mark.end_offset);
     let file = shared
         .io

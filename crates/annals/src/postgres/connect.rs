@@ -82,7 +82,7 @@ impl Target {
     }
 
     /// Connects; `warned` is set when the server says a commit happened locally but its
-    /// replication was not confirmed (see `Committer::commit` in postgres.rs).
+    /// replication was not confirmed (see `Committer::commit` in committer.rs).
     pub(crate) fn connect(
         &self,
         warned: Option<Arc<AtomicBool>>,

@@ -1,0 +1,138 @@
+//! What a store tells about itself: what opening found ([`OpenReport`]), its counters
+//! ([`Stats`], with [`DatabaseStats`] on PostgreSQL) and a live check ([`LiveCheck`]). Plain
+//! data, below the store and its backends, which fill it in.
+
+use std::path::PathBuf;
+
+use crate::histogram::HistogramSnapshot;
+
+/// How the index was obtained when the store was opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexSource {
+    /// Loaded from the checkpoint; `scanned_events` more were read from the log after it.
+    Checkpoint { scanned_events: u64 },
+    /// Rebuilt by scanning the whole log, because the checkpoint was missing, damaged or stale.
+    Rebuilt { reason: String },
+}
+
+/// What opening the store found.
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    /// The index of the log on files, or of the mirror on PostgreSQL.
+    pub index: IndexSource,
+    /// A torn tail that was cut: the file, the offset, and why the bytes there were not a record.
+    pub torn_tail: Option<(PathBuf, u64, String)>,
+    /// The whole open, on PostgreSQL the reading of the database's log included.
+    pub open_ms: f64,
+    /// On PostgreSQL: where the mirror came from.
+    pub mirror: Option<MirrorKind>,
+}
+
+/// Where a PostgreSQL store's mirror (its copy of the log) came from at open.
+#[derive(Debug, Clone)]
+pub struct MirrorKind {
+    /// The directory it is kept in (`Options::mirror`); None: a temporary one.
+    pub kept: Option<PathBuf>,
+    /// A kept mirror used as it was closed, up to this position.
+    pub resumed_at: Option<u64>,
+    /// Why a kept mirror was not used and was filled from the database instead.
+    pub rebuilt: Option<String>,
+    /// Appends read from the database at open.
+    pub followed: u64,
+}
+
+/// A snapshot of the store's state and counters.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stats {
+    pub head: u64,
+    /// Which backend holds the log: "files" or "postgres".
+    pub backend: &'static str,
+    /// The database backend's counters (None on files).
+    pub database: Option<DatabaseStats>,
+    pub durability: &'static str,
+    pub durability_description: &'static str,
+    pub segments: usize,
+    pub segment_bytes: u64,
+    pub types: usize,
+    pub tags: usize,
+    pub index_bytes: usize,
+    pub index_bytes_per_event: f64,
+    pub appends: u64,
+    pub events_appended: u64,
+    pub conditions_failed: u64,
+    /// Conditional appends whose condition failed on exactly their own events (same ids):
+    /// answered as retries of appends already stored.
+    pub idempotent_retries: u64,
+    /// Background index checkpoints that failed since open (a failure is not fatal: the log
+    /// is the truth, and the next open scans further; repeated failures say the disk or the
+    /// directory needs a look).
+    pub checkpoints_failed: u64,
+    pub groups: u64,
+    /// Of `groups`, those a caller that found the store idle committed on its own thread.
+    pub caller_commits: u64,
+    /// Appends their callers staged into the next group themselves, on their own thread,
+    /// while the writer thread synced the group before (checks, the record's copy and the
+    /// index additions: no I/O and no waiting); the writer thread writes and syncs that group
+    /// when its sync ends.
+    pub caller_stages: u64,
+    pub fsyncs: u64,
+    /// Bytes of records written to the log since open (headers, entries and padding).
+    pub bytes_written: u64,
+    /// Segments created since open, and the bytes of zeros written to preallocate those that
+    /// were zero-filled (see [`crate::Preallocation`]): disk traffic beside `bytes_written`.
+    pub segments_created: u64,
+    pub zero_fill_bytes: u64,
+    pub fsync_us_mean: f64,
+    pub fsync_us_max: u64,
+    /// fdatasync latency in microseconds.
+    pub fsync_us: HistogramSnapshot,
+    /// Appends committed per group (one write, and in D3 one fdatasync, per group).
+    pub group_appends: HistogramSnapshot,
+    pub queue_depth: usize,
+    /// Callers blocked on or awaiting an append's outcome.
+    pub waiting: usize,
+    pub poisoned: Option<String>,
+    /// Why appends that need a new segment are refused, while the file system has no room
+    /// for one (None otherwise). Reads go on; appends resume by themselves once there is room.
+    pub disk_full: Option<String>,
+    /// Appends refused for lack of room since open.
+    pub disk_full_refusals: u64,
+    /// Free bytes of the file system holding the log (None where not known, as on PostgreSQL
+    /// or in memory).
+    pub disk_free_bytes: Option<u64>,
+}
+
+/// What [`Store::check`] found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LiveCheck {
+    /// The head the check ran up to.
+    pub head: u64,
+    /// Events whose records passed their CRC and sequence checks.
+    pub events: u64,
+    /// The first problem found, if any.
+    pub problem: Option<String>,
+    pub seconds: f64,
+}
+
+/// Counters of the PostgreSQL backend.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DatabaseStats {
+    /// Group commits (one statement, one database commit each).
+    pub commits: u64,
+    /// Group commits that found another server had committed first, or that the database
+    /// rolled back as a serialization failure (SQLSTATE 40001, 40P01), and were checked again.
+    pub conflicts: u64,
+    /// Retries of groups that went in right after another server's appends in one
+    /// statement, none of those mattering to the group's conditions or tracking positions.
+    pub passed: u64,
+    /// Appends committed by other servers and taken into this one's log.
+    pub followed: u64,
+    /// Connections made again after one was lost.
+    pub reconnects: u64,
+    /// Appends answered with an unknown outcome: the session ended during the commit and the
+    /// database could not tell, within the time a group waits for it, whether it committed.
+    pub unknown_outcomes: u64,
+    /// Appends whose commit's outcome was unknown when the session ended, then settled by
+    /// reading the log: found committed and answered so, or found absent and tried again.
+    pub settled_outcomes: u64,
+}

@@ -1,0 +1,174 @@
+//! Opening and closing a store whose log lives in PostgreSQL: the backend's connection and
+//! committer ([`crate::postgres::Remote`]) and the mirror it keeps, temporary or kept.
+
+use super::*;
+
+/// Removes the mirrors (see [`Store::open_postgres`]) that processes killed before closing
+/// their stores left in the temporary directory: those whose lock no process holds.
+fn remove_stale_mirrors() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let named = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("annals-mirror-"));
+        let lock = entry.path().join(LOCK_FILE);
+        if !named || !lock.exists() {
+            continue;
+        }
+        if let Ok(held) = RealIo.lock(&lock) {
+            let _ = std::fs::remove_dir_all(entry.path());
+            drop(held);
+        }
+    }
+}
+
+impl Store {
+    /// Opens the store whose log lives in the PostgreSQL database at `url` (a libpq-style
+    /// connection string or URL; several hosts may be given, with
+    /// `target_session_attrs=read-write` to find the primary). Creates the schema on first use
+    /// and loads the log into memory. Several stores, in this process or others, may open the
+    /// same database: each takes in what the others commit. The durability is D3: an append
+    /// is acknowledged once the database has committed it (with its `synchronous_commit`
+    /// setting in force). The store's copy of the log (its mirror) is filled from the database
+    /// into a temporary directory, or kept across clean closes in `options.mirror` (see
+    /// [`Options::mirror`]; what the open found is in [`Store::open_report`]).
+    pub fn open_postgres(url: &str, options: Options) -> Result<Store, StoreError> {
+        if options.durability != Durability::Synced {
+            return Err(StoreError::InvalidOption(format!(
+                "a PostgreSQL store acknowledges an append once the database has committed it \
+                 (D3); {} is not available there",
+                options.durability.label()
+            )));
+        }
+        let started = Instant::now();
+        // The mirror is a file store, written to the page cache and never synced (D1): the
+        // database holds the truth, and reads map the mirror's segments as they do on files.
+        // In a private temporary directory, removed at close and filled from the database at
+        // open; or in the directory `options.mirror` names, kept across clean closes.
+        let mut mirror = options.clone();
+        mirror.mirror = None;
+        mirror.durability = Durability::Written;
+        mirror.checkpoint_on_close = options.mirror.is_some();
+        mirror.checkpoint_interval_events = 0;
+        // Nothing written to the mirror is synced while it runs, nor its segments filled with
+        // zeros: either would put the mirror's disk traffic beside the database's own commits.
+        mirror.preallocation = crate::Preallocation::Fallocate;
+        mirror.unsynced_bytes_max = 1 << 40;
+        let io: Arc<dyn Io> = Arc::new(RealIo);
+        // A kept mirror: used as closed, or why it was filled again.
+        let (mut store, kept, found) = match &options.mirror {
+            None => {
+                static MIRRORS: AtomicU64 = AtomicU64::new(0);
+                remove_stale_mirrors();
+                let dir = std::env::temp_dir().join(format!(
+                    "annals-mirror-{}-{}",
+                    std::process::id(),
+                    MIRRORS.fetch_add(1, Ordering::Relaxed)
+                ));
+                let _ = std::fs::remove_dir_all(&dir);
+                let mut store = Self::open_with_io(io, &dir, mirror)?;
+                store.mirror_dir = Some(dir);
+                (store, None, None)
+            }
+            Some(dir) => {
+                let (kept, closed) = crate::postgres::mirror::KeptMirror::claim(io.clone(), dir)?;
+                let (store, found) = Self::open_kept_mirror(url, io, &kept, closed, mirror)?;
+                (store, Some(kept), Some(found))
+            }
+        };
+        let resumed = found.as_ref().and_then(|f| f.as_ref().ok());
+        let last_append = resumed.map_or_else(Default::default, |closed| closed.last);
+        // Companion files live in the database with the log, not in the mirror's directory.
+        store.companions = Arc::new(InDatabase::new(crate::postgres::connect::Target::parse(
+            url,
+        )?));
+        store.kept = kept;
+        let remote = crate::postgres::Remote::start(
+            url,
+            store.shared.clone(),
+            store.role.clone(),
+            last_append,
+        )?;
+        store.report.mirror = Some(MirrorKind {
+            kept: options.mirror.clone(),
+            resumed_at: resumed.map(|closed| closed.head),
+            rebuilt: found.and_then(Result::err),
+            followed: remote.counters.followed.load(Ordering::Relaxed),
+        });
+        store.report.open_ms = started.elapsed().as_secs_f64() * 1e3;
+        store.remote = Some(remote);
+        Ok(store)
+    }
+
+    /// Opens the file store of a kept mirror: as it was closed, when the database holds its
+    /// last append (`closed`, what its clean close recorded), answered with that record; else
+    /// emptied, to be filled from the database, answered with why.
+    fn open_kept_mirror(
+        url: &str,
+        io: Arc<dyn Io>,
+        kept: &crate::postgres::mirror::KeptMirror,
+        closed: Result<crate::postgres::mirror::Closed, String>,
+        options: Options,
+    ) -> Result<(Store, Result<crate::postgres::mirror::Closed, String>), StoreError> {
+        let dir = kept.log_dir();
+        let why_not = match closed {
+            Err(why) => why,
+            Ok(closed) => {
+                let store = Self::open_with_io(io.clone(), &dir, options.clone())?;
+                let why_not = if store.head() != closed.head {
+                    format!(
+                        "it ends at position {}, where its close recorded {}",
+                        store.head(),
+                        closed.head
+                    )
+                } else {
+                    let holds = match closed.head {
+                        0 => None,
+                        _ => crate::postgres::holds(url, closed.last)?,
+                    };
+                    match holds {
+                        None => {
+                            kept.consume()?;
+                            return Ok((store, Ok(closed)));
+                        }
+                        Some(why_not) => why_not,
+                    }
+                };
+                drop(store);
+                why_not
+            }
+        };
+        kept.wipe()?;
+        let store = Self::open_with_io(io, &dir, options)?;
+        debug_assert_eq!(store.head(), 0, "a wiped mirror is empty");
+        Ok((store, Err(why_not)))
+    }
+
+    /// Syncs a kept mirror, then records its clean close (see mirror.rs); the index
+    /// checkpoint is written and synced already.
+    pub(super) fn close_kept_mirror(
+        &self,
+        kept: &crate::postgres::mirror::KeptMirror,
+        last: crate::postgres::StoredAppend,
+    ) -> Result<(), StoreError> {
+        let head = self.head();
+        debug_assert_eq!(last.last, head, "a kept mirror ends with its last append");
+        if last.last != head {
+            // Not recorded as closed: the next open fills it from the database.
+            return Err(StoreError::Database(format!(
+                "the mirror ends at position {head}, its last append at {}",
+                last.last
+            )));
+        }
+        for segment in self.shared.segments.read().iter() {
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| StoreError::io("sync mirror segment", &segment.path, 0, e))?;
+        }
+        kept.close(crate::postgres::mirror::Closed { head, last })
+    }
+}

@@ -1,0 +1,298 @@
+//! The store's append API: every way to send an append ends in `submit_encoded`, which hands
+//! it to the log's backend.
+
+use super::*;
+
+impl Store {
+    /// An append of `events`, to give a condition and options and then send: the one way to
+    /// append, whether the caller blocks, awaits or takes a callback (see [`Append`]).
+    pub fn appending<'a>(&'a self, events: &'a [NewEvent]) -> Append<'a> {
+        Append::of_events(self, events)
+    }
+
+    /// An append of the events of `batch` (see [`Store::appending`]). A batch carries no
+    /// tracking position: append `NewEvent`s for that.
+    pub fn appending_batch(&self, batch: EventBatch) -> Append<'_> {
+        Append::of_batch(self, batch)
+    }
+
+    /// Appends `events` atomically if `condition` holds; returns the last event's position.
+    /// Waits while the append queue is full (backpressure). Shorthand for
+    /// [`Store::appending`] with [`Append::wait`].
+    pub fn append(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+    ) -> Result<u64, AppendError> {
+        self.append_with(events, condition, AppendOptions::default())
+    }
+
+    /// [`Store::append`] with per-append options.
+    pub fn append_with(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+    ) -> Result<u64, AppendError> {
+        self.appending(events)
+            .condition_given(condition.map(Cow::Borrowed))
+            .options(options)
+            .wait()
+    }
+
+    /// Like [`Store::append`], but fails with [`InputError::QueueFull`] instead of waiting when
+    /// the append queue is full ([`Append::fail_when_full`]).
+    pub fn try_append(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+    ) -> Result<u64, AppendError> {
+        self.appending(events)
+            .condition_given(condition.map(Cow::Borrowed))
+            .fail_when_full()
+            .wait()
+    }
+
+    /// Queues an append and returns at once; `done` is called with the outcome on one of the
+    /// store's threads. Shorthand for [`Store::appending`] with [`Append::then`].
+    pub fn append_then(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.appending(events)
+            .condition_given(condition.map(Cow::Borrowed))
+            .options(options)
+            .then(done)
+    }
+
+    /// Like [`Store::append_then`], but fails with [`InputError::QueueFull`] instead of waiting
+    /// when the append queue is full: for callers that must never block, such as async tasks.
+    pub fn try_append_then(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.appending(events)
+            .condition_given(condition.map(Cow::Borrowed))
+            .options(options)
+            .fail_when_full()
+            .then(done)
+    }
+
+    pub(crate) fn submit(
+        &self,
+        events: &[NewEvent],
+        condition: Option<Cow<'_, AppendCondition>>,
+        options: AppendOptions,
+        reply: ReplyTo,
+        how: Submit,
+    ) -> Result<(), AppendError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e.into());
+        }
+        let limits = &self.shared.options.limits;
+        let tracking = options
+            .tracking
+            .as_ref()
+            .map(|t| (t.source.as_str(), t.position));
+        let append = encode_append_tracked(events, tracking, limits)?;
+        self.submit_encoded(append, condition, options, reply, how, None)
+    }
+
+    /// Queues an append read from a log (a copy's), with its own append time; see
+    /// [`Store::append_stored_then`].
+    pub(crate) fn submit_stored(
+        &self,
+        append: EncodedAppend,
+        condition: AppendCondition,
+        appended_at_us: u64,
+        done: Box<dyn FnOnce(Result<u64, AppendError>) + Send>,
+    ) -> Result<(), AppendError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e.into());
+        }
+        let limits = &self.shared.options.limits;
+        if append.body.len() > limits.append_bytes_max {
+            return Err(InputError::AppendTooLarge {
+                bytes: append.body.len(),
+                max: limits.append_bytes_max,
+            }
+            .into());
+        }
+        self.submit_encoded(
+            append,
+            Some(Cow::Owned(condition)),
+            AppendOptions::default(),
+            ReplyTo::Callback(done),
+            Submit {
+                wait_when_full: true,
+                alone: false,
+            },
+            Some(appended_at_us),
+        )
+    }
+
+    /// An empty [`EventBatch`] checked against this store's limits.
+    pub fn batch(&self) -> EventBatch {
+        EventBatch::new(&self.shared.options.limits)
+    }
+
+    /// [`Store::batch`] with room for `bytes` of encoded events.
+    pub fn batch_with_capacity(&self, bytes: usize) -> EventBatch {
+        let body = self.shared.spare_bodies.lock().take();
+        EventBatch::with_body(&self.shared.options.limits, body, bytes)
+    }
+
+    /// Appends the events of `batch` atomically if `condition` holds, as [`Store::append`].
+    pub fn append_batch(
+        &self,
+        batch: EventBatch,
+        condition: Option<&AppendCondition>,
+    ) -> Result<u64, AppendError> {
+        self.appending_batch(batch)
+            .condition_given(condition.map(Cow::Borrowed))
+            .wait()
+    }
+
+    /// Queues the events of `batch` and returns at once, as [`Store::append_then`]: `done` is
+    /// called with the outcome on one of the store's threads. Waits while the queue is full.
+    pub fn append_batch_then(
+        &self,
+        batch: EventBatch,
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.appending_batch(batch)
+            .condition_given(condition.map(Cow::Borrowed))
+            .options(options)
+            .then(done)
+    }
+
+    pub(crate) fn submit_batch(
+        &self,
+        batch: EventBatch,
+        condition: Option<Cow<'_, AppendCondition>>,
+        options: AppendOptions,
+        reply: ReplyTo,
+        how: Submit,
+    ) -> Result<(), AppendError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e.into());
+        }
+        if options.tracking.is_some() {
+            return Err(InputError::TrackingInBatch.into());
+        }
+        let append = batch.into_append()?;
+        self.submit_encoded(append, condition, options, reply, how, None)
+    }
+
+    fn submit_encoded(
+        &self,
+        append: EncodedAppend,
+        condition: Option<Cow<'_, AppendCondition>>,
+        options: AppendOptions,
+        reply: ReplyTo,
+        how: Submit,
+        appended_at: Option<u64>,
+    ) -> Result<(), AppendError> {
+        let sender = self.sender.as_ref().ok_or(StoreError::Closed)?;
+        let limits = &self.shared.options.limits;
+        let condition = match condition {
+            Some(c) => {
+                c.fail_if_events_match.validate(limits)?;
+                Some(c.into_owned())
+            }
+            None => None,
+        };
+        if options.require_synced && self.durability() == Durability::Memory {
+            return Err(InputError::SyncUnavailable.into());
+        }
+        let condition = match condition {
+            // Deliberately wrong: checks the condition against the published head, outside the
+            // writer, so two racing appends can both pass.
+            Some(c) if crate::canary::on(crate::canary::Canary::ConditionOutsideWriter) => {
+                let index = self.shared.index.read();
+                let head = self.shared.head();
+                let query = &c.fail_if_events_match;
+                if let Some(p) = index.first_query_match_after(query, c.after.unwrap_or(0)) {
+                    if p <= head {
+                        return Err(AppendError::ConditionFailed { position: p });
+                    }
+                }
+                None
+            }
+            other => other,
+        };
+        // From here on the reply must be answered exactly once: by the writer, or disarmed
+        // below when the request never reaches it.
+        let request = Request {
+            append,
+            condition,
+            require_synced: options.require_synced,
+            reply: Reply::new(reply),
+            appended_at,
+        };
+        if let Some(remote) = &self.remote {
+            let request = if how.alone {
+                match remote.commit_alone(request) {
+                    Ok(()) => return Ok(()),
+                    Err(request) => request,
+                }
+            } else {
+                request
+            };
+            return remote
+                .submit(request, how.wait_when_full)
+                .map_err(|e| match e {
+                    TrySendError::Full(r) => {
+                        r.reply.disarm();
+                        AppendError::Input(InputError::QueueFull {
+                            depth: remote.queue_depth(),
+                        })
+                    }
+                    TrySendError::Disconnected(r) => {
+                        r.reply.disarm();
+                        AppendError::Store(StoreError::Closed)
+                    }
+                });
+        }
+        let request = if how.alone {
+            match self.role.commit_alone(request) {
+                Ok(()) => return Ok(()),
+                Err(request) => request,
+            }
+        } else {
+            request
+        };
+        let request = match self.role.stage_during_sync(request) {
+            Ok(()) => return Ok(()),
+            Err(request) => request,
+        };
+        if how.wait_when_full {
+            sender.send(request).map_err(|e| {
+                e.into_inner().reply.disarm();
+                StoreError::Closed
+            })?;
+        } else {
+            sender.try_send(request).map_err(|e| match e {
+                TrySendError::Full(r) => {
+                    r.reply.disarm();
+                    AppendError::Input(InputError::QueueFull {
+                        depth: sender.len(),
+                    })
+                }
+                TrySendError::Disconnected(r) => {
+                    r.reply.disarm();
+                    AppendError::Store(StoreError::Closed)
+                }
+            })?;
+        }
+        Ok(())
+    }
+}
