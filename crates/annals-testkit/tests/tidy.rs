@@ -512,3 +512,41 @@ fn the_storage_crate_is_layered_as_documented() {
     }
     assert!(problems.is_empty(), "layers:\n{}", problems.join("\n"));
 }
+
+/// Goal: a library user on segment files compiles no database client, TLS stack or async
+/// runtime: they come only with the `annals` crate's feature `postgres`.
+#[test]
+fn the_library_alone_needs_no_database_client() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", "annals", "-e", "normal", "--prefix", "none"])
+        .current_dir(root())
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).unwrap();
+    let packages: BTreeSet<&str> = tree
+        .lines()
+        .filter_map(|line| line.split(' ').next())
+        .collect();
+    assert!(
+        packages.contains("crc32c"),
+        "cargo tree listed the library's dependencies"
+    );
+    let unwanted: Vec<&&str> = packages
+        .iter()
+        .filter(|p| {
+            ["postgres", "rustls", "aws-lc", "tokio"]
+                .iter()
+                .any(|u| p.contains(u))
+        })
+        .collect();
+    assert!(
+        unwanted.is_empty(),
+        "the library alone depends on {unwanted:?}"
+    );
+}

@@ -42,6 +42,7 @@ pub mod io;
 mod limits;
 pub mod numbers;
 mod options;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod published;
 mod query;
@@ -69,6 +70,7 @@ pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;
 pub use options::{Durability, Options, Preallocation};
+#[cfg(feature = "postgres")]
 #[doc(hidden)]
 pub use postgres::lone_commit_statement;
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};

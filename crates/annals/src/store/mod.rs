@@ -3,8 +3,8 @@
 //! mirror is `store/postgres.rs`.
 
 use std::borrow::Cow;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -22,7 +22,6 @@ use crate::health::Health;
 use crate::index::{Index, IndexLock};
 use crate::io::{Io, RealIo};
 use crate::options::{Durability, Options};
-use crate::postgres::companions::InDatabase;
 use crate::published::Mark;
 use crate::published::Published;
 use crate::query::{AppendCondition, Query, ReadOptions};
@@ -35,7 +34,14 @@ use crate::sim::SimIo;
 use crate::subscription::Subscription;
 use crate::writer::{Notifier, Reply, ReplyTo, Request, Syncer, Writer, WriterRole};
 
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(not(feature = "postgres"))]
+mod without_postgres;
+#[cfg(feature = "postgres")]
+use crate::postgres::Remote;
+#[cfg(not(feature = "postgres"))]
+use without_postgres::Remote;
 mod submit;
 
 pub use crate::stats::{DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, Stats};
@@ -86,10 +92,12 @@ pub struct Store {
     report: OpenReport,
     /// The database backend, when the log lives in PostgreSQL: appends go through it, and the
     /// rest of the store is the memory-only mirror it keeps (see the `postgres` module).
-    remote: Option<crate::postgres::Remote>,
+    remote: Option<Remote>,
     /// The mirror's temporary directory, removed at close.
-    mirror_dir: Option<PathBuf>,
+    #[cfg(feature = "postgres")]
+    mirror_dir: Option<std::path::PathBuf>,
     /// The mirror's directory when it is kept across closes (`Options::mirror`).
+    #[cfg(feature = "postgres")]
     kept: Option<crate::postgres::mirror::KeptMirror>,
     /// Where read models' checkpoints and the exchange's snapshots are kept.
     companions: Arc<dyn Companions>,
@@ -309,7 +317,9 @@ impl Store {
             notifier,
             report,
             remote: None,
+            #[cfg(feature = "postgres")]
             mirror_dir: None,
+            #[cfg(feature = "postgres")]
             kept: None,
             companions: Arc::new(InDirectory {
                 io: io.clone(),
@@ -322,7 +332,10 @@ impl Store {
     /// [`Store::open_postgres`]) or else a data directory (see [`Store::open`]).
     pub fn open_location(location: &str, options: Options) -> Result<Store, StoreError> {
         if is_database_url(location) {
-            Self::open_postgres(location, options)
+            #[cfg(feature = "postgres")]
+            return Self::open_postgres(location, options);
+            #[cfg(not(feature = "postgres"))]
+            return Err(without_postgres::unavailable(location));
         } else {
             Self::open(location, options)
         }
@@ -583,19 +596,10 @@ impl Store {
     }
 
     fn shutdown(&mut self) -> Result<(), StoreError> {
-        // The backend first: what it has committed still goes to the mirror's writer.
-        let last_append = self.remote.take().map(|mut remote| {
-            remote.stop();
-            remote.last_append()
-        });
-        let result = self.stop_threads();
-        if let Some(dir) = self.mirror_dir.take() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        match (self.kept.take(), last_append) {
-            (Some(kept), Some(last)) if result.is_ok() => self.close_kept_mirror(&kept, last),
-            _ => result,
-        }
+        #[cfg(feature = "postgres")]
+        return self.shutdown_with_database();
+        #[cfg(not(feature = "postgres"))]
+        self.stop_threads()
     }
 
     /// Stops the writer's threads (the backend's are stopped first) and writes the checkpoint.

@@ -2,6 +2,8 @@
 //! committer ([`crate::postgres::Remote`]) and the mirror it keeps, temporary or kept.
 
 use super::*;
+use crate::postgres::companions::InDatabase;
+use std::sync::atomic::AtomicU64;
 
 /// Removes the mirrors (see [`Store::open_postgres`]) that processes killed before closing
 /// their stores left in the temporary directory: those whose lock no process holds.
@@ -86,12 +88,7 @@ impl Store {
             url,
         )?));
         store.kept = kept;
-        let remote = crate::postgres::Remote::start(
-            url,
-            store.shared.clone(),
-            store.role.clone(),
-            last_append,
-        )?;
+        let remote = Remote::start(url, store.shared.clone(), store.role.clone(), last_append)?;
         store.report.mirror = Some(MirrorKind {
             kept: options.mirror.clone(),
             resumed_at: resumed.map(|closed| closed.head),
@@ -170,5 +167,22 @@ impl Store {
                 .map_err(|e| StoreError::io("sync mirror segment", &segment.path, 0, e))?;
         }
         kept.close(crate::postgres::mirror::Closed { head, last })
+    }
+
+    /// Closes a store that may have a database backend: the backend first (what it has
+    /// committed still goes to the mirror's writer), then the threads, then the mirror.
+    pub(super) fn shutdown_with_database(&mut self) -> Result<(), StoreError> {
+        let last_append = self.remote.take().map(|mut remote| {
+            remote.stop();
+            remote.last_append()
+        });
+        let result = self.stop_threads();
+        if let Some(dir) = self.mirror_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        match (self.kept.take(), last_append) {
+            (Some(kept), Some(last)) if result.is_ok() => self.close_kept_mirror(&kept, last),
+            _ => result,
+        }
     }
 }

@@ -208,7 +208,9 @@ enum Origin {
     /// A lone blocking caller commits its own append (see [`WriterRole::commit_alone`]).
     Caller,
     /// The PostgreSQL committer hands over appends the database has committed (see
-    /// [`WriterRole::commit_committed`]).
+    /// [`WriterRole::commit_committed`]). The writer knows no backend: a build without one
+    /// never takes this route.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Backend,
 }
 

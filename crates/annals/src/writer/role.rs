@@ -181,10 +181,11 @@ impl WriterRole {
     }
 
     /// Commits, on the calling thread, appends that the database behind a PostgreSQL store has
-    /// committed (the committer's hand-over to the mirror log, see postgres/committer.rs), waiting for
-    /// the role if another thread holds it. The mirror's appends all come this way, so its
+    /// committed (the committer's hand-over to the mirror log, see postgres/committer.rs),
+    /// waiting for the role if another thread holds it. The mirror's appends all come this way, so its
     /// queue stays empty and its writer thread idle: the hand-over costs no wake-up. In the
     /// mirror's class (D1) every append is answered before this returns.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn commit_committed(&self, requests: Vec<Request>) {
         let mut writer = self.writer.lock();
         debug_assert!(writer.group.is_empty() && self.receiver.is_empty());

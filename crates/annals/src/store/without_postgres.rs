@@ -1,0 +1,44 @@
+//! A build without the `postgres` feature: no store has a database backend, so its handle is
+//! a type with no values, and every branch that would use one is statically dead.
+
+use crossbeam_channel::TrySendError;
+
+use crate::error::StoreError;
+use crate::stats::DatabaseStats;
+use crate::writer::Request;
+
+/// The PostgreSQL backend's handle, which this build cannot make.
+pub(crate) enum Remote {}
+
+// The signatures are the backend's, which hands a refused request back whole.
+#[allow(clippy::result_large_err)]
+impl Remote {
+    pub(crate) fn submit(&self, _: Request, _: bool) -> Result<(), TrySendError<Request>> {
+        match *self {}
+    }
+
+    pub(crate) fn commit_alone(&self, _: Request) -> Result<(), Request> {
+        match *self {}
+    }
+
+    pub(crate) fn stats(&self) -> DatabaseStats {
+        match *self {}
+    }
+
+    pub(crate) fn refresh(&self) -> Result<u64, StoreError> {
+        match *self {}
+    }
+
+    pub(crate) fn queue_depth(&self) -> usize {
+        match *self {}
+    }
+}
+
+/// What opening a database URL answers in this build.
+pub(crate) fn unavailable(location: &str) -> StoreError {
+    StoreError::InvalidOption(format!(
+        "{location} is a PostgreSQL URL, and this build of Annals has no PostgreSQL backend \
+         (build the annals crate with its `postgres` feature; the server and the command line \
+         have it)"
+    ))
+}
