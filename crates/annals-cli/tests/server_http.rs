@@ -612,6 +612,29 @@ fn metrics_in_prometheus_format() {
         let value = line.rsplit(' ').next().unwrap();
         assert!(value.parse::<f64>().is_ok(), "{line}");
     }
+    // Each append counted on the route it took into the log, every route listed: one after
+    // another over HTTP, each is taken from the queue and synced by the writer thread, or
+    // staged by its request's task while the writer thread still runs the sync before.
+    let routes: Vec<(&str, f64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("annals_commits_total{route=\""))
+        .map(|l| {
+            let (route, rest) = l.split_once('"').unwrap();
+            (route, rest.rsplit(' ').next().unwrap().parse().unwrap())
+        })
+        .collect();
+    assert_eq!(routes.len(), 6, "{routes:?}");
+    assert_eq!(
+        routes.iter().map(|(_, n)| n).sum::<f64>(),
+        5.0,
+        "{routes:?}"
+    );
+    assert!(
+        routes
+            .iter()
+            .all(|(route, n)| *n == 0.0 || ["held", "staged"].contains(route)),
+        "{routes:?}"
+    );
 }
 
 /// Goal: appends arriving over many connections at once share fdatasyncs (group commit through

@@ -169,6 +169,13 @@ fn two_servers_on_one_database_under_kill9() {
     assert!(value("annals_database_commits_total") > 0);
     assert!(value("annals_database_followed_total") > 0);
     assert_eq!(value("annals_database_unknown_outcomes_total"), 0);
+    // Its appends went by the database's routes only (the server's appends are async: the
+    // committer's queue); the mirror's writer counts none of them again.
+    let route = |name: &str| value(&format!("annals_commits_total{{route=\"{name}\"}}"));
+    assert!(route("database") > 0);
+    for files in ["queued", "held", "staged", "alone"] {
+        assert_eq!(route(files), 0, "{files}");
+    }
 }
 
 /// Goal: the loss of the database's primary loses no acknowledged append. Method: a primary

@@ -311,6 +311,15 @@ impl Metrics {
                 counter(&mut out, name, help, value as f64);
             }
         }
+        header(
+            &mut out,
+            "annals_commits_total",
+            "counter",
+            "Appends committed, by the route they took into the log.",
+        );
+        for (route, n) in &stats.commits {
+            let _ = writeln!(out, "annals_commits_total{{route=\"{route}\"}} {n}");
+        }
         counter(
             &mut out,
             "annals_caller_stages_total",

@@ -50,6 +50,7 @@ mod read;
 pub mod readmodel;
 mod record;
 mod recovery;
+mod route;
 #[cfg(feature = "schema")]
 pub mod schema;
 mod segment;

@@ -19,6 +19,7 @@ use crate::index::IndexLock;
 use crate::io::{DirLock, Io};
 use crate::options::Options;
 use crate::published::Published;
+use crate::route::{Policy, Route};
 use crate::segment::Segment;
 
 /// Counters kept by the writer, read by [`Store::stats`].
@@ -50,9 +51,29 @@ pub(crate) struct Counters {
     pub(crate) zero_fill_bytes: AtomicU64,
     /// Appends refused because the file system had no room for a new segment.
     pub(crate) disk_full_refusals: AtomicU64,
+    /// Appends committed, by the route they took (indexed as [`Route::ALL`]).
+    pub(crate) routes: [AtomicU64; Route::ALL.len()],
 }
 
 impl Counters {
+    /// Counts `appends` committed by `route`.
+    pub(crate) fn committed(&self, route: Route, appends: usize) {
+        let at = Route::ALL
+            .iter()
+            .position(|r| *r == route)
+            .expect("every route is listed");
+        self.routes[at].fetch_add(appends as u64, Ordering::Relaxed);
+    }
+
+    /// Appends committed by each route, by its name.
+    pub(crate) fn routes(&self) -> std::collections::BTreeMap<String, u64> {
+        Route::ALL
+            .iter()
+            .zip(&self.routes)
+            .map(|(route, n)| (route.name().to_string(), n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     pub(crate) fn record_segment(&self, segment: &Segment, zero_filled: bool) {
         self.segments_created.fetch_add(1, Ordering::Relaxed);
         if zero_filled {
@@ -79,6 +100,8 @@ pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
     pub(crate) io: Arc<dyn Io>,
     pub(crate) options: Options,
+    /// What the commit path may do, decided at open from the class and the backend.
+    pub(crate) policy: Policy,
     pub(crate) index: IndexLock,
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
     /// The published head and the synced position: read by all, moved only by the writer.

@@ -75,6 +75,10 @@ pub struct Stats {
     /// index additions: no I/O and no waiting); the writer thread writes and syncs that group
     /// when its sync ends.
     pub caller_stages: u64,
+    /// Appends committed since open, by the route they took into the log: `queued`, `held`,
+    /// `staged` and `alone` on files, `database` and `database_alone` on PostgreSQL
+    /// (docs/ARCHITECTURE.md, "The commit path").
+    pub commits: std::collections::BTreeMap<String, u64>,
     pub fsyncs: u64,
     /// Bytes of records written to the log since open (headers, entries and padding).
     pub bytes_written: u64,

@@ -1308,3 +1308,61 @@ fn a_full_database_disk_refuses_appends_cleanly() {
     cluster.sql("ALTER INDEX annals_appends_pkey SET TABLESPACE pg_default");
     cluster.sql("DROP TABLESPACE small");
 }
+
+/// Goal: every committed append is counted once, on the route it took into the log
+/// (`Stats::commits`): a blocking caller alone on an idle store commits on its own thread
+/// (`alone` on files, `database_alone` on PostgreSQL), callbacks go through the writer or the
+/// committer (`held`, `database`), and on PostgreSQL the mirror's writer counts none again.
+/// A failed condition commits nothing and is not counted.
+#[test]
+fn appends_are_counted_on_their_routes() {
+    for backend in Backend::all(31) {
+        let store = backend.open();
+        for _ in 0..3 {
+            store
+                .append(&[NewEvent::new("E", b"{}".to_vec()).tag("r")], None)
+                .unwrap();
+        }
+        let (sender, receiver) = std::sync::mpsc::channel();
+        store
+            .append_then(
+                &[NewEvent::new("E", b"{}".to_vec())],
+                None,
+                AppendOptions::default(),
+                move |outcome| {
+                    let _ = sender.send(outcome);
+                },
+            )
+            .unwrap();
+        receiver.recv().unwrap().unwrap();
+        let claim = AppendCondition::new(Query::item(QueryItem::tags(["r"])), Some(0));
+        assert!(store
+            .append(&[NewEvent::new("E", b"{}".to_vec())], Some(&claim))
+            .is_err());
+        let taken: Vec<(String, u64)> = store
+            .stats()
+            .commits
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        match backend {
+            Backend::Files(_) => {
+                assert_eq!(taken, [("alone".to_string(), 3), ("held".to_string(), 1)])
+            }
+            // A blocking caller commits alone unless the committer thread holds its state
+            // (following the database, every 500 ms): then its append is queued.
+            Backend::Postgres(..) => {
+                assert!(
+                    taken.iter().all(|(r, _)| r.starts_with("database")),
+                    "{taken:?}"
+                );
+                assert_eq!(taken.iter().map(|(_, n)| n).sum::<u64>(), 4, "{taken:?}");
+                assert!(
+                    taken.iter().any(|(r, _)| r == "database_alone"),
+                    "{taken:?}"
+                );
+            }
+        }
+        store.close().unwrap();
+    }
+}

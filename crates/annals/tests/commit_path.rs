@@ -162,6 +162,21 @@ fn appends_arriving_during_a_sync_are_staged_meanwhile_and_go_as_one_group() {
     assert_eq!(stats.head, 11);
     assert_eq!(stats.groups, 3, "the eight went as one group");
     assert_eq!(stats.fsyncs, 3);
+    assert_eq!(routes(&store), taken(&[("held", 1), ("staged", 10)]));
+}
+
+/// The routes the store's appends took (`Stats::commits`), those taken at least once.
+fn routes(store: &Store) -> Vec<(String, u64)> {
+    let commits = store.stats().commits;
+    assert!(
+        commits.len() >= 6,
+        "every route is listed, taken or not: {commits:?}"
+    );
+    commits.into_iter().filter(|(_, n)| *n > 0).collect()
+}
+
+fn taken(routes: &[(&str, u64)]) -> Vec<(String, u64)> {
+    routes.iter().map(|(r, n)| (r.to_string(), *n)).collect()
 }
 
 /// Goal: a caller that stages its append while the writer thread syncs first stages whatever
@@ -360,6 +375,13 @@ fn a_lone_blocking_caller_commits_on_its_own_thread() {
     assert_eq!(position, 5);
     let stats = store.stats();
     assert_eq!((stats.groups, stats.caller_commits), (5, 2));
+    // Each append counted on its route: two callers alone; one held for their sync, and the
+    // callback's and the async caller's taken from the queue by the writer, or staged by
+    // their callers when they arrive while the writer thread still runs the sync before.
+    let commits = store.stats().commits;
+    assert_eq!(commits["alone"], 2);
+    assert_eq!(commits["held"] + commits["staged"], 3, "{commits:?}");
+    assert_eq!(commits.values().sum::<u64>(), 5, "{commits:?}");
     // A failed fdatasync on the caller's thread poisons the store as on the writer's.
     io.fail_sync(0, FaultKind::Eio, false);
     assert!(store.append(&[event()], None).is_err());
@@ -394,6 +416,11 @@ fn an_async_caller_never_commits_on_its_runtimes_thread() {
     }
     let stats = store.stats();
     assert_eq!((stats.groups, stats.caller_commits), (3, 0));
+    // Taken from the queue by the writer thread, or staged by the caller when it arrives while
+    // the writer thread still runs the sync before; never alone.
+    let commits = store.stats().commits;
+    assert_eq!(commits["held"] + commits["staged"], 3, "{commits:?}");
+    assert_eq!(commits.values().sum::<u64>(), 3, "{commits:?}");
 }
 
 /// Goal: an async caller that finds another caller waiting does not commit on its runtime's

@@ -185,6 +185,11 @@ impl Committer {
         group: &mut Vec<Request>,
         queue: Option<&Receiver<Request>>,
     ) {
+        // A group from the queue, or a lone blocking caller's append on its own thread.
+        let route = match queue {
+            Some(_) => Route::Database,
+            None => Route::DatabaseAlone,
+        };
         let mut pending: Vec<Request> = std::mem::take(group);
         let mut attempts = 0u32;
         let started = Instant::now();
@@ -245,6 +250,7 @@ impl Committer {
                     self.counters
                         .committed_at_us
                         .store(now_us(), Ordering::Relaxed);
+                    self.inner.counters.committed(route, accepted.len());
                     self.hand_over(accepted);
                     return;
                 }
@@ -266,6 +272,7 @@ impl Committer {
                 }) => match self.settle(head, accepted, time, &session, &reason) {
                     Settled::Committed(found) => {
                         self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                        self.inner.counters.committed(route, found.len());
                         self.counters
                             .committed_at_us
                             .store(now_us(), Ordering::Relaxed);

@@ -54,6 +54,7 @@ use crate::error::StoreError;
 use crate::event::Tags;
 use crate::query::Query;
 use crate::record::{EncodedAppend, Entries};
+use crate::route::Route;
 use crate::shared::Shared;
 use crate::writer::{checked, now_us, Reply, ReplyTo, Request, WriterRole};
 use connect::Target;

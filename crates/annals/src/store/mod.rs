@@ -28,6 +28,7 @@ use crate::query::{AppendCondition, Query, ReadOptions};
 use crate::read::ReadIter;
 use crate::record::{encode_append_tracked, EncodedAppend};
 use crate::recovery::{self, Tail};
+use crate::route::{Backend, Policy};
 use crate::segment::Segment;
 use crate::shared::{store_error, Checkpoints, Counters, Shared, SpareBodies};
 use crate::sim::SimIo;
@@ -110,7 +111,7 @@ impl Store {
     /// the wait is an fdatasync and the caller's core is otherwise idle; not on PostgreSQL,
     /// where the wait is the database's work on the same machine's cores (R30).
     pub(crate) fn lone_async_polls(&self) -> bool {
-        self.remote.is_none()
+        self.shared.policy.lone_async_polls
     }
 
     /// Opens (creating if needed) the store in `dir`. A D0 store lives in memory only and
@@ -147,6 +148,17 @@ impl Store {
         io: Arc<dyn Io>,
         dir: &Path,
         options: Options,
+    ) -> Result<Store, StoreError> {
+        Self::open_log(io, dir, options, Backend::Files)
+    }
+
+    /// Opens the log on files in `dir`: the store's own, or the mirror of a database
+    /// (`backend`), which decides with the class the commit path's policy.
+    fn open_log(
+        io: Arc<dyn Io>,
+        dir: &Path,
+        options: Options,
+        backend: Backend,
     ) -> Result<Store, StoreError> {
         let started = Instant::now();
         options.validate().map_err(StoreError::InvalidOption)?;
@@ -222,17 +234,15 @@ impl Store {
             end_offset: tail.offset,
             last_record_offset: tail.last_record_offset,
         };
-        let (published, right) = Published::new(
-            mark,
-            options.durability == Durability::Synced
-                && !crate::canary::on(crate::canary::Canary::AckBeforeFsync),
-        );
+        let policy = Policy::new(options.durability, backend);
+        let (published, right) = Published::new(mark, policy.publish_when_synced);
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             io: io.clone(),
             index: IndexLock::new(index),
             segments: RwLock::new(segments),
             published,
+            policy,
             health: Health::default(),
             counters,
             waiting: Default::default(),
@@ -540,6 +550,7 @@ impl Store {
             groups: c.groups.load(Ordering::Relaxed),
             caller_commits: c.caller_commits.load(Ordering::Relaxed),
             caller_stages: c.caller_stages.load(Ordering::Relaxed),
+            commits: c.routes(),
             fsyncs,
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
             segments_created: c.segments_created.load(Ordering::Relaxed),

@@ -71,7 +71,7 @@ impl Store {
                     MIRRORS.fetch_add(1, Ordering::Relaxed)
                 ));
                 let _ = std::fs::remove_dir_all(&dir);
-                let mut store = Self::open_with_io(io, &dir, mirror)?;
+                let mut store = Self::open_log(io, &dir, mirror, Backend::Postgres)?;
                 store.mirror_dir = Some(dir);
                 (store, None, None)
             }
@@ -114,7 +114,7 @@ impl Store {
         let why_not = match closed {
             Err(why) => why,
             Ok(closed) => {
-                let store = Self::open_with_io(io.clone(), &dir, options.clone())?;
+                let store = Self::open_log(io.clone(), &dir, options.clone(), Backend::Postgres)?;
                 let why_not = if store.head() != closed.head {
                     format!(
                         "it ends at position {}, where its close recorded {}",
@@ -139,7 +139,7 @@ impl Store {
             }
         };
         kept.wipe()?;
-        let store = Self::open_with_io(io, &dir, options)?;
+        let store = Self::open_log(io, &dir, options, Backend::Postgres)?;
         debug_assert_eq!(store.head(), 0, "a wiped mirror is empty");
         Ok((store, Err(why_not)))
     }

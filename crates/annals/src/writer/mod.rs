@@ -53,6 +53,7 @@ use crate::published::{Mark, PublishRight};
 use crate::query::AppendCondition;
 use crate::record::{aligned, EncodedAppend, Entries, EntryLayout, RecordHeader, HEADER_BYTES};
 use crate::recovery::Tail;
+use crate::route::{Backend, Route};
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
 use crate::shared::Shared;
 
@@ -198,22 +199,6 @@ pub(crate) struct InlineSync {
     segment: Arc<Segment>,
 }
 
-/// How a group came to be committed, which decides who syncs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Origin {
-    /// The writer thread took it from the queue at once.
-    Queued,
-    /// The writer thread held it for the running sync (see `WriterRole::run`).
-    Held,
-    /// A lone blocking caller commits its own append (see [`WriterRole::commit_alone`]).
-    Caller,
-    /// The PostgreSQL committer hands over appends the database has committed (see
-    /// [`WriterRole::commit_committed`]). The writer knows no backend: a build without one
-    /// never takes this route.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Backend,
-}
-
 /// What happened to one request of a group.
 enum Staged {
     /// Appended, pending the group's write; the last position.
@@ -285,22 +270,25 @@ impl Writer {
             .map(|handle| (handle, zero_fill));
     }
 
-    /// Commits the group gathered in `self.group` (and what callers staged early). Returns the
-    /// group's sync when the committer is to run it on its own thread.
-    fn commit_group(&mut self, origin: Origin) -> Option<InlineSync> {
+    /// Commits the group gathered in `self.group` (and what callers staged early) by `route`.
+    /// Returns the group's sync when the committer is to run it on its own thread.
+    fn commit_group(&mut self, route: Route) -> Option<InlineSync> {
         let mut group = std::mem::take(&mut self.group);
         let mut staged = std::mem::take(&mut self.staged);
-        let inline = self.commit(&mut group, &mut staged, origin);
+        let inline = self.commit(&mut group, &mut staged, route);
         self.group = group;
         self.staged = staged;
         inline
     }
 
+    /// One group's commit, in its four steps: stage (checks, records into the buffer, the
+    /// index's additions), write, answer (publish and reply, or park the replies until the
+    /// sync), sync (here, or handed to the syncer).
     fn commit(
         &mut self,
         group: &mut Vec<Request>,
         staged: &mut Vec<Staged>,
-        origin: Origin,
+        route: Route,
     ) -> Option<InlineSync> {
         staged.clear();
         if let Some(error) = self.shared.poison_error() {
@@ -313,12 +301,32 @@ impl Writer {
             self.abandon_early(&error.to_string(), false);
             return None;
         }
+        let staging = self.stage_group(group, staged);
+        let written = staging.and_then(|()| self.write_group());
+        if let Err(error) = written {
+            self.fail(error, group, staged);
+            return None;
+        }
+        let (mark, lone, mut waiters) = self.answer_group(group, staged, route);
+        let inline = self.sync_group(mark, lone, route, &mut waiters);
+        self.waiters = waiters;
+        inline
+    }
+
+    /// Stages each request of the group, rolling to a new segment where the current one has
+    /// no room. Requests after a failed roll are answered without being staged: refused for
+    /// lack of room (the disk-full state), or, after any other failure, by that failure.
+    fn stage_group(
+        &mut self,
+        group: &[Request],
+        staged: &mut Vec<Staged>,
+    ) -> Result<(), StoreError> {
         let appended_at = now_us();
         let mut failure: Option<StoreError> = None;
         // Why the appends from the first that needed a new segment on are refused: the file
         // system had no room for it. Nothing of them is written; what went before stays.
         let mut no_room: Option<String> = None;
-        for request in group.iter() {
+        for request in group {
             if failure.is_some() {
                 staged.push(Staged::Done(Err(StoreError::Closed.into())));
                 continue;
@@ -354,50 +362,62 @@ impl Writer {
             }
             staged.push(self.stage(request, appended_at));
         }
-        if failure.is_none() {
-            if let Err(e) = self.flush() {
-                failure = Some(e);
-            }
-        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Writes what the group staged (and what callers staged early) to the segment.
+    fn write_group(&mut self) -> Result<(), StoreError> {
+        let written = self.flush();
         // The segment the store opened with prepares its successor once half of it is used;
         // later ones do from the roll into them (see `roll`).
         if self.next_segment.is_none() && self.tail > self.segment.size / 2 {
             self.prepare_next_segment(self.next_zero_fill());
         }
-        if let Some(error) = failure {
-            self.fail(error, group, staged);
-            return None;
-        }
-        self.shared.counters.groups.fetch_add(1, Ordering::Relaxed);
-        if origin == Origin::Caller {
-            self.shared
-                .counters
-                .caller_commits
-                .fetch_add(1, Ordering::Relaxed);
+        written
+    }
+
+    /// Counts the written group on its route, publishes it where the policy acknowledges
+    /// appends once written, and answers each request or parks its reply until the sync that
+    /// covers it. Returns where the log ends, whether the group is a lone small append, and
+    /// the parked replies.
+    fn answer_group(
+        &mut self,
+        group: &mut Vec<Request>,
+        staged: &mut Vec<Staged>,
+        route: Route,
+    ) -> (Mark, bool, Vec<Waiter>) {
+        let policy = self.shared.policy;
+        let counters = &self.shared.counters;
+        counters.groups.fetch_add(1, Ordering::Relaxed);
+        if route == Route::Alone {
+            counters.caller_commits.fetch_add(1, Ordering::Relaxed);
         }
         let early = std::mem::take(&mut self.early);
-        self.shared
-            .counters
-            .group_appends
-            .record((group.len() + early) as u64);
+        counters.group_appends.record((group.len() + early) as u64);
+        // A lone small append, queued with nothing behind it: nothing to overlap its sync with.
+        let lone = group.len() == 1
+            && early == 0
+            && is_small(&group[0].append)
+            && self.receiver.is_empty();
+        // On a database the committer counts its appends; its mirror's writer does not again.
+        if policy.backend == Backend::Files {
+            let appended = staged
+                .iter()
+                .filter(|s| matches!(s, Staged::Appended(_)))
+                .count();
+            counters.committed(route, appended);
+        }
         let mark = Mark {
             head: self.next_position - 1,
             segment: self.segment.number,
             end_offset: self.tail,
             last_record_offset: self.last_record_offset,
         };
-        let durability = self.shared.options.durability;
-        let acknowledge_now = durability != Durability::Synced
-            || crate::canary::on(crate::canary::Canary::AckBeforeFsync);
-        if acknowledge_now && mark.head > self.shared.head() {
+        if policy.acknowledge_when_written && mark.head > self.shared.head() {
             self.shared.published.publish(&self.right, mark);
             self.shared.maybe_checkpoint();
         }
-        // A lone small append, queued with nothing behind it: nothing to overlap its sync with.
-        let lone = group.len() == 1
-            && early == 0
-            && is_small(&group[0].append)
-            && self.receiver.is_empty();
+        let durability = self.shared.options.durability;
         let mut waiters = std::mem::take(&mut self.waiters);
         let mut answers = Answers::default();
         for (mut request, outcome) in group.drain(..).zip(staged.drain(..)) {
@@ -411,7 +431,7 @@ impl Writer {
             // not durable yet); in weaker classes only appends that asked for D3 wait.
             let wait = match durability {
                 Durability::Memory => false,
-                Durability::Synced => !acknowledge_now,
+                Durability::Synced => !policy.acknowledge_when_written,
                 _ => request.require_synced && outcome.is_ok(),
             };
             if wait {
@@ -425,38 +445,42 @@ impl Writer {
             }
         }
         answers.wake();
-        let mut inline = None;
-        match &self.syncer {
-            Some(syncer) => {
-                // The writer syncs a group itself, saving the hand-over to the syncer thread
-                // (a wake-up on each side, tens of microseconds on a virtual machine whose idle
-                // cores halt), when there is nothing to overlap the sync with: a lone caller's
-                // append, a lone small append, or a group held for the sync before (the small
-                // appends arriving during this sync would be held for it anyway). Large
-                // appends and groups behind them go to the syncer, so that the writer is free
-                // to stage the next while the disk syncs (docs/DECISIONS.md, R9).
-                let sync_here = durability == Durability::Synced
-                    && !acknowledge_now
-                    && (lone || origin != Origin::Queued);
-                let bytes = self.written_bytes;
-                if sync_here && syncer.claim_inline(mark, bytes, &self.segment, &mut waiters) {
-                    inline = Some(InlineSync {
-                        mark,
-                        bytes,
-                        segment: self.segment.clone(),
-                    });
-                } else {
-                    syncer.written(mark, bytes, &self.segment, &mut waiters);
-                }
+        (mark, lone, waiters)
+    }
+
+    /// Hands the written group to the sync: here, on the committer's thread (returned), or to
+    /// the syncer thread; without a syncer (D0) the parked replies are answered now.
+    fn sync_group(
+        &mut self,
+        mark: Mark,
+        lone: bool,
+        route: Route,
+        waiters: &mut Vec<Waiter>,
+    ) -> Option<InlineSync> {
+        let Some(syncer) = &self.syncer else {
+            for w in waiters.drain(..) {
+                w.reply.send(w.outcome);
             }
-            None => {
-                for w in waiters.drain(..) {
-                    w.reply.send(w.outcome);
-                }
-            }
+            return None;
+        };
+        // The writer syncs a group itself, saving the hand-over to the syncer thread (a
+        // wake-up on each side, tens of microseconds on a virtual machine whose idle cores
+        // halt), when there is nothing to overlap the sync with: a lone caller's append, a
+        // lone small append, or a group held for the sync before (the small appends arriving
+        // during this sync would be held for it anyway). Large appends and groups behind them
+        // go to the syncer, so that the writer is free to stage the next while the disk syncs
+        // (docs/DECISIONS.md, R9).
+        let sync_here = self.shared.policy.hold_small && (lone || route != Route::Queued);
+        let bytes = self.written_bytes;
+        if sync_here && syncer.claim_inline(mark, bytes, &self.segment, waiters) {
+            return Some(InlineSync {
+                mark,
+                bytes,
+                segment: self.segment.clone(),
+            });
         }
-        self.waiters = waiters;
-        inline
+        syncer.written(mark, bytes, &self.segment, waiters);
+        None
     }
 
     /// The store is poisoned: answers what callers staged early. Their records were in the

@@ -30,7 +30,7 @@ impl WriterRole {
             // Blocks for the next append rather than polling for it: on a machine with few
             // cores the client the writer has just woken often runs on the writer's core, and
             // a polling writer kept it waiting (docs/DECISIONS.md, R10).
-            let hold = shared.options.durability == Durability::Synced;
+            let hold = shared.policy.hold_small;
             while let Ok(first) = self.receiver.recv() {
                 let bytes = first.append.body.len();
                 // In D3 an append staged while a sync runs waits for that sync and the next:
@@ -39,18 +39,18 @@ impl WriterRole {
                 // several times larger. Large appends go at once: their staging is worth
                 // overlapping with the sync, or writer and disk sit idle in turn
                 // (docs/DECISIONS.md, R11).
-                let origin = if hold && is_small(&first.append) {
+                let route = if hold && is_small(&first.append) {
                     if let Some(syncer) = &self.syncer {
                         syncer.wait_for_running_sync();
                     }
-                    Origin::Held
+                    Route::Held
                 } else {
-                    Origin::Queued
+                    Route::Queued
                 };
                 let mut writer = self.writer.lock();
                 writer.group.push(first);
                 self.gather(&mut writer, bytes);
-                let mut inline = writer.commit_group(origin);
+                let mut inline = writer.commit_group(route);
                 // The writer thread syncs the group on its own thread with the role released:
                 // meanwhile callers stage small appends themselves (`stage_during_sync`), so
                 // the staging of the next group overlaps this sync, and when it ends the next
@@ -68,7 +68,7 @@ impl WriterRole {
                                 .map(|r| r.append.body.len())
                                 .sum::<usize>();
                         self.gather(&mut writer, bytes);
-                        inline = writer.commit_group(Origin::Held);
+                        inline = writer.commit_group(Route::Held);
                     }
                 }
             }
@@ -161,7 +161,10 @@ impl WriterRole {
             return Ok(());
         };
         let (needed, outcome) = match staged {
-            Staged::Appended(last) => (last, Ok(last)),
+            Staged::Appended(last) => {
+                self.shared.counters.committed(Route::Staged, 1);
+                (last, Ok(last))
+            }
             // In D3 every outcome waits for a sync: a conflict may name a staged event.
             Staged::Done(outcome) => (writer.next_position - 1, outcome),
         };
@@ -192,7 +195,7 @@ impl WriterRole {
         writer.group.extend(requests);
         self.commit_here(
             &mut writer,
-            Origin::Backend,
+            Route::Database,
             "the writer panicked taking in committed appends",
         );
     }
@@ -227,7 +230,7 @@ impl WriterRole {
         // A panic drops the request's reply, which answers it with an error.
         self.commit_here(
             &mut writer,
-            Origin::Caller,
+            Route::Alone,
             "the writer panicked in a caller's commit",
         );
         Ok(())
@@ -235,9 +238,9 @@ impl WriterRole {
 
     /// Commits the held writer's group on the calling thread, its sync included when the
     /// writer leaves it inline; a panic poisons the store with `panicked`.
-    fn commit_here(&self, writer: &mut Writer, origin: Origin, panicked: &str) {
+    fn commit_here(&self, writer: &mut Writer, route: Route, panicked: &str) {
         let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let inline = writer.commit_group(origin);
+            let inline = writer.commit_group(route);
             if let (Some(sync), Some(syncer)) = (inline, &self.syncer) {
                 syncer.run_inline(&self.shared, sync);
             }

@@ -260,8 +260,7 @@ impl Syncer {
                     self.wake.notify_one();
                 }
                 drop(state);
-                let publish = shared.options.durability == Durability::Synced
-                    && !crate::canary::on(crate::canary::Canary::AckBeforeFsync);
+                let publish = shared.policy.publish_when_synced;
                 // The writer's inline sync, or the syncer with nothing more to sync yet,
                 // answers the group itself rather than hand it to the notifier (a wake-up on
                 // each side), unless that means waking blocked threads one by one: callbacks
