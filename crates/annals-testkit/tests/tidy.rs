@@ -299,7 +299,7 @@ fn format_versions_match_the_data_directory_document() {
             ],
         ),
         (
-            "crates/annals/src/readmodel.rs",
+            "crates/annals/src/readmodel/checkpoints.rs",
             "VERSION",
             &[
                 "one read model's state and position        (version ",
@@ -548,5 +548,64 @@ fn the_library_alone_needs_no_database_client() {
     assert!(
         unwanted.is_empty(),
         "the library alone depends on {unwanted:?}"
+    );
+}
+
+/// Goal: the storage crate stays readable file by file: no source file over 900 lines, and no
+/// two types (structs, enums, traits, aliases) of one name.
+#[test]
+fn storage_files_are_short_and_type_names_unique() {
+    let src = root().join("crates/annals/src");
+    let mut problems = Vec::new();
+    let mut types: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let relative = path.strip_prefix(&src).unwrap().display().to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lines = text.lines().count();
+            if lines > 900 {
+                problems.push(format!("{relative} has {lines} lines"));
+            }
+            for line in text.lines() {
+                let declaration = line
+                    .trim_start()
+                    .trim_start_matches("pub(crate) ")
+                    .trim_start_matches("pub(super) ")
+                    .trim_start_matches("pub ");
+                for kind in ["struct ", "enum ", "trait ", "type "] {
+                    if let Some(rest) = declaration.strip_prefix(kind) {
+                        let name: String = rest
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        // Associated types (`type Item`) inside impls and traits are not
+                        // declarations of their own.
+                        let associated = kind == "type " && line.starts_with(' ');
+                        // store/without_postgres.rs declares stand-ins of the postgres
+                        // module's types, under their names, for builds without it.
+                        let stand_in = relative == "store/without_postgres.rs";
+                        if !name.is_empty() && !associated && !stand_in {
+                            types.entry(name).or_default().push(relative.clone());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (name, places) in types {
+        if places.len() > 1 {
+            problems.push(format!("{name} is declared in {places:?}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "storage crate:\n{}",
+        problems.join("\n")
     );
 }

@@ -232,7 +232,7 @@ impl EventWriter<'_> {
         let index = self.batch.len();
         let at = self.batch.body.len();
         self.batch.body.extend_from_slice(&0u16.to_le_bytes());
-        let mut sink = Sink(&mut self.batch.body);
+        let mut sink = BodyWriter(&mut self.batch.body);
         // Writing into a Vec cannot fail; a Display impl that fails leaves a short tag, which
         // the checks below still judge.
         let _ = sink.write_fmt(tag);
@@ -356,9 +356,9 @@ impl Drop for EventWriter<'_> {
     }
 }
 
-struct Sink<'a>(&'a mut Vec<u8>);
+struct BodyWriter<'a>(&'a mut Vec<u8>);
 
-impl fmt::Write for Sink<'_> {
+impl fmt::Write for BodyWriter<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         self.0.extend_from_slice(s.as_bytes());
         Ok(())

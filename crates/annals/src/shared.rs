@@ -112,7 +112,7 @@ pub(crate) struct Shared {
     /// Names of the read models and reactors running on this store: one runner per name.
     pub(crate) runners: Mutex<std::collections::HashSet<String>>,
     /// The index checkpoints' trigger: the last one's head, the one running.
-    pub(crate) checkpoints: Checkpoints,
+    pub(crate) checkpoints: CheckpointTrigger,
     /// Buffers of appended batches, handed back by the writer for [`Store::batch_with_capacity`]
     /// to reuse: a journal that appends a batch of tens of KiB after another then writes into
     /// memory that is already mapped, instead of faulting in and zeroing fresh pages.
@@ -132,7 +132,7 @@ const SPARE_BYTES_MAX: usize = 4 << 20;
 
 /// When the index is checkpointed: one checkpoint at a time, in the background once enough
 /// events are published since the last.
-pub(crate) struct Checkpoints {
+pub(crate) struct CheckpointTrigger {
     /// Held while a checkpoint is written.
     one_at_a_time: Mutex<()>,
     /// The head of the last checkpoint written.
@@ -150,11 +150,11 @@ pub(crate) struct SpareBodies {
     bytes: usize,
 }
 
-impl Checkpoints {
+impl CheckpointTrigger {
     /// None running, the last at `head` (the log's head at open: what the open found is
     /// either in the checkpoint it loaded or scanned, and costs the next open no more).
     pub(crate) fn new(head: u64) -> Self {
-        Checkpoints {
+        CheckpointTrigger {
             one_at_a_time: Mutex::new(()),
             head: AtomicU64::new(head),
             running: AtomicBool::new(false),

@@ -120,7 +120,7 @@ fn apply(target: &mut Vec<u8>, change: &Change) {
 
 type FileData = Arc<Mutex<Image>>;
 
-struct State {
+struct DiskState {
     /// Bumped by every crash; handles from an earlier epoch fail with EIO.
     epoch: u64,
     live: HashMap<PathBuf, FileData>,
@@ -145,7 +145,7 @@ struct State {
     tells_available: bool,
 }
 
-impl State {
+impl DiskState {
     fn next_random(&mut self) -> u64 {
         // xorshift64*: small, fast and deterministic for a given seed.
         let mut x = self.rng;
@@ -168,7 +168,7 @@ impl State {
 /// The simulated file system. Cloning shares the same files.
 #[derive(Clone)]
 pub struct SimIo {
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<DiskState>>,
     /// Wakes file syncs held by [`SimIo::hold_syncs`].
     sync_gate: Arc<Condvar>,
     epoch: u64,
@@ -191,7 +191,7 @@ impl SimIo {
         SimIo {
             epoch: 0,
             sync_gate: Arc::new(Condvar::new()),
-            state: Arc::new(Mutex::new(State {
+            state: Arc::new(Mutex::new(DiskState {
                 epoch: 0,
                 live: HashMap::new(),
                 durable: HashMap::new(),
@@ -357,7 +357,7 @@ impl SimIo {
         }
     }
 
-    fn live_state(&self) -> io::Result<parking_lot::MutexGuard<'_, State>> {
+    fn live_state(&self) -> io::Result<parking_lot::MutexGuard<'_, DiskState>> {
         let state = self.state.lock();
         if state.epoch != self.epoch {
             return Err(crashed());
@@ -405,7 +405,7 @@ impl SimIo {
         names
     }
 
-    fn after_crash(state: &mut State, image: &Image, mode: CrashMode) -> Vec<u8> {
+    fn after_crash(state: &mut DiskState, image: &Image, mode: CrashMode) -> Vec<u8> {
         let mut content = image.durable.clone();
         let n = image.unsynced.len() as u64;
         match mode {
@@ -448,7 +448,7 @@ impl SimIo {
 }
 
 struct SimLock {
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<DiskState>>,
     path: PathBuf,
 }
 
@@ -462,7 +462,7 @@ impl Drop for SimLock {
 
 struct SimFile {
     data: FileData,
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<DiskState>>,
     sync_gate: Arc<Condvar>,
     epoch: u64,
     track: bool,
@@ -475,7 +475,7 @@ fn crashed() -> io::Error {
 impl SimFile {
     /// Every file operation holds the state lock for its whole length, so a crash happens
     /// strictly before or after it.
-    fn live_state(&self) -> io::Result<parking_lot::MutexGuard<'_, State>> {
+    fn live_state(&self) -> io::Result<parking_lot::MutexGuard<'_, DiskState>> {
         let state = self.state.lock();
         if state.epoch != self.epoch {
             return Err(crashed());
@@ -583,7 +583,7 @@ impl Io for SimIo {
     }
 }
 
-impl State {
+impl DiskState {
     /// Fails with ENOSPC when `file`, `len` bytes long now, may not grow to `to`.
     fn room_for(&self, file: &FileData, len: u64, to: u64) -> io::Result<()> {
         let Some(capacity) = self.capacity else {

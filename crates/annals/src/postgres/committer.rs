@@ -105,7 +105,7 @@ pub(super) struct Committer {
     /// The append time of the group last committed.
     pub(super) group_time: u64,
     /// The mirror's last append as the database stored it, to recognise it after a failover.
-    pub(super) last_append: StoredAppend,
+    pub(super) last_append: AppendStamp,
     /// Names this server's commits in their notifications (see [`COMMIT`]).
     pub(super) server_id: i64,
     /// The group whose commit is being settled (see [`Committer::settle`]).
@@ -554,7 +554,7 @@ impl Committer {
                 ..
             } = request;
             let at = appended_at.unwrap_or(at);
-            self.last_append = StoredAppend::of(first, last, at, &append);
+            self.last_append = AppendStamp::of(first, last, at, &append);
             let done = applied.clone();
             let inner = self.inner.clone();
             let answer = ReplyTo::Callback(Box::new(move |outcome| {

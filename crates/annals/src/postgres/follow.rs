@@ -112,7 +112,7 @@ impl Committer {
                     break;
                 }
             };
-            self.last_append = StoredAppend::of(first, last, at, &append);
+            self.last_append = AppendStamp::of(first, last, at, &append);
             applied.expect(1);
             let done = applied.clone();
             let reply = ReplyTo::Callback(Box::new(move |outcome| {

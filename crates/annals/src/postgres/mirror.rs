@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::error::StoreError;
 use crate::io::{DirLock, Io, OpenMode};
-use crate::postgres::StoredAppend;
+use crate::postgres::AppendStamp;
 
 const LOCK: &str = "LOCK";
 const LOG: &str = "log";
@@ -32,7 +32,7 @@ const MAGIC: &str = "annals-mirror 1";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Closed {
     pub(crate) head: u64,
-    pub(crate) last: StoredAppend,
+    pub(crate) last: AppendStamp,
 }
 
 impl Closed {
@@ -69,7 +69,7 @@ impl Closed {
         };
         fits.then_some(Closed {
             head,
-            last: StoredAppend {
+            last: AppendStamp {
                 first,
                 last,
                 at,
@@ -230,7 +230,7 @@ mod tests {
     fn closed(head: u64) -> Closed {
         Closed {
             head,
-            last: StoredAppend {
+            last: AppendStamp {
                 first: head.saturating_sub(2).max(1),
                 last: head,
                 at: 1_700_000_000_000_000,
@@ -245,7 +245,7 @@ mod tests {
         assert_eq!(Closed::parse(&c.render()), Some(c));
         let empty = Closed {
             head: 0,
-            last: StoredAppend::default(),
+            last: AppendStamp::default(),
         };
         assert_eq!(Closed::parse(&empty.render()), Some(empty));
         for bad in [

@@ -117,7 +117,7 @@ const LISTEN_TICK: Duration = Duration::from_millis(100);
 
 /// Whether the database at `url` holds `last`, a kept mirror's last append (see mirror.rs),
 /// as the mirror holds it: None when it does, else why the mirror cannot be used.
-pub(crate) fn holds(url: &str, last: StoredAppend) -> Result<Option<String>, StoreError> {
+pub(crate) fn holds(url: &str, last: AppendStamp) -> Result<Option<String>, StoreError> {
     let target = Target::parse(url)?;
     let mut client = target
         .connect(None)
@@ -143,8 +143,8 @@ pub(crate) fn holds(url: &str, last: StoredAppend) -> Result<Option<String>, Sto
     }))
 }
 
-fn stored(row: &postgres::Row) -> StoredAppend {
-    StoredAppend {
+fn stored(row: &postgres::Row) -> AppendStamp {
+    AppendStamp {
         first: row.get::<_, i64>(0) as u64,
         last: row.get::<_, i64>(1) as u64,
         at: row.get::<_, i64>(2) as u64,
@@ -197,7 +197,7 @@ impl Remote {
         url: &str,
         inner: Arc<Shared>,
         role: Arc<WriterRole>,
-        last_append: StoredAppend,
+        last_append: AppendStamp,
     ) -> Result<Remote, StoreError> {
         debug_assert_eq!(
             last_append.last,
@@ -327,7 +327,7 @@ impl Remote {
     }
 
     /// The mirror's last append as the database stored it (for a kept mirror's close).
-    pub(crate) fn last_append(&self) -> StoredAppend {
+    pub(crate) fn last_append(&self) -> AppendStamp {
         self.state.lock().last_append
     }
 
@@ -352,16 +352,16 @@ impl Drop for Remote {
 
 /// What identifies an append stored in the database: positions, append time, body size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct StoredAppend {
+pub(crate) struct AppendStamp {
     pub(crate) first: u64,
     pub(crate) last: u64,
     pub(crate) at: u64,
     pub(crate) bytes: u64,
 }
 
-impl StoredAppend {
-    fn of(first: u64, last: u64, at: u64, append: &EncodedAppend) -> StoredAppend {
-        StoredAppend {
+impl AppendStamp {
+    fn of(first: u64, last: u64, at: u64, append: &EncodedAppend) -> AppendStamp {
+        AppendStamp {
             first,
             last,
             at,

@@ -178,7 +178,7 @@ pub(super) const FETCH: &str =
     "SELECT first_position, last_position, appended_at_us, body FROM annals_appends
     WHERE first_position > $1 ORDER BY first_position LIMIT $2";
 
-/// The row holding `$1` or the last before it, as [`StoredAppend`]'s fields.
+/// The row holding `$1` or the last before it, as [`AppendStamp`]'s fields.
 pub(super) const VERIFY: &str =
     "SELECT first_position, last_position, appended_at_us, octet_length(body) \
     FROM annals_appends WHERE first_position <= $1 ORDER BY first_position DESC LIMIT 1";

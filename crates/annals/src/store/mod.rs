@@ -30,7 +30,7 @@ use crate::record::{encode_append_tracked, EncodedAppend};
 use crate::recovery::{self, Tail};
 use crate::route::{Backend, Policy};
 use crate::segment::Segment;
-use crate::shared::{store_error, Checkpoints, Counters, Shared, SpareBodies};
+use crate::shared::{store_error, CheckpointTrigger, Counters, Shared, SpareBodies};
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
 use crate::writer::{Notifier, Reply, ReplyTo, Request, Syncer, Writer, WriterRole};
@@ -247,7 +247,7 @@ impl Store {
             counters,
             waiting: Default::default(),
             runners: Mutex::new(Default::default()),
-            checkpoints: Checkpoints::new(tail.head),
+            checkpoints: CheckpointTrigger::new(tail.head),
             spare_bodies: Mutex::new(SpareBodies::default()),
             options,
             _lock: lock,

@@ -149,7 +149,7 @@ impl Store {
     pub(super) fn close_kept_mirror(
         &self,
         kept: &crate::postgres::mirror::KeptMirror,
-        last: crate::postgres::StoredAppend,
+        last: crate::postgres::AppendStamp,
     ) -> Result<(), StoreError> {
         let head = self.head();
         debug_assert_eq!(last.last, head, "a kept mirror ends with its last append");
