@@ -40,6 +40,7 @@ mod histogram;
 mod index;
 pub mod io;
 mod limits;
+mod log;
 pub mod numbers;
 mod options;
 #[cfg(feature = "postgres")]

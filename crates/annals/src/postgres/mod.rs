@@ -54,6 +54,8 @@ use crate::error::StoreError;
 use crate::event::Tags;
 use crate::query::Query;
 use crate::record::{EncodedAppend, Entries};
+use crate::log::Log;
+use crate::options::Durability;
 use crate::route::Route;
 use crate::shared::Shared;
 use crate::writer::{checked, now_us, Reply, ReplyTo, Request, WriterRole};
@@ -177,6 +179,8 @@ pub(crate) struct RemoteCounters {
 
 /// The database backend of an open [`crate::Store`].
 pub(crate) struct Remote {
+    /// The mirror's shared state.
+    shared: Arc<Shared>,
     sender: Option<Sender<Request>>,
     /// The committer's state, taken by its thread for each group, or by a lone caller that
     /// commits its own append (see [`Remote::commit_alone`]).
@@ -232,6 +236,7 @@ impl Remote {
         let (refresh, refresh_rx) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
         let inner = committer.inner.clone();
+        let shared = inner.clone();
         let server_id = committer.server_id;
         let state = Arc::new(Mutex::new(committer));
         let committer = {
@@ -256,6 +261,7 @@ impl Remote {
                 })?
         };
         Ok(Remote {
+            shared,
             sender: Some(sender),
             state,
             refresh,
@@ -341,6 +347,46 @@ impl Remote {
         if let Some(handle) = self.listener.take() {
             let _ = handle.join();
         }
+    }
+}
+
+impl Log for Remote {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn durability(&self) -> Durability {
+        // Acknowledged once the database has committed.
+        Durability::Synced
+    }
+
+    fn commit_alone(&self, request: Request) -> Result<(), Request> {
+        Remote::commit_alone(self, request)
+    }
+
+    fn submit(&self, request: Request, wait_when_full: bool) -> Result<(), TrySendError<Request>> {
+        Remote::submit(self, request, wait_when_full)
+    }
+
+    fn refresh(&self) -> Result<u64, StoreError> {
+        Remote::refresh(self)
+    }
+
+    fn queue_depth(&self) -> usize {
+        Remote::queue_depth(self)
+    }
+
+    fn synced(&self) -> u64 {
+        // Everything the mirror holds was committed by the database first.
+        self.shared.head()
+    }
+
+    fn on_local_disk(&self) -> bool {
+        false
+    }
+
+    fn database_stats(&self) -> Option<crate::stats::DatabaseStats> {
+        Some(self.stats())
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crossbeam_channel::{Sender, TrySendError};
+use crossbeam_channel::TrySendError;
 use parking_lot::{Mutex, RwLock};
 
 use crate::append::{Append, AppendOptions, Submit};
@@ -33,7 +33,8 @@ use crate::segment::Segment;
 use crate::shared::{store_error, CheckpointTrigger, Counters, Shared, SpareBodies};
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
-use crate::writer::{Notifier, Reply, ReplyTo, Request, Syncer, Writer, WriterRole};
+use crate::log::Log;
+use crate::writer::{FileLog, Notifier, Reply, ReplyTo, Request, Syncer, Writer, WriterRole};
 
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -84,10 +85,10 @@ fn is_key_value_connection_string(location: &str) -> bool {
 /// A durable DCB event store. See the crate documentation for a tour.
 pub struct Store {
     shared: Arc<Shared>,
-    sender: Option<Sender<Request>>,
+    /// The log on segment files (on PostgreSQL, the mirror's): its writer's queue and role.
+    /// Taken at close.
+    files: Option<FileLog>,
     writer: Option<JoinHandle<()>>,
-    /// The writer's role, which an idle store lets a blocking caller take.
-    role: Arc<WriterRole>,
     syncer: Option<(Arc<Syncer>, JoinHandle<()>)>,
     notifier: Option<(Arc<Notifier>, JoinHandle<()>)>,
     report: OpenReport,
@@ -318,11 +319,11 @@ impl Store {
             open_ms: started.elapsed().as_secs_f64() * 1e3,
             mirror: None,
         };
+        let files = FileLog::new(sender, role, shared.clone());
         Ok(Store {
             shared,
-            sender: Some(sender),
+            files: Some(files),
             writer: Some(handle),
-            role,
             syncer,
             notifier,
             report,
@@ -356,18 +357,24 @@ impl Store {
     /// this waits for it, for a caller that needs to read what was appended elsewhere. On
     /// files, this store is the only writer: the head as it is.
     pub fn refresh(&self) -> Result<u64, StoreError> {
-        match &self.remote {
-            Some(remote) => remote.refresh(),
+        match self.log() {
+            Some(log) => log.refresh(),
             None => Ok(self.head()),
         }
     }
 
     /// Which backend holds the log: "files" or "postgres".
     pub fn backend(&self) -> &'static str {
-        if self.remote.is_some() {
-            "postgres"
-        } else {
-            "files"
+        self.log().map_or("files", |log| log.name())
+    }
+
+    /// Where the log is committed: the database when there is one, else segment files; None
+    /// once the store is closed.
+    fn log(&self) -> Option<&dyn Log> {
+        match (&self.remote, &self.files) {
+            (Some(remote), _) => Some(remote),
+            (None, Some(files)) => Some(files),
+            (None, None) => None,
         }
     }
 
@@ -377,10 +384,8 @@ impl Store {
     }
 
     pub fn durability(&self) -> Durability {
-        if self.remote.is_some() {
-            return Durability::Synced;
-        }
-        self.shared.options.durability
+        self.log()
+            .map_or(self.shared.options.durability, |log| log.durability())
     }
 
     pub fn options(&self) -> &Options {
@@ -529,7 +534,7 @@ impl Store {
         Stats {
             head,
             backend: self.backend(),
-            database: self.remote.as_ref().map(|r| r.stats()),
+            database: self.log().and_then(|log| log.database_stats()),
             durability: self.durability().label(),
             durability_description: self.durability().description(),
             segments: self.shared.segments.read().len(),
@@ -563,17 +568,14 @@ impl Store {
             fsync_us_max: c.fsync_us_max.load(Ordering::Relaxed),
             fsync_us: c.fsync_us.snapshot(),
             group_appends: c.group_appends.snapshot(),
-            queue_depth: match &self.remote {
-                Some(remote) => remote.queue_depth(),
-                None => self.sender.as_ref().map_or(0, |s| s.len()),
-            },
+            queue_depth: self.log().map_or(0, |log| log.queue_depth()),
             waiting: self.shared.waiting.load(Ordering::Relaxed),
             poisoned: self.shared.poison_error().map(|e| e.to_string()),
             disk_full: self.disk_full(),
             disk_full_refusals: c.disk_full_refusals.load(Ordering::Relaxed),
-            disk_free_bytes: match &self.remote {
-                Some(_) => None,
-                None => self
+            disk_free_bytes: match self.log().is_none_or(|log| log.on_local_disk()) {
+                false => None,
+                true => self
                     .shared
                     .io
                     .available_bytes(&self.shared.dir)
@@ -615,10 +617,11 @@ impl Store {
 
     /// Stops the writer's threads (the backend's are stopped first) and writes the checkpoint.
     fn stop_threads(&mut self) -> Result<(), StoreError> {
-        let Some(sender) = self.sender.take() else {
+        let Some(files) = self.files.take() else {
             return Ok(());
         };
-        drop(sender);
+        // The writer thread ends once its queue is closed and empty.
+        drop(files);
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
@@ -655,11 +658,8 @@ impl Store {
 
     /// The log is durable through this position (a lower bound).
     pub fn synced(&self) -> u64 {
-        if self.remote.is_some() {
-            // Everything the mirror holds was committed by the database first.
-            return self.head();
-        }
-        self.shared.published.synced()
+        self.log()
+            .map_or_else(|| self.shared.published.synced(), |log| log.synced())
     }
 
     /// Claims `name` for a read-model runner; false when one of that name is running.

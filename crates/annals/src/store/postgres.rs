@@ -88,7 +88,11 @@ impl Store {
             url,
         )?));
         store.kept = kept;
-        let remote = Remote::start(url, store.shared.clone(), store.role.clone(), last_append)?;
+        let role = match &store.files {
+            Some(files) => files.role().clone(),
+            None => return Err(StoreError::Closed),
+        };
+        let remote = Remote::start(url, store.shared.clone(), role, last_append)?;
         store.report.mirror = Some(MirrorKind {
             kept: options.mirror.clone(),
             resumed_at: resumed.map(|closed| closed.head),

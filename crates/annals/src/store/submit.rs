@@ -201,7 +201,7 @@ impl Store {
         how: Submit,
         appended_at: Option<u64>,
     ) -> Result<(), AppendError> {
-        let sender = self.sender.as_ref().ok_or(StoreError::Closed)?;
+        let log = self.log().ok_or(StoreError::Closed)?;
         let limits = &self.shared.options.limits;
         let condition = match condition {
             Some(c) => {
@@ -238,61 +238,26 @@ impl Store {
             reply: Reply::new(reply),
             appended_at,
         };
-        if let Some(remote) = &self.remote {
-            let request = if how.alone {
-                match remote.commit_alone(request) {
-                    Ok(()) => return Ok(()),
-                    Err(request) => request,
-                }
-            } else {
-                request
-            };
-            return remote
-                .submit(request, how.wait_when_full)
-                .map_err(|e| match e {
-                    TrySendError::Full(r) => {
-                        r.reply.disarm();
-                        AppendError::Input(InputError::QueueFull {
-                            depth: remote.queue_depth(),
-                        })
-                    }
-                    TrySendError::Disconnected(r) => {
-                        r.reply.disarm();
-                        AppendError::Store(StoreError::Closed)
-                    }
-                });
-        }
         let request = if how.alone {
-            match self.role.commit_alone(request) {
+            match log.commit_alone(request) {
                 Ok(()) => return Ok(()),
                 Err(request) => request,
             }
         } else {
             request
         };
-        let request = match self.role.stage_during_sync(request) {
-            Ok(()) => return Ok(()),
-            Err(request) => request,
-        };
-        if how.wait_when_full {
-            sender.send(request).map_err(|e| {
-                e.into_inner().reply.disarm();
-                StoreError::Closed
-            })?;
-        } else {
-            sender.try_send(request).map_err(|e| match e {
+        log.submit(request, how.wait_when_full)
+            .map_err(|e| match e {
                 TrySendError::Full(r) => {
                     r.reply.disarm();
                     AppendError::Input(InputError::QueueFull {
-                        depth: sender.len(),
+                        depth: log.queue_depth(),
                     })
                 }
                 TrySendError::Disconnected(r) => {
                     r.reply.disarm();
                     AppendError::Store(StoreError::Closed)
                 }
-            })?;
-        }
-        Ok(())
+            })
     }
 }

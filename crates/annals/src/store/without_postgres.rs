@@ -4,32 +4,48 @@
 use crossbeam_channel::TrySendError;
 
 use crate::error::StoreError;
+use crate::log::Log;
+use crate::options::Durability;
 use crate::stats::DatabaseStats;
 use crate::writer::Request;
 
 /// The PostgreSQL backend's handle, which this build cannot make.
 pub(crate) enum Remote {}
 
-// The signatures are the backend's, which hands a refused request back whole.
-#[allow(clippy::result_large_err)]
-impl Remote {
-    pub(crate) fn submit(&self, _: Request, _: bool) -> Result<(), TrySendError<Request>> {
+impl Log for Remote {
+    fn name(&self) -> &'static str {
         match *self {}
     }
 
-    pub(crate) fn commit_alone(&self, _: Request) -> Result<(), Request> {
+    fn durability(&self) -> Durability {
         match *self {}
     }
 
-    pub(crate) fn stats(&self) -> DatabaseStats {
+    fn commit_alone(&self, _: Request) -> Result<(), Request> {
         match *self {}
     }
 
-    pub(crate) fn refresh(&self) -> Result<u64, StoreError> {
+    fn submit(&self, _: Request, _: bool) -> Result<(), TrySendError<Request>> {
         match *self {}
     }
 
-    pub(crate) fn queue_depth(&self) -> usize {
+    fn refresh(&self) -> Result<u64, StoreError> {
+        match *self {}
+    }
+
+    fn queue_depth(&self) -> usize {
+        match *self {}
+    }
+
+    fn synced(&self) -> u64 {
+        match *self {}
+    }
+
+    fn on_local_disk(&self) -> bool {
+        match *self {}
+    }
+
+    fn database_stats(&self) -> Option<DatabaseStats> {
         match *self {}
     }
 }

@@ -25,6 +25,7 @@
 // them to shrink the `Err` would cost an allocation per append.
 #![allow(clippy::result_large_err)]
 mod check;
+mod files;
 mod notifier;
 mod reply;
 mod role;
@@ -32,6 +33,7 @@ mod syncer;
 mod waiting;
 
 pub(crate) use check::checked;
+pub(crate) use files::FileLog;
 pub(crate) use notifier::Notifier;
 pub(crate) use reply::{Answers, AsyncSlot, Completion, Reply, ReplyTo};
 pub(crate) use role::WriterRole;
