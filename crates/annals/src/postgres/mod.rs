@@ -52,10 +52,10 @@ use postgres::{Client, Statement};
 
 use crate::error::StoreError;
 use crate::event::Tags;
-use crate::query::Query;
-use crate::record::{EncodedAppend, Entries};
 use crate::log::Log;
 use crate::options::Durability;
+use crate::query::Query;
+use crate::record::{EncodedAppend, Entries};
 use crate::route::Route;
 use crate::shared::Shared;
 use crate::writer::{checked, now_us, Reply, ReplyTo, Request, WriterRole};

@@ -21,6 +21,7 @@ use crate::event::{Event, NewEvent};
 use crate::health::Health;
 use crate::index::{Index, IndexLock};
 use crate::io::{Io, RealIo};
+use crate::log::Log;
 use crate::options::{Durability, Options};
 use crate::published::Mark;
 use crate::published::Published;
@@ -33,7 +34,6 @@ use crate::segment::Segment;
 use crate::shared::{store_error, CheckpointTrigger, Counters, Shared, SpareBodies};
 use crate::sim::SimIo;
 use crate::subscription::Subscription;
-use crate::log::Log;
 use crate::writer::{FileLog, Notifier, Reply, ReplyTo, Request, Syncer, Writer, WriterRole};
 
 #[cfg(feature = "postgres")]

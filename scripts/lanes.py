@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Builds every test binary of the workspace once, then runs them in lanes: most one after
+another, as `cargo test` would; those that mostly wait (on PostgreSQL clusters, on a client's
+timeouts) in a second lane beside them; the HTTP/2 conformance run alone at the end, since
+h2spec times each case. Each binary's output is printed whole when it ends, with its time;
+the exit status is 1 if any binary failed. Usage: scripts/lanes.py [cargo test options...]
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+# Binaries (package, target) that spend their time waiting on another process (PostgreSQL's
+# clusters, UmaDB's server), not on the CPU.
+WAITING = {
+    ("annals", "backends"),
+    ("annals-cli", "server_postgres"),
+    ("annals-cli", "differential"),
+}
+# Binaries that must have the machine to themselves.
+ALONE = {("annals-cli", "h2spec")}
+
+print_lock = threading.Lock()
+results = []
+
+
+def build(extra):
+    """Builds the test binaries; answers (package, target, kind, executable, directory)."""
+    command = ["cargo", "test", "--workspace", "--all-targets", "--no-run",
+               "--message-format=json-render-diagnostics", *extra]
+    out = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        sys.exit(out.returncode)
+    binaries = []
+    for line in out.stdout.splitlines():
+        message = json.loads(line)
+        if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+            continue
+        if not message["profile"]["test"]:
+            continue
+        directory = os.path.dirname(message["manifest_path"])
+        package = os.path.basename(directory)
+        target = message["target"]
+        binaries.append((package, target["name"], target["kind"][0], message["executable"],
+                         directory))
+    return binaries
+
+
+def run(binary):
+    package, name, kind, executable, directory = binary
+    started = time.monotonic()
+    out = subprocess.run([executable], cwd=directory, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, errors="replace")
+    took = time.monotonic() - started
+    with print_lock:
+        print(f"== {package} {kind} {name} ({took:.1f} s)", flush=True)
+        print(out.stdout, end="", flush=True)
+        results.append((out.returncode, package, name, took))
+
+
+def lane(binaries):
+    for binary in binaries:
+        run(binary)
+
+
+def main():
+    binaries = build(sys.argv[1:])
+    key = lambda b: (b[0], b[1])
+    found = {key(b) for b in binaries}
+    for listed in sorted((WAITING | ALONE) - found):
+        print(f"lanes.py names {listed}, which is not a test binary of the workspace",
+              file=sys.stderr)
+        sys.exit(2)
+    alone = [b for b in binaries if key(b) in ALONE]
+    waiting = [b for b in binaries if key(b) in WAITING]
+    rest = [b for b in binaries if key(b) not in ALONE and key(b) not in WAITING]
+    started = time.monotonic()
+    second = threading.Thread(target=lane, args=(waiting,))
+    second.start()
+    lane(rest)
+    second.join()
+    lane(alone)
+    failed = [(p, n) for code, p, n, _ in results if code != 0]
+    print(f"== {len(results)} test binaries in {time.monotonic() - started:.0f} s; "
+          f"{len(failed)} failed", flush=True)
+    for package, name in failed:
+        print(f"   failed: {package} {name}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
