@@ -83,3 +83,26 @@ impl Policy {
         }
     }
 }
+
+impl Policy {
+    /// The route of an append the writer thread takes from the queue: held for the running
+    /// sync (then synced by the writer thread itself) when small in D3 on files, since staging
+    /// it before that sync ends gains nothing and held appends make groups several times
+    /// larger; otherwise queued, its staging overlapped with the running sync (R11).
+    pub(crate) fn route_from_queue(&self, small: bool) -> Route {
+        if self.hold_small && small {
+            Route::Held
+        } else {
+            Route::Queued
+        }
+    }
+
+    /// Whether the committer of a written group runs its fdatasync on its own thread: when
+    /// there is nothing to overlap the sync with (a lone small append, a caller alone, a held
+    /// group, whose small followers would be held for the sync anyway); large appends and
+    /// groups behind them go to the syncer thread, so that the writer is free to stage the
+    /// next while the disk syncs (R9, R27).
+    pub(crate) fn sync_here(&self, route: Route, lone_small: bool) -> bool {
+        self.hold_small && (lone_small || route != Route::Queued)
+    }
+}

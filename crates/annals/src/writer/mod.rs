@@ -465,14 +465,10 @@ impl Writer {
             }
             return None;
         };
-        // The writer syncs a group itself, saving the hand-over to the syncer thread (a
-        // wake-up on each side, tens of microseconds on a virtual machine whose idle cores
-        // halt), when there is nothing to overlap the sync with: a lone caller's append, a
-        // lone small append, or a group held for the sync before (the small appends arriving
-        // during this sync would be held for it anyway). Large appends and groups behind them
-        // go to the syncer, so that the writer is free to stage the next while the disk syncs
-        // (docs/DECISIONS.md, R9).
-        let sync_here = self.shared.policy.hold_small && (lone || route != Route::Queued);
+        // Syncing here saves the hand-over to the syncer thread (a wake-up on each side, tens
+        // of microseconds on a virtual machine whose idle cores halt); `Policy::sync_here`
+        // says when there is nothing to overlap the sync with.
+        let sync_here = self.shared.policy.sync_here(route, lone);
         let bytes = self.written_bytes;
         if sync_here && syncer.claim_inline(mark, bytes, &self.segment, waiters) {
             return Some(InlineSync {

@@ -30,23 +30,15 @@ impl WriterRole {
             // Blocks for the next append rather than polling for it: on a machine with few
             // cores the client the writer has just woken often runs on the writer's core, and
             // a polling writer kept it waiting (docs/DECISIONS.md, R10).
-            let hold = shared.policy.hold_small;
             while let Ok(first) = self.receiver.recv() {
                 let bytes = first.append.body.len();
-                // In D3 an append staged while a sync runs waits for that sync and the next:
-                // staging it at once gains nothing over staging it when the running sync ends,
-                // with whatever has queued behind it by then, and held appends make groups
-                // several times larger. Large appends go at once: their staging is worth
-                // overlapping with the sync, or writer and disk sit idle in turn
-                // (docs/DECISIONS.md, R11).
-                let route = if hold && is_small(&first.append) {
+                // Held for the running sync, or committed at once (`Policy::route_from_queue`).
+                let route = shared.policy.route_from_queue(is_small(&first.append));
+                if route == Route::Held {
                     if let Some(syncer) = &self.syncer {
                         syncer.wait_for_running_sync();
                     }
-                    Route::Held
-                } else {
-                    Route::Queued
-                };
+                }
                 let mut writer = self.writer.lock();
                 writer.group.push(first);
                 self.gather(&mut writer, bytes);
