@@ -364,9 +364,15 @@ impl Cluster {
     /// machine's loss would.
     pub fn kill9(&self) {
         if let Some(pid) = self.postmaster_pid() {
-            // SAFETY: kill takes plain integers; a pid that is gone only makes it fail.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
+            // The postmaster and its children at once, as when the machine is lost: a backend
+            // left behind would go on answering its client's queries for a moment from a
+            // database that is gone.
+            let children = children_of(pid);
+            for process in std::iter::once(pid).chain(children) {
+                // SAFETY: kill takes plain integers; a pid that is gone only makes it fail.
+                unsafe {
+                    libc::kill(process, libc::SIGKILL);
+                }
             }
             // The backends notice their postmaster is gone and exit; wait for the port to free.
             let deadline = Instant::now() + Duration::from_secs(30);
@@ -624,6 +630,24 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.path).status();
     }
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let child: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // "pid (name) state ppid ...": the name may hold spaces and parentheses.
+            let (_, after_name) = stat.rsplit_once(')')?;
+            let parent: i32 = after_name.split_whitespace().nth(1)?.parse().ok()?;
+            (parent == pid).then_some(child)
+        })
+        .collect()
 }
 
 /// The directory where scripts/setup installs the tools the tests drive, once per machine:
