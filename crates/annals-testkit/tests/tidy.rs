@@ -360,62 +360,64 @@ fn format_versions_match_the_data_directory_document() {
     );
 }
 
-/// The storage crate's modules and the modules each imports (`crate::name`), from its source
-/// files without comments and without the test module at a file's end.
-fn storage_imports() -> BTreeMap<String, BTreeSet<String>> {
+/// The storage crate's source files, as (path relative to crates/annals/src, text).
+fn storage_sources() -> Vec<(String, String)> {
     let src = root().join("crates/annals/src");
-    let mut imports: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut files = Vec::new();
     let mut stack = vec![src.clone()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
-                if path.file_name().is_some_and(|n| n != "bin") {
-                    stack.push(path);
-                }
-                continue;
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path.strip_prefix(&src).unwrap().display().to_string();
+                files.push((relative, std::fs::read_to_string(&path).unwrap()));
             }
-            let relative = path
-                .strip_prefix(&src)
-                .unwrap()
-                .to_string_lossy()
-                .to_string();
-            if !relative.ends_with(".rs") || relative == "lib.rs" {
-                continue;
-            }
-            let module = relative
-                .split('/')
-                .next()
-                .unwrap()
-                .trim_end_matches(".rs")
-                .to_string();
-            let text = std::fs::read_to_string(&path).unwrap();
-            let code = text
-                .split("#[cfg(test)]\nmod tests")
-                .next()
-                .unwrap()
-                .lines()
-                .map(|line| line.split("//").next().unwrap())
-                .collect::<Vec<_>>()
-                .join("\n");
-            let used = imports.entry(module.clone()).or_default();
-            for (at, _) in code.match_indices("crate::") {
-                let rest = &code[at + "crate::".len()..];
-                let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
-                    let group = &group[..group.find('}').unwrap_or(group.len())];
-                    group.split(',').collect()
-                } else {
-                    vec![rest]
-                };
-                for name in names {
-                    let name: String = name
-                        .trim()
-                        .chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                        .collect();
-                    if !name.is_empty() && name != module {
-                        used.insert(name);
-                    }
+        }
+    }
+    files
+}
+
+/// The storage crate's modules and the modules each imports (`crate::name`), from its source
+/// files without comments and without the test module at a file's end.
+fn storage_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let mut imports: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (relative, text) in storage_sources() {
+        if relative == "lib.rs" || relative.starts_with("bin/") {
+            continue;
+        }
+        let module = relative
+            .split('/')
+            .next()
+            .unwrap()
+            .trim_end_matches(".rs")
+            .to_string();
+        let code = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap()
+            .lines()
+            .map(|line| line.split("//").next().unwrap())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let used = imports.entry(module.clone()).or_default();
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                group.split(',').collect()
+            } else {
+                vec![rest]
+            };
+            for name in names {
+                let name: String = name
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != module {
+                    used.insert(name);
                 }
             }
         }
@@ -555,44 +557,33 @@ fn the_library_alone_needs_no_database_client() {
 /// two types (structs, enums, traits, aliases) of one name.
 #[test]
 fn storage_files_are_short_and_type_names_unique() {
-    let src = root().join("crates/annals/src");
     let mut problems = Vec::new();
     let mut types: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let relative = path.strip_prefix(&src).unwrap().display().to_string();
-            let text = std::fs::read_to_string(&path).unwrap();
-            let lines = text.lines().count();
-            if lines > 900 {
-                problems.push(format!("{relative} has {lines} lines"));
-            }
-            for line in text.lines() {
-                let declaration = line
-                    .trim_start()
-                    .trim_start_matches("pub(crate) ")
-                    .trim_start_matches("pub(super) ")
-                    .trim_start_matches("pub ");
-                for kind in ["struct ", "enum ", "trait ", "type "] {
-                    if let Some(rest) = declaration.strip_prefix(kind) {
-                        let name: String = rest
-                            .chars()
-                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                            .collect();
-                        // Associated types (`type Item`) inside impls and traits are not
-                        // declarations of their own.
-                        let associated = kind == "type " && line.starts_with(' ');
-                        // store/without_postgres.rs declares stand-ins of the postgres
-                        // module's types, under their names, for builds without it.
-                        let stand_in = relative == "store/without_postgres.rs";
-                        if !name.is_empty() && !associated && !stand_in {
-                            types.entry(name).or_default().push(relative.clone());
-                        }
+    for (relative, text) in storage_sources() {
+        let lines = text.lines().count();
+        if lines > 900 {
+            problems.push(format!("{relative} has {lines} lines"));
+        }
+        for line in text.lines() {
+            let declaration = line
+                .trim_start()
+                .trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub(super) ")
+                .trim_start_matches("pub ");
+            for kind in ["struct ", "enum ", "trait ", "type "] {
+                if let Some(rest) = declaration.strip_prefix(kind) {
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    // Associated types (`type Item`) inside impls and traits are not
+                    // declarations of their own.
+                    let associated = kind == "type " && line.starts_with(' ');
+                    // store/without_postgres.rs declares stand-ins of the postgres
+                    // module's types, under their names, for builds without it.
+                    let stand_in = relative == "store/without_postgres.rs";
+                    if !name.is_empty() && !associated && !stand_in {
+                        types.entry(name).or_default().push(relative.clone());
                     }
                 }
             }

@@ -406,21 +406,6 @@ impl Store {
         self.shared.head()
     }
 
-    /// Appends without blocking the calling thread. Shorthand for [`Store::appending`] with
-    /// [`Append::submit`], which says how to await it.
-    pub async fn append_async(
-        &self,
-        events: &[NewEvent],
-        condition: Option<&AppendCondition>,
-        options: AppendOptions,
-    ) -> Result<u64, AppendError> {
-        self.appending(events)
-            .condition_given(condition.map(Cow::Borrowed))
-            .options(options)
-            .submit()
-            .await
-    }
-
     /// Reads the events matching `query`, streaming: the iterator holds no lock and reads
     /// events as it goes. It sees the log as it was when `read` was called.
     pub fn read(&self, query: &Query, options: ReadOptions) -> Result<ReadIter, ReadError> {

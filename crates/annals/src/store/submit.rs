@@ -40,6 +40,21 @@ impl Store {
             .wait()
     }
 
+    /// Appends without blocking the calling thread. Shorthand for [`Store::appending`] with
+    /// [`Append::submit`], which says how to await it.
+    pub async fn append_async(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+    ) -> Result<u64, AppendError> {
+        self.appending(events)
+            .condition_given(condition.map(Cow::Borrowed))
+            .options(options)
+            .submit()
+            .await
+    }
+
     /// Like [`Store::append`], but fails with [`InputError::QueueFull`] instead of waiting when
     /// the append queue is full ([`Append::fail_when_full`]).
     pub fn try_append(
