@@ -276,7 +276,7 @@ fn constant(path: &str, name: &str) -> u32 {
 #[test]
 fn format_versions_match_the_data_directory_document() {
     let doc = std::fs::read_to_string(root().join("docs/internals/data-directory.md")).unwrap();
-    let table: [(&str, &str, &[&str]); 7] = [
+    let table: [(&str, &str, &[&str]); 8] = [
         (
             "crates/annals/src/segment.rs",
             "SEGMENT_VERSION",
@@ -318,6 +318,15 @@ fn format_versions_match_the_data_directory_document() {
             "crates/annals-exchange/src/codec.rs",
             "VERSION",
             &["with the encoding version ("],
+        ),
+        (
+            "crates/annals/src/archive.rs",
+            "ARCHIVE_VERSION",
+            &[
+                "magic \"ANNALSBK\"   8  version u32 (",
+                "share one layout (object version ",
+                "the manifest: {\"format\": ",
+            ],
         ),
         (
             "crates/annals/src/postgres/sql.rs",

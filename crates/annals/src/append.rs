@@ -43,6 +43,11 @@ pub(crate) struct Submit {
 pub struct AppendOptions {
     /// Ask for D3 (fsynced before acknowledgement) even when the store runs in a weaker class.
     pub require_synced: bool,
+    /// Ask for D4: acknowledged once the append is synced and in object storage too, in a
+    /// store with a backup (`Options::backup`). Fails with
+    /// [`crate::InputError::OffMachineUnavailable`] without one; answered
+    /// [`crate::StoreError::OutcomeUnknown`] when object storage does not take it in time.
+    pub off_machine: bool,
     /// Record a consumer's position in the same record as the events: the append fails with
     /// [`AppendError::TrackingNotIncreasing`] unless the position is above the one recorded
     /// for the source, so a process that appends the effects of what it consumed can neither
@@ -131,6 +136,13 @@ impl<'a> Append<'a> {
     /// [`AppendOptions::require_synced`]).
     pub fn require_synced(mut self) -> Self {
         self.options.require_synced = true;
+        self
+    }
+
+    /// Ask for D4: acknowledged once in object storage too (see
+    /// [`AppendOptions::off_machine`]).
+    pub fn require_off_machine(mut self) -> Self {
+        self.options.off_machine = true;
         self
     }
 

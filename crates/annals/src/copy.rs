@@ -124,12 +124,40 @@ pub fn copy(
         head,
         ..CopyReport::default()
     };
+    let appends = from
+        .appends(start)
+        .map_err(store_error)?
+        .map(|a| a.map_err(store_error))
+        .take_while(|a| a.as_ref().map_or(true, |a| a.first_position() <= head));
+    let (copied_appends, copied_events) =
+        append_all(to, appends, &mut |p| progress(CopyPhase::Copying, p, head))?;
+    report.copied_appends = copied_appends;
+    report.copied_events = copied_events;
+    progress(CopyPhase::Copying, head, head);
+    report.verified_appends = compare(from, to, head, &mut |p| {
+        progress(CopyPhase::Verifying, p, head)
+    })?;
+    Ok(report)
+}
+
+/// Appends `appends` to `to` at their own positions, many in flight at once, and waits for
+/// the last; `progress` is told the highest position answered. Answers the appends and events
+/// written. Stops at the first error, the source's or the target's.
+pub(crate) fn append_all(
+    to: &Store,
+    appends: impl Iterator<Item = Result<StoredAppend, StoreError>>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(u64, u64), StoreError> {
     let flight = Arc::new(Flight::default());
-    for append in from.appends(start).map_err(store_error)? {
-        let append = append.map_err(store_error)?;
-        if append.first_position() > head {
-            break;
-        }
+    let (mut count, mut events) = (0u64, 0u64);
+    for append in appends {
+        let append = match append {
+            Ok(a) => a,
+            Err(e) => {
+                flight.wait_all()?;
+                return Err(e);
+            }
+        };
         flight.wait_for_room(append.body().len())?;
         let expected = append.last_position();
         let bytes = append.body().len();
@@ -155,16 +183,12 @@ pub fn copy(
             flight.wait_all()?;
             unreachable!("an error was recorded");
         }
-        report.copied_appends += 1;
-        report.copied_events += u64::from(append.event_count());
-        progress(CopyPhase::Copying, flight.reached(), head);
+        count += 1;
+        events += u64::from(append.event_count());
+        progress(flight.reached());
     }
     flight.wait_all()?;
-    progress(CopyPhase::Copying, head, head);
-    report.verified_appends = compare(from, to, head, &mut |p| {
-        progress(CopyPhase::Verifying, p, head)
-    })?;
-    Ok(report)
+    Ok((count, events))
 }
 
 /// Compares the appends of both stores through position `through`: positions, boundaries,

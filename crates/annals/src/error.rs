@@ -65,6 +65,11 @@ pub enum StoreError {
     /// source, something else writes to it, or the two logs differ when compared.
     #[error("copy: {0}")]
     Copy(String),
+    /// The backup in object storage cannot be used: a malformed URL, a bucket that does not
+    /// exist, refused credentials, a prefix that holds another store or that another server
+    /// ships into, a damaged object.
+    #[error("backup: {0}")]
+    Backup(String),
 }
 
 impl StoreError {
@@ -150,6 +155,12 @@ pub enum InputError {
     /// `require_synced` asked of a memory-only (D0) store, which has nothing to sync.
     #[error("a memory-only (D0) store cannot make an append durable")]
     SyncUnavailable,
+    /// The off-machine class (D4) asked of a store without a backup to ship to.
+    #[error(
+        "the off-machine class (d4) needs a backup in object storage; open the store with one \
+         (annals serve --backup URL, or Options::backup)"
+    )]
+    OffMachineUnavailable,
     /// An append read from another log (a copy's) that does not decode.
     #[error("the append at position {position} is malformed: {why}")]
     MalformedStoredAppend { position: u64, why: String },

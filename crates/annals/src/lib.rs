@@ -26,6 +26,9 @@
 //! ```
 
 mod append;
+pub mod archive;
+#[cfg(feature = "object-store")]
+pub mod backup;
 mod batch;
 #[doc(hidden)]
 pub mod canary;
@@ -42,6 +45,8 @@ pub mod io;
 mod limits;
 mod log;
 pub mod numbers;
+#[cfg(feature = "object-store")]
+pub mod objects;
 mod options;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -56,6 +61,8 @@ mod route;
 pub mod schema;
 mod segment;
 mod shared;
+#[cfg(feature = "object-store")]
+mod ship;
 pub mod sim;
 mod stats;
 mod store;
@@ -71,7 +78,7 @@ pub use error::{AppendError, InputError, ReadError, StoreError};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;
-pub use options::{Durability, Options, Preallocation};
+pub use options::{BackupOptions, Durability, Options, Preallocation};
 #[cfg(feature = "postgres")]
 #[doc(hidden)]
 pub use postgres::lone_commit_statement;
@@ -79,7 +86,8 @@ pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
 pub use record::StoredAppend;
 pub use store::{
-    is_database_url, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, Stats, Store,
+    is_database_url, BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport,
+    Stats, Store,
 };
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::limits::Limits;
 
@@ -16,16 +17,20 @@ pub enum Durability {
     SyncedLater,
     /// D3: synced before acknowledgement; one fdatasync covers a whole group of appends.
     Synced,
+    /// D4: synced, and in object storage before acknowledgement (a store with a backup,
+    /// `Options::backup`); one put covers a whole group of appends.
+    OffMachine,
 }
 
 impl Durability {
-    /// The class's short label: d0, d1, d2 or d3.
+    /// The class's short label: d0, d1, d2, d3 or d4.
     pub fn label(self) -> &'static str {
         match self {
             Durability::Memory => "d0",
             Durability::Written => "d1",
             Durability::SyncedLater => "d2",
             Durability::Synced => "d3",
+            Durability::OffMachine => "d4",
         }
     }
 
@@ -35,6 +40,7 @@ impl Durability {
             Durability::Written => "D1 written to the page cache, not synced: a power loss loses acknowledged events",
             Durability::SyncedLater => "D2 acknowledged before fsync, synced by a background group commit: a power loss loses the last unsynced group",
             Durability::Synced => "D3 fsynced before acknowledgement",
+            Durability::OffMachine => "D4 fsynced and in object storage before acknowledgement",
         }
     }
 }
@@ -54,8 +60,9 @@ impl FromStr for Durability {
             "d1" | "written" => Ok(Durability::Written),
             "d2" | "synced-later" => Ok(Durability::SyncedLater),
             "d3" | "synced" => Ok(Durability::Synced),
+            "d4" | "off-machine" => Ok(Durability::OffMachine),
             other => Err(format!(
-                "unknown durability {other:?}: expected d0, d1, d2 or d3"
+                "unknown durability {other:?}: expected d0, d1, d2, d3 or d4"
             )),
         }
     }
@@ -129,6 +136,29 @@ impl fmt::Display for Preallocation {
     }
 }
 
+/// How a store ships its log into object storage (`Options::backup`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupOptions {
+    /// `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix` or
+    /// `file:///directory`.
+    pub url: String,
+    /// The least time between two puts of the active segment's records, unless a D4 append
+    /// waits: fewer, larger objects for a store that does not ask for D4.
+    pub interval: Duration,
+    /// How long a D4 append waits for object storage before it is answered `OutcomeUnknown`.
+    pub off_machine_timeout: Duration,
+}
+
+impl BackupOptions {
+    pub fn new(url: impl Into<String>) -> Self {
+        BackupOptions {
+            url: url.into(),
+            interval: Duration::from_millis(100),
+            off_machine_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Options for [`crate::Store::open`].
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -162,6 +192,9 @@ pub struct Options {
     /// after it stays at least this large, and appends that need one are refused
     /// ([`crate::StoreError::DiskFull`]) until it does. None: one segment's size.
     pub disk_reserve_bytes: Option<u64>,
+    /// Ship the log continuously into object storage (feature `object-store`); see
+    /// [`BackupOptions`]. Needed by the off-machine class, D4.
+    pub backup: Option<BackupOptions>,
 }
 
 impl Options {
@@ -185,6 +218,7 @@ impl Default for Options {
             record_synced_length: false,
             mirror: None,
             disk_reserve_bytes: None,
+            backup: None,
         }
     }
 }

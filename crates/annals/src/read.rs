@@ -269,6 +269,22 @@ impl ReadIter {
     /// The next whole record of a forward scan of everything (see [`crate::Store::appends`]):
     /// the one holding the scan's position, then those after it, up to the head.
     pub(crate) fn next_record(&mut self) -> Result<Option<StoredAppend>, StoreError> {
+        let Some((_, header, bytes)) = self.next_frame()? else {
+            return Ok(None);
+        };
+        let body = bytes.slice(HEADER_BYTES..HEADER_BYTES + header.body_len as usize);
+        Ok(Some(StoredAppend::new(
+            header.first_position,
+            header.event_count,
+            header.appended_at_us,
+            header.trailer_len,
+            body,
+        )))
+    }
+
+    /// [`ReadIter::next_record`] as the segment holds it: the segment's number, the record's
+    /// header, and its bytes (header, body and padding; the CRC checked).
+    pub(crate) fn next_frame(&mut self) -> Result<Option<(u32, RecordHeader, Bytes)>, StoreError> {
         let Mode::Scan(scan) = &mut self.mode else {
             return Ok(None);
         };
@@ -289,16 +305,8 @@ impl ReadIter {
             "records end at the head"
         );
         scan.position = header.last_position() + 1;
-        let body = record
-            .bytes
-            .slice(HEADER_BYTES..HEADER_BYTES + header.body_len as usize);
-        Ok(Some(StoredAppend::new(
-            header.first_position,
-            header.event_count,
-            header.appended_at_us,
-            header.trailer_len,
-            body,
-        )))
+        let segment = scan.segment.as_ref().map_or(0, |s| s.number);
+        Ok(Some((segment, header, record.bytes)))
     }
 
     fn next_indexed(&mut self) -> Result<Option<Event>, StoreError> {

@@ -72,7 +72,7 @@ pub(crate) struct Policy {
 
 impl Policy {
     pub(crate) fn new(durability: Durability, backend: Backend) -> Policy {
-        let synced = durability == Durability::Synced
+        let synced = durability >= Durability::Synced
             && !crate::canary::on(crate::canary::Canary::AckBeforeFsync);
         Policy {
             backend,

@@ -104,6 +104,29 @@ pub struct Stats {
     /// Free bytes of the file system holding the log (None where not known, as on PostgreSQL
     /// or in memory).
     pub disk_free_bytes: Option<u64>,
+    /// The continuous backup into object storage, when one runs.
+    pub backup: Option<BackupStats>,
+}
+
+/// Where the continuous backup stands (see `Options::backup`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BackupStats {
+    pub url: String,
+    /// "shipping", "failing" (object storage does not take puts; retried with backoff) or
+    /// "stopped" (the prefix holds another history or another server took it; see
+    /// `last_error`).
+    pub state: &'static str,
+    /// Every position up to this one is in object storage.
+    pub shipped_through: u64,
+    /// Durable positions not yet shipped, and how long the oldest of them has waited.
+    pub lag_positions: u64,
+    pub lag_seconds: f64,
+    pub bytes_shipped: u64,
+    pub objects_shipped: u64,
+    pub segments_shipped: u64,
+    /// Puts that failed (each retried).
+    pub failures: u64,
+    pub last_error: Option<String>,
 }
 
 /// What [`Store::check`] found.

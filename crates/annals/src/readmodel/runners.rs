@@ -177,7 +177,7 @@ impl<M: ReadModel> ReadModelRunner<M> {
             options: options.clone(),
             durable_checkpoints: matches!(
                 store.durability(),
-                Durability::Synced | Durability::SyncedLater
+                Durability::OffMachine | Durability::Synced | Durability::SyncedLater
             ),
             checkpoints_written: 0,
             scratch: Vec::new(),
@@ -241,6 +241,7 @@ impl<R: Reactor> EffectDriver<R> {
         let options = AppendOptions {
             require_synced: store.durability() != Durability::Memory,
             tracking: Some(Tracking::new(self.name.clone(), upto)),
+            ..AppendOptions::default()
         };
         match store.append_with(&self.effects, None, options) {
             Ok(_) => {

@@ -46,7 +46,26 @@ use crate::postgres::Remote;
 use without_postgres::Remote;
 mod submit;
 
-pub use crate::stats::{DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, Stats};
+pub use crate::stats::{
+    BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, Stats,
+};
+
+/// The local class of a store opened in `options.durability`, and whether its appends are
+/// D4 besides (D4 is D3 on the log, and a backup's put before acknowledgement).
+pub(crate) fn off_machine_class(mut options: Options) -> Result<(Options, bool), StoreError> {
+    if options.durability != Durability::OffMachine {
+        return Ok((options, false));
+    }
+    if options.backup.is_none() {
+        return Err(StoreError::InvalidOption(
+            "the off-machine class (d4) needs a backup in object storage (Options::backup, \
+             annals serve --backup URL)"
+                .into(),
+        ));
+    }
+    options.durability = Durability::Synced;
+    Ok((options, true))
+}
 
 /// Whether a store location names a PostgreSQL database rather than a directory.
 pub fn is_database_url(location: &str) -> bool {
@@ -103,6 +122,11 @@ pub struct Store {
     kept: Option<crate::postgres::mirror::KeptMirror>,
     /// Where read models' checkpoints and the exchange's snapshots are kept.
     companions: Arc<dyn Companions>,
+    /// The continuous backup into object storage (`Options::backup`), once started.
+    #[cfg(feature = "object-store")]
+    backup: Option<crate::ship::Backup>,
+    /// Every append is D4 (the store was opened with `Durability::OffMachine`).
+    off_machine: bool,
 }
 
 const LOCK_FILE: &str = "LOCK";
@@ -150,7 +174,31 @@ impl Store {
         dir: &Path,
         options: Options,
     ) -> Result<Store, StoreError> {
-        Self::open_log(io, dir, options, Backend::Files)
+        let (local, off_machine) = off_machine_class(options)?;
+        let store = Self::open_log(io, dir, local.clone(), Backend::Files)?;
+        store.begin_backup(&local, off_machine)
+    }
+
+    /// Starts the continuous backup `options` asks for, if any.
+    fn begin_backup(mut self, options: &Options, off_machine: bool) -> Result<Store, StoreError> {
+        self.off_machine = off_machine;
+        let Some(backup) = &options.backup else {
+            return Ok(self);
+        };
+        #[cfg(feature = "object-store")]
+        {
+            self.backup = Some(crate::ship::Backup::start(
+                self.shared.clone(),
+                backup.clone(),
+            )?);
+            Ok(self)
+        }
+        #[cfg(not(feature = "object-store"))]
+        Err(StoreError::InvalidOption(format!(
+            "a backup to {} needs object storage, which this build leaves out (the annals \
+             crate's feature `object-store`)",
+            backup.url
+        )))
     }
 
     /// Opens the log on files in `dir`: the store's own, or the mirror of a database
@@ -336,6 +384,9 @@ impl Store {
                 io: io.clone(),
                 dir: dir.to_path_buf(),
             }),
+            #[cfg(feature = "object-store")]
+            backup: None,
+            off_machine: false,
         })
     }
 
@@ -384,8 +435,14 @@ impl Store {
     }
 
     pub fn durability(&self) -> Durability {
-        self.log()
-            .map_or(self.shared.options.durability, |log| log.durability())
+        let local = self
+            .log()
+            .map_or(self.shared.options.durability, |log| log.durability());
+        if self.off_machine {
+            Durability::OffMachine
+        } else {
+            local
+        }
     }
 
     pub fn options(&self) -> &Options {
@@ -558,6 +615,7 @@ impl Store {
             poisoned: self.shared.poison_error().map(|e| e.to_string()),
             disk_full: self.disk_full(),
             disk_full_refusals: c.disk_full_refusals.load(Ordering::Relaxed),
+            backup: self.backup_stats(),
             disk_free_bytes: match self.log().is_none_or(|log| log.on_local_disk()) {
                 false => None,
                 true => self
@@ -568,6 +626,24 @@ impl Store {
                     .flatten(),
             },
         }
+    }
+
+    fn backup_stats(&self) -> Option<BackupStats> {
+        #[cfg(feature = "object-store")]
+        return self.backup.as_ref().map(|b| b.state.stats(self.synced()));
+        #[cfg(not(feature = "object-store"))]
+        None
+    }
+
+    /// The backup's state, for appends that wait for it (D4).
+    #[cfg(feature = "object-store")]
+    pub(crate) fn backup_state(&self) -> Option<&Arc<crate::ship::BackupState>> {
+        self.backup.as_ref().map(|b| &b.state)
+    }
+
+    /// Every append of this store is D4.
+    pub(crate) fn all_off_machine(&self) -> bool {
+        self.off_machine
     }
 
     /// Why appends that need a new segment are refused now: the last roll found no room, and
@@ -617,6 +693,11 @@ impl Store {
         if let Some((notifier, handle)) = self.notifier.take() {
             notifier.stop();
             let _ = handle.join();
+        }
+        // Everything is durable now: the backup ships it before it stops.
+        #[cfg(feature = "object-store")]
+        if let Some(mut backup) = self.backup.take() {
+            backup.finish();
         }
         self.shared.checkpoints.join_background();
         self.shared.health.close();

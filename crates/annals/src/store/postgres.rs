@@ -38,6 +38,7 @@ impl Store {
     /// into a temporary directory, or kept across clean closes in `options.mirror` (see
     /// [`Options::mirror`]; what the open found is in [`Store::open_report`]).
     pub fn open_postgres(url: &str, options: Options) -> Result<Store, StoreError> {
+        let (options, off_machine) = off_machine_class(options)?;
         if options.durability != Durability::Synced {
             return Err(StoreError::InvalidOption(format!(
                 "a PostgreSQL store acknowledges an append once the database has committed it \
@@ -52,6 +53,7 @@ impl Store {
         // open; or in the directory `options.mirror` names, kept across clean closes.
         let mut mirror = options.clone();
         mirror.mirror = None;
+        mirror.backup = None;
         mirror.durability = Durability::Written;
         mirror.checkpoint_on_close = options.mirror.is_some();
         mirror.checkpoint_interval_events = 0;
@@ -101,7 +103,7 @@ impl Store {
         });
         store.report.open_ms = started.elapsed().as_secs_f64() * 1e3;
         store.remote = Some(remote);
-        Ok(store)
+        store.begin_backup(&options, off_machine)
     }
 
     /// Opens the file store of a kept mirror: as it was closed, when the database holds its

@@ -225,9 +225,14 @@ impl Store {
             }
             None => None,
         };
-        if options.require_synced && self.durability() == Durability::Memory {
+        let off_machine = options.off_machine || self.all_off_machine();
+        if (options.require_synced || off_machine) && self.durability() == Durability::Memory {
             return Err(InputError::SyncUnavailable.into());
         }
+        let reply = match off_machine {
+            false => reply,
+            true => self.off_machine_reply(reply)?,
+        };
         let condition = match condition {
             // Deliberately wrong: checks the condition against the published head, outside the
             // writer, so two racing appends can both pass.
@@ -249,7 +254,7 @@ impl Store {
         let request = Request {
             append,
             condition,
-            require_synced: options.require_synced,
+            require_synced: options.require_synced || off_machine,
             reply: Reply::new(reply),
             appended_at,
         };
@@ -274,5 +279,22 @@ impl Store {
                     AppendError::Store(StoreError::Closed)
                 }
             })
+    }
+
+    /// The reply of a D4 append: once the log has it (synced), it waits for the backup.
+    fn off_machine_reply(&self, reply: ReplyTo) -> Result<ReplyTo, AppendError> {
+        #[cfg(feature = "object-store")]
+        if let Some(backup) = self.backup_state() {
+            let backup = backup.clone();
+            return Ok(ReplyTo::Callback(Box::new(move |outcome| {
+                let reply = Reply::new(reply);
+                match outcome {
+                    Ok(position) => backup.when_shipped(position, reply),
+                    Err(e) => reply.send(Err(e)),
+                }
+            })));
+        }
+        drop(reply);
+        Err(InputError::OffMachineUnavailable.into())
     }
 }

@@ -433,7 +433,7 @@ impl Writer {
             // not durable yet); in weaker classes only appends that asked for D3 wait.
             let wait = match durability {
                 Durability::Memory => false,
-                Durability::Synced => !policy.acknowledge_when_written,
+                Durability::Synced | Durability::OffMachine => !policy.acknowledge_when_written,
                 _ => request.require_synced && outcome.is_ok(),
             };
             if wait {

@@ -61,7 +61,9 @@ impl Drop for Waiting<'_> {
 /// wake-up noise, and polling would hold a core for milliseconds per append).
 fn lone_poll_budget(shared: &Shared) -> Option<Duration> {
     let expected_us = match shared.options.durability {
-        Durability::Synced => shared.counters.fsync_recent_us.load(Ordering::Relaxed),
+        Durability::Synced | Durability::OffMachine => {
+            shared.counters.fsync_recent_us.load(Ordering::Relaxed)
+        }
         _ => 0,
     };
     let budget = Duration::from_micros(expected_us * 3 / 2 + 100);

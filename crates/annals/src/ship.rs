@@ -1,0 +1,891 @@
+//! The continuous backup: a thread that ships what the log made durable into object storage
+//! (`archive.rs` lays out the objects), and answers the appends that wait for it (D4).
+//!
+//! The shipper reads records from the segments exactly as they lie there, from the position
+//! after the last one shipped up to the durable position (on files the synced one: never a
+//! record a power loss could take back; on PostgreSQL the mirror's head, which the database
+//! committed). A sealed segment goes out once, whole, as `segments/<first>`; records of the
+//! active segment go out as `log/<first>` chunks, at most one put in flight, at most one every
+//! `interval` unless an append waits for it; the chunks a sealed segment covers are deleted
+//! once it is out. A put that fails is retried with backoff, for as long as it takes; the
+//! store keeps serving at the class it promises meanwhile, and D4 appends that wait longer
+//! than their timeout are answered `OutcomeUnknown`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+
+use crate::archive::{
+    decode_object, decode_object_header, encode_header, parse_name, Lease, Manifest, ObjectKind,
+    LEASE, MANIFEST, OBJECT_HEADER_BYTES,
+};
+use crate::error::{AppendError, StoreError};
+use crate::index::split_location;
+use crate::objects::{ObjectError, ObjectFault, Objects, Put};
+use crate::options::BackupOptions;
+use crate::query::{Query, ReadOptions};
+use crate::read::ReadIter;
+use crate::record::{decode_header, Frame, RecordHeader, HEADER_BYTES};
+use crate::route::Backend;
+use crate::segment::SEGMENT_HEADER_BYTES;
+use crate::shared::Shared;
+use crate::stats::BackupStats;
+use crate::writer::Reply;
+
+/// The most record bytes one chunk of the active segment carries.
+const CHUNK_BYTES_MAX: usize = 8 << 20;
+/// How long the shipper sleeps when there is nothing to ship, at most.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How long a lease holds without renewal, and how often it is renewed.
+const LEASE_TTL_S: u64 = 30;
+const LEASE_RENEW: Duration = Duration::from_secs(10);
+/// How long a close waits for the backup to catch up before it gives up on it.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// A D4 append waiting for its position to be shipped.
+struct OffMachineWaiter {
+    position: u64,
+    deadline: Instant,
+    reply: Reply,
+}
+
+/// The D4 appends waiting, and why no more may wait once shipping ended.
+#[derive(Default)]
+struct OffMachineWaiters {
+    list: Vec<OffMachineWaiter>,
+    closed: Option<String>,
+}
+
+/// What the shipper and the store share.
+pub(crate) struct BackupState {
+    url: String,
+    shipped: AtomicU64,
+    /// The append time of the first record not yet shipped, once the shipper has read it.
+    oldest_unshipped_us: AtomicU64,
+    bytes_shipped: AtomicU64,
+    objects_shipped: AtomicU64,
+    segments_shipped: AtomicU64,
+    failures: AtomicU64,
+    last_error: Mutex<Option<String>>,
+    /// Set when shipping stopped for good (the prefix holds another history, the lease was
+    /// taken): D4 appends fail at once.
+    stopped: Mutex<Option<String>>,
+    failing: AtomicBool,
+    waiters: Mutex<OffMachineWaiters>,
+    kick: Condvar,
+    kick_lock: Mutex<()>,
+    stop: AtomicBool,
+    options: BackupOptions,
+}
+
+impl BackupState {
+    pub(crate) fn shipped(&self) -> u64 {
+        self.shipped.load(Ordering::Acquire)
+    }
+
+    /// Answers `reply` once `position` is in object storage (or `OutcomeUnknown` after the
+    /// timeout, or at once when shipping stopped for good).
+    pub(crate) fn when_shipped(&self, position: u64, reply: Reply) {
+        {
+            let mut waiters = self.waiters.lock();
+            if let Some(reason) = waiters.closed.clone() {
+                drop(waiters);
+                reply.send(Err(off_machine_unknown(&self.url, &reason)));
+                return;
+            }
+            if self.shipped() >= position {
+                drop(waiters);
+                reply.send(Ok(position));
+                return;
+            }
+            waiters.list.push(OffMachineWaiter {
+                position,
+                deadline: Instant::now() + self.options.off_machine_timeout,
+                reply,
+            });
+        }
+        self.wake();
+    }
+
+    fn wake(&self) {
+        let _guard = self.kick_lock.lock();
+        self.kick.notify_one();
+    }
+
+    /// Sleeps up to `d`, or until kicked.
+    fn sleep(&self, d: Duration) {
+        let mut guard = self.kick_lock.lock();
+        if self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        self.kick.wait_for(&mut guard, d);
+    }
+
+    /// Answers the waiters through `shipped`, and those past their deadline.
+    fn answer(&self) {
+        let shipped = self.shipped();
+        let now = Instant::now();
+        let mut done = Vec::new();
+        {
+            let waiters = &mut self.waiters.lock().list;
+            let mut i = 0;
+            while i < waiters.len() {
+                if waiters[i].position <= shipped || waiters[i].deadline <= now {
+                    done.push(waiters.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        for w in done {
+            if w.position <= shipped {
+                w.reply.send(Ok(w.position));
+            } else {
+                let why = self
+                    .last_error
+                    .lock()
+                    .clone()
+                    .unwrap_or_else(|| "no answer yet".into());
+                let reason = format!(
+                    "not in object storage within {:?} ({why})",
+                    self.options.off_machine_timeout
+                );
+                w.reply.send(Err(off_machine_unknown(&self.url, &reason)));
+            }
+        }
+    }
+
+    fn has_waiters(&self) -> bool {
+        !self.waiters.lock().list.is_empty()
+    }
+
+    /// Fails every waiter, and every later one: shipping ended.
+    fn fail_all(&self, reason: &str) {
+        let waiters = {
+            let mut waiters = self.waiters.lock();
+            waiters.closed = Some(reason.to_string());
+            std::mem::take(&mut waiters.list)
+        };
+        for w in waiters {
+            w.reply.send(Err(off_machine_unknown(&self.url, reason)));
+        }
+    }
+
+    pub(crate) fn stats(&self, durable: u64) -> BackupStats {
+        let shipped = self.shipped();
+        let lag_positions = durable.saturating_sub(shipped);
+        let oldest = self.oldest_unshipped_us.load(Ordering::Relaxed);
+        let lag_seconds = if lag_positions == 0 || oldest == 0 {
+            0.0
+        } else {
+            now_us().saturating_sub(oldest) as f64 / 1e6
+        };
+        let stopped = self.stopped.lock().clone();
+        BackupStats {
+            url: self.url.clone(),
+            state: match (&stopped, self.failing.load(Ordering::Relaxed)) {
+                (Some(_), _) => "stopped",
+                (None, true) => "failing",
+                (None, false) => "shipping",
+            },
+            shipped_through: shipped,
+            lag_positions,
+            lag_seconds,
+            bytes_shipped: self.bytes_shipped.load(Ordering::Relaxed),
+            objects_shipped: self.objects_shipped.load(Ordering::Relaxed),
+            segments_shipped: self.segments_shipped.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            last_error: stopped.or_else(|| self.last_error.lock().clone()),
+        }
+    }
+}
+
+fn off_machine_unknown(url: &str, reason: &str) -> AppendError {
+    StoreError::OutcomeUnknown {
+        reason: format!(
+            "the append is durable on this machine but not known to be in the backup at {url}: \
+             {reason}"
+        ),
+    }
+    .into()
+}
+
+pub(crate) fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that and a
+    // terminating zero when it fits.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown-host".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The running backup of one store: its state and its thread.
+pub(crate) struct Backup {
+    pub(crate) state: Arc<BackupState>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Backup {
+    /// Opens the prefix, takes its lease, checks that it backs up this store (or begins it),
+    /// finds where shipping resumes, and starts the shipper. Fails with a clear error, having
+    /// written nothing but the lease, when the prefix belongs to another store or server.
+    pub(crate) fn start(shared: Arc<Shared>, options: BackupOptions) -> Result<Backup, StoreError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let thread = std::thread::Builder::new()
+            .name("annals-backup".into())
+            .spawn(move || {
+                let shipper = match Shipper::open(shared, options) {
+                    Ok(s) => {
+                        let _ = tx.send(Ok(s.state.clone()));
+                        s
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                shipper.run();
+            })
+            .map_err(|e| StoreError::Backup(format!("start the backup thread: {e}")))?;
+        match rx.recv() {
+            Ok(Ok(state)) => Ok(Backup {
+                state,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(StoreError::Backup(
+                    "the backup thread ended at start".into(),
+                ))
+            }
+        }
+    }
+
+    /// Ships what is durable now (waiting up to 10 s for object storage), releases the lease
+    /// and stops. D4 appends still waiting are answered `OutcomeUnknown`.
+    pub(crate) fn finish(&mut self) {
+        self.state.stop.store(true, Ordering::Release);
+        self.state.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Backup {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+struct Shipper {
+    shared: Arc<Shared>,
+    objects: Objects,
+    state: Arc<BackupState>,
+    lease: Lease,
+    lease_version: Option<String>,
+    lease_renewed: Instant,
+    /// Whether the manifest is written (a backup of an empty store writes it with the first
+    /// record).
+    manifest_written: bool,
+    last_put: Instant,
+}
+
+fn backup_error(url: &str, e: &ObjectError) -> StoreError {
+    let hint = match e.fault {
+        ObjectFault::NotFound => " (does the bucket exist?)",
+        ObjectFault::Refused => {
+            " (check the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for S3)"
+        }
+        _ => "",
+    };
+    StoreError::Backup(format!("{url}: {e}{hint}"))
+}
+
+impl Shipper {
+    fn open(shared: Arc<Shared>, options: BackupOptions) -> Result<Shipper, StoreError> {
+        if shared.options.durability == crate::Durability::Memory {
+            return Err(StoreError::InvalidOption(
+                "a memory-only (D0) store has nothing durable to back up".into(),
+            ));
+        }
+        let objects = Objects::open(&options.url).map_err(StoreError::Backup)?;
+        let url = objects.url().to_string();
+        let state = Arc::new(BackupState {
+            url: url.clone(),
+            shipped: AtomicU64::new(0),
+            oldest_unshipped_us: AtomicU64::new(0),
+            bytes_shipped: AtomicU64::new(0),
+            objects_shipped: AtomicU64::new(0),
+            segments_shipped: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            stopped: Mutex::new(None),
+            failing: AtomicBool::new(false),
+            waiters: Mutex::new(OffMachineWaiters::default()),
+            kick: Condvar::new(),
+            kick_lock: Mutex::new(()),
+            stop: AtomicBool::new(false),
+            options,
+        });
+        let lease = Lease {
+            host: host_name(),
+            dir: shared.dir.display().to_string(),
+            pid: std::process::id(),
+            holder: format!("{}-{}", std::process::id(), now_us()),
+            renewed_at_us: now_us(),
+            ttl_s: LEASE_TTL_S,
+        };
+        let mut shipper = Shipper {
+            shared,
+            objects,
+            state,
+            lease,
+            lease_version: None,
+            lease_renewed: Instant::now(),
+            manifest_written: false,
+            last_put: Instant::now() - Duration::from_secs(3600),
+        };
+        shipper.take_lease()?;
+        let resumed = shipper
+            .check_manifest()
+            .and_then(|()| shipper.resume_point());
+        match resumed {
+            Ok(shipped) => {
+                shipper.state.shipped.store(shipped, Ordering::Release);
+                Ok(shipper)
+            }
+            Err(e) => {
+                shipper.release_lease();
+                Err(e)
+            }
+        }
+    }
+
+    fn url(&self) -> &str {
+        &self.state.url
+    }
+
+    fn take_lease(&mut self) -> Result<(), StoreError> {
+        let current = self
+            .objects
+            .get(LEASE)
+            .map_err(|e| backup_error(self.url(), &e))?;
+        let version = match current {
+            None => None,
+            Some((bytes, version)) => {
+                let held: Option<Lease> = serde_json::from_slice(&bytes).ok();
+                if let Some(held) = held {
+                    let same_dir = held.host == self.lease.host && held.dir == self.lease.dir;
+                    let age_s = now_us().saturating_sub(held.renewed_at_us) / 1_000_000;
+                    if !same_dir && held.renewed_at_us != 0 && age_s < held.ttl_s {
+                        return Err(StoreError::Backup(format!(
+                            "{}: another server ships into this prefix (host {}, directory {}, \
+                             pid {}; its lease was renewed {age_s} s ago and holds for {} s); \
+                             give each store its own prefix",
+                            self.url(),
+                            held.host,
+                            held.dir,
+                            held.pid,
+                            held.ttl_s
+                        )));
+                    }
+                }
+                version
+            }
+        };
+        self.write_lease(version)
+    }
+
+    fn write_lease(&mut self, over: Option<String>) -> Result<(), StoreError> {
+        self.lease.renewed_at_us = now_us();
+        let bytes = Bytes::from(serde_json::to_vec(&self.lease).expect("a lease serializes"));
+        match self.objects.put_over(LEASE, bytes, over) {
+            Ok(version) => {
+                self.lease_version = version;
+                self.lease_renewed = Instant::now();
+                Ok(())
+            }
+            Err(e) if e.fault == ObjectFault::Conflict => Err(StoreError::Backup(format!(
+                "{}: another server took the lease of this prefix meanwhile",
+                self.url()
+            ))),
+            Err(e) => Err(backup_error(self.url(), &e)),
+        }
+    }
+
+    /// The record holding position 1, from the local log.
+    fn first_record(&self) -> Result<Option<RecordHeader>, StoreError> {
+        if self.durable() == 0 {
+            return Ok(None);
+        }
+        let Some(segment) = self.shared.segment(self.first_segment()) else {
+            return Ok(None);
+        };
+        let bytes = segment.bytes(SEGMENT_HEADER_BYTES, HEADER_BYTES)?;
+        match decode_header(&bytes) {
+            Frame::Record(h) if h.first_position == 1 => Ok(Some(h)),
+            _ => Err(StoreError::Backup(
+                "the log's first segment does not begin with position 1".into(),
+            )),
+        }
+    }
+
+    fn first_segment(&self) -> u32 {
+        self.shared.segments.read().first().map_or(0, |s| s.number)
+    }
+
+    fn check_manifest(&mut self) -> Result<(), StoreError> {
+        let found = self
+            .objects
+            .get(MANIFEST)
+            .map_err(|e| backup_error(self.url(), &e))?;
+        let first = self.first_record()?;
+        match (found, first) {
+            (Some((bytes, _)), first) => {
+                let manifest = Manifest::decode(&bytes)
+                    .map_err(|e| StoreError::Backup(format!("{}: {e}", self.url())))?;
+                if let Some(first) = first {
+                    if !manifest.names(&first) {
+                        return Err(StoreError::Backup(format!(
+                            "{} backs up another store (its first record differs from this \
+                             store's); give this store its own prefix",
+                            self.url()
+                        )));
+                    }
+                }
+                self.manifest_written = true;
+            }
+            (None, Some(first)) => self.write_manifest(&first)?,
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
+    fn write_manifest(&mut self, first: &RecordHeader) -> Result<(), StoreError> {
+        let manifest = Manifest::for_first_record(first);
+        let bytes = Bytes::from(serde_json::to_vec_pretty(&manifest).expect("serializes"));
+        match self.objects.put_new(MANIFEST, vec![bytes]) {
+            Ok(Put::Created) => {}
+            Ok(Put::Existed) => return self.check_manifest(),
+            Err(e) => return Err(backup_error(self.url(), &e)),
+        }
+        self.manifest_written = true;
+        Ok(())
+    }
+
+    /// The last position the prefix holds, checked against this store's log.
+    fn resume_point(&self) -> Result<u64, StoreError> {
+        let err = |e: ObjectError| backup_error(self.url(), &e);
+        let mut last: Option<(String, u64)> = None;
+        for kind in [ObjectKind::Segment, ObjectKind::Chunk] {
+            let listed = self.objects.list(kind.dir(), None).map_err(err)?;
+            if let Some(newest) = listed
+                .iter()
+                .rev()
+                .find(|l| parse_name(kind, &l.name).is_some())
+            {
+                let head = self
+                    .objects
+                    .get_range(&newest.name, 0..OBJECT_HEADER_BYTES as u64)
+                    .map_err(err)?;
+                let header = decode_object_header(&head).map_err(|e| {
+                    StoreError::Backup(format!("{}: {}: {e}", self.url(), newest.name))
+                })?;
+                if last.as_ref().is_none_or(|(_, l)| header.last > *l) {
+                    last = Some((newest.name.clone(), header.last));
+                }
+            }
+        }
+        let Some((name, shipped)) = last else {
+            return Ok(0);
+        };
+        let durable = self.durable();
+        if durable < shipped {
+            return Err(StoreError::Backup(format!(
+                "{} holds positions through {shipped}, this store only through {durable}: the \
+                 store is behind its backup (restored from an older copy, or a new store?); \
+                 restore it from the backup (annals restore) or give it another prefix",
+                self.url()
+            )));
+        }
+        // The backup's newest record must be this store's record at that position.
+        let object = self.objects.get(&name).map_err(err)?.ok_or_else(|| {
+            StoreError::Backup(format!("{}: {name} vanished while read", self.url()))
+        })?;
+        let decoded = decode_object(
+            object.0,
+            parse_name(ObjectKind::Segment, &name).or_else(|| parse_name(ObjectKind::Chunk, &name)),
+        )
+        .map_err(|e| StoreError::Backup(format!("{}: {name}: {e}", self.url())))?;
+        let i = decoded.records.len() - 1;
+        let theirs = decoded.frame(i);
+        let position = decoded.records[i].0.first_position;
+        let mut iter = self.reader(position, durable)?;
+        let ours = iter.next_frame()?.map(|(_, _, b)| b);
+        if ours.as_deref() != Some(&theirs[..]) {
+            return Err(StoreError::Backup(format!(
+                "{} holds another history than this store at position {position}; give this \
+                 store its own prefix",
+                self.url()
+            )));
+        }
+        Ok(shipped)
+    }
+
+    /// The position through which the log is durable: on files the synced one, on
+    /// PostgreSQL everything the mirror holds (the database committed it first).
+    fn durable(&self) -> u64 {
+        let published = &self.shared.published;
+        match self.shared.policy.backend {
+            Backend::Files => published.synced().min(published.head()),
+            Backend::Postgres => published.head(),
+        }
+    }
+
+    fn reader(&self, from: u64, head: u64) -> Result<ReadIter, StoreError> {
+        ReadIter::new(
+            self.shared.clone(),
+            &Query::all(),
+            ReadOptions::forwards().from(from),
+            head,
+        )
+        .map_err(crate::shared::store_error)
+    }
+
+    fn run(mut self) {
+        let mut backoff = BACKOFF_MIN;
+        let mut stop_deadline: Option<Instant> = None;
+        loop {
+            self.state.answer();
+            let stopping = self.state.stop.load(Ordering::Acquire);
+            if stopping && stop_deadline.is_none() {
+                stop_deadline = Some(Instant::now() + CLOSE_WAIT);
+            }
+            if self.state.stopped.lock().is_some() {
+                break;
+            }
+            let durable = self.durable();
+            let shipped = self.state.shipped();
+            if durable <= shipped {
+                self.state.oldest_unshipped_us.store(0, Ordering::Relaxed);
+                if stopping {
+                    break;
+                }
+                if let Err(e) = self.renew_lease() {
+                    self.stop_for_good(&e.to_string());
+                    break;
+                }
+                self.state.sleep(IDLE_POLL);
+                continue;
+            }
+            if stop_deadline.is_some_and(|d| Instant::now() > d) {
+                break;
+            }
+            let since = self.last_put.elapsed();
+            if !stopping && !self.state.has_waiters() && since < self.state.options.interval {
+                self.state.sleep(self.state.options.interval - since);
+                continue;
+            }
+            match self.ship_next(durable) {
+                Ok(()) => {
+                    if self.state.failing.swap(false, Ordering::Relaxed) {
+                        tracing::info!(
+                            url = self.url(),
+                            shipped = self.state.shipped(),
+                            "backup: object storage answers again; shipping resumed"
+                        );
+                    }
+                    backoff = BACKOFF_MIN;
+                }
+                Err(Failure::Fatal(reason)) => {
+                    self.stop_for_good(&reason);
+                    break;
+                }
+                Err(Failure::Retry(e)) => {
+                    let failures = self.state.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                    let message = e.to_string();
+                    if !self.state.failing.swap(true, Ordering::Relaxed) || failures.is_multiple_of(20) {
+                        tracing::warn!(
+                            url = self.url(),
+                            failures,
+                            error = message.as_str(),
+                            "backup: object storage failed; retrying with backoff while the \
+                             store keeps serving"
+                        );
+                    }
+                    *self.state.last_error.lock() = Some(message);
+                    self.state.answer();
+                    self.state.sleep(backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+            if let Err(e) = self.renew_lease() {
+                self.stop_for_good(&e.to_string());
+                break;
+            }
+        }
+        self.state.answer();
+        let reason = match self.state.stopped.lock().clone() {
+            Some(r) => r,
+            None => "the store closed before the append reached object storage".into(),
+        };
+        self.state.fail_all(&reason);
+        if self.state.stopped.lock().is_none() {
+            self.release_lease();
+        }
+    }
+
+    /// Lets the next holder (this directory reopened, or another server) take the lease at
+    /// once.
+    fn release_lease(&mut self) {
+        self.lease.renewed_at_us = 0;
+        let bytes = Bytes::from(serde_json::to_vec(&self.lease).expect("serializes"));
+        if let Ok(version) = self
+            .objects
+            .put_over(LEASE, bytes, self.lease_version.clone())
+        {
+            self.lease_version = version;
+        }
+    }
+
+    fn stop_for_good(&self, reason: &str) {
+        tracing::error!(
+            url = self.url(),
+            reason,
+            "backup: shipping stopped; the store keeps serving, D4 appends fail"
+        );
+        *self.state.stopped.lock() = Some(reason.to_string());
+        self.state.fail_all(reason);
+    }
+
+    fn renew_lease(&mut self) -> Result<(), StoreError> {
+        if self.lease_renewed.elapsed() < LEASE_RENEW {
+            return Ok(());
+        }
+        match self.write_lease(self.lease_version.clone()) {
+            Ok(()) => Ok(()),
+            // Object storage unreachable: keep the lease we have, try again later.
+            Err(StoreError::Backup(m)) if !m.contains("took the lease") => {
+                self.lease_renewed = Instant::now() - LEASE_RENEW + BACKOFF_MAX;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ships the records after the last shipped one: a sealed segment whole, or a chunk of
+    /// the active one.
+    fn ship_next(&mut self, durable: u64) -> Result<(), Failure> {
+        let next = self.state.shipped() + 1;
+        if !self.manifest_written {
+            let first = self.first_record().map_err(Failure::fatal)?;
+            if let Some(first) = first {
+                self.write_manifest(&first).map_err(Failure::fatal)?;
+            }
+        }
+        let segment_of = |position: u64| {
+            self.shared
+                .index
+                .read()
+                .location_of(position)
+                .map(|l| split_location(l).0)
+        };
+        let (Some(segment), Some(last_segment)) = (segment_of(next), segment_of(durable)) else {
+            return Err(Failure::Fatal(format!(
+                "positions {next} or {durable} are not in the index"
+            )));
+        };
+        if segment < last_segment {
+            self.ship_segment(segment, durable)
+        } else {
+            self.ship_chunk(segment, next, durable)
+        }
+    }
+
+    fn ship_segment(&mut self, segment: u32, durable: u64) -> Result<(), Failure> {
+        let file = self
+            .shared
+            .segment(segment)
+            .ok_or_else(|| Failure::Fatal(format!("segment {segment} is not open")))?;
+        let first_bytes = file
+            .bytes(SEGMENT_HEADER_BYTES, HEADER_BYTES)
+            .map_err(Failure::fatal)?;
+        let Frame::Record(first) = decode_header(&first_bytes) else {
+            return Err(Failure::Fatal(format!(
+                "segment {segment} does not begin with a record"
+            )));
+        };
+        let mut iter = self
+            .reader(first.first_position, durable)
+            .map_err(Failure::fatal)?;
+        let mut frames = Vec::new();
+        let mut last = first.first_position;
+        while let Some((number, header, bytes)) = iter.next_frame().map_err(Failure::fatal)? {
+            if number != segment {
+                break;
+            }
+            last = header.last_position();
+            frames.push((header, bytes));
+        }
+        let first_position = first.first_position;
+        self.put(ObjectKind::Segment, segment, first_position, last, frames)?;
+        self.state.segments_shipped.fetch_add(1, Ordering::Relaxed);
+        // The chunks this segment covers are no longer needed.
+        let listed = self
+            .objects
+            .list(ObjectKind::Chunk.dir(), None)
+            .map_err(Failure::Retry)?;
+        for l in listed {
+            match parse_name(ObjectKind::Chunk, &l.name) {
+                Some(p) if p >= first_position && p <= last => {
+                    if let Err(e) = self.objects.delete(&l.name) {
+                        tracing::warn!(
+                            url = self.url(),
+                            error = %e,
+                            "backup: a covered chunk was not deleted (restore skips it)"
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn ship_chunk(&mut self, segment: u32, next: u64, durable: u64) -> Result<(), Failure> {
+        let mut iter = self.reader(next, durable).map_err(Failure::fatal)?;
+        let mut frames = Vec::new();
+        let mut bytes_total = 0;
+        let mut last = next;
+        while bytes_total < CHUNK_BYTES_MAX {
+            let Some((number, header, bytes)) = iter.next_frame().map_err(Failure::fatal)? else {
+                break;
+            };
+            if number != segment {
+                break;
+            }
+            if frames.is_empty() && header.first_position != next {
+                return Err(Failure::Fatal(format!(
+                    "position {next} does not begin a record (the record there begins at {})",
+                    header.first_position
+                )));
+            }
+            last = header.last_position();
+            bytes_total += bytes.len();
+            frames.push((header, bytes));
+        }
+        if frames.is_empty() {
+            return Ok(());
+        }
+        self.put(ObjectKind::Chunk, segment, next, last, frames)
+    }
+
+    /// Writes one object of `frames` (positions `first..=last`) and moves the shipped
+    /// position; a name already taken must hold the same records.
+    fn put(
+        &mut self,
+        kind: ObjectKind,
+        segment: u32,
+        first: u64,
+        last: u64,
+        frames: Vec<(RecordHeader, Bytes)>,
+    ) -> Result<(), Failure> {
+        self.state
+            .oldest_unshipped_us
+            .store(frames[0].0.appended_at_us, Ordering::Relaxed);
+        let bytes: Vec<Bytes> = frames.iter().map(|(_, b)| b.clone()).collect();
+        let header = encode_header(kind, segment, first, last, bytes.len() as u32, &bytes);
+        let size: usize = bytes.iter().map(|b| b.len()).sum::<usize>() + header.len();
+        let mut payload = Vec::with_capacity(bytes.len() + 1);
+        payload.push(Bytes::copy_from_slice(&header));
+        payload.extend(bytes);
+        let name = kind.name(first);
+        self.last_put = Instant::now();
+        let shipped_to = match self
+            .objects
+            .put_new(&name, payload)
+            .map_err(Failure::Retry)?
+        {
+            Put::Created => {
+                self.state
+                    .bytes_shipped
+                    .fetch_add(size as u64, Ordering::Relaxed);
+                self.state.objects_shipped.fetch_add(1, Ordering::Relaxed);
+                last
+            }
+            Put::Existed => self.adopt(&name, first, &frames)?,
+        };
+        let before = self
+            .state
+            .shipped
+            .swap(shipped_to.max(self.state.shipped()), Ordering::AcqRel);
+        assert!(shipped_to >= before, "the shipped position moves forward");
+        self.state.answer();
+        Ok(())
+    }
+
+    /// A name already taken: by an earlier put of this store whose answer was lost. Its
+    /// records must be this store's; answers the last position it holds.
+    fn adopt(
+        &self,
+        name: &str,
+        first: u64,
+        ours: &[(RecordHeader, Bytes)],
+    ) -> Result<u64, Failure> {
+        let (bytes, _) = self
+            .objects
+            .get(name)
+            .map_err(Failure::Retry)?
+            .ok_or_else(|| Failure::Fatal(format!("{name} exists and vanished")))?;
+        let theirs = decode_object(bytes, Some(first))
+            .map_err(|e| Failure::Fatal(format!("{name}: {e}")))?;
+        for (i, (_, frame)) in ours.iter().enumerate().take(theirs.records.len()) {
+            if theirs.frame(i) != *frame {
+                return Err(Failure::Fatal(format!(
+                    "{name} holds another history than this store at position {}",
+                    theirs.records[i].0.first_position
+                )));
+            }
+        }
+        if theirs.header.last > self.durable() {
+            return Err(Failure::Fatal(format!(
+                "{name} holds positions through {}, beyond this store's log",
+                theirs.header.last
+            )));
+        }
+        Ok(theirs.header.last)
+    }
+}
+
+enum Failure {
+    /// Object storage did not take it: try again later.
+    Retry(ObjectError),
+    /// Shipping cannot go on.
+    Fatal(String),
+}
+
+impl Failure {
+    fn fatal(e: StoreError) -> Failure {
+        Failure::Fatal(e.to_string())
+    }
+}

@@ -1,0 +1,242 @@
+//! Goal: the continuous backup into object storage, on `object_store`'s local directory (the
+//! tests against a real S3 server are the command line's): what a store ships restores to the
+//! same log, whole, to a position or to a time; a prefix is refused to another store and to a
+//! store behind it; a D4 append is acknowledged only once it is in the backup.
+
+use std::time::Duration;
+
+use annals::backup::{restore, verify_backup, RestoreLimit};
+use annals::{
+    compare, AppendOptions, BackupOptions, Durability, InputError, Limits, NewEvent, Options,
+    Store, StoreError,
+};
+
+fn options(url: &str) -> Options {
+    let limits = Limits {
+        append_bytes_max: 64 << 10,
+        event_bytes_max: 16 << 10,
+        ..Limits::default()
+    };
+    let mut backup = BackupOptions::new(url);
+    backup.interval = Duration::from_millis(5);
+    Options {
+        limits,
+        segment_bytes: 256 << 10,
+        group_bytes_max: 64 << 10,
+        unsynced_bytes_max: 64 << 10,
+        backup: Some(backup),
+        ..Options::default()
+    }
+}
+
+fn plain(options: &Options) -> Options {
+    Options {
+        backup: None,
+        ..options.clone()
+    }
+}
+
+fn events(from: u64, n: u64) -> Vec<NewEvent> {
+    (from..from + n)
+        .map(|i| {
+            NewEvent::new("Happened", format!("event {i} {}", "x".repeat(300)))
+                .tag(format!("k:{}", i % 7))
+        })
+        .collect()
+}
+
+fn fill(store: &Store, appends: u64) {
+    for i in 0..appends {
+        store.append(&events(i * 3, 1 + i % 3), None).unwrap();
+    }
+}
+
+#[test]
+fn a_shipped_store_restores_whole_to_a_position_and_to_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let opts = options(&url);
+    let source = Store::open(dir.path().join("source"), opts.clone()).unwrap();
+    fill(&source, 1500);
+    let middle_time = {
+        let e = source
+            .read(
+                &annals::Query::all(),
+                annals::ReadOptions::forwards().from(1000),
+            )
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        e.appended_at_us()
+    };
+    std::thread::sleep(Duration::from_millis(2));
+    fill(&source, 500);
+    let head = source.head();
+    let stats = source.stats();
+    assert!(
+        stats.segments > 3,
+        "the log spans segments: {}",
+        stats.segments
+    );
+    source.close().unwrap();
+
+    let report = verify_backup(&url, &mut |_, _| {}).unwrap();
+    assert_eq!(report.head, head, "{report:?}");
+    assert!(
+        report.segments >= 3,
+        "sealed segments shipped whole: {report:?}"
+    );
+    assert_eq!(report.covered_chunks, 0, "{report:?}");
+
+    let source = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
+    let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();
+    let restored = restore(&url, &whole, RestoreLimit::default(), &mut |_, _| {}).unwrap();
+    assert_eq!(restored.head, head);
+    assert_eq!(compare(&source, &whole, head, &mut |_| {}).unwrap(), 2000);
+
+    let to = 1234;
+    let part = Store::open(dir.path().join("part"), plain(&opts)).unwrap();
+    let limit = RestoreLimit {
+        position: Some(to),
+        ..RestoreLimit::default()
+    };
+    let restored = restore(&url, &part, limit, &mut |_, _| {}).unwrap();
+    assert!(
+        restored.head <= to && restored.head + 3 > to,
+        "{restored:?}"
+    );
+    assert_eq!(
+        compare(&part, &source, restored.head, &mut |_| {}).unwrap(),
+        restored.appends
+    );
+
+    let timed = Store::open(dir.path().join("timed"), plain(&opts)).unwrap();
+    let limit = RestoreLimit {
+        time_us: Some(middle_time),
+        ..RestoreLimit::default()
+    };
+    let restored = restore(&url, &timed, limit, &mut |_, _| {}).unwrap();
+    let last = timed
+        .read(&annals::Query::all(), annals::ReadOptions::backwards())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    assert!(last.appended_at_us() <= middle_time);
+    assert!(
+        restored.head >= 1000 && restored.head < head,
+        "{restored:?}"
+    );
+
+    let beyond = Store::open(dir.path().join("beyond"), plain(&opts)).unwrap();
+    let limit = RestoreLimit {
+        position: Some(head + 1),
+        ..RestoreLimit::default()
+    };
+    let e = restore(&url, &beyond, limit, &mut |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("cannot restore to position"), "{e}");
+    assert_eq!(beyond.head(), 0);
+}
+
+#[test]
+fn a_prefix_is_refused_to_another_store_and_to_a_store_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let opts = options(&url);
+    let store = Store::open(dir.path().join("one"), opts.clone()).unwrap();
+    fill(&store, 20);
+    store.close().unwrap();
+    // Reopened, it resumes where it left off.
+    let store = Store::open(dir.path().join("one"), opts.clone()).unwrap();
+    fill(&store, 20);
+    let head = store.head();
+    store.close().unwrap();
+    assert_eq!(verify_backup(&url, &mut |_, _| {}).unwrap().head, head);
+
+    let other = Store::open(dir.path().join("other"), plain(&opts)).unwrap();
+    other.append(&events(99, 1), None).unwrap();
+    other.close().unwrap();
+    let e = Store::open(dir.path().join("other"), opts.clone())
+        .err()
+        .expect("another store's prefix is refused");
+    assert!(
+        matches!(&e, StoreError::Backup(m) if m.contains("backs up another store")),
+        "{e}"
+    );
+
+    let e = Store::open(dir.path().join("empty"), opts.clone())
+        .err()
+        .expect("a store behind its backup is refused");
+    assert!(
+        matches!(&e, StoreError::Backup(m) if m.contains("behind its backup")),
+        "{e}"
+    );
+
+    let e = Store::open(dir.path().join("bad"), options("nonsense://x"))
+        .err()
+        .expect("a malformed URL is refused");
+    assert!(
+        matches!(&e, StoreError::Backup(m) if m.contains("backup URL")),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_off_machine_append_is_acknowledged_once_in_the_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let mut opts = options(&url);
+    // Nothing would be shipped for a minute but for the appends that wait for it.
+    opts.backup.as_mut().unwrap().interval = Duration::from_secs(60);
+    let store = Store::open(dir.path().join("store"), opts.clone()).unwrap();
+    for i in 0..20 {
+        let p = store
+            .appending(&events(i, 1))
+            .require_off_machine()
+            .wait()
+            .unwrap();
+        let backup = store.stats().backup.unwrap();
+        assert!(backup.shipped_through >= p, "{backup:?}");
+    }
+    store.close().unwrap();
+
+    // A store opened in D4 makes every append wait for the backup.
+    opts.durability = Durability::OffMachine;
+    let store = Store::open(dir.path().join("store"), opts.clone()).unwrap();
+    assert_eq!(store.durability(), Durability::OffMachine);
+    let p = store.append(&events(100, 2), None).unwrap();
+    assert!(store.stats().backup.unwrap().shipped_through >= p);
+    store.close().unwrap();
+
+    // Without a backup there is no D4.
+    let plain_store = Store::open(dir.path().join("plain"), plain(&opts_d3(&opts))).unwrap();
+    let e = plain_store
+        .append_with(
+            &events(1, 1),
+            None,
+            AppendOptions {
+                off_machine: true,
+                ..AppendOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            annals::AppendError::Input(InputError::OffMachineUnavailable)
+        ),
+        "{e}"
+    );
+    let e = Store::open(dir.path().join("d4"), plain(&opts))
+        .err()
+        .expect("d4 without a backup is refused");
+    assert!(e.to_string().contains("needs a backup"), "{e}");
+}
+
+fn opts_d3(opts: &Options) -> Options {
+    Options {
+        durability: Durability::Synced,
+        ..opts.clone()
+    }
+}
