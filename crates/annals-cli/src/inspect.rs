@@ -201,6 +201,21 @@ fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Res
             .lines()
             .any(|l| l.starts_with("annals_disk_free_bytes "))
             .then(|| value("annals_disk_free_bytes") as u64),
+        "backup": text
+            .lines()
+            .any(|l| l.starts_with("annals_backup_shipped_position "))
+            .then(|| serde_json::json!({
+                "state": text
+                    .lines()
+                    .find(|l| l.starts_with("annals_backup_state{") && l.ends_with(" 1"))
+                    .and_then(|l| l.split('"').nth(1))
+                    .unwrap_or("unknown"),
+                "shipped_through": value("annals_backup_shipped_position") as u64,
+                "lag_positions": value("annals_backup_lag_positions") as u64,
+                "lag_seconds": value("annals_backup_lag_seconds"),
+                "bytes_shipped": value("annals_backup_bytes_shipped_total") as u64,
+                "failures": value("annals_backup_failures_total") as u64,
+            })),
     });
     if json {
         println!("{report}");

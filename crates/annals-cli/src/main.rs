@@ -1,5 +1,6 @@
 //! The `annals` command: run the server, and read, write and inspect a store.
 
+mod backup;
 mod copy;
 mod data;
 mod inspect;
@@ -100,6 +101,18 @@ enum Command {
     /// Read models: status and lag, counts, rebuilds.
     #[command(subcommand)]
     Readmodel(readmodel::ReadModelCommand),
+    /// Rebuild a store from its backup in object storage (`serve --backup`): every append
+    /// shipped, or those up to a position or a time. Refuses a directory that is not empty;
+    /// ends with the same check as `annals verify`.
+    ///
+    /// Examples:
+    ///   annals restore --from s3://bucket/annals --to ./restored
+    ///   annals restore --from s3://bucket/annals --to ./restored --time 2026-11-27T08:00:00Z
+    #[command(verbatim_doc_comment)]
+    Restore(backup::RestoreArgs),
+    /// Backups in object storage.
+    #[command(subcommand)]
+    Backup(backup::BackupCommand),
 }
 
 fn main() {
@@ -116,6 +129,8 @@ fn main() {
         Command::Verify(args) => inspect::verify(args),
         Command::Stats(args) => inspect::stats(args),
         Command::Readmodel(command) => readmodel::run(command),
+        Command::Restore(args) => backup::run_restore(args),
+        Command::Backup(command) => backup::run(command),
     };
     if let Err(message) = result {
         eprintln!("error: {message}");

@@ -29,6 +29,13 @@ pub struct ServeArgs {
     /// Env: ANNALS_DISK_RESERVE_BYTES. Default: one segment (64 MiB).
     #[arg(long, value_name = "BYTES")]
     disk_reserve: Option<u64>,
+    /// Ship the log continuously into object storage: s3://bucket/prefix, gs://bucket/prefix,
+    /// az://container/prefix or file:///directory. Credentials and endpoints come from each
+    /// provider's environment variables (for S3: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP). One store per prefix; restore
+    /// with `annals restore`. Env: ANNALS_BACKUP
+    #[arg(long, value_name = "URL")]
+    backup: Option<String>,
     /// HTTP listen address. Env: ANNALS_HTTP_LISTEN. Default: 127.0.0.1:7400
     #[arg(long, value_name = "HOST:PORT")]
     http: Option<String>,
@@ -36,8 +43,8 @@ pub struct ServeArgs {
     /// Default: 127.0.0.1:50051
     #[arg(long, value_name = "HOST:PORT|off")]
     grpc: Option<String>,
-    /// Durability class: d3 (fsync before acknowledgement, the default), d2, d1 or d0.
-    /// Env: ANNALS_DURABILITY
+    /// Durability class: d3 (fsync before acknowledgement, the default), d4 (also in object
+    /// storage before acknowledgement; needs --backup), d2, d1 or d0. Env: ANNALS_DURABILITY
     #[arg(long, value_name = "CLASS")]
     durability: Option<String>,
     /// A TOML configuration file (every setting, limits included). Env: ANNALS_CONFIG
@@ -103,6 +110,9 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     }
     if let Some(reserve) = args.disk_reserve {
         config.disk_reserve_bytes = Some(reserve);
+    }
+    if let Some(url) = args.backup {
+        config.backup = Some(url);
     }
     if let Some(http) = args.http {
         config.http_listen =
@@ -228,6 +238,12 @@ async fn serve(config: Config) -> Result<(), String> {
         println!(
             "annals: the log's copy {kept}; {} appends read from the database",
             mirror.followed
+        );
+    }
+    if let Some(backup) = server.store.stats().backup {
+        println!(
+            "annals: backing up to {} (shipped through position {})",
+            backup.url, backup.shipped_through
         );
     }
     if let Some((path, offset, why)) = &report.torn_tail {

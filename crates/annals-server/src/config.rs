@@ -44,6 +44,9 @@ pub struct Config {
     /// Free space the store leaves alone (`annals::Options::disk_reserve_bytes`); None: one
     /// segment's size.
     pub disk_reserve_bytes: Option<u64>,
+    /// Where the log is shipped continuously (`annals::Options::backup`): s3://, gs://, az://
+    /// or file:// URL; None: no backup.
+    pub backup: Option<String>,
     /// HTTP listen address; loopback unless asked otherwise.
     pub http_listen: SocketAddr,
     /// gRPC (UmaDB protocol) listen address; `None` disables gRPC.
@@ -230,6 +233,7 @@ impl Default for Config {
             postgres: None,
             mirror: None,
             disk_reserve_bytes: None,
+            backup: None,
             http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
             grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
             durability: Durability::Synced,
@@ -252,6 +256,7 @@ impl Default for Config {
 /// data_dir = "/var/lib/annals"     # or store = "postgres://...", with
 /// # mirror = "/var/lib/annals-mirror"  # where a PostgreSQL store's copy of the log is kept
 /// disk_reserve_bytes = 67108864     # free space left alone; default: one segment
+/// backup = "s3://bucket/prefix"      # ship the log there continuously (s3://, gs://, az://, file://)
 /// http_listen = "127.0.0.1:7400"
 /// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
 /// durability = "d3"
@@ -283,6 +288,8 @@ pub struct ConfigFile {
     /// Free space of the log's file system left alone; appends that need a new segment are
     /// refused below it.
     pub disk_reserve_bytes: Option<u64>,
+    /// Ship the log continuously into this object storage URL.
+    pub backup: Option<String>,
     pub http_listen: Option<String>,
     pub grpc_listen: Option<String>,
     pub durability: Option<String>,
@@ -404,6 +411,9 @@ impl Config {
         if let Some(reserve) = file.disk_reserve_bytes {
             self.disk_reserve_bytes = Some(reserve);
         }
+        if let Some(url) = file.backup {
+            self.backup = Some(url);
+        }
         if let Some(v) = file.http_listen {
             self.http_listen = required_listen(&v, "http_listen")?;
         }
@@ -489,6 +499,7 @@ impl Config {
                 "ANNALS_DATA_DIR" => self.data_dir = PathBuf::from(value),
                 "ANNALS_STORE" => self.set_store(&value),
                 "ANNALS_MIRROR" => self.mirror = Some(PathBuf::from(value)),
+                "ANNALS_BACKUP" => self.backup = Some(value),
                 "ANNALS_DISK_RESERVE_BYTES" => {
                     self.disk_reserve_bytes = Some(
                         value

@@ -464,12 +464,15 @@ impl Service {
                 return Err(invalid("tracking info needs a source name"));
             }
         }
-        let tracking = request
-            .tracking_info
-            .map(|t| annals::Tracking::new(t.source, t.position));
+        let options = annals::AppendOptions {
+            tracking: request
+                .tracking_info
+                .map(|t| annals::Tracking::new(t.source, t.position)),
+            ..annals::AppendOptions::default()
+        };
         match self
             .state
-            .append(&events, condition.as_ref(), tracking)
+            .append(&events, condition.as_ref(), options)
             .await
         {
             Ok(position) => Ok(position),

@@ -9,7 +9,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use annals::{AppendError, Event, InputError, NewEvent, ReadError, ReadIter, StoreError};
+use annals::{
+    AppendError, AppendOptions, Durability, Event, InputError, NewEvent, ReadError, ReadIter,
+    StoreError,
+};
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
@@ -218,6 +221,7 @@ fn input_error(e: &InputError) -> ApiError {
             "invalid_tracking"
         }
         InputError::SyncUnavailable => "sync_unavailable",
+        InputError::OffMachineUnavailable => "off_machine_unavailable",
         _ => "invalid_input",
     };
     ApiError::new(StatusCode::BAD_REQUEST, kind, e.to_string())
@@ -499,8 +503,12 @@ async fn append_inner(
     let tracking = parsed
         .tracking
         .map(|t| annals::Tracking::new(t.source, t.position));
+    let options = AppendOptions {
+        tracking,
+        ..append_class(parsed.durability.as_deref(), state.store.durability())?
+    };
     let result = state
-        .append(&events, parsed.condition.as_ref(), tracking)
+        .append(&events, parsed.condition.as_ref(), options)
         .await;
     let mut out = Vec::with_capacity(128);
     out.extend_from_slice(b"{\"durationInMicroseconds\":");
@@ -529,6 +537,30 @@ async fn append_inner(
     };
     out.push(b'}');
     Ok((json_response(StatusCode::OK, out), conflict))
+}
+
+/// The options an append's `durability` field asks for: a class at least the store's.
+fn append_class(asked: Option<&str>, store: Durability) -> Result<AppendOptions, ApiError> {
+    let Some(asked) = asked else {
+        return Ok(AppendOptions::default());
+    };
+    let class: Durability = asked
+        .parse()
+        .map_err(|e: String| ApiError::bad_request("invalid_durability", e))?;
+    if class < store {
+        return Err(ApiError::bad_request(
+            "weaker_durability",
+            format!(
+                "the append asks for {class}, weaker than the server's {store}; an append may \
+                 ask for a stronger class, never a weaker one"
+            ),
+        ));
+    }
+    Ok(AppendOptions {
+        require_synced: class >= Durability::Synced && store < Durability::Synced,
+        off_machine: class == Durability::OffMachine,
+        ..AppendOptions::default()
+    })
 }
 
 /// Reads a request body within the configured size and time limits.

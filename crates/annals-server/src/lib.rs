@@ -26,9 +26,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use annals::{
-    AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Store, Tracking,
-};
+use annals::{AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Store};
 use tokio::sync::watch;
 
 pub use config::{Config, ServerLimits, TlsFiles};
@@ -72,17 +70,17 @@ impl AppState {
     /// Appends without blocking the calling task's thread ([`Store::append_async`]). A full
     /// queue is retried briefly (the writer drains it in batches), then reported as
     /// [`InputError::QueueFull`].
-    /// `tracking`, when given, is recorded atomically with the events.
+    /// `options.tracking`, when given, is recorded atomically with the events.
     pub async fn append(
         &self,
         events: &[NewEvent],
         condition: Option<&AppendCondition>,
-        tracking: Option<Tracking>,
+        options: AppendOptions,
     ) -> Result<u64, AppendError> {
         // No events: nothing to append and no condition to evaluate; the answer is position 0, as
         // UmaDB's store answers it (the embedded API refuses it as a likely mistake). A
         // tracking position needs an event to travel with.
-        if events.is_empty() && tracking.is_none() {
+        if events.is_empty() && options.tracking.is_none() {
             // The condition is still checked for well-formedness, as with events.
             if let Some(condition) = condition {
                 condition
@@ -91,10 +89,6 @@ impl AppState {
             }
             return Ok(0);
         }
-        let options = AppendOptions {
-            tracking,
-            ..AppendOptions::default()
-        };
         // A full queue is retried for up to a second; the clock is read only then.
         let mut deadline = None;
         loop {
@@ -143,6 +137,7 @@ impl Server {
         options.limits = config.limits.store.clone();
         options.mirror = config.mirror.clone();
         options.disk_reserve_bytes = config.disk_reserve_bytes;
+        options.backup = config.backup.as_ref().map(annals::BackupOptions::new);
         let dir = config.data_dir.clone();
         let postgres = config.postgres.clone();
         let store = tokio::task::spawn_blocking(move || match postgres {

@@ -419,6 +419,9 @@ impl Metrics {
             "annals_durability_info{{class=\"{}\"}} 1",
             stats.durability
         );
+        if let Some(backup) = &stats.backup {
+            render_backup(&mut out, backup);
+        }
         out
     }
 
@@ -434,6 +437,56 @@ impl Metrics {
                 );
             }
         }
+    }
+}
+
+/// The continuous backup's lines: how far it trails the log, what it shipped, its failures.
+fn render_backup(out: &mut String, b: &annals::BackupStats) {
+    gauge(
+        out,
+        "annals_backup_shipped_position",
+        "Every position up to this one is in object storage.",
+        b.shipped_through as f64,
+    );
+    gauge(
+        out,
+        "annals_backup_lag_positions",
+        "Durable positions not yet in object storage.",
+        b.lag_positions as f64,
+    );
+    gauge(
+        out,
+        "annals_backup_lag_seconds",
+        "How long the oldest durable append not yet in object storage has waited.",
+        b.lag_seconds,
+    );
+    counter(
+        out,
+        "annals_backup_bytes_shipped_total",
+        "Bytes written to object storage by the backup.",
+        b.bytes_shipped as f64,
+    );
+    counter(
+        out,
+        "annals_backup_objects_shipped_total",
+        "Objects written to object storage by the backup.",
+        b.objects_shipped as f64,
+    );
+    counter(
+        out,
+        "annals_backup_failures_total",
+        "Requests to object storage that failed (each retried with backoff).",
+        b.failures as f64,
+    );
+    header(
+        out,
+        "annals_backup_state",
+        "gauge",
+        "The backup's state (label): shipping, failing (retrying) or stopped.",
+    );
+    for state in ["shipping", "failing", "stopped"] {
+        let on = u8::from(b.state == state);
+        let _ = writeln!(out, "annals_backup_state{{state=\"{state}\"}} {on}");
     }
 }
 

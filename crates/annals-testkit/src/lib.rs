@@ -9,7 +9,10 @@
 //! `runuser`.
 //!
 //! Also: where scripts/setup's other tools are (`tools_dir`, `umadb_bin`, `h2spec_bin`,
-//! `python`), and whether a test may use them at all (`tools_allowed`).
+//! `python`), and whether a test may use them at all (`tools_allowed`); a throwaway S3 server
+//! (`s3::S3Server`, SeaweedFS).
+
+pub mod s3;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

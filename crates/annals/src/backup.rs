@@ -8,6 +8,7 @@ use crate::archive::{decode_object, parse_name, Decoded, Manifest, ObjectKind, M
 use crate::copy::append_all;
 use crate::error::StoreError;
 use crate::objects::{ObjectError, ObjectFault, Objects};
+use crate::options::BackupOptions;
 use crate::record::{StoredAppend, HEADER_BYTES};
 use crate::store::Store;
 
@@ -176,12 +177,12 @@ fn check_manifest(objects: &Objects) -> Result<Option<Manifest>, StoreError> {
 /// Restores the backup at `url` into `to`, an empty store: every append in the backup, or
 /// those up to `limit`. `progress` is told the position reached and the backup's last.
 pub fn restore(
-    url: &str,
+    from: &BackupOptions,
     to: &Store,
     limit: RestoreLimit,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RestoreReport, StoreError> {
-    let objects = Objects::open(url).map_err(StoreError::Backup)?;
+    let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
     let url = objects.url().to_string();
     if to.head() != 0 {
         return Err(StoreError::Backup(format!(
@@ -284,10 +285,10 @@ fn last_position(objects: &Objects, walk: &Walk<'_>) -> Result<u64, StoreError> 
 /// records, the positions from 1 without a gap, the manifest against the first record.
 /// `progress` is told the position reached and the backup's last.
 pub fn verify_backup(
-    url: &str,
+    backup: &BackupOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<BackupReport, StoreError> {
-    let objects = Objects::open(url).map_err(StoreError::Backup)?;
+    let objects = Objects::open_with(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
     let url = objects.url().to_string();
     let manifest = check_manifest(&objects)?;
     let mut walk = Walk::new(&objects)?;

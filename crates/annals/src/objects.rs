@@ -92,6 +92,12 @@ impl Objects {
     /// Opens `url`: `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix` or
     /// `file:///directory`. Makes no request: a wrong bucket or credentials show at the first.
     pub fn open(url: &str) -> Result<Objects, String> {
+        Self::open_with(url, &[])
+    }
+
+    /// [`Objects::open`] with provider settings named as their environment variables
+    /// (`AWS_ENDPOINT_URL`, ...), which override the environment.
+    pub fn open_with(url: &str, settings: &[(String, String)]) -> Result<Objects, String> {
         let parsed = url::Url::parse(url).map_err(|e| {
             format!(
                 "{url:?} is not a backup URL ({e}); give s3://bucket/prefix, gs://bucket/prefix, \
@@ -116,37 +122,52 @@ impl Objects {
         let (store, prefix, versioned_updates): (Arc<dyn ObjectStore>, Path, bool) = match scheme {
             ObjectStoreScheme::AmazonS3 => (
                 Arc::new(
-                    object_store::aws::AmazonS3Builder::from_env()
-                        .with_url(url)
-                        .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
-                        .with_retry(retry)
-                        .with_client_options(client)
-                        .build()
-                        .map_err(bad)?,
+                    apply(
+                        object_store::aws::AmazonS3Builder::new()
+                            .with_client_options(client)
+                            .with_retry(retry),
+                        "AWS_",
+                        settings,
+                        object_store::aws::AmazonS3Builder::with_config,
+                    )?
+                    .with_url(url)
+                    .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
+                    .build()
+                    .map_err(bad)?,
                 ),
                 path,
                 true,
             ),
             ObjectStoreScheme::GoogleCloudStorage => (
                 Arc::new(
-                    object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                        .with_url(url)
-                        .with_retry(retry)
-                        .with_client_options(client)
-                        .build()
-                        .map_err(bad)?,
+                    apply(
+                        object_store::gcp::GoogleCloudStorageBuilder::new()
+                            .with_client_options(client)
+                            .with_retry(retry),
+                        "GOOGLE_",
+                        settings,
+                        object_store::gcp::GoogleCloudStorageBuilder::with_config,
+                    )?
+                    .with_url(url)
+                    .build()
+                    .map_err(bad)?,
                 ),
                 path,
                 true,
             ),
             ObjectStoreScheme::MicrosoftAzure => (
                 Arc::new(
-                    object_store::azure::MicrosoftAzureBuilder::from_env()
-                        .with_url(url)
-                        .with_retry(retry)
-                        .with_client_options(client)
-                        .build()
-                        .map_err(bad)?,
+                    apply(
+                        object_store::azure::MicrosoftAzureBuilder::new()
+                            .with_client_options(client)
+                            .with_retry(retry),
+                        "AZURE_",
+                        settings,
+                        object_store::azure::MicrosoftAzureBuilder::with_config,
+                    )?
+                    .with_url(url)
+                    .build()
+                    .map_err(bad)?,
                 ),
                 path,
                 true,
@@ -341,6 +362,32 @@ impl Objects {
             Err(e) => Err(Self::error("delete", name, e)),
         }
     }
+}
+
+/// Applies the provider's environment variables (those named `prefix...`), then `settings`
+/// (named as environment variables, overriding them), to a provider's builder. (The
+/// builders' own `from_env` would be undone by giving them client options afterwards.)
+fn apply<B, K: std::str::FromStr>(
+    mut builder: B,
+    prefix: &str,
+    settings: &[(String, String)],
+    set: fn(B, K, String) -> B,
+) -> Result<B, String> {
+    for (name, value) in std::env::vars() {
+        if name.starts_with(prefix) {
+            if let Ok(key) = name.to_ascii_lowercase().parse::<K>() {
+                builder = set(builder, key, value);
+            }
+        }
+    }
+    for (name, value) in settings {
+        let key = name
+            .to_ascii_lowercase()
+            .parse::<K>()
+            .map_err(|_| format!("unknown object storage setting {name}"))?;
+        builder = set(builder, key, value.clone());
+    }
+    Ok(builder)
 }
 
 #[cfg(test)]

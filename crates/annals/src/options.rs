@@ -137,11 +137,15 @@ impl fmt::Display for Preallocation {
 }
 
 /// How a store ships its log into object storage (`Options::backup`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct BackupOptions {
     /// `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix` or
     /// `file:///directory`.
     pub url: String,
+    /// Provider settings given here rather than in the environment, named as the provider's
+    /// environment variables are (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...; for GCS
+    /// `GOOGLE_...`, for Azure `AZURE_...`); they override the environment. Never printed.
+    pub settings: Vec<(String, String)>,
     /// The least time between two puts of the active segment's records, unless a D4 append
     /// waits: fewer, larger objects for a store that does not ask for D4.
     pub interval: Duration,
@@ -153,9 +157,31 @@ impl BackupOptions {
     pub fn new(url: impl Into<String>) -> Self {
         BackupOptions {
             url: url.into(),
+            settings: Vec::new(),
             interval: Duration::from_millis(100),
             off_machine_timeout: Duration::from_secs(10),
         }
+    }
+
+    /// Adds a provider setting (see [`BackupOptions::settings`]).
+    pub fn setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((name.into(), value.into()));
+        self
+    }
+}
+
+impl fmt::Debug for BackupOptions {
+    /// Settings may hold secrets: only their names are shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackupOptions")
+            .field("url", &self.url)
+            .field(
+                "settings",
+                &self.settings.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .field("interval", &self.interval)
+            .field("off_machine_timeout", &self.off_machine_timeout)
+            .finish()
     }
 }
 

@@ -328,7 +328,8 @@ impl Shipper {
                 "a memory-only (D0) store has nothing durable to back up".into(),
             ));
         }
-        let objects = Objects::open(&options.url).map_err(StoreError::Backup)?;
+        let objects =
+            Objects::open_with(&options.url, &options.settings).map_err(StoreError::Backup)?;
         let url = objects.url().to_string();
         let state = Arc::new(BackupState {
             url: url.clone(),
@@ -386,6 +387,11 @@ impl Shipper {
     }
 
     fn take_lease(&mut self) -> Result<(), StoreError> {
+        // A listing fails on a bucket that does not exist (a get answers "no such object",
+        // and some servers make a bucket on the first put).
+        self.objects
+            .list(LEASE, None)
+            .map_err(|e| backup_error(self.url(), &e))?;
         let current = self
             .objects
             .get(LEASE)
@@ -624,7 +630,9 @@ impl Shipper {
                 Err(Failure::Retry(e)) => {
                     let failures = self.state.failures.fetch_add(1, Ordering::Relaxed) + 1;
                     let message = e.to_string();
-                    if !self.state.failing.swap(true, Ordering::Relaxed) || failures.is_multiple_of(20) {
+                    if !self.state.failing.swap(true, Ordering::Relaxed)
+                        || failures.is_multiple_of(20)
+                    {
                         tracing::warn!(
                             url = self.url(),
                             failures,

@@ -81,7 +81,7 @@ fn a_shipped_store_restores_whole_to_a_position_and_to_a_time() {
     );
     source.close().unwrap();
 
-    let report = verify_backup(&url, &mut |_, _| {}).unwrap();
+    let report = verify_backup(&BackupOptions::new(&url), &mut |_, _| {}).unwrap();
     assert_eq!(report.head, head, "{report:?}");
     assert!(
         report.segments >= 3,
@@ -91,7 +91,13 @@ fn a_shipped_store_restores_whole_to_a_position_and_to_a_time() {
 
     let source = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
     let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();
-    let restored = restore(&url, &whole, RestoreLimit::default(), &mut |_, _| {}).unwrap();
+    let restored = restore(
+        &BackupOptions::new(&url),
+        &whole,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
     assert_eq!(restored.head, head);
     assert_eq!(compare(&source, &whole, head, &mut |_| {}).unwrap(), 2000);
 
@@ -101,7 +107,7 @@ fn a_shipped_store_restores_whole_to_a_position_and_to_a_time() {
         position: Some(to),
         ..RestoreLimit::default()
     };
-    let restored = restore(&url, &part, limit, &mut |_, _| {}).unwrap();
+    let restored = restore(&BackupOptions::new(&url), &part, limit, &mut |_, _| {}).unwrap();
     assert!(
         restored.head <= to && restored.head + 3 > to,
         "{restored:?}"
@@ -116,7 +122,7 @@ fn a_shipped_store_restores_whole_to_a_position_and_to_a_time() {
         time_us: Some(middle_time),
         ..RestoreLimit::default()
     };
-    let restored = restore(&url, &timed, limit, &mut |_, _| {}).unwrap();
+    let restored = restore(&BackupOptions::new(&url), &timed, limit, &mut |_, _| {}).unwrap();
     let last = timed
         .read(&annals::Query::all(), annals::ReadOptions::backwards())
         .unwrap()
@@ -134,7 +140,7 @@ fn a_shipped_store_restores_whole_to_a_position_and_to_a_time() {
         position: Some(head + 1),
         ..RestoreLimit::default()
     };
-    let e = restore(&url, &beyond, limit, &mut |_, _| {}).unwrap_err();
+    let e = restore(&BackupOptions::new(&url), &beyond, limit, &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("cannot restore to position"), "{e}");
     assert_eq!(beyond.head(), 0);
 }
@@ -152,7 +158,12 @@ fn a_prefix_is_refused_to_another_store_and_to_a_store_behind_it() {
     fill(&store, 20);
     let head = store.head();
     store.close().unwrap();
-    assert_eq!(verify_backup(&url, &mut |_, _| {}).unwrap().head, head);
+    assert_eq!(
+        verify_backup(&BackupOptions::new(&url), &mut |_, _| {})
+            .unwrap()
+            .head,
+        head
+    );
 
     let other = Store::open(dir.path().join("other"), plain(&opts)).unwrap();
     other.append(&events(99, 1), None).unwrap();
@@ -239,4 +250,29 @@ fn opts_d3(opts: &Options) -> Options {
         durability: Durability::Synced,
         ..opts.clone()
     }
+}
+
+/// Goal: the same on a real S3 server (SeaweedFS), its endpoint and key given as settings
+/// rather than in the environment.
+#[test]
+fn a_store_ships_to_s3_and_restores_from_it() {
+    let Some(s3) = annals_testkit::s3::S3Server::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(&s3.url("library"));
+    let backup = opts.backup.as_mut().unwrap();
+    for (k, v) in s3.env() {
+        backup.settings.push((k.to_string(), v));
+    }
+    let source = Store::open(dir.path().join("source"), opts.clone()).unwrap();
+    fill(&source, 800);
+    let head = source.head();
+    source.close().unwrap();
+    let from = opts.backup.clone().unwrap();
+    assert_eq!(verify_backup(&from, &mut |_, _| {}).unwrap().head, head);
+    let restored = Store::open(dir.path().join("restored"), plain(&opts)).unwrap();
+    restore(&from, &restored, RestoreLimit::default(), &mut |_, _| {}).unwrap();
+    let source = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
+    assert_eq!(compare(&source, &restored, head, &mut |_| {}).unwrap(), 800);
 }
