@@ -47,6 +47,8 @@ pub struct Config {
     /// Where the log is shipped continuously (`annals::Options::backup`): s3://, gs://, az://
     /// or file:// URL; None: no backup.
     pub backup: Option<String>,
+    /// The background scrub of sealed segments (`annals::Options::scrub`); None: off.
+    pub scrub: Option<annals::ScrubOptions>,
     /// HTTP listen address; loopback unless asked otherwise.
     pub http_listen: SocketAddr,
     /// gRPC (UmaDB protocol) listen address; `None` disables gRPC.
@@ -234,6 +236,7 @@ impl Default for Config {
             mirror: None,
             disk_reserve_bytes: None,
             backup: None,
+            scrub: Some(annals::ScrubOptions::default()),
             http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
             grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
             durability: Durability::Synced,
@@ -257,6 +260,8 @@ impl Default for Config {
 /// # mirror = "/var/lib/annals-mirror"  # where a PostgreSQL store's copy of the log is kept
 /// disk_reserve_bytes = 67108864     # free space left alone; default: one segment
 /// backup = "s3://bucket/prefix"      # ship the log there continuously (s3://, gs://, az://, file://)
+/// scrub_bytes_per_second = 8388608   # re-read sealed segments at most this fast; 0: no scrub
+/// scrub_pause_seconds = 600          # the wait before each pass of the scrub
 /// http_listen = "127.0.0.1:7400"
 /// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
 /// durability = "d3"
@@ -290,6 +295,9 @@ pub struct ConfigFile {
     pub disk_reserve_bytes: Option<u64>,
     /// Ship the log continuously into this object storage URL.
     pub backup: Option<String>,
+    /// The scrub's rate (0: no scrub) and its pause before each pass.
+    pub scrub_bytes_per_second: Option<u64>,
+    pub scrub_pause_seconds: Option<f64>,
     pub http_listen: Option<String>,
     pub grpc_listen: Option<String>,
     pub durability: Option<String>,
@@ -414,6 +422,12 @@ impl Config {
         if let Some(url) = file.backup {
             self.backup = Some(url);
         }
+        if let Some(rate) = file.scrub_bytes_per_second {
+            self.set_scrub_rate(rate);
+        }
+        if let Some(pause) = file.scrub_pause_seconds {
+            self.set_scrub_pause(pause)?;
+        }
         if let Some(v) = file.http_listen {
             self.http_listen = required_listen(&v, "http_listen")?;
         }
@@ -487,6 +501,29 @@ impl Config {
         Ok(())
     }
 
+    /// The scrub's rate; 0 turns it off.
+    fn set_scrub_rate(&mut self, bytes_per_second: u64) {
+        if bytes_per_second == 0 {
+            self.scrub = None;
+        } else {
+            self.scrub
+                .get_or_insert_with(Default::default)
+                .bytes_per_second = bytes_per_second;
+        }
+    }
+
+    fn set_scrub_pause(&mut self, seconds: f64) -> Result<(), String> {
+        if !(seconds.is_finite() && seconds > 0.0) {
+            return Err(format!(
+                "the scrub's pause must be a positive number of seconds, not {seconds}"
+            ));
+        }
+        if let Some(scrub) = &mut self.scrub {
+            scrub.pause = Duration::from_secs_f64(seconds);
+        }
+        Ok(())
+    }
+
     /// Applies `ANNALS_*` variables from `vars` (normally `std::env::vars()`).
     pub fn apply_env(
         &mut self,
@@ -500,6 +537,16 @@ impl Config {
                 "ANNALS_STORE" => self.set_store(&value),
                 "ANNALS_MIRROR" => self.mirror = Some(PathBuf::from(value)),
                 "ANNALS_BACKUP" => self.backup = Some(value),
+                "ANNALS_SCRUB_BYTES_PER_SECOND" => self.set_scrub_rate(
+                    value
+                        .parse()
+                        .map_err(|_| format!("{name}: {value:?} is not a number of bytes"))?,
+                ),
+                "ANNALS_SCRUB_PAUSE_SECONDS" => self.set_scrub_pause(
+                    value
+                        .parse()
+                        .map_err(|_| format!("{name}: {value:?} is not a number of seconds"))?,
+                )?,
                 "ANNALS_DISK_RESERVE_BYTES" => {
                     self.disk_reserve_bytes = Some(
                         value

@@ -963,17 +963,28 @@ async fn openapi(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let stats = state.store.stats();
     // A full disk refuses appends but serves everything else: the server is still ready.
-    let status = match (&stats.poisoned, &stats.disk_full) {
-        (Some(_), _) => "poisoned",
-        (None, Some(_)) => "disk_full",
-        (None, None) => "ok",
+    // Damage the scrub found and could not repair: reads that cross it fail, the rest serves.
+    let damaged = stats
+        .scrub
+        .as_ref()
+        .and_then(|s| (!s.damaged.is_empty()).then(|| s.damaged.join("; ")));
+    let status = match (&stats.poisoned, &stats.disk_full, &damaged) {
+        (Some(_), _, _) => "poisoned",
+        (None, _, Some(_)) => "damaged",
+        (None, Some(_), None) => "disk_full",
+        (None, None, None) => "ok",
     };
     let body = serde_json::json!({
         "status": status,
         "head": stats.head,
         "durability": stats.durability,
-        "reason": stats.poisoned.as_ref().or(stats.disk_full.as_ref()),
+        "reason": stats.poisoned.as_ref().or(damaged.as_ref()).or(stats.disk_full.as_ref()),
         "diskFreeBytes": stats.disk_free_bytes,
+        "backup": stats.backup.as_ref().map(|b| serde_json::json!({
+            "state": b.state,
+            "lagPositions": b.lag_positions,
+            "lagSeconds": b.lag_seconds,
+        })),
     });
     let status = if stats.poisoned.is_some() {
         StatusCode::SERVICE_UNAVAILABLE

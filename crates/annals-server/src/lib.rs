@@ -138,6 +138,7 @@ impl Server {
         options.mirror = config.mirror.clone();
         options.disk_reserve_bytes = config.disk_reserve_bytes;
         options.backup = config.backup.as_ref().map(annals::BackupOptions::new);
+        options.scrub = config.scrub.clone();
         let dir = config.data_dir.clone();
         let postgres = config.postgres.clone();
         let store = tokio::task::spawn_blocking(move || match postgres {

@@ -422,6 +422,9 @@ impl Metrics {
         if let Some(backup) = &stats.backup {
             render_backup(&mut out, backup);
         }
+        if let Some(scrub) = &stats.scrub {
+            render_scrub(&mut out, scrub);
+        }
         out
     }
 
@@ -438,6 +441,34 @@ impl Metrics {
             }
         }
     }
+}
+
+/// The background scrub's lines: what it read, what it found and repaired.
+fn render_scrub(out: &mut String, s: &annals::ScrubStats) {
+    counter(
+        out,
+        "annals_scrub_passes_total",
+        "Passes of the scrub over every sealed segment.",
+        s.passes as f64,
+    );
+    counter(
+        out,
+        "annals_scrub_bytes_checked_total",
+        "Bytes of sealed segments the scrub read and checked.",
+        s.bytes_checked as f64,
+    );
+    gauge(
+        out,
+        "annals_scrub_damaged_segments",
+        "Sealed segments holding damage the scrub found and could not repair.",
+        s.damaged.len() as f64,
+    );
+    counter(
+        out,
+        "annals_scrub_repaired_total",
+        "Damaged records the scrub put back from the backup.",
+        s.repaired as f64,
+    );
 }
 
 /// The continuous backup's lines: how far it trails the log, what it shipped, its failures.

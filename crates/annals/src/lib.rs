@@ -59,6 +59,7 @@ mod recovery;
 mod route;
 #[cfg(feature = "schema")]
 pub mod schema;
+mod scrub;
 mod segment;
 mod shared;
 #[cfg(feature = "object-store")]
@@ -78,7 +79,7 @@ pub use error::{AppendError, InputError, ReadError, StoreError};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;
-pub use options::{BackupOptions, Durability, Options, Preallocation};
+pub use options::{BackupOptions, Durability, Options, Preallocation, ScrubOptions};
 #[cfg(feature = "postgres")]
 #[doc(hidden)]
 pub use postgres::lone_commit_statement;
@@ -87,7 +88,7 @@ pub use read::ReadIter;
 pub use record::StoredAppend;
 pub use store::{
     is_database_url, BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport,
-    Stats, Store,
+    ScrubStats, Stats, Store,
 };
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};

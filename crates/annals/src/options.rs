@@ -185,6 +185,26 @@ impl fmt::Debug for BackupOptions {
     }
 }
 
+/// How the background scrub re-reads sealed segments (`Options::scrub`): every record's CRC
+/// and position, at a bounded rate, a pass after each pause. Damage is reported (stats,
+/// `/health`, `/metrics`, the log) and, with a backup, repaired from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrubOptions {
+    /// The most bytes read per second.
+    pub bytes_per_second: u64,
+    /// The wait before each pass (the first one included).
+    pub pause: Duration,
+}
+
+impl Default for ScrubOptions {
+    fn default() -> Self {
+        ScrubOptions {
+            bytes_per_second: 8 << 20,
+            pause: Duration::from_secs(600),
+        }
+    }
+}
+
 /// Options for [`crate::Store::open`].
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -221,6 +241,9 @@ pub struct Options {
     /// Ship the log continuously into object storage (feature `object-store`); see
     /// [`BackupOptions`]. Needed by the off-machine class, D4.
     pub backup: Option<BackupOptions>,
+    /// Re-read sealed segments in the background (see [`ScrubOptions`]); None: never. Only
+    /// a store on files scrubs (a PostgreSQL store's mirror is refilled from the database).
+    pub scrub: Option<ScrubOptions>,
 }
 
 impl Options {
@@ -245,6 +268,7 @@ impl Default for Options {
             mirror: None,
             disk_reserve_bytes: None,
             backup: None,
+            scrub: Some(ScrubOptions::default()),
         }
     }
 }

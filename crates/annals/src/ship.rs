@@ -259,7 +259,15 @@ impl Backup {
                         return;
                     }
                 };
-                shipper.run();
+                let state = shipper.state.clone();
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shipper.run()));
+                if ran.is_err() {
+                    // Never leave a D4 append waiting on a thread that is gone.
+                    let reason = "the backup's thread panicked; shipping stopped";
+                    tracing::error!(url = state.url.as_str(), "backup: {reason}");
+                    *state.stopped.lock() = Some(reason.into());
+                    state.fail_all(reason);
+                }
             })
             .map_err(|e| StoreError::Backup(format!("start the backup thread: {e}")))?;
         match rx.recv() {
@@ -307,6 +315,8 @@ struct Shipper {
     /// Whether the manifest is written (a backup of an empty store writes it with the first
     /// record).
     manifest_written: bool,
+    /// The segment the last chunk came from: shipped whole once the log has moved past it.
+    chunked_segment: Option<u32>,
     last_put: Instant,
 }
 
@@ -364,6 +374,7 @@ impl Shipper {
             lease_version: None,
             lease_renewed: Instant::now(),
             manifest_written: false,
+            chunked_segment: None,
             last_put: Instant::now() - Duration::from_secs(3600),
         };
         shipper.take_lease()?;
@@ -373,6 +384,10 @@ impl Shipper {
         match resumed {
             Ok(shipped) => {
                 shipper.state.shipped.store(shipped, Ordering::Release);
+                // Its segment may have been shipped in chunks only: once the log has moved
+                // past it, it is shipped whole (a put that finds it there already costs a
+                // comparison).
+                shipper.chunked_segment = shipper.segment_of(shipped);
                 Ok(shipper)
             }
             Err(e) => {
@@ -711,23 +726,36 @@ impl Shipper {
                 self.write_manifest(&first).map_err(Failure::fatal)?;
             }
         }
-        let segment_of = |position: u64| {
-            self.shared
-                .index
-                .read()
-                .location_of(position)
-                .map(|l| split_location(l).0)
-        };
-        let (Some(segment), Some(last_segment)) = (segment_of(next), segment_of(durable)) else {
+        let (Some(segment), Some(last_segment)) = (self.segment_of(next), self.segment_of(durable))
+        else {
             return Err(Failure::Fatal(format!(
                 "positions {next} or {durable} are not in the index"
             )));
         };
+        // The segment the chunks came from is sealed now: shipped whole, its chunks dropped.
+        if let Some(chunked) = self.chunked_segment.filter(|&c| c < segment) {
+            self.ship_segment(chunked, durable)?;
+            self.chunked_segment = None;
+            return Ok(());
+        }
         if segment < last_segment {
             self.ship_segment(segment, durable)
         } else {
+            self.chunked_segment = Some(segment);
             self.ship_chunk(segment, next, durable)
         }
+    }
+
+    /// The segment holding `position`, from the index.
+    fn segment_of(&self, position: u64) -> Option<u32> {
+        if position == 0 {
+            return None;
+        }
+        self.shared
+            .index
+            .read()
+            .location_of(position)
+            .map(|l| split_location(l).0)
     }
 
     fn ship_segment(&mut self, segment: u32, durable: u64) -> Result<(), Failure> {
@@ -843,11 +871,8 @@ impl Shipper {
             }
             Put::Existed => self.adopt(&name, first, &frames)?,
         };
-        let before = self
-            .state
-            .shipped
-            .swap(shipped_to.max(self.state.shipped()), Ordering::AcqRel);
-        assert!(shipped_to >= before, "the shipped position moves forward");
+        // A segment shipped whole after its chunks moves nothing.
+        self.state.shipped.fetch_max(shipped_to, Ordering::AcqRel);
         self.state.answer();
         Ok(())
     }

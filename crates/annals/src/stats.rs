@@ -106,6 +106,22 @@ pub struct Stats {
     pub disk_free_bytes: Option<u64>,
     /// The continuous backup into object storage, when one runs.
     pub backup: Option<BackupStats>,
+    /// The background scrub of sealed segments, when one runs.
+    pub scrub: Option<ScrubStats>,
+}
+
+/// What the background scrub found (see `Options::scrub`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ScrubStats {
+    /// Passes over every sealed segment finished.
+    pub passes: u64,
+    pub segments_checked: u64,
+    pub bytes_checked: u64,
+    /// Damaged records put back from the backup.
+    pub repaired: u64,
+    /// Damage found and not repaired, one line per segment.
+    pub damaged: Vec<String>,
+    pub last_repair: Option<String>,
 }
 
 /// Where the continuous backup stands (see `Options::backup`).

@@ -47,7 +47,7 @@ use without_postgres::Remote;
 mod submit;
 
 pub use crate::stats::{
-    BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, Stats,
+    BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, ScrubStats, Stats,
 };
 
 /// The local class of a store opened in `options.durability`, and whether its appends are
@@ -127,6 +127,8 @@ pub struct Store {
     backup: Option<crate::ship::Backup>,
     /// Every append is D4 (the store was opened with `Durability::OffMachine`).
     off_machine: bool,
+    /// The background scrub of sealed segments (`Options::scrub`), on files.
+    scrub: Option<crate::scrub::Scrub>,
 }
 
 const LOCK_FILE: &str = "LOCK";
@@ -179,9 +181,19 @@ impl Store {
         store.begin_backup(&local, off_machine)
     }
 
-    /// Starts the continuous backup `options` asks for, if any.
+    /// Starts the background work `options` asks for: the scrub (on files) and the
+    /// continuous backup.
     fn begin_backup(mut self, options: &Options, off_machine: bool) -> Result<Store, StoreError> {
         self.off_machine = off_machine;
+        let on_files = self.shared.policy.backend == Backend::Files
+            && options.durability != Durability::Memory;
+        if let (Some(scrub), true) = (&options.scrub, on_files) {
+            self.scrub = Some(crate::scrub::Scrub::start(
+                self.shared.clone(),
+                scrub.clone(),
+                options.backup.clone(),
+            )?);
+        }
         let Some(backup) = &options.backup else {
             return Ok(self);
         };
@@ -387,6 +399,7 @@ impl Store {
             #[cfg(feature = "object-store")]
             backup: None,
             off_machine: false,
+            scrub: None,
         })
     }
 
@@ -616,6 +629,7 @@ impl Store {
             disk_full: self.disk_full(),
             disk_full_refusals: c.disk_full_refusals.load(Ordering::Relaxed),
             backup: self.backup_stats(),
+            scrub: self.scrub.as_ref().map(|s| s.state.stats()),
             disk_free_bytes: match self.log().is_none_or(|log| log.on_local_disk()) {
                 false => None,
                 true => self
@@ -693,6 +707,9 @@ impl Store {
         if let Some((notifier, handle)) = self.notifier.take() {
             notifier.stop();
             let _ = handle.join();
+        }
+        if let Some(mut scrub) = self.scrub.take() {
+            scrub.stop();
         }
         // Everything is durable now: the backup ships it before it stops.
         #[cfg(feature = "object-store")]
