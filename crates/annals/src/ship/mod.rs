@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
@@ -23,7 +23,7 @@ use crate::archive::{
     decode_object, decode_object_header, encode_header, parse_name, Lease, Manifest, ObjectKind,
     LEASE, MANIFEST, OBJECT_HEADER_BYTES,
 };
-use crate::error::{AppendError, StoreError};
+use crate::error::StoreError;
 use crate::index::split_location;
 use crate::objects::{ObjectError, ObjectFault, Objects, Put};
 use crate::options::BackupOptions;
@@ -33,8 +33,11 @@ use crate::record::{decode_header, Frame, RecordHeader, HEADER_BYTES};
 use crate::route::Backend;
 use crate::segment::SEGMENT_HEADER_BYTES;
 use crate::shared::Shared;
-use crate::stats::BackupStats;
-use crate::writer::Reply;
+
+mod state;
+pub(crate) use state::now_us;
+pub(crate) use state::BackupState;
+use state::OffMachineWaiters;
 
 /// The most record bytes one chunk of the active segment carries.
 const CHUNK_BYTES_MAX: usize = 8 << 20;
@@ -47,180 +50,6 @@ const LEASE_TTL_S: u64 = 30;
 const LEASE_RENEW: Duration = Duration::from_secs(10);
 /// How long a close waits for the backup to catch up before it gives up on it.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
-
-/// A D4 append waiting for its position to be shipped.
-struct OffMachineWaiter {
-    position: u64,
-    deadline: Instant,
-    reply: Reply,
-}
-
-/// The D4 appends waiting, and why no more may wait once shipping ended.
-#[derive(Default)]
-struct OffMachineWaiters {
-    list: Vec<OffMachineWaiter>,
-    closed: Option<String>,
-}
-
-/// What the shipper and the store share.
-pub(crate) struct BackupState {
-    url: String,
-    shipped: AtomicU64,
-    /// The append time of the first record not yet shipped, once the shipper has read it.
-    oldest_unshipped_us: AtomicU64,
-    bytes_shipped: AtomicU64,
-    objects_shipped: AtomicU64,
-    segments_shipped: AtomicU64,
-    failures: AtomicU64,
-    last_error: Mutex<Option<String>>,
-    /// Set when shipping stopped for good (the prefix holds another history, the lease was
-    /// taken): D4 appends fail at once.
-    stopped: Mutex<Option<String>>,
-    failing: AtomicBool,
-    waiters: Mutex<OffMachineWaiters>,
-    kick: Condvar,
-    kick_lock: Mutex<()>,
-    stop: AtomicBool,
-    options: BackupOptions,
-}
-
-impl BackupState {
-    pub(crate) fn shipped(&self) -> u64 {
-        self.shipped.load(Ordering::Acquire)
-    }
-
-    /// Answers `reply` once `position` is in object storage (or `OutcomeUnknown` after the
-    /// timeout, or at once when shipping stopped for good).
-    pub(crate) fn when_shipped(&self, position: u64, reply: Reply) {
-        {
-            let mut waiters = self.waiters.lock();
-            if let Some(reason) = waiters.closed.clone() {
-                drop(waiters);
-                reply.send(Err(off_machine_unknown(&self.url, &reason)));
-                return;
-            }
-            if self.shipped() >= position {
-                drop(waiters);
-                reply.send(Ok(position));
-                return;
-            }
-            waiters.list.push(OffMachineWaiter {
-                position,
-                deadline: Instant::now() + self.options.off_machine_timeout,
-                reply,
-            });
-        }
-        self.wake();
-    }
-
-    fn wake(&self) {
-        let _guard = self.kick_lock.lock();
-        self.kick.notify_one();
-    }
-
-    /// Sleeps up to `d`, or until kicked.
-    fn sleep(&self, d: Duration) {
-        let mut guard = self.kick_lock.lock();
-        if self.stop.load(Ordering::Acquire) {
-            return;
-        }
-        self.kick.wait_for(&mut guard, d);
-    }
-
-    /// Answers the waiters through `shipped`, and those past their deadline.
-    fn answer(&self) {
-        let shipped = self.shipped();
-        let now = Instant::now();
-        let mut done = Vec::new();
-        {
-            let waiters = &mut self.waiters.lock().list;
-            let mut i = 0;
-            while i < waiters.len() {
-                if waiters[i].position <= shipped || waiters[i].deadline <= now {
-                    done.push(waiters.swap_remove(i));
-                } else {
-                    i += 1;
-                }
-            }
-        }
-        for w in done {
-            if w.position <= shipped {
-                w.reply.send(Ok(w.position));
-            } else {
-                let why = self
-                    .last_error
-                    .lock()
-                    .clone()
-                    .unwrap_or_else(|| "no answer yet".into());
-                let reason = format!(
-                    "not in object storage within {:?} ({why})",
-                    self.options.off_machine_timeout
-                );
-                w.reply.send(Err(off_machine_unknown(&self.url, &reason)));
-            }
-        }
-    }
-
-    fn has_waiters(&self) -> bool {
-        !self.waiters.lock().list.is_empty()
-    }
-
-    /// Fails every waiter, and every later one: shipping ended.
-    fn fail_all(&self, reason: &str) {
-        let waiters = {
-            let mut waiters = self.waiters.lock();
-            waiters.closed = Some(reason.to_string());
-            std::mem::take(&mut waiters.list)
-        };
-        for w in waiters {
-            w.reply.send(Err(off_machine_unknown(&self.url, reason)));
-        }
-    }
-
-    pub(crate) fn stats(&self, durable: u64) -> BackupStats {
-        let shipped = self.shipped();
-        let lag_positions = durable.saturating_sub(shipped);
-        let oldest = self.oldest_unshipped_us.load(Ordering::Relaxed);
-        let lag_seconds = if lag_positions == 0 || oldest == 0 {
-            0.0
-        } else {
-            now_us().saturating_sub(oldest) as f64 / 1e6
-        };
-        let stopped = self.stopped.lock().clone();
-        BackupStats {
-            url: self.url.clone(),
-            state: match (&stopped, self.failing.load(Ordering::Relaxed)) {
-                (Some(_), _) => "stopped",
-                (None, true) => "failing",
-                (None, false) => "shipping",
-            },
-            shipped_through: shipped,
-            lag_positions,
-            lag_seconds,
-            bytes_shipped: self.bytes_shipped.load(Ordering::Relaxed),
-            objects_shipped: self.objects_shipped.load(Ordering::Relaxed),
-            segments_shipped: self.segments_shipped.load(Ordering::Relaxed),
-            failures: self.failures.load(Ordering::Relaxed),
-            last_error: stopped.or_else(|| self.last_error.lock().clone()),
-        }
-    }
-}
-
-fn off_machine_unknown(url: &str, reason: &str) -> AppendError {
-    StoreError::OutcomeUnknown {
-        reason: format!(
-            "the append is durable on this machine but not known to be in the backup at {url}: \
-             {reason}"
-        ),
-    }
-    .into()
-}
-
-pub(crate) fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
 
 fn host_name() -> String {
     let mut buf = [0u8; 256];
