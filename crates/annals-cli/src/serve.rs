@@ -36,6 +36,12 @@ pub struct ServeArgs {
     /// with `annals restore`. Env: ANNALS_BACKUP
     #[arg(long, value_name = "URL")]
     backup: Option<String>,
+    /// Serve as a read replica of the backup another server writes at URL (as --backup
+    /// names it): reads, subscriptions, read models and the console, following the backup as
+    /// it grows; appends are refused, naming the primary. No data directory: the log's copy
+    /// is filled from the backup at start. Env: ANNALS_REPLICA_OF
+    #[arg(long, value_name = "URL")]
+    replica_of: Option<String>,
     /// HTTP listen address. Env: ANNALS_HTTP_LISTEN. Default: 127.0.0.1:7400
     #[arg(long, value_name = "HOST:PORT")]
     http: Option<String>,
@@ -113,6 +119,9 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     }
     if let Some(url) = args.backup {
         config.backup = Some(url);
+    }
+    if let Some(url) = args.replica_of {
+        config.replica_of = Some(url);
     }
     if let Some(http) = args.http {
         config.http_listen =

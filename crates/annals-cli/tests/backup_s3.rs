@@ -387,3 +387,54 @@ fn bad_backup_input_is_refused_clearly() {
     let (ok, out) = annals(&["restore", "--from", &url, "--to", &dir("c")], &env);
     assert!(!ok && out.contains(&victim), "{out}");
 }
+
+/// Goal: a replica serving from the backup another server writes follows that primary under
+/// load and answers the same reads; an append to it is refused, naming the primary.
+#[test]
+fn a_replica_follows_a_primary_under_load() {
+    let Some(s3) = S3Server::start() else { return };
+    let env = env(&s3);
+    let url = s3.url("replicated");
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("primary");
+    let mut primary = ServerProcess::start_with_env(&data, &["--backup", &url], &env_refs(&env));
+    primary.append(r#"{"events":[{"type":"First","tags":["k:0"],"data":"0"}]}"#);
+    let mut replica = ServerProcess::launch_with(&["--replica-of", &url], &env_refs(&env));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (1..7usize)
+        .map(|id| {
+            let (stop, acks, addr) = (stop.clone(), acks.clone(), primary.http);
+            std::thread::spawn(move || appender(addr, id, stop, acks))
+        })
+        .collect();
+    // Under load the replica's head moves.
+    let seen = replica.head();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(replica.head() > seen, "the replica follows under load");
+    let refused = replica.post(
+        "/v1/append",
+        r#"{"events":[{"type":"T","tags":[],"data":"x"}]}"#,
+    );
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert_eq!(refused.kind(), "read_only_replica");
+    assert!(refused.text().contains("directory"), "{}", refused.text());
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let head = primary.head();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while replica.head() < head {
+        assert!(Instant::now() < deadline, "the replica catches up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(replica.read("{}", "{}"), primary.read("{}", "{}"));
+    let tagged = r#"{"items":[{"tags":["client:3"]}]}"#;
+    assert_eq!(
+        replica.read(tagged, r#"{"backwards":true,"limit":5}"#),
+        primary.read(tagged, r#"{"backwards":true,"limit":5}"#)
+    );
+    assert!(replica.terminate().success());
+    assert!(primary.terminate().success());
+}

@@ -47,6 +47,9 @@ pub struct Config {
     /// Where the log is shipped continuously (`annals::Options::backup`): s3://, gs://, az://
     /// or file:// URL; None: no backup.
     pub backup: Option<String>,
+    /// Serve as a read replica of the backup at this URL (`annals::Store::open_replica`)
+    /// instead of a store of its own.
+    pub replica_of: Option<String>,
     /// The background scrub of sealed segments (`annals::Options::scrub`); None: off.
     pub scrub: Option<annals::ScrubOptions>,
     /// HTTP listen address; loopback unless asked otherwise.
@@ -236,6 +239,7 @@ impl Default for Config {
             mirror: None,
             disk_reserve_bytes: None,
             backup: None,
+            replica_of: None,
             scrub: Some(annals::ScrubOptions::default()),
             http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
             grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
@@ -260,6 +264,7 @@ impl Default for Config {
 /// # mirror = "/var/lib/annals-mirror"  # where a PostgreSQL store's copy of the log is kept
 /// disk_reserve_bytes = 67108864     # free space left alone; default: one segment
 /// backup = "s3://bucket/prefix"      # ship the log there continuously (s3://, gs://, az://, file://)
+/// # replica_of = "s3://bucket/prefix"  # serve reads from the backup another server writes
 /// scrub_bytes_per_second = 8388608   # re-read sealed segments at most this fast; 0: no scrub
 /// scrub_pause_seconds = 600          # the wait before each pass of the scrub
 /// http_listen = "127.0.0.1:7400"
@@ -295,6 +300,8 @@ pub struct ConfigFile {
     pub disk_reserve_bytes: Option<u64>,
     /// Ship the log continuously into this object storage URL.
     pub backup: Option<String>,
+    /// Serve reads from the backup another server writes at this URL.
+    pub replica_of: Option<String>,
     /// The scrub's rate (0: no scrub) and its pause before each pass.
     pub scrub_bytes_per_second: Option<u64>,
     pub scrub_pause_seconds: Option<f64>,
@@ -395,9 +402,10 @@ impl Config {
 
     /// Where the log lives, for messages: the directory, or the database without its password.
     pub fn store_description(&self) -> String {
-        match &self.postgres {
-            Some(url) => format!("PostgreSQL {}", redact_password(url)),
-            None => self.data_dir.display().to_string(),
+        match (&self.replica_of, &self.postgres) {
+            (Some(url), _) => format!("a read replica of the backup at {url}"),
+            (None, Some(url)) => format!("PostgreSQL {}", redact_password(url)),
+            (None, None) => self.data_dir.display().to_string(),
         }
     }
 
@@ -421,6 +429,9 @@ impl Config {
         }
         if let Some(url) = file.backup {
             self.backup = Some(url);
+        }
+        if let Some(url) = file.replica_of {
+            self.replica_of = Some(url);
         }
         if let Some(rate) = file.scrub_bytes_per_second {
             self.set_scrub_rate(rate);
@@ -537,6 +548,7 @@ impl Config {
                 "ANNALS_STORE" => self.set_store(&value),
                 "ANNALS_MIRROR" => self.mirror = Some(PathBuf::from(value)),
                 "ANNALS_BACKUP" => self.backup = Some(value),
+                "ANNALS_REPLICA_OF" => self.replica_of = Some(value),
                 "ANNALS_SCRUB_BYTES_PER_SECOND" => self.set_scrub_rate(
                     value
                         .parse()
@@ -630,6 +642,13 @@ impl Config {
     /// The reason to refuse this configuration at start, if any: a listener beyond loopback
     /// with no API keys, unless explicitly allowed.
     pub fn refusal(&self) -> Option<String> {
+        if self.replica_of.is_some() && (self.backup.is_some() || self.exchange.is_some()) {
+            return Some(
+                "a read replica serves reads only: it ships no backup of its own and hosts no \
+                 exchange (drop --backup and --exchange)"
+                    .into(),
+            );
+        }
         if self.exposed() && self.api_keys.is_empty() && !self.allow_unauthenticated_network {
             return Some(format!(
                 "refusing to listen beyond loopback (http {}, grpc {}) without API keys: anyone \

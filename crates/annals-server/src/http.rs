@@ -222,6 +222,9 @@ fn input_error(e: &InputError) -> ApiError {
         }
         InputError::SyncUnavailable => "sync_unavailable",
         InputError::OffMachineUnavailable => "off_machine_unavailable",
+        InputError::ReadOnlyReplica { .. } => {
+            return ApiError::new(StatusCode::FORBIDDEN, "read_only_replica", e.to_string())
+        }
         _ => "invalid_input",
     };
     ApiError::new(StatusCode::BAD_REQUEST, kind, e.to_string())

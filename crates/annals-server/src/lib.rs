@@ -141,9 +141,11 @@ impl Server {
         options.scrub = config.scrub.clone();
         let dir = config.data_dir.clone();
         let postgres = config.postgres.clone();
-        let store = tokio::task::spawn_blocking(move || match postgres {
-            Some(url) => Store::open_postgres(&url, options),
-            None => Store::open(&dir, options),
+        let replica_of = config.replica_of.clone();
+        let store = tokio::task::spawn_blocking(move || match (replica_of, postgres) {
+            (Some(url), _) => Store::open_replica(&annals::BackupOptions::new(url), options),
+            (None, Some(url)) => Store::open_postgres(&url, options),
+            (None, None) => Store::open(&dir, options),
         })
         .await
         .map_err(|e| e.to_string())?

@@ -155,6 +155,12 @@ pub enum InputError {
     /// `require_synced` asked of a memory-only (D0) store, which has nothing to sync.
     #[error("a memory-only (D0) store cannot make an append durable")]
     SyncUnavailable,
+    /// An append to a read replica, which serves reads only.
+    #[error(
+        "this store is a read replica of the backup at {backup}: it takes no appends; append \
+         to the primary that writes the backup ({primary})"
+    )]
+    ReadOnlyReplica { backup: String, primary: String },
     /// The off-machine class (D4) asked of a store without a backup to ship to.
     #[error(
         "the off-machine class (d4) needs a backup in object storage; open the store with one \

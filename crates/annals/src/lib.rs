@@ -56,6 +56,8 @@ mod read;
 pub mod readmodel;
 mod record;
 mod recovery;
+#[cfg(feature = "object-store")]
+mod replica;
 mod route;
 #[cfg(feature = "schema")]
 pub mod schema;

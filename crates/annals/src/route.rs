@@ -15,6 +15,9 @@ pub(crate) enum Backend {
     /// A PostgreSQL database, in front of a mirror on files.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres,
+    /// A backup in object storage that another store writes: a read replica's copy on files.
+    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    Replica,
 }
 
 /// The route an append took into the log (see the module's table).
@@ -26,16 +29,19 @@ pub(crate) enum Route {
     Alone,
     Database,
     DatabaseAlone,
+    /// A read replica taking in what its backup holds.
+    Replicated,
 }
 
 impl Route {
-    pub(crate) const ALL: [Route; 6] = [
+    pub(crate) const ALL: [Route; 7] = [
         Route::Queued,
         Route::Held,
         Route::Staged,
         Route::Alone,
         Route::Database,
         Route::DatabaseAlone,
+        Route::Replicated,
     ];
 
     /// The route's name in stats and metrics.
@@ -47,6 +53,7 @@ impl Route {
             Route::Alone => "alone",
             Route::Database => "database",
             Route::DatabaseAlone => "database_alone",
+            Route::Replicated => "replicated",
         }
     }
 }

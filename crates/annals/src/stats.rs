@@ -108,6 +108,22 @@ pub struct Stats {
     pub backup: Option<BackupStats>,
     /// The background scrub of sealed segments, when one runs.
     pub scrub: Option<ScrubStats>,
+    /// A read replica's following of its backup.
+    pub replica: Option<ReplicaStats>,
+}
+
+/// How far a read replica has followed its backup (see `Store::open_replica`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplicaStats {
+    pub url: String,
+    /// The primary that writes the backup, from its lease.
+    pub primary: String,
+    pub head: u64,
+    /// The last position the backup held when last read.
+    pub backup_head: u64,
+    pub objects_read: u64,
+    pub failures: u64,
+    pub last_error: Option<String>,
 }
 
 /// What the background scrub found (see `Options::scrub`).

@@ -370,3 +370,54 @@ fn without_a_backup_the_scrub_reports_the_damage() {
         "still reported"
     );
 }
+
+/// Goal: a read replica serves what the primary's backup holds, follows it as it grows (a
+/// subscription on the replica sees the new events), answers the same reads, and refuses
+/// appends naming the primary.
+#[test]
+fn a_replica_follows_the_primary_through_its_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let opts = options(&url);
+    let primary = Store::open(dir.path().join("primary"), opts.clone()).unwrap();
+    fill(&primary, 700);
+    wait_for("the backup ships everything", || {
+        primary.stats().backup.unwrap().lag_positions == 0
+    });
+    let backup = opts.backup.clone().unwrap();
+    let replica = Store::open_replica(&backup, plain(&opts)).unwrap();
+    assert_eq!(replica.head(), primary.head(), "caught up at open");
+    assert_eq!(all_data(&replica).unwrap(), all_data(&primary).unwrap());
+    let opened_at = replica.head();
+    let mut subscription = replica.subscribe(&annals::Query::all(), opened_at).unwrap();
+
+    // The primary goes on, across several segments; the replica follows.
+    fill(&primary, 1500);
+    wait_for("the backup ships everything", || {
+        primary.stats().backup.unwrap().lag_positions == 0
+    });
+    wait_for("the replica follows", || replica.head() == primary.head());
+    assert_eq!(all_data(&replica).unwrap(), all_data(&primary).unwrap());
+    let next = subscription
+        .next_timeout(Some(Duration::from_secs(5)))
+        .unwrap()
+        .expect("the subscription sees the next event");
+    assert_eq!(next.position(), opened_at + 1);
+    let stats = replica.stats();
+    assert_eq!(stats.backend, "replica");
+    assert_eq!(stats.replica.as_ref().unwrap().head, primary.head());
+
+    let e = replica.append(&events(1, 1), None).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(
+            e,
+            annals::AppendError::Input(InputError::ReadOnlyReplica { .. })
+        ) && text.contains(&url)
+            && text.contains("directory"),
+        "{text}"
+    );
+    assert_eq!(replica.head(), primary.head(), "nothing was appended");
+    replica.close().unwrap();
+    primary.close().unwrap();
+}

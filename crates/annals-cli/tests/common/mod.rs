@@ -33,6 +33,11 @@ impl ServerProcess {
         Self::launch(Some(dir), extra, env)
     }
 
+    /// Starts `annals serve` with `args` instead of a data directory (a replica, say).
+    pub fn launch_with(args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        Self::launch(None, args, env)
+    }
+
     /// Starts `annals serve --store <url>` on a PostgreSQL database.
     pub fn start_postgres(url: &str, extra: &[&str]) -> ServerProcess {
         let mut args = vec!["--store", url];

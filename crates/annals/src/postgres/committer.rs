@@ -572,7 +572,7 @@ impl Committer {
             }));
             handed.push(committed(append, at, answer));
         }
-        self.role.commit_committed(handed);
+        self.role.commit_committed(handed, Route::Database);
         // The mirror answers in its writer's call (D1): nothing is left to wait for, but the
         // next group must be checked against this one.
         applied.wait();

@@ -128,7 +128,7 @@ impl Committer {
             self.counters.followed.fetch_add(1, Ordering::Relaxed);
         }
         if !handed.is_empty() {
-            self.role.commit_committed(handed);
+            self.role.commit_committed(handed, Route::Database);
         }
         match applied.wait().or(bad) {
             Some(error) => Err(StoreError::Database(error)),

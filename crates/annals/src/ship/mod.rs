@@ -408,7 +408,7 @@ impl Shipper {
         let published = &self.shared.published;
         match self.shared.policy.backend {
             Backend::Files => published.synced().min(published.head()),
-            Backend::Postgres => published.head(),
+            Backend::Postgres | Backend::Replica => published.head(),
         }
     }
 

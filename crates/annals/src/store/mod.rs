@@ -47,7 +47,8 @@ use without_postgres::Remote;
 mod submit;
 
 pub use crate::stats::{
-    BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, ScrubStats, Stats,
+    BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, ReplicaStats,
+    ScrubStats, Stats,
 };
 
 /// The local class of a store opened in `options.durability`, and whether its appends are
@@ -129,6 +130,9 @@ pub struct Store {
     off_machine: bool,
     /// The background scrub of sealed segments (`Options::scrub`), on files.
     scrub: Option<crate::scrub::Scrub>,
+    /// A read replica's follower of its backup, and its copy's temporary directory.
+    #[cfg(feature = "object-store")]
+    replica: Option<(crate::replica::Replica, std::path::PathBuf)>,
 }
 
 const LOCK_FILE: &str = "LOCK";
@@ -400,6 +404,8 @@ impl Store {
             backup: None,
             off_machine: false,
             scrub: None,
+            #[cfg(feature = "object-store")]
+            replica: None,
         })
     }
 
@@ -435,6 +441,10 @@ impl Store {
     /// Where the log is committed: the database when there is one, else segment files; None
     /// once the store is closed.
     fn log(&self) -> Option<&dyn Log> {
+        #[cfg(feature = "object-store")]
+        if let (Some((replica, _)), Some(_)) = (&self.replica, &self.files) {
+            return Some(replica);
+        }
         match (&self.remote, &self.files) {
             (Some(remote), _) => Some(remote),
             (None, Some(files)) => Some(files),
@@ -630,6 +640,7 @@ impl Store {
             disk_full_refusals: c.disk_full_refusals.load(Ordering::Relaxed),
             backup: self.backup_stats(),
             scrub: self.scrub.as_ref().map(|s| s.state.stats()),
+            replica: self.replica_stats(),
             disk_free_bytes: match self.log().is_none_or(|log| log.on_local_disk()) {
                 false => None,
                 true => self
@@ -647,6 +658,59 @@ impl Store {
         return self.backup.as_ref().map(|b| b.state.stats(self.synced()));
         #[cfg(not(feature = "object-store"))]
         None
+    }
+
+    fn replica_stats(&self) -> Option<ReplicaStats> {
+        #[cfg(feature = "object-store")]
+        return self.replica.as_ref().map(|(r, _)| r.stats());
+        #[cfg(not(feature = "object-store"))]
+        None
+    }
+
+    /// Opens a read replica of the backup `backup` names (feature `object-store`): a copy of
+    /// the log in a temporary directory, filled from the backup before this returns and then
+    /// following it as the primary ships more. Reads, subscriptions and read models work as
+    /// on any store; appends are refused ([`InputError::ReadOnlyReplica`], naming the
+    /// primary). `options` gives the limits; durability, backup and scrub are the replica's.
+    #[cfg(feature = "object-store")]
+    pub fn open_replica(
+        backup: &crate::options::BackupOptions,
+        options: Options,
+    ) -> Result<Store, StoreError> {
+        use std::sync::atomic::AtomicU64;
+        static REPLICAS: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "annals-replica-{}-{}",
+            std::process::id(),
+            REPLICAS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The copy is derived from object storage: written, never synced (D1), as a mirror.
+        let copy = Options {
+            durability: Durability::Written,
+            backup: None,
+            scrub: None,
+            mirror: None,
+            checkpoint_on_close: false,
+            checkpoint_interval_events: 0,
+            preallocation: crate::Preallocation::Fallocate,
+            unsynced_bytes_max: 1 << 40,
+            ..options
+        };
+        let opened =
+            Self::open_log(Arc::new(RealIo), &dir, copy, Backend::Replica).and_then(|mut store| {
+                let role = match &store.files {
+                    Some(files) => files.role().clone(),
+                    None => return Err(StoreError::Closed),
+                };
+                let replica = crate::replica::Replica::start(backup, store.shared.clone(), role)?;
+                store.replica = Some((replica, dir.clone()));
+                Ok(store)
+            });
+        if opened.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        opened
     }
 
     /// The backup's state, for appends that wait for it (D4).
@@ -692,6 +756,14 @@ impl Store {
 
     /// Stops the writer's threads (the backend's are stopped first) and writes the checkpoint.
     fn stop_threads(&mut self) -> Result<(), StoreError> {
+        // A replica's follower hands records to the writer: it stops first; its copy goes.
+        #[cfg(feature = "object-store")]
+        if let Some((mut replica, dir)) = self.replica.take() {
+            replica.stop();
+            let stopped = self.stop_threads();
+            let _ = std::fs::remove_dir_all(dir);
+            return stopped;
+        }
         let Some(files) = self.files.take() else {
             return Ok(());
         };
@@ -711,6 +783,7 @@ impl Store {
         if let Some(mut scrub) = self.scrub.take() {
             scrub.stop();
         }
+
         // Everything is durable now: the backup ships it before it stops.
         #[cfg(feature = "object-store")]
         if let Some(mut backup) = self.backup.take() {

@@ -180,14 +180,18 @@ impl WriterRole {
     /// waiting for the role if another thread holds it. The mirror's appends all come this way, so its
     /// queue stays empty and its writer thread idle: the hand-over costs no wake-up. In the
     /// mirror's class (D1) every append is answered before this returns.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn commit_committed(&self, requests: Vec<Request>) {
+    /// A read replica hands over what its backup holds the same way (`Route::Replicated`).
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "object-store")),
+        allow(dead_code)
+    )]
+    pub(crate) fn commit_committed(&self, requests: Vec<Request>, route: Route) {
         let mut writer = self.writer.lock();
         debug_assert!(writer.group.is_empty() && self.receiver.is_empty());
         writer.group.extend(requests);
         self.commit_here(
             &mut writer,
-            Route::Database,
+            route,
             "the writer panicked taking in committed appends",
         );
     }

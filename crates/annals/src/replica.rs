@@ -1,0 +1,407 @@
+//! A read replica: a store whose log is the backup another store writes into object storage
+//! (`Store::open_replica`). It keeps a copy on files (the mirror, as on PostgreSQL), filled
+//! from the backup at open and then followed as the backup grows: a thread asks for the
+//! object that begins at the position after its head (the sealed segment's, else the
+//! chunk), and hands its records to the copy's writer at their own positions. Reads,
+//! subscriptions and read models see them as on any store; appends are refused, naming the
+//! primary (the backup's lease holder).
+//!
+//! What it serves is in object storage, so at most as fresh as the primary's backup: the
+//! backup's lag plus one poll.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::TrySendError;
+use parking_lot::{Condvar, Mutex};
+
+use crate::archive::{
+    decode_object, decode_object_header, parse_name, Decoded, Lease, Manifest, ObjectKind, LEASE,
+    MANIFEST, OBJECT_HEADER_BYTES,
+};
+use crate::error::{InputError, StoreError};
+use crate::log::Log;
+use crate::objects::Objects;
+use crate::options::{BackupOptions, Durability};
+use crate::record::{EncodedAppend, HEADER_BYTES};
+use crate::route::Route;
+use crate::shared::Shared;
+use crate::stats::{DatabaseStats, ReplicaStats};
+use crate::writer::{Reply, ReplyTo, Request, WriterRole};
+
+/// How often a replica asks for new objects when it has caught up.
+const POLL: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// What the follower and the store share.
+#[derive(Default)]
+struct ReplicaState {
+    url: String,
+    /// Who appends to the primary, from the backup's lease.
+    primary: Mutex<String>,
+    objects_read: AtomicU64,
+    failures: AtomicU64,
+    last_error: Mutex<Option<String>>,
+    /// The last position the backup held when last asked.
+    backup_head: AtomicU64,
+    /// Polls finished (refresh waits for the next).
+    polls: Mutex<u64>,
+    polled: Condvar,
+    stop: AtomicBool,
+    kick: Condvar,
+    kick_lock: Mutex<()>,
+}
+
+/// The replica's side of the seam: appends refused, the backup followed.
+pub(crate) struct Replica {
+    state: Arc<ReplicaState>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Replica {
+    /// Fills the copy (`role`, over `shared`) from the backup, then follows it on a thread.
+    pub(crate) fn start(
+        backup: &BackupOptions,
+        shared: Arc<Shared>,
+        role: Arc<WriterRole>,
+    ) -> Result<Replica, StoreError> {
+        let objects =
+            Objects::open_with(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
+        let url = objects.url().to_string();
+        let manifest = objects
+            .get(MANIFEST)
+            .map_err(|e| StoreError::Backup(format!("{url}: {e}")))?
+            .ok_or_else(|| {
+                StoreError::Backup(format!(
+                    "{url} holds no backup (no {MANIFEST}): a replica follows a backup that a \
+                     primary (annals serve --backup) writes"
+                ))
+            })?;
+        let manifest =
+            Manifest::decode(&manifest.0).map_err(|e| StoreError::Backup(format!("{url}: {e}")))?;
+        let state = Arc::new(ReplicaState {
+            url,
+            ..ReplicaState::default()
+        });
+        let mut follower = Follower {
+            objects,
+            state: state.clone(),
+            shared: shared.clone(),
+            role,
+            manifest,
+            segment_after: None,
+            primary_read: None,
+        };
+        // Caught up before the store is handed out: a replica starts where its backup is.
+        while follower.poll()? {}
+        let thread = std::thread::Builder::new()
+            .name("annals-replica".into())
+            .spawn(move || follower.run())
+            .map_err(|e| StoreError::io("spawn replica thread", "", 0, e))?;
+        Ok(Replica {
+            state,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    pub(crate) fn stop(&mut self) {
+        self.state.stop.store(true, Ordering::Release);
+        {
+            let _guard = self.state.kick_lock.lock();
+            self.state.kick.notify_all();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    pub(crate) fn stats(&self) -> ReplicaStats {
+        ReplicaStats {
+            url: self.state.url.clone(),
+            primary: self.state.primary.lock().clone(),
+            head: self.shared.head(),
+            backup_head: self.state.backup_head.load(Ordering::Relaxed),
+            objects_read: self.state.objects_read.load(Ordering::Relaxed),
+            failures: self.state.failures.load(Ordering::Relaxed),
+            last_error: self.state.last_error.lock().clone(),
+        }
+    }
+
+    fn refuse(&self, request: Request) {
+        request.reply.send(Err(InputError::ReadOnlyReplica {
+            backup: self.state.url.clone(),
+            primary: self.state.primary.lock().clone(),
+        }
+        .into()));
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Log for Replica {
+    fn name(&self) -> &'static str {
+        "replica"
+    }
+
+    /// Everything a replica holds is in object storage.
+    fn durability(&self) -> Durability {
+        Durability::OffMachine
+    }
+
+    fn commit_alone(&self, request: Request) -> Result<(), Request> {
+        self.refuse(request);
+        Ok(())
+    }
+
+    fn submit(&self, request: Request, _: bool) -> Result<(), TrySendError<Request>> {
+        self.refuse(request);
+        Ok(())
+    }
+
+    /// Waits for the next poll of the backup to finish, so that what was in object storage
+    /// when this was called is taken in.
+    fn refresh(&self) -> Result<u64, StoreError> {
+        let mut polls = self.state.polls.lock();
+        let target = *polls + 2;
+        {
+            let _guard = self.state.kick_lock.lock();
+            self.state.kick.notify_all();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while *polls < target && !self.state.stop.load(Ordering::Acquire) {
+            if self
+                .state
+                .polled
+                .wait_until(&mut polls, deadline)
+                .timed_out()
+            {
+                break;
+            }
+        }
+        Ok(self.shared.head())
+    }
+
+    fn queue_depth(&self) -> usize {
+        0
+    }
+
+    fn synced(&self) -> u64 {
+        self.shared.head()
+    }
+
+    fn on_local_disk(&self) -> bool {
+        false
+    }
+
+    fn database_stats(&self) -> Option<DatabaseStats> {
+        None
+    }
+}
+
+struct Follower {
+    objects: Objects,
+    state: Arc<ReplicaState>,
+    shared: Arc<Shared>,
+    role: Arc<WriterRole>,
+    manifest: Manifest,
+    /// The first position of the newest segment object seen: where to list from when a
+    /// chunk is gone (its segment's object now covers it).
+    segment_after: Option<u64>,
+    /// When the lease was last read for the primary's name.
+    primary_read: Option<Instant>,
+}
+
+impl Follower {
+    fn run(mut self) {
+        let mut backoff = POLL;
+        while !self.state.stop.load(Ordering::Acquire) {
+            match self.poll() {
+                Ok(true) => {
+                    backoff = POLL;
+                    continue;
+                }
+                Ok(false) => backoff = POLL,
+                Err(e) => {
+                    self.state.failures.fetch_add(1, Ordering::Relaxed);
+                    let message = e.to_string();
+                    if self.state.last_error.lock().as_deref() != Some(message.as_str()) {
+                        tracing::warn!(
+                            url = self.state.url.as_str(),
+                            error = message.as_str(),
+                            "replica: the backup cannot be read; retrying"
+                        );
+                    }
+                    *self.state.last_error.lock() = Some(message);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+            self.finish_poll();
+            let mut guard = self.state.kick_lock.lock();
+            if self.state.stop.load(Ordering::Acquire) {
+                break;
+            }
+            self.state.kick.wait_for(&mut guard, backoff);
+        }
+        self.finish_poll();
+    }
+
+    fn finish_poll(&self) {
+        *self.state.polls.lock() += 1;
+        self.state.polled.notify_all();
+    }
+
+    /// Takes in the object after the head, if there is one; true when it did.
+    fn poll(&mut self) -> Result<bool, StoreError> {
+        let url = self.state.url.clone();
+        let err = |e: crate::objects::ObjectError| StoreError::Backup(format!("{url}: {e}"));
+        self.read_primary();
+        let next = self.shared.head() + 1;
+        let mut object = None;
+        for kind in [ObjectKind::Segment, ObjectKind::Chunk] {
+            if let Some((bytes, _)) = self.objects.get(&kind.name(next)).map_err(err)? {
+                object = Some((kind.name(next), bytes));
+                break;
+            }
+        }
+        if object.is_none() {
+            // The chunk that began at `next` may be gone, its segment's object covering it.
+            object = self.covering(next)?;
+        }
+        let Some((name, bytes)) = object else {
+            return Ok(false);
+        };
+        let first =
+            parse_name(ObjectKind::Segment, &name).or_else(|| parse_name(ObjectKind::Chunk, &name));
+        let decoded = decode_object(bytes, first)
+            .map_err(|e| StoreError::Backup(format!("{url}: object {name} is damaged: {e}")))?;
+        if decoded.header.kind == ObjectKind::Segment {
+            self.segment_after = Some(decoded.header.first);
+        }
+        self.state
+            .backup_head
+            .fetch_max(decoded.header.last, Ordering::Relaxed);
+        self.apply(&name, &decoded, next)?;
+        self.state.objects_read.fetch_add(1, Ordering::Relaxed);
+        *self.state.last_error.lock() = None;
+        Ok(true)
+    }
+
+    /// The segment object holding `next`, found by listing after the last one seen.
+    fn covering(&mut self, next: u64) -> Result<Option<(String, bytes::Bytes)>, StoreError> {
+        let url = self.state.url.clone();
+        let err = |e: crate::objects::ObjectError| StoreError::Backup(format!("{url}: {e}"));
+        let after = self.segment_after.map(|p| ObjectKind::Segment.name(p));
+        let listed = self
+            .objects
+            .list(ObjectKind::Segment.dir(), after.as_deref())
+            .map_err(err)?;
+        for l in listed {
+            let Some(first) = parse_name(ObjectKind::Segment, &l.name) else {
+                continue;
+            };
+            if first > next {
+                break;
+            }
+            let head = self
+                .objects
+                .get_range(&l.name, 0..OBJECT_HEADER_BYTES as u64)
+                .map_err(err)?;
+            let header = decode_object_header(&head)
+                .map_err(|e| StoreError::Backup(format!("{url}: {}: {e}", l.name)))?;
+            if header.last >= next {
+                return Ok(self
+                    .objects
+                    .get(&l.name)
+                    .map_err(err)?
+                    .map(|(bytes, _)| (l.name, bytes)));
+            }
+            self.segment_after = Some(first);
+        }
+        Ok(None)
+    }
+
+    /// Hands the object's records from `next` on to the copy's writer, at their positions.
+    fn apply(&self, name: &str, object: &Decoded, next: u64) -> Result<(), StoreError> {
+        let url = &self.state.url;
+        let mut requests = Vec::new();
+        let mut expected = next;
+        for (i, (header, _)) in object.records.iter().enumerate() {
+            if header.last_position() < next {
+                continue;
+            }
+            if header.first_position != expected {
+                return Err(StoreError::Backup(format!(
+                    "{url}: object {name} has a record at {} where the replica expects {expected}",
+                    header.first_position
+                )));
+            }
+            if header.first_position == 1 && !self.manifest.names(header) {
+                return Err(StoreError::Backup(format!(
+                    "{url}: the first record is not the one its manifest names"
+                )));
+            }
+            let frame = object.frame(i);
+            let body = frame[HEADER_BYTES..HEADER_BYTES + header.body_len as usize].to_vec();
+            let append = EncodedAppend::from_stored(body, header.event_count).map_err(|why| {
+                StoreError::Backup(format!(
+                    "{url}: object {name}, position {}: {why}",
+                    header.first_position
+                ))
+            })?;
+            expected = header.last_position() + 1;
+            let position = header.first_position;
+            requests.push(Request {
+                append,
+                condition: None,
+                require_synced: false,
+                reply: Reply::new(ReplyTo::Callback(Box::new(move |outcome| {
+                    if let Err(e) = outcome {
+                        tracing::error!(position, error = %e, "replica: a record was not taken in");
+                    }
+                }))),
+                appended_at: Some(header.appended_at_us),
+            });
+        }
+        if !requests.is_empty() {
+            self.role.commit_committed(requests, Route::Replicated);
+        }
+        let head = self.shared.head();
+        if head + 1 != expected {
+            return Err(StoreError::Backup(format!(
+                "{url}: the replica's copy ends at {head} after object {name}, not at {}",
+                expected - 1
+            )));
+        }
+        Ok(())
+    }
+
+    /// Who the primary is, from the backup's lease (read every 10 s).
+    fn read_primary(&mut self) {
+        if self
+            .primary_read
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(10))
+        {
+            return;
+        }
+        self.primary_read = Some(Instant::now());
+        if let Ok(Some((bytes, _))) = self.objects.get(LEASE) {
+            if let Ok(lease) = serde_json::from_slice::<Lease>(&bytes) {
+                let shipping = if lease.renewed_at_us == 0 {
+                    " (stopped)"
+                } else {
+                    ""
+                };
+                *self.state.primary.lock() =
+                    format!("host {}, directory {}{shipping}", lease.host, lease.dir);
+            }
+        }
+    }
+}
