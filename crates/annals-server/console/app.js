@@ -531,6 +531,22 @@ async function storePage() {
       card('Appends per group', groups ? (groupAppends / groups).toFixed(1) : '-'),
       card('Subscribers', fmt(metric(m, 'annals_subscribers'))),
       card('Queue depth', fmt(metric(m, 'annals_queue_depth'))));
+    if (metric(m, 'annals_backup_shipped_position') !== null) {
+      let backupState = 'shipping';
+      for (const k of m.keys()) {
+        const match = k.match(/^annals_backup_state\{state="([^"]+)"\}$/);
+        if (match && m.get(k) === 1) backupState = match[1];
+      }
+      const lag = metric(m, 'annals_backup_lag_positions');
+      const lagSeconds = metric(m, 'annals_backup_lag_seconds');
+      cards.append(
+        card('Backup', backupState + ', shipped through ' + fmt(metric(m, 'annals_backup_shipped_position')), backupState !== 'shipping'),
+        card('Backup lag', fmt(lag) + ' positions, ' + (lagSeconds === null ? '-' : lagSeconds.toFixed(1) + ' s'), lagSeconds !== null && lagSeconds > 5),
+        card('Backup shipped', bytes(metric(m, 'annals_backup_bytes_shipped_total')) + ', ' + fmt(metric(m, 'annals_backup_failures_total')) + ' failures'));
+    }
+    if (metric(m, 'annals_scrub_damaged_segments') > 0) {
+      cards.append(card('Scrub', fmt(metric(m, 'annals_scrub_damaged_segments')) + ' damaged segments (see /health)', true));
+    }
     if (metric(m, 'annals_database_commits_total') !== null) {
       cards.append(card('Database commits', fmt(metric(m, 'annals_database_commits_total'))),
         card('Database conflicts', fmt(metric(m, 'annals_database_conflicts_total'))),
