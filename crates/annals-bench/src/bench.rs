@@ -65,46 +65,56 @@ pub enum BenchCommand {
     ///
     /// Example: annals-bench umadb --writers 64 --seconds 10 --umadb-bin "$ANNALS_UMADB_BIN"
     Umadb(crate::bench_umadb::UmadbArgs),
+    /// The backup to object storage on a throwaway SeaweedFS: 64 writers with and without a
+    /// backup (alternated) and the backup's lag, D4 over HTTP beside the object store's own
+    /// rate of sequential puts, restoring a large store, and a replica's full scan beside
+    /// the primary's.
+    ///
+    /// Example: annals-bench backup --runs 3 --restore-events 10000000
+    Backup(crate::bench_backup::BackupArgs),
 }
 
 #[derive(clap::Args, Clone)]
 pub struct AppendArgs {
     /// Directory for the store (emptied first) and the fsync floor file.
     #[arg(long)]
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     #[arg(long, default_value_t = 1)]
-    writers: usize,
+    pub(crate) writers: usize,
     /// Events per append.
     #[arg(long, default_value_t = 1)]
-    batch: usize,
+    pub(crate) batch: usize,
     /// Total events to append.
     #[arg(long, default_value_t = 100_000)]
-    events: u64,
+    pub(crate) events: u64,
     /// Each append carries a condition on its writer's stream (checked, never failing).
     #[arg(long)]
-    conditional: bool,
+    pub(crate) conditional: bool,
     #[arg(long, default_value_t = 256)]
-    event_bytes: usize,
+    pub(crate) event_bytes: usize,
     #[arg(long, default_value_t = 2)]
-    tags: usize,
+    pub(crate) tags: usize,
     #[arg(long, default_value = "d3")]
-    durability: String,
+    pub(crate) durability: String,
     /// Repeat the run and report the median (each run on a fresh store).
     #[arg(long, default_value_t = 1)]
-    runs: usize,
+    pub(crate) runs: usize,
     /// How segments are preallocated: zeros, fallocate or adaptive (the store's default:
     /// zeros while fdatasyncs are small, fallocate once they cover 256 KiB or more each).
     #[arg(long, default_value = "adaptive")]
-    preallocate: Preallocation,
+    pub(crate) preallocate: Preallocation,
     /// How writers run: `tasks` (async tasks awaiting `Store::append_async` on
     /// --runtime-threads threads, as in an async service) or `threads` (one OS thread each,
     /// blocking in `Store::append`).
     #[arg(long, value_enum, default_value = "tasks")]
-    mode: Mode,
+    pub(crate) mode: Mode,
     /// Threads of the async runtime in `tasks` mode; default: one fewer than the cores (at
     /// least one), as the server.
     #[arg(long)]
-    runtime_threads: Option<usize>,
+    pub(crate) runtime_threads: Option<usize>,
+    /// A backup the store ships to while it runs (the `backup` benchmark sets it).
+    #[arg(skip)]
+    pub(crate) backup: Option<annals::BackupOptions>,
 }
 
 /// How a benchmark's clients run: as async tasks on a runtime of a few threads (as in an async
@@ -279,6 +289,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Exchange(args) => crate::exchange::run(args)?,
         BenchCommand::Umadb(args) => crate::bench_umadb::run(args)?,
         BenchCommand::Postgres(args) => crate::bench_postgres::run(args)?,
+        BenchCommand::Backup(args) => crate::bench_backup::run(args)?,
         BenchCommand::Fsync(args) => {
             std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
             let seconds = Duration::from_secs_f64(args.seconds);
@@ -409,7 +420,7 @@ pub fn write_bandwidth(dir: &Path, duration: Duration) -> Result<f64, String> {
     Ok(rate)
 }
 
-fn latency_json(h: &Histogram<u64>) -> Value {
+pub(crate) fn latency_json(h: &Histogram<u64>) -> Value {
     json!({
         "p50": h.value_at_quantile(0.50),
         "p90": h.value_at_quantile(0.90),
@@ -419,7 +430,7 @@ fn latency_json(h: &Histogram<u64>) -> Value {
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     if values.is_empty() {
         0.0
@@ -482,10 +493,10 @@ fn make_batch(
         .collect()
 }
 
-struct RunResult {
-    events_per_sec: f64,
-    appends_per_sec: f64,
-    latency: Histogram<u64>,
+pub(crate) struct RunResult {
+    pub(crate) events_per_sec: f64,
+    pub(crate) appends_per_sec: f64,
+    pub(crate) latency: Histogram<u64>,
     fsyncs: u64,
     /// Groups committed, and of them those a lone caller committed on its own thread.
     groups: u64,
@@ -498,9 +509,13 @@ struct RunResult {
     /// Zeros written to preallocate the segments begun during the run.
     zero_bytes: u64,
     fsync_us_mean: f64,
+    /// With a backup: its lag in milliseconds, sampled every 10 ms during the run, and the
+    /// time it took to catch up after it.
+    pub(crate) backup_lag_ms: Option<Histogram<u64>>,
+    pub(crate) backup_drain_ms: Option<f64>,
 }
 
-fn append_run(
+pub(crate) fn append_run(
     args: &AppendArgs,
     durability: Durability,
     store_dir: &Path,
@@ -508,9 +523,24 @@ fn append_run(
     fresh_dir(store_dir)?;
     let options = Options {
         preallocation: args.preallocate,
+        backup: args.backup.clone(),
         ..bench_options(durability)
     };
     let store = Arc::new(Store::open(store_dir, options).map_err(|e| e.to_string())?);
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = args.backup.as_ref().map(|_| {
+        let (store, sampling) = (store.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            let mut lag = Histogram::<u64>::new(3).expect("a histogram");
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(b) = store.stats().backup {
+                    let _ = lag.record((b.lag_seconds * 1e3) as u64);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            lag
+        })
+    });
     // The first segment's zeros were written at open, before the run.
     let zeros_at_open = store.stats().zero_fill_bytes;
     let appends_per_writer = (args.events / (args.writers as u64 * args.batch as u64)).max(1);
@@ -594,6 +624,24 @@ fn append_run(
     };
     let seconds = started.elapsed().as_secs_f64();
     let stats = store.stats();
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let backup_lag_ms = match sampler {
+        Some(s) => Some(s.join().map_err(|_| "the lag sampler panicked")?),
+        None => None,
+    };
+    let backup_drain_ms = match &args.backup {
+        None => None,
+        Some(_) => {
+            let drain = Instant::now();
+            while store.stats().backup.is_some_and(|b| b.lag_positions > 0) {
+                if drain.elapsed() > Duration::from_secs(120) {
+                    return Err("the backup did not catch up within 2 minutes".into());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Some(drain.elapsed().as_secs_f64() * 1e3)
+        }
+    };
     if failures.load(std::sync::atomic::Ordering::Relaxed) > 0 {
         return Err(format!(
             "{} appends failed",
@@ -621,6 +669,8 @@ fn append_run(
         // out).
         zero_bytes: stats.zero_fill_bytes - zeros_at_open,
         fsync_us_mean: stats.fsync_us_mean,
+        backup_lag_ms,
+        backup_drain_ms,
     })
 }
 

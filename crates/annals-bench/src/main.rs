@@ -2,6 +2,7 @@
 //! JSON object as its last line. Kept out of the `annals` binary that users run.
 
 mod bench;
+mod bench_backup;
 mod bench_decide;
 mod bench_http;
 mod bench_postgres;

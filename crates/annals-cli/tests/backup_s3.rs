@@ -438,3 +438,49 @@ fn a_replica_follows_a_primary_under_load() {
     assert!(replica.terminate().success());
     assert!(primary.terminate().success());
 }
+
+/// Goal: a store on PostgreSQL ships what the database committed; its backup verifies and
+/// restores into a directory and into another (empty) database, append for append.
+#[test]
+fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
+    let Some(s3) = S3Server::start() else { return };
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    cluster.sql("CREATE DATABASE restored");
+    let env = env(&s3);
+    let url = s3.url("on-postgres");
+    let database = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let mut server = ServerProcess::launch_with(
+        &["--store", &database, "--backup", &url],
+        &env_refs(&env),
+    );
+    for i in 0..300 {
+        server.append(&format!(
+            r#"{{"events":[{{"type":"T","tags":["k:{}"],"data":"{i}"}},{{"type":"U","tags":[],"data":"{i}"}}]}}"#,
+            i % 5
+        ));
+    }
+    let head = server.head();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(server.http, "annals_backup_shipped_position") != Some(head as f64) {
+        assert!(Instant::now() < deadline, "the backup ships what the database committed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let events = server.read("{}", "{}");
+    assert!(server.terminate().success());
+    let (ok, out) = annals(&["backup", "verify", &url, "--json"], &env);
+    assert!(ok, "{out}");
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("restored");
+    let (ok, out) = annals(&["restore", "--from", &url, "--to", dir.to_str().unwrap()], &env);
+    assert!(ok, "{out}");
+    let restored = ServerProcess::start(&dir, &[]);
+    assert_eq!(restored.read("{}", "{}"), events);
+    drop(restored);
+    let target = format!("postgres://postgres@127.0.0.1:{}/restored", cluster.port());
+    let (ok, out) = annals(&["restore", "--from", &url, "--to", &target], &env);
+    assert!(ok, "{out}");
+    let restored = ServerProcess::launch_with(&["--store", &target], &[]);
+    assert_eq!(restored.read("{}", "{}"), events);
+}
