@@ -114,9 +114,17 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
     let mut lag = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
     let mut drains = Vec::new();
     for run in 0..args.runs {
-        let plain = append_run(&writers_args(&args.dir, args.events, None), Durability::Synced, &store_dir)?;
+        let plain = append_run(
+            &writers_args(&args.dir, args.events, None),
+            Durability::Synced,
+            &store_dir,
+        )?;
         let shipped = append_run(
-            &writers_args(&args.dir, args.events, Some(backup(&format!("writers-{run}")))),
+            &writers_args(
+                &args.dir,
+                args.events,
+                Some(backup(&format!("writers-{run}"))),
+            ),
             Durability::Synced,
             &store_dir,
         )?;
@@ -147,7 +155,10 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
         let _ = std::fs::remove_dir_all(&dir);
         (many, one)
     };
-    eprintln!("D4 over HTTP: {} (64), {} (1)", d4.0["requests_per_sec"], d4.1["requests_per_sec"]);
+    eprintln!(
+        "D4 over HTTP: {} (64), {} (1)",
+        d4.0["requests_per_sec"], d4.1["requests_per_sec"]
+    );
 
     // A large store, shipped, restored; then read on a replica and on the primary.
     let big = args.dir.join("big");
@@ -164,11 +175,19 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
     let restored_dir = args.dir.join("restored");
     let target = Store::open(&restored_dir, Options::default()).map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let report = restore(&big_backup, &target, RestoreLimit::default(), &mut |_, _| {})
-        .map_err(|e| e.to_string())?;
+    let report = restore(
+        &big_backup,
+        &target,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .map_err(|e| e.to_string())?;
     target.close().map_err(|e| e.to_string())?;
     let restore_seconds = started.elapsed().as_secs_f64();
-    eprintln!("restored {} events in {restore_seconds:.1} s", report.events);
+    eprintln!(
+        "restored {} events in {restore_seconds:.1} s",
+        report.events
+    );
     let _ = std::fs::remove_dir_all(&restored_dir);
 
     let scan = |store: &Store| -> Result<f64, String> {
@@ -188,7 +207,8 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
         Ok(median(rates))
     };
     let opened = Instant::now();
-    let replica = Store::open_replica(&big_backup, Options::default()).map_err(|e| e.to_string())?;
+    let replica =
+        Store::open_replica(&big_backup, Options::default()).map_err(|e| e.to_string())?;
     let replica_open_seconds = opened.elapsed().as_secs_f64();
     let replica_scan = scan(&replica)?;
     drop(replica);

@@ -451,10 +451,8 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
     let env = env(&s3);
     let url = s3.url("on-postgres");
     let database = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
-    let mut server = ServerProcess::launch_with(
-        &["--store", &database, "--backup", &url],
-        &env_refs(&env),
-    );
+    let mut server =
+        ServerProcess::launch_with(&["--store", &database, "--backup", &url], &env_refs(&env));
     for i in 0..300 {
         server.append(&format!(
             r#"{{"events":[{{"type":"T","tags":["k:{}"],"data":"{i}"}},{{"type":"U","tags":[],"data":"{i}"}}]}}"#,
@@ -464,7 +462,10 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
     let head = server.head();
     let deadline = Instant::now() + Duration::from_secs(30);
     while metric(server.http, "annals_backup_shipped_position") != Some(head as f64) {
-        assert!(Instant::now() < deadline, "the backup ships what the database committed");
+        assert!(
+            Instant::now() < deadline,
+            "the backup ships what the database committed"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let events = server.read("{}", "{}");
@@ -473,7 +474,10 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
     assert!(ok, "{out}");
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("restored");
-    let (ok, out) = annals(&["restore", "--from", &url, "--to", dir.to_str().unwrap()], &env);
+    let (ok, out) = annals(
+        &["restore", "--from", &url, "--to", dir.to_str().unwrap()],
+        &env,
+    );
     assert!(ok, "{out}");
     let restored = ServerProcess::start(&dir, &[]);
     assert_eq!(restored.read("{}", "{}"), events);
