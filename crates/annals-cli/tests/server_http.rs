@@ -623,7 +623,7 @@ fn metrics_in_prometheus_format() {
             (route, rest.rsplit(' ').next().unwrap().parse().unwrap())
         })
         .collect();
-    assert_eq!(routes.len(), 6, "{routes:?}");
+    assert_eq!(routes.len(), 7, "{routes:?}");
     assert_eq!(
         routes.iter().map(|(_, n)| n).sum::<f64>(),
         5.0,

@@ -221,7 +221,14 @@ fn input_error(e: &InputError) -> ApiError {
             "invalid_tracking"
         }
         InputError::SyncUnavailable => "sync_unavailable",
-        InputError::OffMachineUnavailable => "off_machine_unavailable",
+        // The request is well formed; this server has no backup to make it D4.
+        InputError::OffMachineUnavailable => {
+            return ApiError::new(
+                StatusCode::CONFLICT,
+                "off_machine_unavailable",
+                e.to_string(),
+            )
+        }
         InputError::ReadOnlyReplica { .. } => {
             return ApiError::new(StatusCode::FORBIDDEN, "read_only_replica", e.to_string())
         }
@@ -542,7 +549,8 @@ async fn append_inner(
     Ok((json_response(StatusCode::OK, out), conflict))
 }
 
-/// The options an append's `durability` field asks for: a class at least the store's.
+/// The options an append's `durability` field asks for. A class is a minimum: an append is
+/// never made weaker than the server's class, so asking for a weaker one gets the server's.
 fn append_class(asked: Option<&str>, store: Durability) -> Result<AppendOptions, ApiError> {
     let Some(asked) = asked else {
         return Ok(AppendOptions::default());
@@ -550,15 +558,7 @@ fn append_class(asked: Option<&str>, store: Durability) -> Result<AppendOptions,
     let class: Durability = asked
         .parse()
         .map_err(|e: String| ApiError::bad_request("invalid_durability", e))?;
-    if class < store {
-        return Err(ApiError::bad_request(
-            "weaker_durability",
-            format!(
-                "the append asks for {class}, weaker than the server's {store}; an append may \
-                 ask for a stronger class, never a weaker one"
-            ),
-        ));
-    }
+    let class = class.max(store);
     Ok(AppendOptions {
         require_synced: class >= Durability::Synced && store < Durability::Synced,
         off_machine: class == Durability::OffMachine,

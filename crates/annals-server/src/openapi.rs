@@ -57,6 +57,12 @@ pub(crate) fn document() -> String {
         "description": "URL-encoded JSON Query. Absent, empty or {\"items\":[]} matches every event.",
         "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Query" } } }
     });
+    // The /health answer, apart: the whole document in one json! would pass its macro's
+    // recursion limit.
+    let health = json!({ "type": "object",
+        "properties": { "status": { "enum": ["ok", "disk_full", "damaged"] }, "head": { "type": "integer" }, "durability": { "type": "string" },
+            "reason": { "type": ["string", "null"] }, "diskFreeBytes": { "type": ["integer", "null"] },
+            "backup": { "type": ["object", "null"], "properties": { "state": { "type": "string" }, "lagPositions": { "type": "integer" }, "lagSeconds": { "type": "number" } } } } });
     let doc = json!({
         "openapi": "3.1.0",
         "info": {
@@ -147,17 +153,17 @@ pub(crate) fn document() -> String {
             } },
             "/v1/append": { "post": {
                 "summary": "Append events atomically, optionally under a condition (scope append).",
-                "description": "A failed condition is 200 with appendConditionFailed true and the first conflicting position. Nothing is half-appended.",
+                "description": "A failed condition is 200 with appendConditionFailed true and the first conflicting position. Nothing is half-appended. A read replica answers 403 read_only_replica, naming the primary.",
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendRequest" } } } },
                 "responses": merge(json!({
                     "200": { "description": "Appended (durable in D3), or the condition failed.",
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendResponse" } } } },
                     "400": error_response("Malformed JSON, unknown fields, wrong types, or a limit broken (events, tags, sizes)."),
                     "408": error_response("The body did not arrive within the body timeout."),
-                    "409": error_response("A tracking position not above the one recorded for its source."),
+                    "409": error_response("A tracking position not above the one recorded for its source, or d4 asked of a server without a backup (off_machine_unavailable)."),
                     "413": error_response("The body exceeds the configured limit."),
                     "415": error_response("The body was not sent as application/json."),
-                    "503": error_response("The append queue stayed full, the store is poisoned by a failed write or fsync (store_poisoned: the append was not written), the outcome is unknown (outcome_unknown: the append's write or fsync failed, or its database commit could not be confirmed or denied), the database is unavailable (database_unavailable: nothing was appended), or the server is shutting down."),
+                    "503": error_response("The append queue stayed full, the store is poisoned by a failed write or fsync (store_poisoned: the append was not written), the outcome is unknown (outcome_unknown: the append's write or fsync failed, its database commit could not be confirmed or denied, or a d4 append did not reach object storage in time), the database is unavailable (database_unavailable: nothing was appended), or the server is shutting down."),
                     "507": error_response("No room on the disk for the segment the append needs (disk_full): nothing was appended and nothing is poisoned; appends are taken again once there is room.")
                 }), auth_errors())
             } },
@@ -239,9 +245,7 @@ pub(crate) fn document() -> String {
                 "summary": "Liveness and readiness; open without a key.",
                 "security": [],
                 "responses": {
-                    "200": { "description": "Serving.", "content": { "application/json": { "schema": { "type": "object",
-                        "properties": { "status": { "enum": ["ok", "disk_full"] }, "head": { "type": "integer" }, "durability": { "type": "string" },
-                            "reason": { "type": ["string", "null"] }, "diskFreeBytes": { "type": ["integer", "null"] } } } } } },
+                    "200": { "description": "Serving.", "content": { "application/json": { "schema": health } } },
                     "503": { "description": "The store is poisoned by a failed write or fsync; it acknowledges nothing until reopened." }
                 }
             } },

@@ -31,9 +31,9 @@ pub struct AppendBody<'a> {
     /// exceed the one recorded for the source. null: none.
     #[serde(default)]
     pub tracking: Option<WireTracking>,
-    /// The class this append needs, when stronger than the server's: "d3" (synced before
-    /// the answer) or "d4" (also in object storage; needs a server with a backup). A class
-    /// weaker than the server's is refused. null: the server's class.
+    /// The least class this append needs: "d3" (synced before the answer) or "d4" (also in
+    /// object storage; needs a server with a backup, else 409 off_machine_unavailable). A
+    /// class weaker than the server's gets the server's. null: the server's class.
     #[serde(default)]
     #[schemars(regex(pattern = "^[dD][0-4]$"))]
     pub durability: Option<String>,
