@@ -5,12 +5,13 @@
 //! <prefix>/annals-backup.json      the manifest: format, and the store's first record
 //! <prefix>/lease.json              who ships into the prefix, renewed while it does
 //! <prefix>/segments/<first:020>    a sealed segment's records, whole, shipped once
-//! <prefix>/log/<first:020>         records of the active segment, shipped as they are synced
+//! <prefix>/log/<first:020>         records of a segment, shipped as they are synced
 //! ```
 //!
 //! Each object holds whole records, exactly as the segment holds them (header, body, padding),
-//! for positions `first..=last` without a gap; it never spans two segments. A chunk of `log/`
-//! whose segment has been shipped whole is deleted after the segment's object is written;
+//! for positions `first..=last` without a gap; it never spans two segments. A sealed segment
+//! shipped in small chunks is shipped again whole, and its chunks are deleted after the
+//! segment's object is written; large chunks stay as the segment's copy;
 //! readers prefer `segments/<n>` to `log/<n>` and never need both.
 //!
 //! ```text

@@ -145,6 +145,67 @@ fn a_shipped_store_restores_whole_to_a_position_and_to_a_time() {
     assert_eq!(beyond.head(), 0);
 }
 
+/// Goal: a segment shipped in large chunks (a store under load) is not shipped a second time
+/// whole; its chunks are its copy, and a restore and a verify read through them.
+#[test]
+fn large_chunks_stand_for_their_sealed_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let mut opts = options(&url);
+    opts.segment_bytes = 8 << 20;
+    opts.limits.append_bytes_max = 4 << 20;
+    opts.limits.event_bytes_max = 2 << 20;
+    opts.group_bytes_max = 4 << 20;
+    opts.unsynced_bytes_max = 4 << 20;
+    let source = Store::open(dir.path().join("source"), opts.clone()).unwrap();
+    let big = |i: u64| NewEvent::new("Big", vec![b'a' + (i % 26) as u8; (1 << 20) + 7]);
+    // Three appends of 1.5 MiB, each shipped alone: three chunks of the first segment.
+    for i in 0..3 {
+        source.append(&[big(i)], None).unwrap();
+        wait_for("the chunk is shipped", || {
+            source.stats().backup.unwrap().lag_positions == 0
+        });
+    }
+    // Then enough to seal it, and a little more.
+    for i in 3..12 {
+        source.append(&[big(i)], None).unwrap();
+    }
+    fill(&source, 50);
+    wait_for("the backup ships everything", || {
+        source.stats().backup.unwrap().lag_positions == 0
+    });
+    assert!(source.stats().segments >= 2);
+    let head = source.head();
+    source.close().unwrap();
+
+    let report = verify_backup(&BackupOptions::new(&url), &mut |_, _| {}).unwrap();
+    assert_eq!(report.head, head, "{report:?}");
+    assert_eq!(report.covered_chunks, 0, "{report:?}");
+    let segments = std::fs::read_dir(dir.path().join("backup/segments"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(
+        segments, 0,
+        "the first segment is not shipped again: {report:?}"
+    );
+    assert!(report.chunks >= 4, "{report:?}");
+
+    let source = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
+    let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();
+    let restored = restore(
+        &BackupOptions::new(&url),
+        &whole,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(restored.head, head);
+    assert_eq!(
+        compare(&source, &whole, head, &mut |_| {}).unwrap(),
+        restored.appends
+    );
+}
+
 #[test]
 fn a_prefix_is_refused_to_another_store_and_to_a_store_behind_it() {
     let dir = tempfile::tempdir().unwrap();

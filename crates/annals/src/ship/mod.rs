@@ -6,8 +6,9 @@
 //! record a power loss could take back; on PostgreSQL the mirror's head, which the database
 //! committed). A sealed segment goes out once, whole, as `segments/<first>`; records of the
 //! active segment go out as `log/<first>` chunks, at most one put in flight, at most one every
-//! `interval` unless an append waits for it; the chunks a sealed segment covers are deleted
-//! once it is out. A put that fails is retried with backoff, for as long as it takes; the
+//! `interval` unless an append waits for it. Once the segment is sealed, chunks that average
+//! less than `CONSOLIDATE_BELOW` are replaced by the segment's object (and deleted); larger
+//! ones stay as its backup, so that a store under load does not ship its bytes twice. A put that fails is retried with backoff, for as long as it takes; the
 //! store keeps serving at the class it promises meanwhile, and D4 appends that wait longer
 //! than their timeout are answered `OutcomeUnknown`.
 
@@ -41,6 +42,9 @@ use state::OffMachineWaiters;
 
 /// The most record bytes one chunk of the active segment carries.
 const CHUNK_BYTES_MAX: usize = 8 << 20;
+/// A sealed segment whose chunks average fewer bytes than this is shipped again whole, so
+/// that a slow store does not leave thousands of small objects for a restore to read.
+const CONSOLIDATE_BELOW: u64 = 1 << 20;
 /// How long the shipper sleeps when there is nothing to ship, at most.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -146,6 +150,9 @@ struct Shipper {
     manifest_written: bool,
     /// The segment the last chunk came from: shipped whole once the log has moved past it.
     chunked_segment: Option<u32>,
+    /// The chunks put for `chunked_segment` by this shipper, and their bytes; None after a
+    /// restart (unknown: the segment is then shipped whole).
+    chunked: Option<(u64, u64)>,
     last_put: Instant,
 }
 
@@ -204,6 +211,7 @@ impl Shipper {
             lease_renewed: Instant::now(),
             manifest_written: false,
             chunked_segment: None,
+            chunked: None,
             last_put: Instant::now() - Duration::from_secs(3600),
         };
         shipper.take_lease()?;
@@ -561,17 +569,37 @@ impl Shipper {
                 "positions {next} or {durable} are not in the index"
             )));
         };
-        // The segment the chunks came from is sealed now: shipped whole, its chunks dropped.
+        // The segment the chunks came from is sealed now: small chunks are replaced by the
+        // segment's object; large ones stand for it.
         if let Some(chunked) = self.chunked_segment.filter(|&c| c < segment) {
-            self.ship_segment(chunked, durable)?;
+            if !self.chunks_are_large(1) {
+                self.ship_segment(chunked, durable)?;
+            }
             self.chunked_segment = None;
+            self.chunked = None;
             return Ok(());
         }
-        if segment < last_segment {
+        // A sealed segment goes out whole, unless large chunks already hold its beginning:
+        // then its rest is one more chunk.
+        let continued = self.chunked_segment == Some(segment) && self.chunks_are_large(0);
+        if segment < last_segment && !continued {
             self.ship_segment(segment, durable)
         } else {
-            self.chunked_segment = Some(segment);
+            if self.chunked_segment != Some(segment) {
+                self.chunked_segment = Some(segment);
+                self.chunked = Some((0, 0));
+            }
             self.ship_chunk(segment, next, durable)
+        }
+    }
+
+    /// Whether the chunks put for the chunked segment (more than `beyond` of them) average at
+    /// least `CONSOLIDATE_BELOW` bytes; unknown after a restart, so not.
+    fn chunks_are_large(&self, beyond: u64) -> bool {
+        match self.chunked {
+            Some((count, bytes)) if count > beyond => bytes / count >= CONSOLIDATE_BELOW,
+            Some((count, _)) => count > 0,
+            None => false,
         }
     }
 
@@ -662,7 +690,12 @@ impl Shipper {
         if frames.is_empty() {
             return Ok(());
         }
-        self.put(ObjectKind::Chunk, segment, next, last, frames)
+        self.put(ObjectKind::Chunk, segment, next, last, frames)?;
+        if let Some((count, bytes)) = &mut self.chunked {
+            *count += 1;
+            *bytes += bytes_total as u64;
+        }
+        Ok(())
     }
 
     /// Writes one object of `frames` (positions `first..=last`) and moves the shipped
