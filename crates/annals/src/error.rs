@@ -70,6 +70,10 @@ pub enum StoreError {
     /// ships into, a damaged object.
     #[error("backup: {0}")]
     Backup(String),
+    /// The subjects' keys cannot be used: another master key than the store's, a damaged key
+    /// file, a store with encrypted subjects opened without its master key.
+    #[error("subjects: {0}")]
+    Subjects(String),
 }
 
 impl StoreError {
@@ -170,6 +174,18 @@ pub enum InputError {
     /// An append read from another log (a copy's) that does not decode.
     #[error("the append at position {position} is malformed: {why}")]
     MalformedStoredAppend { position: u64, why: String },
+    /// An append naming a data subject that was erased: its events can no longer be stored.
+    #[error("the data subject {tag} was erased; events naming it are refused")]
+    SubjectErased { tag: String },
+    /// An erasure of a tag that names no data subject (the store's subject tag prefixes).
+    #[error("{tag:?} names no data subject (the store's subject tag prefixes are {prefixes})")]
+    NotASubject { tag: String, prefixes: String },
+    /// An erasure, or an event of the erasure receipt's type, on a store without subjects.
+    #[error("this store has no data subjects (configure subject tag prefixes and a master key)")]
+    NoSubjects,
+    /// An event of the type erasures use for their receipts, appended by a client.
+    #[error("event {index}: the type {event_type} is the store's own (erasure receipts)")]
+    ReservedType { index: usize, event_type: String },
 }
 
 /// Why an append did not happen.

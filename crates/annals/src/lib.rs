@@ -42,6 +42,7 @@ mod health;
 mod histogram;
 mod index;
 pub mod io;
+mod keys;
 mod limits;
 mod log;
 pub mod numbers;
@@ -62,6 +63,7 @@ mod route;
 #[cfg(feature = "schema")]
 pub mod schema;
 mod scrub;
+mod seal;
 mod segment;
 mod shared;
 #[cfg(feature = "object-store")]
@@ -69,6 +71,7 @@ mod ship;
 pub mod sim;
 mod stats;
 mod store;
+mod subject;
 mod subscription;
 mod verify;
 mod writer;
@@ -92,6 +95,7 @@ pub use store::{
     is_database_url, BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport,
     ScrubStats, Stats, Store,
 };
+pub use subject::{MasterKey, SubjectOptions, SUBJECT_ERASED_TYPE};
 pub use subscription::Subscription;
 pub use verify::{verify, verify_with_progress, VerifyReport};
 

@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::limits::Limits;
+pub use crate::subject::SubjectOptions;
 
 /// What is true of an append when it is acknowledged (the README's durability table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -244,6 +245,10 @@ pub struct Options {
     /// Re-read sealed segments in the background (see [`ScrubOptions`]); None: never. Only
     /// a store on files scrubs (a PostgreSQL store's mirror is refilled from the database).
     pub scrub: Option<ScrubOptions>,
+    /// Data subjects: the events carrying a subject's tag are stored encrypted under that
+    /// subject's key, and erasing the subject ([`crate::Store::erase_subject`]) deletes the
+    /// key. None: no encryption, and no cost.
+    pub subjects: Option<SubjectOptions>,
 }
 
 impl Options {
@@ -269,6 +274,7 @@ impl Default for Options {
             disk_reserve_bytes: None,
             backup: None,
             scrub: Some(ScrubOptions::default()),
+            subjects: None,
         }
     }
 }
@@ -290,6 +296,9 @@ impl Options {
         }
         if self.unsynced_bytes_max < self.limits.append_bytes_max {
             return Err("unsynced_bytes_max must be at least limits.append_bytes_max".into());
+        }
+        if let Some(s) = &self.subjects {
+            s.validate()?;
         }
         if self.limits.queue_depth_max == 0 {
             return Err("queue_depth_max must be at least 1".into());

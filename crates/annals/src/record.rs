@@ -16,7 +16,7 @@
 //!   0  entry_len u32             4  record_offset u32 (from the record's start to this entry)
 //!   8  type_len u16              10 tag_count u16
 //!   12 data_len u32              16 metadata_len u32
-//!   20 flags u8 (bit 0: id present)   21 reserved [u8; 3] (0)
+//!   20 flags u8 (bit 0: id present, bit 1: sealed)   21 reserved [u8; 3] (0)
 //!   24 id [u8; 16] if present, type, tags (each u16 length + bytes), metadata, data
 //! ```
 //!
@@ -40,6 +40,9 @@ pub const KIND_EVENTS: u8 = 1;
 pub const HEADER_BYTES: usize = 48;
 pub const ENTRY_FIXED_BYTES: usize = 24;
 const FLAG_ID: u8 = 1;
+/// The entry's metadata and data are a data subject's, sealed (`seal.rs`): the data field
+/// holds the envelope, the metadata field is empty.
+pub(crate) const FLAG_SEALED: u8 = 2;
 
 /// Rounds a record length up to the 8-byte alignment of records in a segment.
 pub fn aligned(len: usize) -> usize {
@@ -459,6 +462,8 @@ pub struct EntryLayout {
     pub entry_len: u32,
     pub record_offset: u32,
     pub has_id: bool,
+    /// A data subject's event: the data is its sealed envelope (`seal.rs`).
+    pub sealed: bool,
     pub type_start: u32,
     pub type_len: u16,
     pub tag_count: u16,
@@ -485,10 +490,14 @@ impl EntryLayout {
         let data_len = u32_at(entry, 12)? as usize;
         let metadata_len = u32_at(entry, 16)? as usize;
         let flags = *entry.get(20)?;
-        if flags & !FLAG_ID != 0 || entry.get(21..24)? != [0, 0, 0] {
+        if flags & !(FLAG_ID | FLAG_SEALED) != 0 || entry.get(21..24)? != [0, 0, 0] {
             return None;
         }
         let has_id = flags & FLAG_ID != 0;
+        let sealed = flags & FLAG_SEALED != 0;
+        if sealed && metadata_len != 0 {
+            return None;
+        }
         let type_start = ENTRY_FIXED_BYTES + if has_id { 16 } else { 0 };
         let tags_start = type_start.checked_add(type_len as usize)?;
         if type_len == 0 {
@@ -516,6 +525,7 @@ impl EntryLayout {
             entry_len,
             record_offset,
             has_id,
+            sealed,
             type_start: type_start as u32,
             type_len,
             tag_count,

@@ -1,0 +1,527 @@
+//! The data subjects' keys of a store on files: one file beside the segments, `subjects.keys`,
+//! every key wrapped under the master key (`seal.rs`). A new key is appended and synced before
+//! any event sealed under it goes on to the log (callers that need new keys at once share one
+//! fdatasync); erasing a subject rewrites the file without its key (aside, synced, renamed),
+//! keeping a record that the subject was erased.
+//!
+//! ```text
+//! header: magic "ANNKEYS1", version u32 (1), check_len u32, check (16 zero bytes sealed
+//!         under the master key: proves a master key is the store's)
+//! records, back to back: len u32 (of what follows the crc), crc32c u32, kind u8,
+//!         tag_len u16, tag, then for kind 1 (a key) the wrapped key (72 bytes),
+//!         for kind 2 (erased) the erasure's time u64 (microseconds since the epoch)
+//! ```
+//!
+//! A record torn by a crash (short, or failing its CRC, at the end) is cut off at open: no
+//! event was sealed under a key that was not synced.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::error::{InputError, StoreError};
+use crate::io::{read_file, write_file_durably, Io, IoFile, OpenMode};
+use crate::seal::{
+    master_check, master_matches, unwrap_key, wrap_key, KeySource, KeyState, SealError, SubjectKey,
+    WRAPPED_KEY_BYTES,
+};
+use crate::subject::{MasterKey, SubjectOptions};
+
+pub(crate) const KEYS_FILE: &str = "subjects.keys";
+const MAGIC: &[u8; 8] = b"ANNKEYS1";
+const VERSION: u32 = 1;
+const KIND_KEY: u8 = 1;
+const KIND_ERASED: u8 = 2;
+
+enum Slot {
+    /// The key, and its wrapped bytes as the file holds them.
+    Live(SubjectKey, Box<[u8]>),
+    /// Erased at this time (microseconds since the epoch).
+    Erased(u64),
+}
+
+/// Keys made but not yet synced, and the one writer of the file.
+struct Pending {
+    file: Arc<dyn IoFile>,
+    len: u64,
+    /// New keys by tag, with the number of the batch that writes them.
+    unsynced: HashMap<Box<str>, (SubjectKey, Box<[u8]>, u64)>,
+    /// The tags of the next batch, in order.
+    next: Vec<Box<str>>,
+    /// Batches begun and batches synced.
+    begun: u64,
+    synced: u64,
+    writing: bool,
+    /// A write or sync that failed: no key is made after it (the store is poisoned too).
+    failed: Option<String>,
+}
+
+/// What an erasure did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Erased {
+    /// The subject was erased before: nothing changed.
+    pub already: bool,
+    pub at_us: u64,
+}
+
+pub(crate) struct KeyStore {
+    io: Arc<dyn Io>,
+    dir: PathBuf,
+    options: SubjectOptions,
+    keys: RwLock<HashMap<Box<str>, Slot>>,
+    pending: Mutex<Pending>,
+    synced: Condvar,
+}
+
+fn subjects_error(path: &Path, what: impl std::fmt::Display) -> StoreError {
+    StoreError::Subjects(format!("{}: {what}", path.display()))
+}
+
+fn io_error(path: &Path, op: &'static str, e: std::io::Error) -> StoreError {
+    StoreError::io(op, path, 0, e)
+}
+
+fn encode_record(out: &mut Vec<u8>, kind: u8, tag: &str, payload: &[u8]) {
+    let mut rest = Vec::with_capacity(3 + tag.len() + payload.len());
+    rest.push(kind);
+    rest.extend_from_slice(&(tag.len() as u16).to_le_bytes());
+    rest.extend_from_slice(tag.as_bytes());
+    rest.extend_from_slice(payload);
+    out.extend_from_slice(&(rest.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&rest).to_le_bytes());
+    out.extend_from_slice(&rest);
+}
+
+fn header(master: &MasterKey) -> Result<Vec<u8>, String> {
+    let check = master_check(master)?;
+    let mut out = Vec::with_capacity(16 + check.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(check.len() as u32).to_le_bytes());
+    out.extend_from_slice(&check);
+    Ok(out)
+}
+
+/// One decoded record: kind, tag, payload; None when short or failing its CRC.
+fn decode_record(bytes: &[u8]) -> Option<(u8, &str, &[u8], usize)> {
+    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+    let rest = bytes.get(8..8 + len)?;
+    if crc32c::crc32c(rest) != crc || rest.len() < 3 {
+        return None;
+    }
+    let tag_len = u16::from_le_bytes([rest[1], rest[2]]) as usize;
+    let tag = std::str::from_utf8(rest.get(3..3 + tag_len)?).ok()?;
+    Some((rest[0], tag, &rest[3 + tag_len..], 8 + len))
+}
+
+impl KeyStore {
+    /// Opens (or creates) the key file of the store in `dir`, checking the master key.
+    pub(crate) fn open(
+        io: Arc<dyn Io>,
+        dir: &Path,
+        options: SubjectOptions,
+    ) -> Result<KeyStore, StoreError> {
+        options.validate().map_err(StoreError::InvalidOption)?;
+        let path = dir.join(KEYS_FILE);
+        let mut keys = HashMap::new();
+        let bytes = read_file(io.as_ref(), &path).map_err(|e| io_error(&path, "read", e))?;
+        let len = match bytes {
+            None => {
+                let head = header(&options.master_key).map_err(|e| subjects_error(&path, e))?;
+                write_file_durably(io.as_ref(), dir, KEYS_FILE, &head)
+                    .map_err(|e| io_error(&path, "create", e))?;
+                head.len() as u64
+            }
+            Some(bytes) => {
+                let valid = Self::load(&path, &bytes, &options.master_key, &mut keys)?;
+                if valid < bytes.len() {
+                    tracing::warn!(
+                        path = %path.display(),
+                        cut = bytes.len() - valid,
+                        "subjects: a key record torn by a crash was cut off (no event used it)"
+                    );
+                }
+                valid as u64
+            }
+        };
+        let file = io
+            .open(&path, OpenMode::Existing)
+            .map_err(|e| io_error(&path, "open", e))?;
+        if file.len().map_err(|e| io_error(&path, "stat", e))? != len {
+            file.set_len(len)
+                .map_err(|e| io_error(&path, "truncate", e))?;
+            file.sync_data().map_err(|e| io_error(&path, "sync", e))?;
+        }
+        Ok(KeyStore {
+            io,
+            dir: dir.to_path_buf(),
+            options,
+            keys: RwLock::new(keys),
+            pending: Mutex::new(Pending {
+                file,
+                len,
+                unsynced: HashMap::new(),
+                next: Vec::new(),
+                begun: 0,
+                synced: 0,
+                writing: false,
+                failed: None,
+            }),
+            synced: Condvar::new(),
+        })
+    }
+
+    /// Reads the file's keys into `keys`; answers how many bytes of it are valid.
+    fn load(
+        path: &Path,
+        bytes: &[u8],
+        master: &MasterKey,
+        keys: &mut HashMap<Box<str>, Slot>,
+    ) -> Result<usize, StoreError> {
+        if bytes.get(..8) != Some(MAGIC.as_slice()) {
+            return Err(subjects_error(path, "not a key file (its magic is wrong)"));
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(subjects_error(
+                path,
+                format!("key file version {version}; this build reads {VERSION}"),
+            ));
+        }
+        let check_len = bytes
+            .get(12..16)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            .unwrap_or(0);
+        let Some(check) = bytes.get(16..16 + check_len) else {
+            return Err(subjects_error(path, "a key file cut short in its header"));
+        };
+        if !master_matches(master, check) {
+            return Err(subjects_error(
+                path,
+                "the master key given is not this store's (the store's keys were made under \
+                 another); start with the store's master key file",
+            ));
+        }
+        let mut at = 16 + check_len;
+        while at < bytes.len() {
+            let Some((kind, tag, payload, used)) = decode_record(&bytes[at..]) else {
+                break;
+            };
+            match kind {
+                KIND_KEY if payload.len() == WRAPPED_KEY_BYTES => {
+                    let key = unwrap_key(master, tag, payload).ok_or_else(|| {
+                        subjects_error(path, format!("the key of {tag} does not unwrap"))
+                    })?;
+                    keys.insert(tag.into(), Slot::Live(key, payload.into()));
+                }
+                KIND_ERASED if payload.len() == 8 => {
+                    let at_us = u64::from_le_bytes(payload.try_into().expect("8 bytes"));
+                    keys.insert(tag.into(), Slot::Erased(at_us));
+                }
+                _ => {
+                    return Err(subjects_error(
+                        path,
+                        format!("a record of kind {kind} for {tag} at offset {at}"),
+                    ))
+                }
+            }
+            at += used;
+        }
+        Ok(at)
+    }
+
+    pub(crate) fn options(&self) -> &SubjectOptions {
+        &self.options
+    }
+
+    /// The key of `tag` as far as the store knows.
+    pub(crate) fn state(&self, tag: &str) -> KeyState {
+        match self.keys.read().get(tag) {
+            Some(Slot::Live(k, _)) => KeyState::Live(k.clone()),
+            Some(Slot::Erased(_)) => KeyState::Erased,
+            None => KeyState::Missing,
+        }
+    }
+
+    /// The subjects erased, with when.
+    pub(crate) fn erased(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = self
+            .keys
+            .read()
+            .iter()
+            .filter_map(|(t, s)| match s {
+                Slot::Erased(at) => Some((t.to_string(), *at)),
+                Slot::Live(..) => None,
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// How many subjects have a key, and how many were erased.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        let keys = self.keys.read();
+        let erased = keys
+            .values()
+            .filter(|s| matches!(s, Slot::Erased(_)))
+            .count() as u64;
+        (keys.len() as u64 - erased, erased)
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.join(KEYS_FILE)
+    }
+
+    /// Writes the next batch of new keys and syncs it, with the pending lock released.
+    fn write_batch(&self, p: &mut parking_lot::MutexGuard<'_, Pending>) {
+        p.writing = true;
+        p.begun += 1;
+        let batch = p.begun;
+        let tags = std::mem::take(&mut p.next);
+        let mut bytes = Vec::new();
+        for t in &tags {
+            let (_, wrapped, _) = &p.unsynced[t];
+            encode_record(&mut bytes, KIND_KEY, t, wrapped);
+        }
+        let file = p.file.clone();
+        let at = p.len;
+        let outcome = parking_lot::MutexGuard::unlocked(p, || {
+            file.write_at(&bytes, at)?;
+            file.sync_data()
+        });
+        match outcome {
+            Ok(()) => {
+                p.len += bytes.len() as u64;
+                let mut keys = self.keys.write();
+                for t in tags {
+                    if let Some((key, wrapped, _)) = p.unsynced.remove(&t) {
+                        keys.insert(t, Slot::Live(key, wrapped));
+                    }
+                }
+                p.synced = batch;
+            }
+            Err(e) => {
+                let reason = format!("writing new keys to {} failed: {e}", self.path().display());
+                tracing::error!(reason = reason.as_str(), "subjects: keys not stored");
+                p.failed = Some(reason);
+            }
+        }
+        p.writing = false;
+        self.synced.notify_all();
+    }
+
+    /// Erases `tag`'s key: the file is rewritten without it (aside, synced, renamed), with a
+    /// record of the erasure. Idempotent.
+    pub(crate) fn erase(&self, tag: &str, at_us: u64) -> Result<Erased, StoreError> {
+        let mut p = self.pending.lock();
+        while p.writing {
+            self.synced.wait(&mut p);
+        }
+        if let Some(Slot::Erased(at)) = self.keys.read().get(tag) {
+            return Ok(Erased {
+                already: true,
+                at_us: *at,
+            });
+        }
+        // A key made but not yet written is dropped: no event was sealed under it yet (its
+        // appender waits for the batch, then finds the subject erased).
+        if p.unsynced.remove(tag).is_some() {
+            p.next.retain(|t| &**t != tag);
+        }
+        let head = header(&self.options.master_key).map_err(|e| subjects_error(&self.path(), e))?;
+        let mut bytes = head;
+        {
+            let keys = self.keys.read();
+            let mut tags: Vec<&Box<str>> = keys.keys().collect();
+            tags.sort();
+            for t in tags {
+                if &**t == tag {
+                    continue;
+                }
+                match &keys[t] {
+                    Slot::Live(_, wrapped) => encode_record(&mut bytes, KIND_KEY, t, wrapped),
+                    Slot::Erased(at) => {
+                        encode_record(&mut bytes, KIND_ERASED, t, &at.to_le_bytes())
+                    }
+                }
+            }
+        }
+        encode_record(&mut bytes, KIND_ERASED, tag, &at_us.to_le_bytes());
+        let path = self.path();
+        write_file_durably(self.io.as_ref(), &self.dir, KEYS_FILE, &bytes)
+            .map_err(|e| io_error(&path, "rewrite", e))?;
+        p.file = self
+            .io
+            .open(&path, OpenMode::Existing)
+            .map_err(|e| io_error(&path, "open", e))?;
+        p.len = bytes.len() as u64;
+        self.keys.write().insert(tag.into(), Slot::Erased(at_us));
+        Ok(Erased {
+            already: false,
+            at_us,
+        })
+    }
+}
+
+impl KeySource for KeyStore {
+    fn keys_for(&self, tags: &[&str]) -> Result<Vec<SubjectKey>, SealError> {
+        let known = |keys: &HashMap<Box<str>, Slot>| -> Result<Option<Vec<SubjectKey>>, SealError> {
+            let mut out = Vec::with_capacity(tags.len());
+            for t in tags {
+                match keys.get(*t) {
+                    Some(Slot::Live(k, _)) => out.push(k.clone()),
+                    Some(Slot::Erased(_)) => {
+                        return Err(InputError::SubjectErased { tag: t.to_string() }.into())
+                    }
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(out))
+        };
+        if let Some(keys) = known(&self.keys.read())? {
+            return Ok(keys);
+        }
+        let mut p = self.pending.lock();
+        let mut wait_for = 0;
+        for t in tags {
+            if self.keys.read().contains_key(*t) {
+                continue;
+            }
+            if let Some((_, _, batch)) = p.unsynced.get(*t) {
+                wait_for = wait_for.max(*batch);
+                continue;
+            }
+            let key = SubjectKey::generate().map_err(SealError::Keys)?;
+            let wrapped = wrap_key(&self.options.master_key, t, &key).map_err(SealError::Keys)?;
+            let batch = p.begun + 1;
+            p.unsynced.insert((*t).into(), (key, wrapped.into(), batch));
+            p.next.push((*t).into());
+            wait_for = wait_for.max(batch);
+        }
+        loop {
+            if let Some(reason) = &p.failed {
+                return Err(SealError::Keys(reason.clone()));
+            }
+            if p.synced >= wait_for {
+                break;
+            }
+            if p.writing {
+                self.synced.wait(&mut p);
+            } else {
+                self.write_batch(&mut p);
+            }
+        }
+        drop(p);
+        match known(&self.keys.read())? {
+            Some(keys) => Ok(keys),
+            // Erased while this append waited for its new key.
+            None => Err(SealError::Keys("a key vanished while it was made".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::RealIo;
+
+    fn subjects(master: &MasterKey) -> SubjectOptions {
+        SubjectOptions::new(["customer:"], master.clone())
+    }
+
+    #[test]
+    fn keys_survive_a_reopen_and_an_erasure_removes_the_key_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let master = MasterKey::generate().unwrap();
+        let io: Arc<dyn Io> = Arc::new(RealIo);
+        let store = KeyStore::open(io.clone(), dir.path(), subjects(&master)).unwrap();
+        let a = store.keys_for(&["customer:1", "customer:2"]).unwrap();
+        let again = store.keys_for(&["customer:1"]).unwrap();
+        assert_eq!(a[0].clone_bytes(), again[0].clone_bytes());
+        drop(store);
+        let store = KeyStore::open(io.clone(), dir.path(), subjects(&master)).unwrap();
+        let b = store.keys_for(&["customer:2"]).unwrap();
+        assert_eq!(a[1].clone_bytes(), b[0].clone_bytes());
+        let e = store.erase("customer:2", 99).unwrap();
+        assert!(!e.already);
+        assert!(store.erase("customer:2", 100).unwrap().already);
+        assert!(matches!(store.state("customer:2"), KeyState::Erased));
+        assert!(matches!(
+            store.keys_for(&["customer:2"]),
+            Err(SealError::Input(InputError::SubjectErased { .. }))
+        ));
+        // The key's bytes are gone from the file.
+        let file = std::fs::read(dir.path().join(KEYS_FILE)).unwrap();
+        let wrapped = wrap_key(&master, "customer:2", &b[0]).unwrap();
+        assert!(!file.windows(24).any(|w| w == &wrapped[..24]));
+        drop(store);
+        let store = KeyStore::open(io.clone(), dir.path(), subjects(&master)).unwrap();
+        assert!(matches!(store.state("customer:2"), KeyState::Erased));
+        assert!(matches!(store.state("customer:1"), KeyState::Live(_)));
+        assert_eq!(store.erased(), vec![("customer:2".to_string(), 99)]);
+        drop(store);
+        // Another master key is refused, and changes nothing.
+        let before = std::fs::read(dir.path().join(KEYS_FILE)).unwrap();
+        let other = MasterKey::generate().unwrap();
+        let e = KeyStore::open(io.clone(), dir.path(), subjects(&other))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("not this store's"), "{e}");
+        assert_eq!(std::fs::read(dir.path().join(KEYS_FILE)).unwrap(), before);
+    }
+
+    #[test]
+    fn a_torn_key_record_is_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let master = MasterKey::generate().unwrap();
+        let io: Arc<dyn Io> = Arc::new(RealIo);
+        let store = KeyStore::open(io.clone(), dir.path(), subjects(&master)).unwrap();
+        store.keys_for(&["customer:1"]).unwrap();
+        store.keys_for(&["customer:2"]).unwrap();
+        drop(store);
+        let path = dir.path().join(KEYS_FILE);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 5).unwrap();
+        let store = KeyStore::open(io.clone(), dir.path(), subjects(&master)).unwrap();
+        assert!(matches!(store.state("customer:1"), KeyState::Live(_)));
+        assert!(matches!(store.state("customer:2"), KeyState::Missing));
+        store.keys_for(&["customer:3"]).unwrap();
+        drop(store);
+        let store = KeyStore::open(io, dir.path(), subjects(&master)).unwrap();
+        assert!(matches!(store.state("customer:3"), KeyState::Live(_)));
+    }
+
+    #[test]
+    fn concurrent_new_keys_share_syncs_and_each_tag_gets_one_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let master = MasterKey::generate().unwrap();
+        let io: Arc<dyn Io> = Arc::new(RealIo);
+        let store = Arc::new(KeyStore::open(io.clone(), dir.path(), subjects(&master)).unwrap());
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200 {
+                        let tag = format!("customer:{}", (i * 7 + t) % 300);
+                        let k = store.keys_for(&[tag.as_str()]).unwrap();
+                        let again = store.keys_for(&[tag.as_str()]).unwrap();
+                        assert_eq!(k[0].clone_bytes(), again[0].clone_bytes());
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let batches = store.pending.lock().synced;
+        assert_eq!(store.counts().0, 300);
+        drop(store);
+        let store = KeyStore::open(io, dir.path(), subjects(&master)).unwrap();
+        assert_eq!(store.counts().0, 300);
+        assert!(batches <= 300, "{batches}");
+    }
+}

@@ -1,0 +1,561 @@
+//! Sealing a data subject's events: the metadata and data of an entry that carries a subject's
+//! tag are encrypted (XChaCha20-Poly1305, RustCrypto) before the entry reaches any storage;
+//! type, tags, id and position stay in the clear. The keys themselves are wrapped under the
+//! master key the same way (`keys.rs` keeps them).
+//!
+//! ```text
+//! a sealed entry: flags bit 1 set, metadata_len 0, data = the envelope
+//! envelope (version 1)
+//!   0  version u8 (1)          1  subjects u8 (n >= 1)
+//!   2  the subjects' tags, as indices into the entry's tags: u16 each, ascending
+//!   2 + 2n  nonce [u8; 24]     then the ciphertext with its 16-byte tag, of
+//!           metadata_len u32 ++ metadata ++ data
+//! associated data: the entry's id, type and tags, then the envelope's first 2 + 2n bytes
+//! key: the subject's key; for several subjects, HKDF-SHA256 over their keys in that order,
+//!      so that erasing any one of them makes the event unreadable
+//! ```
+
+use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use zeroize::Zeroize;
+
+use crate::error::InputError;
+use crate::record::{
+    EncodedAppend, Entries, EntryLayout, ENTRY_FIXED_BYTES, FLAG_SEALED, HEADER_BYTES,
+};
+use crate::subject::{MasterKey, SubjectOptions, SUBJECT_ERASED_TYPE};
+
+const ENVELOPE_VERSION: u8 = 1;
+const NONCE_BYTES: usize = 24;
+const TAG_BYTES: usize = 16;
+/// The most subjects one event may name.
+pub(crate) const SUBJECTS_PER_EVENT_MAX: usize = 16;
+/// A wrapped key: nonce, then the 32-byte key encrypted, then its tag.
+pub(crate) const WRAPPED_KEY_BYTES: usize = NONCE_BYTES + 32 + TAG_BYTES;
+
+/// One data subject's key. Wiped from memory when dropped.
+#[derive(Clone)]
+pub(crate) struct SubjectKey([u8; 32]);
+
+impl SubjectKey {
+    pub(crate) fn generate() -> Result<SubjectKey, String> {
+        Ok(SubjectKey(crate::subject::random_key()?))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn clone_bytes(&self) -> [u8; 32] {
+        self.0
+    }
+}
+
+impl Drop for SubjectKey {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl std::fmt::Debug for SubjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SubjectKey(hidden)")
+    }
+}
+
+fn nonce() -> Result<XNonce, String> {
+    XNonce::try_generate()
+        .map_err(|e| format!("the operating system's random generator failed: {e}"))
+}
+
+/// `plain` encrypted under `key` with `aad`: nonce ++ ciphertext ++ tag.
+fn encrypt(key: &[u8; 32], aad: &[u8], plain: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    let cipher = XChaCha20Poly1305::new(key.into());
+    let nonce = nonce()?;
+    let sealed = cipher
+        .encrypt(&nonce, Payload { msg: plain, aad })
+        .map_err(|_| "encryption failed".to_string())?;
+    out.extend_from_slice(nonce.as_slice());
+    out.extend_from_slice(&sealed);
+    Ok(())
+}
+
+/// The plaintext of `sealed` (nonce ++ ciphertext ++ tag), or None when it does not
+/// authenticate under `key` and `aad`.
+fn decrypt(key: &[u8; 32], aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+    if sealed.len() < NONCE_BYTES + TAG_BYTES {
+        return None;
+    }
+    let (nonce, body) = sealed.split_at(NONCE_BYTES);
+    let nonce = XNonce::try_from(nonce).ok()?;
+    XChaCha20Poly1305::new(key.into())
+        .decrypt(&nonce, Payload { msg: body, aad })
+        .ok()
+}
+
+/// A subject's key wrapped under the master key, bound to its tag.
+pub(crate) fn wrap_key(master: &MasterKey, tag: &str, key: &SubjectKey) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(WRAPPED_KEY_BYTES);
+    encrypt(master.bytes(), tag.as_bytes(), &key.0, &mut out)?;
+    debug_assert_eq!(out.len(), WRAPPED_KEY_BYTES);
+    Ok(out)
+}
+
+/// The key `wrap_key` wrapped, or None when `master` is not the key it was wrapped under (or
+/// the bytes are damaged).
+pub(crate) fn unwrap_key(master: &MasterKey, tag: &str, wrapped: &[u8]) -> Option<SubjectKey> {
+    let mut plain = decrypt(master.bytes(), tag.as_bytes(), wrapped)?;
+    let key = <[u8; 32]>::try_from(plain.as_slice()).ok().map(SubjectKey);
+    plain.zeroize();
+    key
+}
+
+/// What proves a master key is the store's: 16 zero bytes sealed under it.
+pub(crate) fn master_check(master: &MasterKey) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    encrypt(master.bytes(), b"annals master key", &[0; 16], &mut out)?;
+    Ok(out)
+}
+
+pub(crate) fn master_matches(master: &MasterKey, check: &[u8]) -> bool {
+    decrypt(master.bytes(), b"annals master key", check).is_some_and(|p| p == [0; 16])
+}
+
+/// The key of an event naming `keys` (in the order of its tags).
+fn event_key(keys: &[&SubjectKey]) -> [u8; 32] {
+    if let [one] = keys {
+        return one.0;
+    }
+    let mut ikm = Vec::with_capacity(32 * keys.len());
+    for k in keys {
+        ikm.extend_from_slice(&k.0);
+    }
+    let mut okm = [0u8; 32];
+    hkdf::Hkdf::<sha2::Sha256>::new(None, &ikm)
+        .expand(b"annals subjects v1", &mut okm)
+        .expect("32 bytes is a valid HKDF-SHA256 length");
+    ikm.zeroize();
+    okm
+}
+
+/// The indices of the entry's tags that name subjects.
+fn subject_tags(entry: &[u8], layout: &EntryLayout, subjects: &SubjectOptions) -> Vec<u16> {
+    crate::event::Tags::of(entry, layout)
+        .enumerate()
+        .filter(|(_, t)| subjects.is_subject(t))
+        .map(|(i, _)| i as u16)
+        .collect()
+}
+
+/// The keys a sealing pass asks for: by tag, created when new (and made durable before the
+/// append goes on); an erased subject's is refused.
+pub(crate) trait KeySource {
+    fn keys_for(&self, tags: &[&str]) -> Result<Vec<SubjectKey>, SealError>;
+}
+
+/// Why an append could not be sealed.
+#[derive(Debug)]
+pub(crate) enum SealError {
+    Input(InputError),
+    /// The key could not be made or stored: nothing was appended.
+    Keys(String),
+}
+
+impl From<InputError> for SealError {
+    fn from(e: InputError) -> Self {
+        SealError::Input(e)
+    }
+}
+
+/// Seals the entries of `append` that name a subject; unchanged (not copied) when none does.
+/// Entries already sealed (a copy's) stay as they are. `receipts`: the store's own erasure
+/// receipts, left in the clear; a client's event of that type is refused.
+pub(crate) fn seal_append(
+    append: EncodedAppend,
+    subjects: &SubjectOptions,
+    keys: &dyn KeySource,
+    receipts: bool,
+) -> Result<EncodedAppend, SealError> {
+    let mut plan: Vec<Vec<u16>> = Vec::new();
+    let mut any = false;
+    let mut tags: Vec<&str> = Vec::new();
+    for (index, (_, entry, layout)) in Entries::new(append.entries(), append.event_count)
+        .trusted()
+        .enumerate()
+    {
+        if layout.event_type(entry) == SUBJECT_ERASED_TYPE && !receipts && !layout.sealed {
+            return Err(InputError::ReservedType {
+                index,
+                event_type: SUBJECT_ERASED_TYPE.into(),
+            }
+            .into());
+        }
+        let found = if layout.sealed || layout.event_type(entry) == SUBJECT_ERASED_TYPE {
+            Vec::new()
+        } else {
+            subject_tags(entry, &layout, subjects)
+        };
+        if found.len() > SUBJECTS_PER_EVENT_MAX {
+            return Err(InputError::TooManyTags {
+                index,
+                count: found.len(),
+                max: SUBJECTS_PER_EVENT_MAX,
+            }
+            .into());
+        }
+        for &i in &found {
+            let tag = crate::event::Tags::of(entry, &layout)
+                .nth(i as usize)
+                .unwrap_or_default();
+            if !tags.contains(&tag) {
+                tags.push(tag);
+            }
+        }
+        any |= !found.is_empty();
+        plan.push(found);
+    }
+    if !any {
+        return Ok(append);
+    }
+    let found_keys = keys.keys_for(&tags)?;
+    debug_assert_eq!(found_keys.len(), tags.len());
+    let key_of = |tag: &str| -> &SubjectKey {
+        let i = tags.iter().position(|t| *t == tag).expect("asked for");
+        &found_keys[i]
+    };
+    let mut body = Vec::with_capacity(append.body.len() + plan.len() * 64);
+    let mut all_ids = true;
+    for ((_, entry, layout), found) in Entries::new(append.entries(), append.event_count)
+        .trusted()
+        .zip(&plan)
+    {
+        all_ids &= layout.id(entry).is_some();
+        if found.is_empty() {
+            let start = body.len();
+            body.extend_from_slice(entry);
+            set_record_offset(&mut body, start);
+            continue;
+        }
+        let event_tags: Vec<&str> = crate::event::Tags::of(entry, &layout).collect();
+        let subject_keys: Vec<&SubjectKey> = found
+            .iter()
+            .map(|&i| key_of(event_tags[i as usize]))
+            .collect();
+        seal_entry(&mut body, entry, &layout, found, &subject_keys).map_err(SealError::Keys)?;
+    }
+    let entries_len = body.len();
+    body.extend_from_slice(&append.body[append.entries().len()..]);
+    let body_crc = crc32c::crc32c(&body);
+    Ok(EncodedAppend {
+        trailer_len: (body.len() - entries_len) as u32,
+        body,
+        body_crc,
+        event_count: append.event_count,
+        all_ids,
+    })
+}
+
+/// Points the entry copied at `start` of `body` to its new place in the record.
+fn set_record_offset(body: &mut [u8], start: usize) {
+    let offset = (HEADER_BYTES + start) as u32;
+    body[start + 4..start + 8].copy_from_slice(&offset.to_le_bytes());
+}
+
+fn seal_entry(
+    body: &mut Vec<u8>,
+    entry: &[u8],
+    layout: &EntryLayout,
+    subjects: &[u16],
+    keys: &[&SubjectKey],
+) -> Result<(), String> {
+    let start = body.len();
+    let clear_end = layout.metadata_start as usize;
+    let mut header = vec![ENVELOPE_VERSION, subjects.len() as u8];
+    for &i in subjects {
+        header.extend_from_slice(&i.to_le_bytes());
+    }
+    let mut aad = Vec::with_capacity(clear_end - ENTRY_FIXED_BYTES + header.len());
+    aad.extend_from_slice(&entry[ENTRY_FIXED_BYTES..clear_end]);
+    aad.extend_from_slice(&header);
+    let metadata = &entry[layout.metadata_range()];
+    let data = &entry[layout.data_range()];
+    let mut plain = Vec::with_capacity(4 + metadata.len() + data.len());
+    plain.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
+    plain.extend_from_slice(metadata);
+    plain.extend_from_slice(data);
+    let mut key = event_key(keys);
+    let mut envelope = header;
+    let sealed = encrypt(&key, &aad, &plain, &mut envelope);
+    key.zeroize();
+    plain.zeroize();
+    sealed?;
+    // The fixed part: lengths and flags change; the id, type and tags are copied as they are.
+    body.extend_from_slice(&entry[..ENTRY_FIXED_BYTES]);
+    body.extend_from_slice(&entry[ENTRY_FIXED_BYTES..clear_end]);
+    body.extend_from_slice(&envelope);
+    let entry_len = (body.len() - start) as u32;
+    body[start..start + 4].copy_from_slice(&entry_len.to_le_bytes());
+    set_record_offset(body, start);
+    body[start + 12..start + 16].copy_from_slice(&(envelope.len() as u32).to_le_bytes());
+    body[start + 16..start + 20].copy_from_slice(&0u32.to_le_bytes());
+    body[start + 20] |= FLAG_SEALED;
+    Ok(())
+}
+
+/// What a sealed entry's keys are, as far as the store knows.
+pub(crate) enum KeyState {
+    Live(SubjectKey),
+    Erased,
+    /// No key and no erasure: a key file lost or damaged.
+    Missing,
+}
+
+/// A sealed entry opened.
+pub(crate) enum Opened {
+    /// The entry with its metadata and data back in the clear (not sealed).
+    Clear(Vec<u8>),
+    /// A subject was erased: the entry with empty metadata and data.
+    Erased(Vec<u8>),
+    /// The envelope is malformed, a key is missing, or it does not authenticate.
+    Damaged(String),
+}
+
+/// Opens a sealed entry with the keys `key_of` gives for its subjects' tags.
+pub(crate) fn open_entry(
+    entry: &[u8],
+    layout: &EntryLayout,
+    key_of: &dyn Fn(&str) -> KeyState,
+) -> Opened {
+    let envelope = &entry[layout.data_range()];
+    let (Some(&version), Some(&n)) = (envelope.first(), envelope.get(1)) else {
+        return Opened::Damaged("an empty envelope".into());
+    };
+    let n = n as usize;
+    if version != ENVELOPE_VERSION || n == 0 || envelope.len() < 2 + 2 * n {
+        return Opened::Damaged(format!(
+            "an envelope of version {version} with {n} subjects"
+        ));
+    }
+    let tags: Vec<&str> = crate::event::Tags::of(entry, layout).collect();
+    let mut keys = Vec::with_capacity(n);
+    let mut erased = false;
+    for i in 0..n {
+        let index = u16::from_le_bytes([envelope[2 + 2 * i], envelope[3 + 2 * i]]) as usize;
+        let Some(tag) = tags.get(index) else {
+            return Opened::Damaged(format!("a subject tag index {index} beyond the tags"));
+        };
+        match key_of(tag) {
+            KeyState::Live(k) => keys.push(k),
+            KeyState::Erased => erased = true,
+            KeyState::Missing => {
+                return Opened::Damaged(format!("no key for the subject {tag}, and no erasure"))
+            }
+        }
+    }
+    let clear_end = layout.metadata_start as usize;
+    if erased {
+        return Opened::Erased(rebuild(entry, clear_end, &[], &[]));
+    }
+    let header = &envelope[..2 + 2 * n];
+    let mut aad = Vec::with_capacity(clear_end - ENTRY_FIXED_BYTES + header.len());
+    aad.extend_from_slice(&entry[ENTRY_FIXED_BYTES..clear_end]);
+    aad.extend_from_slice(header);
+    let refs: Vec<&SubjectKey> = keys.iter().collect();
+    let mut key = event_key(&refs);
+    let plain = decrypt(&key, &aad, &envelope[2 + 2 * n..]);
+    key.zeroize();
+    let Some(mut plain) = plain else {
+        return Opened::Damaged("the envelope does not authenticate under its keys".into());
+    };
+    let opened = match plain.get(..4) {
+        Some(len) => {
+            let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+            match plain.get(4..4 + len) {
+                Some(metadata) => {
+                    Opened::Clear(rebuild(entry, clear_end, metadata, &plain[4 + len..]))
+                }
+                None => Opened::Damaged("a metadata length beyond the envelope".into()),
+            }
+        }
+        None => Opened::Damaged("an envelope too short".into()),
+    };
+    plain.zeroize();
+    opened
+}
+
+/// The entry with `metadata` and `data` in place of its envelope, not sealed.
+fn rebuild(entry: &[u8], clear_end: usize, metadata: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(clear_end + metadata.len() + data.len());
+    out.extend_from_slice(&entry[..clear_end]);
+    out.extend_from_slice(metadata);
+    out.extend_from_slice(data);
+    let len = out.len() as u32;
+    out[0..4].copy_from_slice(&len.to_le_bytes());
+    out[12..16].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    out[16..20].copy_from_slice(&(metadata.len() as u32).to_le_bytes());
+    out[20] &= !FLAG_SEALED;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::NewEvent;
+    use crate::limits::Limits;
+    use crate::record::encode_append_tracked;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    struct Keys(Mutex<HashMap<String, Option<SubjectKey>>>);
+
+    impl KeySource for Keys {
+        fn keys_for(&self, tags: &[&str]) -> Result<Vec<SubjectKey>, SealError> {
+            let mut map = self.0.lock().unwrap();
+            tags.iter()
+                .map(|t| {
+                    match map
+                        .entry(t.to_string())
+                        .or_insert_with(|| Some(SubjectKey::generate().unwrap()))
+                    {
+                        Some(k) => Ok(k.clone()),
+                        None => Err(InputError::SubjectErased { tag: t.to_string() }.into()),
+                    }
+                })
+                .collect()
+        }
+    }
+
+    impl Keys {
+        fn state(&self, tag: &str) -> KeyState {
+            match self.0.lock().unwrap().get(tag) {
+                Some(Some(k)) => KeyState::Live(k.clone()),
+                Some(None) => KeyState::Erased,
+                None => KeyState::Missing,
+            }
+        }
+    }
+
+    fn subjects() -> SubjectOptions {
+        SubjectOptions::new(["customer:"], MasterKey::generate().unwrap())
+    }
+
+    fn opened(body: &[u8], count: u32, keys: &Keys) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+        Entries::new(body, count)
+            .map(|(_, entry, layout)| {
+                if !layout.sealed {
+                    return (
+                        entry[layout.metadata_range()].to_vec(),
+                        entry[layout.data_range()].to_vec(),
+                        false,
+                    );
+                }
+                match open_entry(entry, &layout, &|t| keys.state(t)) {
+                    Opened::Clear(e) => {
+                        let l = EntryLayout::parse(&e).unwrap();
+                        assert!(!l.sealed);
+                        (
+                            e[l.metadata_range()].to_vec(),
+                            e[l.data_range()].to_vec(),
+                            false,
+                        )
+                    }
+                    Opened::Erased(e) => {
+                        let l = EntryLayout::parse(&e).unwrap();
+                        assert_eq!(l.data_range().len() + l.metadata_range().len(), 0);
+                        (vec![], vec![], true)
+                    }
+                    Opened::Damaged(why) => panic!("{why}"),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sealed_entries_open_to_their_data_and_erasure_of_either_subject_hides_it() {
+        let s = subjects();
+        let keys = Keys(Mutex::new(HashMap::new()));
+        let events = vec![
+            NewEvent::new("Plain", "order data").tag("order:1"),
+            NewEvent::new("Moved", "secret address")
+                .tag("order:1")
+                .tag("customer:7")
+                .metadata("meta"),
+            NewEvent::new("Married", "two people").tags(["customer:7", "customer:8"]),
+        ];
+        let append = encode_append_tracked(&events, Some(("src", 3)), &Limits::default()).unwrap();
+        let sealed = seal_append(append, &s, &keys, false).unwrap();
+        assert_eq!(sealed.tracking(), Some(("src", 3)));
+        assert!(!sealed.body.windows(6).any(|w| w == b"secret"));
+        assert!(!sealed.body.windows(3).any(|w| w == b"two"));
+        assert_eq!(sealed.body_crc, crc32c::crc32c(&sealed.body));
+        let entries = sealed.entries().to_vec();
+        let out = opened(&entries, 3, &keys);
+        assert_eq!(out[0], (vec![], b"order data".to_vec(), false));
+        assert_eq!(
+            out[1],
+            (b"meta".to_vec(), b"secret address".to_vec(), false)
+        );
+        assert_eq!(out[2], (vec![], b"two people".to_vec(), false));
+        // Erase customer:8: the event of both is unreadable, the other stays readable.
+        keys.0.lock().unwrap().insert("customer:8".into(), None);
+        let out = opened(&entries, 3, &keys);
+        assert!(!out[1].2);
+        assert!(out[2].2);
+        // An append naming it is refused.
+        let again = encode_append_tracked(&events[2..], None, &Limits::default()).unwrap();
+        assert!(matches!(
+            seal_append(again, &s, &keys, false),
+            Err(SealError::Input(InputError::SubjectErased { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_tampered_envelope_or_a_wrong_key_is_damage_not_data() {
+        let s = subjects();
+        let keys = Keys(Mutex::new(HashMap::new()));
+        let events = vec![NewEvent::new("Moved", "secret").tag("customer:7")];
+        let append = encode_append_tracked(&events, None, &Limits::default()).unwrap();
+        let mut body = seal_append(append, &s, &keys, false).unwrap().body;
+        let last = body.len() - 1;
+        body[last] ^= 1;
+        let (_, entry, layout) = Entries::new(&body, 1).next().unwrap();
+        assert!(matches!(
+            open_entry(entry, &layout, &|t| keys.state(t)),
+            Opened::Damaged(_)
+        ));
+        assert!(matches!(
+            open_entry(entry, &layout, &|_| KeyState::Missing),
+            Opened::Damaged(_)
+        ));
+    }
+
+    #[test]
+    fn keys_wrap_under_the_master_key_only() {
+        let master = MasterKey::generate().unwrap();
+        let other = MasterKey::generate().unwrap();
+        let key = SubjectKey::generate().unwrap();
+        let wrapped = wrap_key(&master, "customer:1", &key).unwrap();
+        assert_eq!(wrapped.len(), WRAPPED_KEY_BYTES);
+        assert_eq!(
+            unwrap_key(&master, "customer:1", &wrapped).unwrap().0,
+            key.0
+        );
+        assert!(unwrap_key(&other, "customer:1", &wrapped).is_none());
+        assert!(unwrap_key(&master, "customer:2", &wrapped).is_none());
+        let check = master_check(&master).unwrap();
+        assert!(master_matches(&master, &check));
+        assert!(!master_matches(&other, &check));
+    }
+
+    #[test]
+    fn a_clients_receipt_is_refused_and_the_stores_own_stays_clear() {
+        let s = subjects();
+        let keys = Keys(Mutex::new(HashMap::new()));
+        let events = vec![NewEvent::new(SUBJECT_ERASED_TYPE, "{}").tag("customer:7")];
+        let append = encode_append_tracked(&events, None, &Limits::default()).unwrap();
+        assert!(matches!(
+            seal_append(append, &s, &keys, false),
+            Err(SealError::Input(InputError::ReservedType { .. }))
+        ));
+        let append = encode_append_tracked(&events, None, &Limits::default()).unwrap();
+        let body = seal_append(append, &s, &keys, true).unwrap().body;
+        assert!(body.windows(2).any(|w| w == b"{}"));
+    }
+}
