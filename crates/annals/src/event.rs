@@ -63,6 +63,8 @@ pub struct Event {
     appended_at_us: u64,
     entry: Bytes,
     layout: EntryLayout,
+    /// A data subject's event whose subject was erased: no data, no metadata.
+    erased: bool,
 }
 
 impl Event {
@@ -77,7 +79,28 @@ impl Event {
             appended_at_us,
             entry,
             layout,
+            erased: false,
         }
+    }
+
+    /// A data subject's event opened (`entry` in the clear), or erased (`entry` without data).
+    pub(crate) fn opened(
+        position: u64,
+        appended_at_us: u64,
+        entry: Bytes,
+        layout: EntryLayout,
+        erased: bool,
+    ) -> Self {
+        Event {
+            erased,
+            ..Event::new(position, appended_at_us, entry, layout)
+        }
+    }
+
+    /// Whether the event's data subject was erased: its data and metadata are gone (empty
+    /// here), its position, type, tags and id remain.
+    pub fn is_erased(&self) -> bool {
+        self.erased
     }
 
     /// The event's position in the log: 1 for the first event, gapless.

@@ -22,10 +22,11 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{InputError, StoreError};
+use crate::event::Event;
 use crate::io::{read_file, write_file_durably, Io, IoFile, OpenMode};
 use crate::seal::{
-    master_check, master_matches, unwrap_key, wrap_key, KeySource, KeyState, SealError, SubjectKey,
-    WRAPPED_KEY_BYTES,
+    master_check, master_matches, open_entry, unwrap_key, wrap_key, KeySource, KeyState, Opened,
+    SealError, SubjectKey, WRAPPED_KEY_BYTES,
 };
 use crate::subject::{MasterKey, SubjectOptions};
 
@@ -42,12 +43,19 @@ enum Slot {
     Erased(u64),
 }
 
+/// A key made and not yet synced: the key, its wrapped bytes, the batch that writes it.
+struct NewKey {
+    key: SubjectKey,
+    wrapped: Box<[u8]>,
+    batch: u64,
+}
+
 /// Keys made but not yet synced, and the one writer of the file.
 struct Pending {
     file: Arc<dyn IoFile>,
     len: u64,
-    /// New keys by tag, with the number of the batch that writes them.
-    unsynced: HashMap<Box<str>, (SubjectKey, Box<[u8]>, u64)>,
+    /// New keys by tag.
+    unsynced: HashMap<Box<str>, NewKey>,
     /// The tags of the next batch, in order.
     next: Vec<Box<str>>,
     /// Batches begun and batches synced.
@@ -283,8 +291,7 @@ impl KeyStore {
         let tags = std::mem::take(&mut p.next);
         let mut bytes = Vec::new();
         for t in &tags {
-            let (_, wrapped, _) = &p.unsynced[t];
-            encode_record(&mut bytes, KIND_KEY, t, wrapped);
+            encode_record(&mut bytes, KIND_KEY, t, &p.unsynced[t].wrapped);
         }
         let file = p.file.clone();
         let at = p.len;
@@ -297,8 +304,8 @@ impl KeyStore {
                 p.len += bytes.len() as u64;
                 let mut keys = self.keys.write();
                 for t in tags {
-                    if let Some((key, wrapped, _)) = p.unsynced.remove(&t) {
-                        keys.insert(t, Slot::Live(key, wrapped));
+                    if let Some(new) = p.unsynced.remove(&t) {
+                        keys.insert(t, Slot::Live(new.key, new.wrapped));
                     }
                 }
                 p.synced = batch;
@@ -390,14 +397,22 @@ impl KeySource for KeyStore {
             if self.keys.read().contains_key(*t) {
                 continue;
             }
-            if let Some((_, _, batch)) = p.unsynced.get(*t) {
-                wait_for = wait_for.max(*batch);
+            if let Some(new) = p.unsynced.get(*t) {
+                wait_for = wait_for.max(new.batch);
                 continue;
             }
             let key = SubjectKey::generate().map_err(SealError::Keys)?;
             let wrapped = wrap_key(&self.options.master_key, t, &key).map_err(SealError::Keys)?;
             let batch = p.begun + 1;
-            p.unsynced.insert((*t).into(), (key, wrapped.into(), batch));
+            let wrapped = wrapped.into();
+            p.unsynced.insert(
+                (*t).into(),
+                NewKey {
+                    key,
+                    wrapped,
+                    batch,
+                },
+            );
             p.next.push((*t).into());
             wait_for = wait_for.max(batch);
         }
@@ -421,6 +436,39 @@ impl KeySource for KeyStore {
             None => Err(SealError::Keys("a key vanished while it was made".into())),
         }
     }
+}
+
+/// A sealed entry opened with the store's keys: its data back, or marked erased.
+pub(crate) fn open_sealed(
+    keys: Option<&KeyStore>,
+    position: u64,
+    appended_at_us: u64,
+    entry: bytes::Bytes,
+    layout: crate::record::EntryLayout,
+) -> Result<Event, StoreError> {
+    let state = |tag: &str| match keys {
+        Some(keys) => keys.state(tag),
+        None => KeyState::Missing,
+    };
+    let (bytes, erased) = match open_entry(&entry, &layout, &state) {
+        Opened::Clear(bytes) => (bytes, false),
+        Opened::Erased(bytes) => (bytes, true),
+        Opened::Damaged(why) => {
+            return Err(StoreError::Subjects(format!(
+                "the event at position {position} cannot be opened: {why}"
+            )))
+        }
+    };
+    let layout = crate::record::EntryLayout::parse_checked(&bytes, false).ok_or_else(|| {
+        StoreError::Subjects(format!("the event at position {position} opened malformed"))
+    })?;
+    Ok(Event::opened(
+        position,
+        appended_at_us,
+        bytes.into(),
+        layout,
+        erased,
+    ))
 }
 
 #[cfg(test)]

@@ -91,6 +91,7 @@ pub use postgres::lone_commit_statement;
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
 pub use record::StoredAppend;
+pub use store::subjects::Erasure;
 pub use store::{
     is_database_url, BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport,
     ScrubStats, Stats, Store,

@@ -213,12 +213,8 @@ impl ReadIter {
                         continue;
                     }
                     scan.position = position + 1;
-                    return Ok(Some(Event::new(
-                        position,
-                        record.header.appended_at_us,
-                        entry,
-                        layout,
-                    )));
+                    let at = record.header.appended_at_us;
+                    return event_of(&self.shared, position, at, entry, layout).map(Some);
                 }
                 scan.record = None;
             }
@@ -404,8 +400,28 @@ impl ReadIter {
                     .map(u64::from_le_bytes)
             })?
             .unwrap_or(0);
-        Ok(Event::new(position, appended_at_us, entry, layout))
+        event_of(&self.shared, position, appended_at_us, entry, layout)
     }
+}
+
+/// The event of an entry read from the log: a data subject's opened with the store's keys.
+fn event_of(
+    shared: &Shared,
+    position: u64,
+    appended_at_us: u64,
+    entry: Bytes,
+    layout: EntryLayout,
+) -> Result<Event, StoreError> {
+    if !layout.sealed {
+        return Ok(Event::new(position, appended_at_us, entry, layout));
+    }
+    crate::keys::open_sealed(
+        shared.keys.as_deref(),
+        position,
+        appended_at_us,
+        entry,
+        layout,
+    )
 }
 
 impl Scan {

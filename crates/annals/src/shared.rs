@@ -119,6 +119,8 @@ pub(crate) struct Shared {
     pub(crate) spare_bodies: Mutex<SpareBodies>,
     /// Callers waiting for an append's outcome (see [`crate::writer::Waiting`]).
     pub(crate) waiting: std::sync::atomic::AtomicUsize,
+    /// The data subjects' keys (`Options::subjects`); None without subjects.
+    pub(crate) keys: Option<Arc<crate::keys::KeyStore>>,
     /// The data directory's lock, held as long as the store is open.
     pub(crate) _lock: Box<dyn DirLock>,
 }

@@ -435,6 +435,13 @@ impl Index {
             + self.ids.bytes_used()
     }
 
+    /// How many events through `head` carry `tag` (a binary search in its postings).
+    pub(crate) fn tag_events_through(&self, tag: &str, head: u64) -> u64 {
+        self.tag_ids.get(tag.as_bytes()).map_or(0, |&id| {
+            self.tag_postings[id as usize].partition_point(|&p| p <= head) as u64
+        })
+    }
+
     pub(crate) fn tag_count(&self) -> usize {
         self.tag_names.len()
     }

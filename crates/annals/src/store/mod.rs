@@ -44,6 +44,7 @@ mod without_postgres;
 use crate::postgres::Remote;
 #[cfg(not(feature = "postgres"))]
 use without_postgres::Remote;
+pub(crate) mod subjects;
 mod submit;
 
 pub use crate::stats::{
@@ -182,6 +183,7 @@ impl Store {
     ) -> Result<Store, StoreError> {
         let (local, off_machine) = off_machine_class(options)?;
         let store = Self::open_log(io, dir, local.clone(), Backend::Files)?;
+        store.settle_erasures()?;
         store.begin_backup(&local, off_machine)
     }
 
@@ -245,6 +247,7 @@ impl Store {
                 StoreError::io("lock data directory", dir.join(LOCK_FILE), 0, e)
             }
         })?;
+        let keys = Self::open_keys(&io, dir, &options, backend)?;
         let mut segments = recovery::open_segments(io.as_ref(), dir, true)?;
         let counters = Counters::default();
         if segments.is_empty() {
@@ -315,6 +318,7 @@ impl Store {
             checkpoints: CheckpointTrigger::new(tail.head),
             spare_bodies: Mutex::new(SpareBodies::default()),
             options,
+            keys,
             _lock: lock,
         });
         let notifier = match shared.options.durability {

@@ -116,7 +116,7 @@ impl Store {
             .as_ref()
             .map(|t| (t.source.as_str(), t.position));
         let append = encode_append_tracked(events, tracking, limits)?;
-        self.submit_encoded(append, condition, options, reply, how, None)
+        self.submit_encoded(append, condition, options, reply, how, None, false)
     }
 
     /// Queues an append read from a log (a copy's), with its own append time; see
@@ -149,6 +149,7 @@ impl Store {
                 alone: false,
             },
             Some(appended_at_us),
+            false,
         )
     }
 
@@ -204,10 +205,13 @@ impl Store {
             return Err(InputError::TrackingInBatch.into());
         }
         let append = batch.into_append()?;
-        self.submit_encoded(append, condition, options, reply, how, None)
+        self.submit_encoded(append, condition, options, reply, how, None, false)
     }
 
-    fn submit_encoded(
+    /// Hands an encoded append to the log. `receipt`: the store's own erasure receipt, left
+    /// in the clear.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn submit_encoded(
         &self,
         append: EncodedAppend,
         condition: Option<Cow<'_, AppendCondition>>,
@@ -215,8 +219,19 @@ impl Store {
         reply: ReplyTo,
         how: Submit,
         appended_at: Option<u64>,
+        receipt: bool,
     ) -> Result<(), AppendError> {
         let log = self.log().ok_or(StoreError::Closed)?;
+        let append = match &self.shared.keys {
+            None => append,
+            Some(keys) => crate::seal::seal_append(append, keys.options(), keys.as_ref(), receipt)
+                .map_err(|e| match e {
+                    crate::seal::SealError::Input(e) => AppendError::Input(e),
+                    crate::seal::SealError::Keys(reason) => {
+                        AppendError::Store(StoreError::Subjects(reason))
+                    }
+                })?,
+        };
         let limits = &self.shared.options.limits;
         let condition = match condition {
             Some(c) => {

@@ -1,0 +1,227 @@
+//! Data subjects on the store: opening their keys, erasing a subject (its key deleted, then a
+//! receipt appended), and finishing an erasure that a crash cut between the two.
+
+use super::*;
+use crate::query::QueryItem;
+use crate::subject::SUBJECT_ERASED_TYPE;
+
+/// What [`Store::erase_subject`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Erasure {
+    pub tag: String,
+    /// The events carrying the subject's tag (its receipts aside), now unreadable.
+    pub events: u64,
+    /// The position of the erasure's receipt (`annals.SubjectErased`).
+    pub receipt: u64,
+    /// The subject was erased before: nothing changed.
+    pub already: bool,
+    /// When the key was deleted, in microseconds since the Unix epoch.
+    pub erased_at_us: u64,
+}
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl Store {
+    /// The subjects' keys of the store in `dir`, with the options' master key; refuses a
+    /// store whose events are sealed when no master key is given.
+    pub(super) fn open_keys(
+        io: &Arc<dyn Io>,
+        dir: &Path,
+        options: &Options,
+        backend: Backend,
+    ) -> Result<Option<Arc<crate::keys::KeyStore>>, StoreError> {
+        let has_keys = io
+            .list(dir)
+            .map_err(|e| StoreError::io("list data directory", dir, 0, e))?
+            .iter()
+            .any(|n| n == crate::keys::KEYS_FILE);
+        match (&options.subjects, backend) {
+            (None, _) if has_keys => Err(StoreError::Subjects(format!(
+                "{} holds data subjects' keys: open it with its master key (annals serve \
+                 --master-key-file FILE, or Options::subjects)",
+                dir.display()
+            ))),
+            (None, _) => Ok(None),
+            (Some(subjects), Backend::Files) => Ok(Some(Arc::new(crate::keys::KeyStore::open(
+                io.clone(),
+                dir,
+                subjects.clone(),
+            )?))),
+            (Some(_), _) => Err(StoreError::InvalidOption(
+                "data subjects are kept on segment files only in this build; a store on \
+                 PostgreSQL or a read replica cannot encrypt them yet"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Whether this store keeps data subjects (`Options::subjects`).
+    pub fn has_subjects(&self) -> bool {
+        self.shared.keys.is_some()
+    }
+
+    /// How many data subjects have a key, and how many were erased (None without subjects).
+    pub fn subject_counts(&self) -> Option<(u64, u64)> {
+        self.shared.keys.as_ref().map(|k| k.counts())
+    }
+
+    /// Erases the data subject named by `tag`: its key is deleted from where the store keeps
+    /// it (durably), so that every event carrying the tag reads back with no data or
+    /// metadata ([`Event::is_erased`]) wherever a copy of the log lives; then a receipt
+    /// (`annals.SubjectErased`, tagged with the subject, no personal data) is appended.
+    /// Later appends naming the subject are refused ([`InputError::SubjectErased`]).
+    /// Idempotent: erasing again answers the first erasure's receipt.
+    pub fn erase_subject(&self, tag: &str) -> Result<Erasure, AppendError> {
+        let keys = self.shared.keys.as_ref().ok_or(InputError::NoSubjects)?;
+        if !keys.options().is_subject(tag) {
+            return Err(InputError::NotASubject {
+                tag: tag.to_string(),
+                prefixes: keys.options().tag_prefixes.join(", "),
+            }
+            .into());
+        }
+        crate::record::validate_tag(0, tag, &self.shared.options.limits)?;
+        let erased = keys.erase(tag, now_us())?;
+        self.receipt(tag, erased.at_us, erased.already)
+    }
+
+    /// The receipt of `tag`'s erasure: the one in the log, or one appended now.
+    fn receipt(&self, tag: &str, at_us: u64, already: bool) -> Result<Erasure, AppendError> {
+        let receipts = Query::item(QueryItem::types([SUBJECT_ERASED_TYPE]).and_tags([tag]));
+        loop {
+            let head = self.head();
+            let found = self
+                .shared
+                .index
+                .read()
+                .first_query_match_after(&receipts, 0);
+            let (events, receipt_count) = {
+                let index = self.shared.index.read();
+                let with_tag = index.tag_events_through(tag, head);
+                (with_tag, u64::from(found.is_some_and(|p| p <= head)))
+            };
+            if let Some(receipt) = found.filter(|&p| p <= head) {
+                return Ok(Erasure {
+                    tag: tag.to_string(),
+                    events: events - receipt_count,
+                    receipt,
+                    already,
+                    erased_at_us: at_us,
+                });
+            }
+            let body = serde_json::json!({ "tag": tag, "events": events, "erasedAtUs": at_us });
+            let event = NewEvent::new(SUBJECT_ERASED_TYPE, body.to_string()).tag(tag);
+            let append = encode_append_tracked(&[event], None, &self.shared.options.limits)?;
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            self.submit_encoded(
+                append,
+                Some(Cow::Owned(AppendCondition::new(
+                    receipts.clone(),
+                    Some(head),
+                ))),
+                AppendOptions {
+                    require_synced: true,
+                    ..AppendOptions::default()
+                },
+                ReplyTo::Callback(Box::new(move |r| {
+                    let _ = tx.send(r);
+                })),
+                Submit {
+                    wait_when_full: true,
+                    alone: false,
+                },
+                None,
+                true,
+            )?;
+            match rx.recv().map_err(|_| StoreError::Closed)? {
+                Ok(receipt) => {
+                    return Ok(Erasure {
+                        tag: tag.to_string(),
+                        events,
+                        receipt,
+                        already,
+                        erased_at_us: at_us,
+                    })
+                }
+                // Another erasure of the same subject appended its receipt first.
+                Err(AppendError::ConditionFailed { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Appends the receipt of every erasure a crash cut short (key deleted, no receipt yet):
+    /// after an open, a subject's receipt is in the log exactly when its key is gone.
+    pub(super) fn settle_erasures(&self) -> Result<(), StoreError> {
+        let Some(keys) = &self.shared.keys else {
+            return Ok(());
+        };
+        if self.shared.options.durability == Durability::Memory {
+            return Ok(());
+        }
+        for (tag, at_us) in keys.erased() {
+            self.receipt(&tag, at_us, true).map_err(|e| match e {
+                AppendError::Store(e) => e,
+                other => StoreError::Subjects(format!(
+                    "the receipt of {tag}'s erasure could not be appended: {other}"
+                )),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::subject::{MasterKey, SubjectOptions};
+
+    /// Goal: an erasure cut by a crash after the key was deleted and before its receipt was
+    /// appended is finished at the next open: the receipt is there exactly when the key is
+    /// gone.
+    #[test]
+    fn an_erasure_cut_before_its_receipt_is_finished_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let master = MasterKey::generate().unwrap();
+        let options = Options {
+            subjects: Some(SubjectOptions::new(["customer:"], master)),
+            ..Options::default()
+        };
+        let store = Store::open(dir.path(), options.clone()).unwrap();
+        let events = [NewEvent::new("Moved", "address").tag("customer:1")];
+        store.append(&events, None).unwrap();
+        store.append(&events, None).unwrap();
+        // The first half of an erasure only: the key deleted, no receipt.
+        let keys = store.shared.keys.clone().unwrap();
+        keys.erase("customer:1", 42).unwrap();
+        let head = store.head();
+        drop(store);
+        let store = Store::open(dir.path(), options).unwrap();
+        assert_eq!(store.head(), head + 1);
+        let receipt = store
+            .read(&Query::all(), ReadOptions::backwards())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert_eq!(receipt.event_type(), SUBJECT_ERASED_TYPE);
+        let body: serde_json::Value = serde_json::from_slice(receipt.data()).unwrap();
+        assert_eq!(body["events"], 2);
+        assert_eq!(body["erasedAtUs"], 42);
+        let first = store
+            .read(&Query::all(), ReadOptions::forwards())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert!(first.is_erased());
+        let again = store.erase_subject("customer:1").unwrap();
+        assert!(again.already);
+        assert_eq!(again.receipt, head + 1);
+        store.close().unwrap();
+    }
+}

@@ -1,0 +1,228 @@
+//! Goal: a data subject's events are stored encrypted and erased by deleting the subject's
+//! key: the data never lies in the clear in the data directory, reads back whole before the
+//! erasure and without data after it (position, type and tags kept), the erasure leaves a
+//! receipt and refuses later appends naming the subject, and it all holds across a restart.
+
+use annals::{
+    AppendCondition, AppendError, InputError, MasterKey, NewEvent, Options, Query, QueryItem,
+    ReadOptions, Store, StoreError, SubjectOptions, SUBJECT_ERASED_TYPE,
+};
+
+const MARKER: &str = "MARKER-personal-data-7f3a";
+
+fn options(master: &MasterKey) -> Options {
+    Options {
+        subjects: Some(SubjectOptions::new(
+            ["customer:", "employee:"],
+            master.clone(),
+        )),
+        ..Options::default()
+    }
+}
+
+fn raw_files_hold(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in walk(dir) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        if bytes.windows(needle.len()).any(|w| w == needle) {
+            found.push(entry.display().to_string());
+        }
+    }
+    found
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn all(store: &Store) -> Vec<annals::Event> {
+    store
+        .read(&Query::all(), ReadOptions::forwards())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect()
+}
+
+#[test]
+fn a_subjects_events_are_sealed_read_back_and_erased_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterKey::generate().unwrap();
+    let store = Store::open(dir.path(), options(&master)).unwrap();
+    store
+        .append(
+            &[
+                NewEvent::new("AddressChanged", format!("{MARKER} 1 Main St"))
+                    .tag("customer:42")
+                    .metadata(format!("{MARKER} meta")),
+                NewEvent::new("OrderPlaced", "order 9, no personal data").tag("order:9"),
+                NewEvent::new("Married", format!("{MARKER} both"))
+                    .tags(["customer:42", "customer:43"]),
+                NewEvent::new("Hired", format!("{MARKER} salary")).tag("employee:7"),
+            ],
+            None,
+        )
+        .unwrap();
+    let events = all(&store);
+    assert_eq!(events[0].data(), format!("{MARKER} 1 Main St").as_bytes());
+    assert_eq!(events[0].metadata(), format!("{MARKER} meta").as_bytes());
+    assert_eq!(events[2].data(), format!("{MARKER} both").as_bytes());
+    assert!(events.iter().all(|e| !e.is_erased()));
+    store.close().unwrap();
+    assert_eq!(
+        raw_files_hold(dir.path(), MARKER.as_bytes()),
+        Vec::<String>::new()
+    );
+
+    let store = Store::open(dir.path(), options(&master)).unwrap();
+    assert_eq!(all(&store)[3].data(), format!("{MARKER} salary").as_bytes());
+    let erasure = store.erase_subject("customer:43").unwrap();
+    assert_eq!(erasure.events, 1);
+    assert!(!erasure.already);
+    let events = all(&store);
+    assert!(!events[0].is_erased(), "customer:42 alone stays readable");
+    assert!(
+        events[2].is_erased(),
+        "either subject's erasure hides the event of both"
+    );
+    assert!(events[2].data().is_empty() && events[2].metadata().is_empty());
+    assert_eq!(events[2].event_type(), "Married");
+    assert_eq!(
+        events[2].tags().collect::<Vec<_>>(),
+        ["customer:42", "customer:43"]
+    );
+    let receipt = &events[erasure.receipt as usize - 1];
+    assert_eq!(receipt.event_type(), SUBJECT_ERASED_TYPE);
+    assert_eq!(receipt.tags().collect::<Vec<_>>(), ["customer:43"]);
+
+    // Idempotent; later appends naming the subject are refused and change nothing.
+    let head = store.head();
+    let again = store.erase_subject("customer:43").unwrap();
+    assert!(again.already);
+    assert_eq!(again.receipt, erasure.receipt);
+    let refused = store
+        .append(&[NewEvent::new("Moved", "x").tag("customer:43")], None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            AppendError::Input(InputError::SubjectErased { .. })
+        ),
+        "{refused}"
+    );
+    assert_eq!(store.head(), head);
+
+    // A condition over erased events still sees them.
+    let condition = AppendCondition::new(Query::item(QueryItem::tags(["customer:43"])), Some(0));
+    let failed = store
+        .append(
+            &[NewEvent::new("Checked", "y").tag("order:10")],
+            Some(&condition),
+        )
+        .unwrap_err();
+    assert!(matches!(failed, AppendError::ConditionFailed { .. }));
+
+    // A subject with no events: 0, recorded, later appends refused.
+    let none = store.erase_subject("employee:99").unwrap();
+    assert_eq!(none.events, 0);
+    assert!(store
+        .append(&[NewEvent::new("Hired", "z").tag("employee:99")], None)
+        .is_err());
+
+    // Bad input: clear errors, nothing changed.
+    let head = store.head();
+    for tag in ["order:9", "", "customer:"] {
+        let e = store.erase_subject(tag).unwrap_err();
+        assert!(matches!(e, AppendError::Input(_)), "{tag}: {e}");
+    }
+    let e = store
+        .append(
+            &[NewEvent::new(SUBJECT_ERASED_TYPE, "{}").tag("customer:42")],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, AppendError::Input(InputError::ReservedType { .. })),
+        "{e}"
+    );
+    assert_eq!(store.head(), head);
+    store.close().unwrap();
+    assert_eq!(
+        raw_files_hold(dir.path(), MARKER.as_bytes()),
+        Vec::<String>::new()
+    );
+
+    // After a restart: the same.
+    let store = Store::open(dir.path(), options(&master)).unwrap();
+    let events = all(&store);
+    assert!(events[2].is_erased() && !events[0].is_erased());
+    assert_eq!(events[0].data(), format!("{MARKER} 1 Main St").as_bytes());
+    assert_eq!(store.subject_counts(), Some((2, 2)));
+    let receipts = store
+        .read(
+            &Query::item(QueryItem::types([SUBJECT_ERASED_TYPE])),
+            ReadOptions::forwards(),
+        )
+        .unwrap()
+        .count();
+    assert_eq!(
+        receipts, 2,
+        "one receipt per erasure, none added by the restart"
+    );
+    store.close().unwrap();
+}
+
+#[test]
+fn a_wrong_or_missing_master_key_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterKey::generate().unwrap();
+    let store = Store::open(dir.path(), options(&master)).unwrap();
+    store
+        .append(&[NewEvent::new("Moved", MARKER).tag("customer:1")], None)
+        .unwrap();
+    store.close().unwrap();
+    let before: Vec<(String, Vec<u8>)> = walk(dir.path())
+        .into_iter()
+        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+        .collect();
+    let other = MasterKey::generate().unwrap();
+    let e = Store::open(dir.path(), options(&other)).err().unwrap();
+    assert!(matches!(e, StoreError::Subjects(_)), "{e}");
+    assert!(e.to_string().contains("master key"), "{e}");
+    let e = Store::open(dir.path(), Options::default()).err().unwrap();
+    assert!(e.to_string().contains("master key"), "{e}");
+    let after: Vec<(String, Vec<u8>)> = walk(dir.path())
+        .into_iter()
+        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+        .collect();
+    assert_eq!(before.len(), after.len());
+    for (b, a) in before.iter().zip(&after) {
+        if !b.0.ends_with("LOCK") {
+            assert_eq!(b, a, "{} changed", b.0);
+        }
+    }
+}
+
+#[test]
+fn a_store_without_subjects_stores_data_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    store
+        .append(&[NewEvent::new("Moved", MARKER).tag("customer:1")], None)
+        .unwrap();
+    let e = store.erase_subject("customer:1").unwrap_err();
+    assert!(
+        matches!(e, AppendError::Input(InputError::NoSubjects)),
+        "{e}"
+    );
+    store.close().unwrap();
+    assert!(!raw_files_hold(dir.path(), MARKER.as_bytes()).is_empty());
+}
