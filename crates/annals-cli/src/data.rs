@@ -265,7 +265,12 @@ impl Target {
 }
 
 /// Opens the store at a directory or PostgreSQL URL, naming it (without a password) in errors.
-pub(crate) fn open_store(location: &str, options: Options) -> Result<Store, String> {
+/// The data subjects of `ANNALS_SUBJECT_TAGS` and `ANNALS_MASTER_KEY_FILE` apply unless the
+/// options name their own.
+pub(crate) fn open_store(location: &str, mut options: Options) -> Result<Store, String> {
+    if options.subjects.is_none() {
+        options.subjects = crate::subjects::subjects(None, None)?;
+    }
     Store::open_location(location, options).map_err(|e| {
         format!(
             "cannot open {}: {e}",

@@ -252,6 +252,7 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
     let options = Options {
         durability: Durability::Written,
         checkpoint_on_close: false,
+        subjects: crate::subjects::subjects(None, None)?,
         ..Options::default()
     };
     let store = Store::open(&dir, options).map_err(|e| e.to_string())?;

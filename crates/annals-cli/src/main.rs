@@ -7,6 +7,7 @@ mod inspect;
 mod readmodel;
 mod remote;
 mod serve;
+mod subjects;
 
 use clap::{Parser, Subcommand};
 
@@ -113,6 +114,18 @@ enum Command {
     /// Backups in object storage.
     #[command(subcommand)]
     Backup(backup::BackupCommand),
+    /// Erase a data subject: its key is deleted, so that every event carrying its tag reads
+    /// back without data, everywhere the store keeps it; a receipt (annals.SubjectErased)
+    /// is appended. Against a running server (admin key) or a closed store.
+    ///
+    /// Examples:
+    ///   annals erase customer:42 --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
+    ///   annals erase customer:42 --store ./data --subject-tags customer: --master-key-file master.key
+    #[command(verbatim_doc_comment)]
+    Erase(subjects::EraseArgs),
+    /// The master key that encrypts the data subjects' keys.
+    #[command(subcommand)]
+    MasterKey(subjects::MasterKeyCommand),
 }
 
 fn main() {
@@ -131,6 +144,8 @@ fn main() {
         Command::Readmodel(command) => readmodel::run(command),
         Command::Restore(args) => backup::run_restore(args),
         Command::Backup(command) => backup::run(command),
+        Command::Erase(args) => subjects::erase(args),
+        Command::MasterKey(command) => subjects::master_key(command),
     };
     if let Err(message) = result {
         eprintln!("error: {message}");

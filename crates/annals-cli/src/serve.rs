@@ -42,6 +42,17 @@ pub struct ServeArgs {
     /// is filled from the backup at start. Env: ANNALS_REPLICA_OF
     #[arg(long, value_name = "URL")]
     replica_of: Option<String>,
+    /// Tag prefixes that name data subjects, comma separated (customer:,employee:): the data
+    /// and metadata of their events are stored encrypted under a key per subject, and
+    /// `annals erase TAG` deletes it. Tags stay in the clear: make subject tags opaque ids.
+    /// Needs --master-key-file. Env: ANNALS_SUBJECT_TAGS
+    #[arg(long, value_name = "PREFIXES")]
+    subject_tags: Option<String>,
+    /// The file holding the master key (64 hexadecimal characters; `annals master-key new`)
+    /// that encrypts the subjects' keys. A store started with another master key than its
+    /// own is refused. Env: ANNALS_MASTER_KEY_FILE
+    #[arg(long, value_name = "FILE")]
+    master_key_file: Option<PathBuf>,
     /// HTTP listen address. Env: ANNALS_HTTP_LISTEN. Default: 127.0.0.1:7400
     #[arg(long, value_name = "HOST:PORT")]
     http: Option<String>,
@@ -122,6 +133,12 @@ fn resolve(args: ServeArgs) -> Result<Config, String> {
     }
     if let Some(url) = args.replica_of {
         config.replica_of = Some(url);
+    }
+    if let Some(tags) = args.subject_tags {
+        config.subject_tags = config::split_list(&tags);
+    }
+    if let Some(file) = args.master_key_file {
+        config.master_key_file = Some(file);
     }
     if let Some(http) = args.http {
         config.http_listen =

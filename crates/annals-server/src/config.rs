@@ -52,6 +52,12 @@ pub struct Config {
     pub replica_of: Option<String>,
     /// The background scrub of sealed segments (`annals::Options::scrub`); None: off.
     pub scrub: Option<annals::ScrubOptions>,
+    /// Tag prefixes naming data subjects, whose events are stored encrypted
+    /// (`annals::Options::subjects`); empty: none.
+    pub subject_tags: Vec<String>,
+    /// The file holding the master key (64 hexadecimal characters) that encrypts the
+    /// subjects' keys.
+    pub master_key_file: Option<PathBuf>,
     /// HTTP listen address; loopback unless asked otherwise.
     pub http_listen: SocketAddr,
     /// gRPC (UmaDB protocol) listen address; `None` disables gRPC.
@@ -241,6 +247,8 @@ impl Default for Config {
             backup: None,
             replica_of: None,
             scrub: Some(annals::ScrubOptions::default()),
+            subject_tags: Vec::new(),
+            master_key_file: None,
             http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
             grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
             durability: Durability::Synced,
@@ -267,6 +275,8 @@ impl Default for Config {
 /// # replica_of = "s3://bucket/prefix"  # serve reads from the backup another server writes
 /// scrub_bytes_per_second = 8388608   # re-read sealed segments at most this fast; 0: no scrub
 /// scrub_pause_seconds = 600          # the wait before each pass of the scrub
+/// subject_tags = ["customer:"]       # tags naming data subjects: their events are encrypted
+/// master_key_file = "/etc/annals/master.key"  # 64 hex characters (annals master-key new)
 /// http_listen = "127.0.0.1:7400"
 /// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
 /// durability = "d3"
@@ -305,6 +315,9 @@ pub struct ConfigFile {
     /// The scrub's rate (0: no scrub) and its pause before each pass.
     pub scrub_bytes_per_second: Option<u64>,
     pub scrub_pause_seconds: Option<f64>,
+    /// Tag prefixes naming data subjects, and the file with the master key.
+    pub subject_tags: Option<Vec<String>>,
+    pub master_key_file: Option<PathBuf>,
     pub http_listen: Option<String>,
     pub grpc_listen: Option<String>,
     pub durability: Option<String>,
@@ -439,6 +452,12 @@ impl Config {
         if let Some(pause) = file.scrub_pause_seconds {
             self.set_scrub_pause(pause)?;
         }
+        if let Some(tags) = file.subject_tags {
+            self.subject_tags = tags;
+        }
+        if let Some(file) = file.master_key_file {
+            self.master_key_file = Some(file);
+        }
         if let Some(v) = file.http_listen {
             self.http_listen = required_listen(&v, "http_listen")?;
         }
@@ -549,6 +568,8 @@ impl Config {
                 "ANNALS_MIRROR" => self.mirror = Some(PathBuf::from(value)),
                 "ANNALS_BACKUP" => self.backup = Some(value),
                 "ANNALS_REPLICA_OF" => self.replica_of = Some(value),
+                "ANNALS_SUBJECT_TAGS" => self.subject_tags = split_list(&value),
+                "ANNALS_MASTER_KEY_FILE" => self.master_key_file = Some(PathBuf::from(value)),
                 "ANNALS_SCRUB_BYTES_PER_SECOND" => self.set_scrub_rate(
                     value
                         .parse()
@@ -637,6 +658,31 @@ impl Config {
         }
         self.allowed_origins.push(origin.to_ascii_lowercase());
         Ok(())
+    }
+
+    /// The data subjects the store is opened with: the tag prefixes and the master key read
+    /// from its file. Tags without a key file, or a key file without tags, are refused.
+    pub fn subjects(&self) -> Result<Option<annals::SubjectOptions>, String> {
+        match (&self.master_key_file, self.subject_tags.is_empty()) {
+            (None, true) => Ok(None),
+            (None, false) => Err("subject tags need the master key that encrypts the \
+                 subjects' keys: --master-key-file FILE (annals master-key new prints one)"
+                .into()),
+            (Some(file), true) => Err(format!(
+                "a master key file ({}) without subject tags: name the tag prefixes of data \
+                 subjects (--subject-tags customer:,employee:)",
+                file.display()
+            )),
+            (Some(file), false) => {
+                let text = std::fs::read_to_string(file).map_err(|e| {
+                    format!("cannot read the master key file {}: {e}", file.display())
+                })?;
+                let key = annals::MasterKey::from_hex(&text)
+                    .map_err(|e| format!("the master key file {}: {e}", file.display()))?;
+                let subjects = annals::SubjectOptions::new(self.subject_tags.clone(), key);
+                Ok(Some(subjects))
+            }
+        }
     }
 
     /// The reason to refuse this configuration at start, if any: a listener beyond loopback
@@ -793,4 +839,14 @@ body_timeout_ms = 500
         assert!(parse_listen("nowhere").is_err());
         assert_eq!(parse_listen("OFF").unwrap(), None);
     }
+}
+
+/// A comma-separated list, trimmed, empty items dropped.
+pub fn split_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }

@@ -48,7 +48,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
     if state.config.console {
         router = crate::console::routes(router);
     }
-    crate::exchange::routes(router)
+    crate::subjects::routes(crate::exchange::routes(router))
         .route("/v1/read", get(read))
         .route("/v1/append", post(append))
         .route("/v1/head", get(head))
@@ -197,7 +197,7 @@ pub(crate) fn grant(
         })
 }
 
-fn input_error(e: &InputError) -> ApiError {
+pub(crate) fn input_error(e: &InputError) -> ApiError {
     let kind = match e {
         InputError::NoEvents => "no_events",
         InputError::TooManyEvents { .. } => "too_many_events",
@@ -232,12 +232,21 @@ fn input_error(e: &InputError) -> ApiError {
         InputError::ReadOnlyReplica { .. } => {
             return ApiError::new(StatusCode::FORBIDDEN, "read_only_replica", e.to_string())
         }
+        // Well-formed requests this store refuses: an erased subject, no subjects at all.
+        InputError::SubjectErased { .. } => {
+            return ApiError::new(StatusCode::CONFLICT, "subject_erased", e.to_string())
+        }
+        InputError::NoSubjects => {
+            return ApiError::new(StatusCode::CONFLICT, "no_subjects", e.to_string())
+        }
+        InputError::NotASubject { .. } => "not_a_subject",
+        InputError::ReservedType { .. } => "reserved_type",
         _ => "invalid_input",
     };
     ApiError::new(StatusCode::BAD_REQUEST, kind, e.to_string())
 }
 
-fn store_error(e: &StoreError) -> ApiError {
+pub(crate) fn store_error(e: &StoreError) -> ApiError {
     match e {
         StoreError::Poisoned { .. } => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -20,6 +20,7 @@ mod openapi;
 mod peers;
 pub mod readmodels;
 mod serve;
+mod subjects;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -139,6 +140,7 @@ impl Server {
         options.disk_reserve_bytes = config.disk_reserve_bytes;
         options.backup = config.backup.as_ref().map(annals::BackupOptions::new);
         options.scrub = config.scrub.clone();
+        options.subjects = config.subjects()?;
         let dir = config.data_dir.clone();
         let postgres = config.postgres.clone();
         let replica_of = config.replica_of.clone();

@@ -198,6 +198,9 @@ pub fn write_event(out: &mut Vec<u8>, event: &Event) {
     }
     out.extend_from_slice(b",\"position\":");
     write_u64(out, event.position());
+    if event.is_erased() {
+        out.extend_from_slice(b",\"erased\":true");
+    }
     if base64_data {
         out.extend_from_slice(b",\"dataEncoding\":\"base64\"");
     }

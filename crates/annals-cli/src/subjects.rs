@@ -1,0 +1,121 @@
+//! Data subjects: `annals master-key new` and `annals erase TAG`.
+
+use std::path::PathBuf;
+
+use annals::{Durability, Options};
+
+/// The master key that encrypts the data subjects' keys.
+#[derive(clap::Subcommand)]
+pub enum MasterKeyCommand {
+    /// Print a fresh random master key (64 hexadecimal characters, 256 bits), for a master
+    /// key file (`annals serve --master-key-file FILE`). Keep it apart from the data: without
+    /// it, a store's personal data cannot be read.
+    ///
+    /// Example: annals master-key new > /etc/annals/master.key && chmod 600 /etc/annals/master.key
+    New,
+}
+
+pub fn master_key(command: MasterKeyCommand) -> Result<(), String> {
+    match command {
+        MasterKeyCommand::New => {
+            let key = annals::MasterKey::generate()?;
+            println!("{}", key.to_hex());
+            Ok(())
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct EraseArgs {
+    /// The data subject's tag, e.g. customer:42.
+    #[arg(value_name = "TAG")]
+    tag: String,
+    /// A closed store's data directory (or give --url for a running server).
+    #[arg(
+        long,
+        visible_alias = "dir",
+        value_name = "DIR",
+        conflicts_with = "url"
+    )]
+    store: Option<String>,
+    #[command(flatten)]
+    server: crate::remote::RemoteArgs,
+    /// With --store: the tag prefixes of data subjects, comma separated. Env:
+    /// ANNALS_SUBJECT_TAGS
+    #[arg(long, value_name = "PREFIXES")]
+    subject_tags: Option<String>,
+    /// With --store: the store's master key file. Env: ANNALS_MASTER_KEY_FILE
+    #[arg(long, value_name = "FILE")]
+    master_key_file: Option<PathBuf>,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The data subjects set by `ANNALS_SUBJECT_TAGS` and `ANNALS_MASTER_KEY_FILE` (and the
+/// given flags over them), as `annals serve` reads them.
+pub fn subjects(
+    tags: Option<&str>,
+    key_file: Option<PathBuf>,
+) -> Result<Option<annals::SubjectOptions>, String> {
+    let mut config = annals_server::Config::default();
+    config.apply_env(
+        std::env::vars()
+            .filter(|(k, _)| k == "ANNALS_SUBJECT_TAGS" || k == "ANNALS_MASTER_KEY_FILE"),
+    )?;
+    if let Some(tags) = tags {
+        config.subject_tags = annals_server::config::split_list(tags);
+    }
+    if let Some(file) = key_file {
+        config.master_key_file = Some(file);
+    }
+    config.subjects()
+}
+
+pub fn erase(args: EraseArgs) -> Result<(), String> {
+    let answer: serde_json::Value = match args.server.connect() {
+        Some(remote) => {
+            let body = serde_json::json!({ "tag": args.tag }).to_string();
+            let bytes = remote?.call("POST", "/v1/admin/erase", body.into_bytes())?;
+            serde_json::from_slice(&bytes).map_err(|e| format!("the server's answer: {e}"))?
+        }
+        None => {
+            let dir = args
+                .store
+                .ok_or("say which store: --store DIR (closed) or --url URL (running)")?;
+            let subjects = subjects(args.subject_tags.as_deref(), args.master_key_file)?.ok_or(
+                "erasing needs the store's subject tags and master key: --subject-tags \
+                        and --master-key-file (or ANNALS_SUBJECT_TAGS, ANNALS_MASTER_KEY_FILE)",
+            )?;
+            let options = Options {
+                durability: Durability::Synced,
+                subjects: Some(subjects),
+                ..Options::default()
+            };
+            let store = crate::data::open_store(&dir, options)?;
+            let e = store.erase_subject(&args.tag).map_err(|e| e.to_string())?;
+            store.close().map_err(|e| e.to_string())?;
+            serde_json::json!({
+                "tag": e.tag,
+                "events": e.events,
+                "receipt": e.receipt,
+                "already": e.already,
+                "erasedAtUs": e.erased_at_us,
+            })
+        }
+    };
+    if args.json {
+        println!("{answer}");
+    } else if answer["already"] == true {
+        println!(
+            "{} was already erased (receipt at position {})",
+            args.tag, answer["receipt"]
+        );
+    } else {
+        println!(
+            "erased {}: {} events unreadable, receipt at position {}",
+            args.tag, answer["events"], answer["receipt"]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! Goal: data subjects end to end through `annals serve`: events carrying a subject's tag are
+//! stored encrypted (a marker in their data is never in the data directory's bytes), read
+//! back whole until `POST /v1/admin/erase` or `annals erase` deletes the subject's key, and
+//! then read back without data (`"erased": true`); appends naming an erased subject are
+//! refused (409 subject_erased); a start with another master key is refused and changes
+//! nothing.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{append_body, ServerProcess};
+
+const MARKER: &str = "MARKER-subject-data-91c2";
+
+fn annals() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_annals"))
+}
+
+fn new_master_key(dir: &Path, name: &str) -> String {
+    let out = annals().args(["master-key", "new"]).output().unwrap();
+    assert!(out.status.success());
+    let key = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(key.trim().len(), 64, "{key}");
+    assert!(key.trim().chars().all(|c| c.is_ascii_hexdigit()));
+    let path = dir.join(name);
+    std::fs::write(&path, key).unwrap();
+    path.display().to_string()
+}
+
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if std::fs::read(&p)
+                .unwrap_or_default()
+                .windows(needle.len())
+                .any(|w| w == needle)
+            {
+                found.push(p.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() {
+    let keys = tempfile::tempdir().unwrap();
+    let master = new_master_key(keys.path(), "master.key");
+    let other = new_master_key(keys.path(), "other.key");
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("store");
+    let flags = [
+        "--subject-tags",
+        "customer:,employee:",
+        "--master-key-file",
+        &master,
+    ];
+    let mut server = ServerProcess::start(&dir, &flags);
+    let body = append_body(
+        &[
+            (
+                "AddressChanged",
+                &["customer:42"],
+                &format!("{MARKER} 1 Main St"),
+            ),
+            ("OrderPlaced", &["order:1"], "no personal data"),
+            (
+                "Married",
+                &["customer:42", "customer:43"],
+                &format!("{MARKER} both"),
+            ),
+        ],
+        None,
+    );
+    let appended = server.post("/v1/append", &body);
+    assert_eq!(appended.status, 200, "{}", appended.text());
+    let events = server.read("{}", "{}");
+    assert_eq!(events[0]["data"], format!("{MARKER} 1 Main St"));
+    assert_eq!(events[2]["data"], format!("{MARKER} both"));
+    assert!(events.iter().all(|e| e.get("erased").is_none()));
+
+    let erased = server.post("/v1/admin/erase", r#"{"tag":"customer:43"}"#);
+    assert_eq!(erased.status, 200, "{}", erased.text());
+    let answer = erased.json();
+    assert_eq!(answer["events"], 1);
+    assert_eq!(answer["already"], false);
+    let again = server
+        .post("/v1/admin/erase", r#"{"tag":"customer:43"}"#)
+        .json();
+    assert_eq!(again["already"], true);
+    assert_eq!(again["receipt"], answer["receipt"]);
+
+    let events = server.read("{}", "{}");
+    assert_eq!(events[0]["data"], format!("{MARKER} 1 Main St"));
+    assert_eq!(events[2]["erased"], true);
+    assert_eq!(events[2]["data"], "");
+    assert_eq!(events[2]["type"], "Married");
+    assert_eq!(events[3]["type"], "annals.SubjectErased");
+
+    let head = server.head();
+    let refused = server.post(
+        "/v1/append",
+        &append_body(&[("Moved", &["customer:43"], "x")], None),
+    );
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    assert_eq!(refused.kind(), "subject_erased");
+    for (bad, kind) in [
+        (r#"{"tag":"order:1"}"#, "not_a_subject"),
+        (r#"{"tag":""}"#, "not_a_subject"),
+        (r#"{"tags":"customer:1"}"#, "invalid_body"),
+        ("not json", "invalid_body"),
+    ] {
+        let r = server.post("/v1/admin/erase", bad);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert_eq!(r.kind(), kind, "{bad}");
+    }
+    assert_eq!(server.head(), head);
+    assert!(server.terminate().success());
+    assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
+
+    // Another master key: refused at start, nothing written.
+    let before = files_holding(&dir, b"ANNKEYS1");
+    let out = annals()
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["--http", "127.0.0.1:0", "--grpc", "off"])
+        .args(["--subject-tags", "customer:", "--master-key-file", &other])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("master key"), "{err}");
+    assert_eq!(files_holding(&dir, b"ANNKEYS1"), before);
+    // Subject tags without a master key: refused too.
+    let out = annals()
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&dir)
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "off",
+            "--subject-tags",
+            "customer:",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--master-key-file"));
+
+    // The command line on the closed store: erase, then read with the key from the
+    // environment.
+    let out = annals()
+        .args(["erase", "customer:42", "--store"])
+        .arg(&dir)
+        .args([
+            "--subject-tags",
+            "customer:",
+            "--master-key-file",
+            &master,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["events"], 2);
+    let out = annals()
+        .args(["read", "--format", "ndjson", "--store"])
+        .arg(&dir)
+        .env("ANNALS_SUBJECT_TAGS", "customer:")
+        .env("ANNALS_MASTER_KEY_FILE", &master)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["erased"], true);
+    assert_eq!(lines[1]["data"], "no personal data");
+    assert_eq!(lines.last().unwrap()["type"], "annals.SubjectErased");
+    server = ServerProcess::start(&dir, &flags);
+    assert_eq!(server.read("{}", "{}")[0]["erased"], true);
+    assert!(server.terminate().success());
+    assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
+}

@@ -1,0 +1,84 @@
+//! Data subjects over HTTP: `POST /v1/admin/erase` erases one (admin scope).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde::Deserialize;
+
+use crate::auth::Scopes;
+use crate::http::{authorize, input_error, json_response, read_body, store_error};
+use crate::metrics::{Api, Op};
+use crate::wire::ApiError;
+use crate::AppState;
+
+pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<AppState>> {
+    router.route("/v1/admin/erase", axum::routing::post(erase))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EraseBody {
+    tag: String,
+}
+
+/// Erases the data subject `tag` names: its key deleted, a receipt appended; answers how
+/// many events it made unreadable. Idempotent.
+async fn erase(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = erase_inner(&state, request).await;
+    let outcome = match &result {
+        Ok(_) => crate::metrics::Outcome::Ok,
+        Err(e) => crate::http::outcome_of(e),
+    };
+    state
+        .metrics
+        .record(Api::Http, Op::Append, outcome, started.elapsed());
+    match result {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn erase_inner(state: &Arc<AppState>, request: Request) -> Result<Response, ApiError> {
+    authorize(state, request.headers(), Scopes::ADMIN)?;
+    let body = read_body(state, request).await?;
+    let parsed: EraseBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_body",
+            format!("expected {{\"tag\": \"customer:42\"}}: {e}"),
+        )
+    })?;
+    let store = state.store.clone();
+    let tag = parsed.tag;
+    let erased = tokio::task::spawn_blocking(move || store.erase_subject(&tag))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "erase_failed",
+                e.to_string(),
+            )
+        })?;
+    match erased {
+        Ok(e) => {
+            let body = serde_json::json!({
+                "tag": e.tag,
+                "events": e.events,
+                "receipt": e.receipt,
+                "already": e.already,
+                "erasedAtUs": e.erased_at_us,
+            });
+            Ok(json_response(StatusCode::OK, body.to_string()))
+        }
+        Err(annals::AppendError::Input(e)) => Err(input_error(&e)),
+        Err(annals::AppendError::Store(e)) => Err(store_error(&e)),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "erase_failed",
+            e.to_string(),
+        )),
+    }
+}
