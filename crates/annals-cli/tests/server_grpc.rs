@@ -466,8 +466,16 @@ fn tls_with_api_key_through_umadb_client() {
 #[test]
 fn umadb_python_client() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path(), &[]);
-    let mut env = vec![("ANNALS_GRPC_URL", server.grpc_url())];
+    // Data subjects under customer:, for the erasure test.
+    let master = dir.path().join("master.key");
+    std::fs::write(&master, "5a".repeat(32)).unwrap();
+    let master = master.display().to_string();
+    let flags = ["--subject-tags", "customer:", "--master-key-file", &master];
+    let server = ServerProcess::start(&dir.path().join("data"), &flags);
+    let mut env = vec![
+        ("ANNALS_GRPC_URL", server.grpc_url()),
+        ("ANNALS_HTTP_URL", format!("http://{}", server.http)),
+    ];
     // UmaDB's own server, when scripts/setup built it: the eventsourcing tests run on it too.
     if let Some(umadb) = annals_testkit::umadb_bin() {
         env.push(("ANNALS_UMADB_BIN", umadb.display().to_string()));

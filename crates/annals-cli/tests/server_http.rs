@@ -473,9 +473,15 @@ fn api_keys_and_scopes_on_every_endpoint() {
 fn openapi_describes_every_endpoint() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("annals.toml");
+    let master = dir.path().join("master.key");
+    std::fs::write(&master, "ab".repeat(32)).unwrap();
     std::fs::write(
         &config,
-        "[[read_models]]\nname = \"m\"\n[exchange]\nsymbols = [{ tick = 1, lot = 1 }]\n",
+        format!(
+            "subject_tags = [\"customer:\"]\nmaster_key_file = {:?}\n[[read_models]]\nname = \
+             \"m\"\n[exchange]\nsymbols = [{{ tick = 1, lot = 1 }}]\n",
+            master.display().to_string()
+        ),
     )
     .unwrap();
     let server = ServerProcess::start(
@@ -493,6 +499,7 @@ fn openapi_describes_every_endpoint() {
             "/health",
             "/metrics",
             "/v1/admin/check",
+            "/v1/admin/erase",
             "/v1/admin/exchange/symbols",
             "/v1/admin/readmodels/{name}/rebuild",
             "/v1/append",
@@ -556,6 +563,7 @@ fn openapi_describes_every_endpoint() {
                 "/v1/exchange/orders/1/cancel" => r#"{"account":1}"#.into(),
                 "/v1/exchange/accounts/1/cancel-all" => "{}".into(),
                 "/v1/admin/exchange/symbols" => r#"{"tick":1,"lot":1}"#.into(),
+                "/v1/admin/erase" => r#"{"tag":"customer:1"}"#.into(),
                 _ => append_body(&[("E", &[], "")], None),
             };
             let r = request(

@@ -146,6 +146,9 @@ fn to_query(query: Option<v1::Query>) -> Query {
     }
 }
 
+/// The metadata entry that marks an event whose data subject was erased (its data is empty).
+pub(crate) const ERASED_KEY: &str = "annals.erased";
+
 fn to_sequenced(event: &Event) -> v1::SequencedEvent {
     v1::SequencedEvent {
         position: event.position(),
@@ -157,6 +160,10 @@ fn to_sequenced(event: &Event) -> v1::SequencedEvent {
             metadata: wire::metadata_entries(event.metadata())
                 .into_iter()
                 .map(|(key, value)| v1::MetadataEntry { key, value })
+                .chain(event.is_erased().then(|| v1::MetadataEntry {
+                    key: ERASED_KEY.to_owned(),
+                    value: "true".to_owned(),
+                }))
                 .collect(),
         }),
         tracking_info: None,
@@ -488,6 +495,9 @@ impl Service {
             Err(AppendError::Input(e)) => {
                 if matches!(e, annals::InputError::QueueFull { .. }) {
                     Err(status(Code::Unavailable, ErrorType::Io, e.to_string()))
+                } else if matches!(e, annals::InputError::SubjectErased { .. }) {
+                    // Not FAILED_PRECONDITION: UmaDB's clients read that as a failed condition.
+                    Err(invalid(format!("subject_erased: {e}")))
                 } else {
                     Err(invalid(e.to_string()))
                 }

@@ -115,6 +115,7 @@ pub(crate) fn document() -> String {
                         "data": { "type": "string", "description": "The stored bytes as a UTF-8 string (base64 when dataEncoding says so)." },
                         "position": { "type": "integer", "minimum": 1 },
                         "dataEncoding": { "type": "string", "enum": ["base64"], "description": "Present only when the data is not UTF-8." },
+                        "erased": { "type": "boolean", "description": "Present (true) only when the event's data subject was erased: its data and metadata are gone (data is empty)." },
                         "id": { "type": "string", "format": "uuid" },
                         "metadata": { "description": "The metadata given at append, when any." },
                         "appendedAt": { "type": "integer", "description": "Microseconds since the Unix epoch." }
@@ -160,7 +161,7 @@ pub(crate) fn document() -> String {
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendResponse" } } } },
                     "400": error_response("Malformed JSON, unknown fields, wrong types, or a limit broken (events, tags, sizes)."),
                     "408": error_response("The body did not arrive within the body timeout."),
-                    "409": error_response("A tracking position not above the one recorded for its source, or d4 asked of a server without a backup (off_machine_unavailable)."),
+                    "409": error_response("A tracking position not above the one recorded for its source, or d4 asked of a server without a backup (off_machine_unavailable), or an event naming an erased data subject (subject_erased)."),
                     "413": error_response("The body exceeds the configured limit."),
                     "415": error_response("The body was not sent as application/json."),
                     "503": error_response("The append queue stayed full, the store is poisoned by a failed write or fsync (store_poisoned: the append was not written), the outcome is unknown (outcome_unknown: the append's write or fsync failed, its database commit could not be confirmed or denied, or a d4 append did not reach object storage in time), the database is unavailable (database_unavailable: nothing was appended), or the server is shutting down."),
@@ -205,6 +206,21 @@ pub(crate) fn document() -> String {
                         "type": "object", "required": ["ok"], "properties": {
                             "ok": { "type": "boolean" }, "head": { "type": "integer" }, "events": { "type": "integer" },
                             "problem": { "type": ["string", "null"] }, "seconds": { "type": "number" } } } } } }
+                }), auth_errors())
+            } },
+            "/v1/admin/erase": { "post": {
+                "summary": "Erase a data subject (scope admin): its key is deleted, so that every event carrying its tag reads back without data (erased: true) wherever the store keeps it; a receipt event (annals.SubjectErased) is appended; later appends naming it are refused (409 subject_erased). Idempotent.",
+                "requestBody": { "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "required": ["tag"], "additionalProperties": false,
+                    "properties": { "tag": { "type": "string", "description": "The subject's tag, beginning with one of the server's subject tag prefixes (--subject-tags)." } } } } } },
+                "responses": merge(json!({
+                    "200": { "description": "Erased (or erased before: already is true).", "content": { "application/json": { "schema": {
+                        "type": "object", "required": ["tag", "events", "receipt", "already", "erasedAtUs"], "properties": {
+                            "tag": { "type": "string" }, "events": { "type": "integer", "description": "Events carrying the tag, now unreadable." },
+                            "receipt": { "type": "integer", "description": "The position of the erasure's receipt." },
+                            "already": { "type": "boolean" }, "erasedAtUs": { "type": "integer" } } } } } },
+                    "400": error_response("A malformed body, or a tag that names no data subject (not_a_subject)."),
+                    "409": error_response("The server keeps no data subjects (no_subjects).")
                 }), auth_errors())
             } },
             "/v1/readmodels": { "get": {

@@ -126,3 +126,43 @@ def test_subscribe_catches_up_then_follows(client):
     thread.join()
     writer.close()
     assert seen == [str(i).encode() for i in range(30)]
+
+
+def test_a_data_subject_reads_back_until_erased(client):
+    """The server keeps data subjects under customer: (ANNALS_HTTP_URL names it, for the
+    erasure, which is an admin call over HTTP): the client reads a subject's event whole, and
+    after the erasure with empty data and the flag annals.erased in its metadata; an append
+    naming the erased subject is refused."""
+    import json
+    import urllib.request
+
+    http = os.environ.get("ANNALS_HTTP_URL")
+    if not http:
+        pytest.skip("the server keeps no data subjects")
+    subject = f"customer:{uuid.uuid4().hex[:8]}"
+    position = client.append(
+        [Event(event_type="AddressChanged", tags=[subject], data=b"MARKER 1 Main St",
+               metadata={"source": "crm"})]
+    )
+    [event] = list(client.read(query=by_tag(subject)))
+    assert event.position == position
+    assert event.event.data == b"MARKER 1 Main St"
+    assert event.event.metadata == {"source": "crm"}
+    request = urllib.request.Request(
+        f"{http}/v1/admin/erase",
+        data=json.dumps({"tag": subject}).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request) as answer:
+        assert json.load(answer)["events"] == 1
+    erased, receipt = list(client.read(query=by_tag(subject)))
+    assert erased.position == position
+    assert erased.event.data == b""
+    assert erased.event.metadata == {"annals.erased": "true"}
+    assert erased.event.event_type == "AddressChanged"
+    assert receipt.event.event_type == "annals.SubjectErased"
+    with pytest.raises(Exception) as refused:
+        client.append([Event(event_type="Moved", tags=[subject], data=b"x")])
+    assert "subject_erased" in str(refused.value)
+    assert not isinstance(refused.value, umadb.IntegrityError)
