@@ -26,6 +26,14 @@ pub struct RestoreArgs {
     /// 2026-11-27T08:00:00Z).
     #[arg(long, value_name = "RFC3339")]
     time: Option<String>,
+    /// For a backup of a store with data subjects: their tag prefixes, comma separated.
+    /// Env: ANNALS_SUBJECT_TAGS
+    #[arg(long, value_name = "PREFIXES")]
+    subject_tags: Option<String>,
+    /// For a backup of a store with data subjects: the store's master key file. Env:
+    /// ANNALS_MASTER_KEY_FILE
+    #[arg(long, value_name = "FILE")]
+    master_key_file: Option<std::path::PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -76,7 +84,30 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
             args.to
         ));
     }
-    let store = open_store(&args.to, Options::default())?;
+    let subjects =
+        crate::subjects::subjects(args.subject_tags.as_deref(), args.master_key_file.clone())?;
+    if database && subjects.is_some() {
+        return Err(
+            "data subjects are kept on segment files only: restore into a directory".into(),
+        );
+    }
+    let backup = annals::BackupOptions::new(&args.from);
+    let subjects = match subjects {
+        Some(s) => Some(s),
+        None => crate::subjects::subjects(None, None)?,
+    };
+    if subjects.is_none() && annals::backup::holds_keys(&backup).map_err(|e| e.to_string())? {
+        return Err(format!(
+            "{} holds data subjects' keys: give the store's subject tags and master key \
+             (--subject-tags, --master-key-file)",
+            args.from
+        ));
+    }
+    let options = Options {
+        subjects: subjects.clone(),
+        ..Options::default()
+    };
+    let store = open_store(&args.to, options.clone())?;
     if store.head() != 0 {
         return Err(format!(
             "{} holds {} events: restore into an empty store",
@@ -105,6 +136,16 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
     if tty {
         eprintln!();
     }
+    // The subjects' keys, as the backup holds them, installed with the store closed; opening
+    // it again appends the receipt of an erasure the restored log ends before.
+    let store = if !database
+        && annals::backup::restore_keys(&backup, Path::new(&args.to)).map_err(|e| e.to_string())?
+    {
+        store.close().map_err(|e| e.to_string())?;
+        open_store(&args.to, options)?
+    } else {
+        store
+    };
     // The same check as `annals verify`: every record, and the index against the log.
     let check = store
         .check(&mut |done, head| {

@@ -488,3 +488,106 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
     let restored = ServerProcess::launch_with(&["--store", &target], &[]);
     assert_eq!(restored.read("{}", "{}"), events);
 }
+
+/// Goal: with data subjects, the backup holds their keys and never their clear data (a marker
+/// is in no file of the object store's data directory); an erasure answers only once the
+/// backup's keys are replaced; a restore (with the master key) reads every other subject back
+/// and has the erased one erased.
+#[test]
+fn a_subjects_backup_holds_no_clear_data_and_restores_the_erasure() {
+    const MARKER: &str = "MARKER-s3-subject-3b9d";
+    let Some(s3) = S3Server::start() else { return };
+    let env = env(&s3);
+    let root = tempfile::tempdir().unwrap();
+    let master = root.path().join("master.key");
+    std::fs::write(&master, "c3".repeat(32)).unwrap();
+    let master = master.display().to_string();
+    let url = s3.url("subjects");
+    let data = root.path().join("data");
+    let flags = [
+        "--backup",
+        &url,
+        "--subject-tags",
+        "customer:",
+        "--master-key-file",
+        &master,
+    ];
+    let mut server = ServerProcess::start_with_env(&data, &flags, &env_refs(&env));
+    for i in 0..40 {
+        let body = common::append_body(
+            &[(
+                "Moved",
+                &[&format!("customer:{}", i % 4)],
+                &format!("{MARKER} {i}"),
+            )],
+            None,
+        );
+        assert_eq!(server.post("/v1/append", &body).status, 200);
+    }
+    let erased = server
+        .post("/v1/admin/erase", r#"{"tag":"customer:1"}"#)
+        .json();
+    assert_eq!(erased["events"], 10);
+    assert_eq!(erased["inBackup"], true, "{erased}");
+    let head = server.head();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(server.http, "annals_backup_lag_positions") != Some(0.0) {
+        assert!(Instant::now() < deadline, "the backup never caught up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.terminate().success());
+    // Nothing of the subjects' data in the object store's files.
+    let mut stack = vec![s3.data_dir()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let bytes = std::fs::read(&p).unwrap_or_default();
+                assert!(
+                    !bytes.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+                    "{} holds clear data",
+                    p.display()
+                );
+            }
+        }
+    }
+    // A restore without the master key is refused and writes nothing; with it, it restores.
+    let to = root.path().join("restored");
+    let to_s = to.display().to_string();
+    let (ok, out) = annals(&["restore", "--from", &url, "--to", &to_s], &env);
+    assert!(!ok && out.contains("master key"), "{out}");
+    assert!(!to.exists() || std::fs::read_dir(&to).unwrap().next().is_none());
+    let (ok, out) = annals(
+        &[
+            "restore",
+            "--from",
+            &url,
+            "--to",
+            &to_s,
+            "--subject-tags",
+            "customer:",
+            "--master-key-file",
+            &master,
+        ],
+        &env,
+    );
+    assert!(ok, "{out}");
+    let mut restored = ServerProcess::start(&to, &flags[2..]);
+    assert_eq!(restored.head(), head);
+    let events = restored.read("{}", "{}");
+    for (i, e) in events.iter().take(40).enumerate() {
+        if i % 4 == 1 {
+            assert_eq!(e["erased"], true, "{e}");
+        } else {
+            assert_eq!(e["data"], format!("{MARKER} {i}"));
+        }
+    }
+    let refused = restored.post(
+        "/v1/append",
+        &common::append_body(&[("Moved", &["customer:1"], "x")], None),
+    );
+    assert_eq!(refused.status, 409);
+    assert!(restored.terminate().success());
+}

@@ -763,6 +763,16 @@ impl ServerLimits {
     }
 }
 
+/// A comma-separated list, trimmed, empty items dropped.
+pub fn split_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -839,14 +849,4 @@ body_timeout_ms = 500
         assert!(parse_listen("nowhere").is_err());
         assert_eq!(parse_listen("OFF").unwrap(), None);
     }
-}
-
-/// A comma-separated list, trimmed, empty items dropped.
-pub fn split_list(value: &str) -> Vec<String> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect()
 }

@@ -70,6 +70,7 @@ async fn erase_inner(state: &Arc<AppState>, request: Request) -> Result<Response
                 "receipt": e.receipt,
                 "already": e.already,
                 "erasedAtUs": e.erased_at_us,
+                "inBackup": e.in_backup,
             });
             Ok(json_response(StatusCode::OK, body.to_string()))
         }

@@ -6,6 +6,10 @@
 //! <prefix>/lease.json              who ships into the prefix, renewed while it does
 //! <prefix>/segments/<first:020>    a sealed segment's records, whole, shipped once
 //! <prefix>/log/<first:020>         records of a segment, shipped as they are synced
+//! <prefix>/keys/<epoch:020>-<offset:020>  the data subjects' key file (`keys.rs`), its
+//!                                  bytes from `offset` on, as synced in that epoch; an
+//!                                  erasure begins an epoch, shipped whole from offset 0,
+//!                                  and the older epochs' objects are then deleted
 //! ```
 //!
 //! Each object holds whole records, exactly as the segment holds them (header, body, padding),
@@ -33,6 +37,23 @@ pub const MANIFEST: &str = "annals-backup.json";
 pub const LEASE: &str = "lease.json";
 pub const SEGMENTS_DIR: &str = "segments";
 pub const LOG_DIR: &str = "log";
+pub const KEYS_DIR: &str = "keys";
+
+/// The name of the key file's bytes from `offset` on, in `epoch`.
+pub fn keys_name(epoch: u64, offset: u64) -> String {
+    format!("{KEYS_DIR}/{epoch:020}-{offset:020}")
+}
+
+/// The epoch and offset a key object's name stands for.
+pub fn parse_keys_name(name: &str) -> Option<(u64, u64)> {
+    let rest = name.strip_prefix(KEYS_DIR)?.strip_prefix('/')?;
+    let (epoch, offset) = rest.split_once('-')?;
+    let digits = |d: &str| d.len() == 20 && d.bytes().all(|b| b.is_ascii_digit());
+    if !digits(epoch) || !digits(offset) {
+        return None;
+    }
+    Some((epoch.parse().ok()?, offset.parse().ok()?))
+}
 /// The version of the objects' layout (the header's `version`).
 pub const ARCHIVE_VERSION: u32 = 1;
 pub const OBJECT_HEADER_BYTES: usize = 64;

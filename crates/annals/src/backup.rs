@@ -174,6 +174,66 @@ fn check_manifest(objects: &Objects) -> Result<Option<Manifest>, StoreError> {
     }
 }
 
+/// Writes the data subjects' key file the backup at `from` holds (its newest epoch) into
+/// `dir`, the directory of a store [`restore`] filled, once that store is closed; answers
+/// whether there was one. The restore's store must have been opened with subjects
+/// (`Options::subjects`, the same master key), and is opened with them again afterwards:
+/// that open appends the receipt of any erasure the restored log does not hold yet (a
+/// restore to a position before it).
+pub fn restore_keys(from: &BackupOptions, dir: &std::path::Path) -> Result<bool, StoreError> {
+    let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
+    let Some(bytes) = backup_keys(&objects)? else {
+        return Ok(false);
+    };
+    crate::io::write_file_durably(&crate::io::RealIo, dir, crate::keys::KEYS_FILE, &bytes)
+        .map_err(|e| StoreError::io("write the key file", dir, 0, e))?;
+    Ok(true)
+}
+
+/// Whether the backup at `from` holds data subjects' keys (a restore then needs the master
+/// key).
+pub fn holds_keys(from: &BackupOptions) -> Result<bool, StoreError> {
+    let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
+    let listed = objects
+        .list(crate::archive::KEYS_DIR, None)
+        .map_err(|e| object_error(objects.url(), e))?;
+    Ok(!listed.is_empty())
+}
+
+/// The key file the backup holds: the objects of its newest epoch, put back together.
+fn backup_keys(objects: &Objects) -> Result<Option<Vec<u8>>, StoreError> {
+    let url = objects.url();
+    let mut parts: Vec<(u64, u64, String)> = Vec::new();
+    for l in objects
+        .list(crate::archive::KEYS_DIR, None)
+        .map_err(|e| object_error(url, e))?
+    {
+        if let Some((epoch, offset)) = crate::archive::parse_keys_name(&l.name) {
+            parts.push((epoch, offset, l.name));
+        }
+    }
+    let Some(newest) = parts.iter().map(|p| p.0).max() else {
+        return Ok(None);
+    };
+    parts.retain(|p| p.0 == newest);
+    parts.sort();
+    let mut bytes = Vec::new();
+    for (_, offset, name) in parts {
+        if offset != bytes.len() as u64 {
+            return Err(StoreError::Backup(format!(
+                "{url}: {name} does not follow the key file's {} bytes before it",
+                bytes.len()
+            )));
+        }
+        let (part, _) = objects
+            .get(&name)
+            .map_err(|e| object_error(url, e))?
+            .ok_or_else(|| StoreError::Backup(format!("{url}: {name} was listed and is gone")))?;
+        bytes.extend_from_slice(&part);
+    }
+    Ok(Some(bytes))
+}
+
 /// Restores the backup at `url` into `to`, an empty store: every append in the backup, or
 /// those up to `limit`. `progress` is told the position reached and the backup's last.
 pub fn restore(
@@ -191,6 +251,17 @@ pub fn restore(
         )));
     }
     let manifest = check_manifest(&objects)?;
+    if !to.has_subjects()
+        && !objects
+            .list(crate::archive::KEYS_DIR, None)
+            .map_err(|e| object_error(&url, e))?
+            .is_empty()
+    {
+        return Err(StoreError::Backup(format!(
+            "{url} holds data subjects' keys: open the store to restore into with its master \
+             key (Options::subjects), then install the keys with backup::restore_keys"
+        )));
+    }
     let mut walk = Walk::new(&objects)?;
     if manifest.is_none() && (!walk.segments.is_empty() || !walk.chunks.is_empty()) {
         return Err(StoreError::Backup(format!(

@@ -5,8 +5,9 @@
 //! keeping a record that the subject was erased.
 //!
 //! ```text
-//! header: magic "ANNKEYS1", version u32 (1), check_len u32, check (16 zero bytes sealed
-//!         under the master key: proves a master key is the store's)
+//! header: magic "ANNKEYS1", version u32 (1), epoch u64 (rewrites so far: each erasure
+//!         begins a new one), check_len u32, check (16 zero bytes sealed under the master
+//!         key: proves a master key is the store's)
 //! records, back to back: len u32 (of what follows the crc), crc32c u32, kind u8,
 //!         tag_len u16, tag, then for kind 1 (a key) the wrapped key (72 bytes),
 //!         for kind 2 (erased) the erasure's time u64 (microseconds since the epoch)
@@ -54,6 +55,8 @@ struct NewKey {
 struct Pending {
     file: Arc<dyn IoFile>,
     len: u64,
+    /// The file's epoch (its header's).
+    epoch: u64,
     /// New keys by tag.
     unsynced: HashMap<Box<str>, NewKey>,
     /// The tags of the next batch, in order.
@@ -102,11 +105,12 @@ fn encode_record(out: &mut Vec<u8>, kind: u8, tag: &str, payload: &[u8]) {
     out.extend_from_slice(&rest);
 }
 
-fn header(master: &MasterKey) -> Result<Vec<u8>, String> {
+fn header(master: &MasterKey, epoch: u64) -> Result<Vec<u8>, String> {
     let check = master_check(master)?;
-    let mut out = Vec::with_capacity(16 + check.len());
+    let mut out = Vec::with_capacity(24 + check.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
     out.extend_from_slice(&(check.len() as u32).to_le_bytes());
     out.extend_from_slice(&check);
     Ok(out)
@@ -136,15 +140,15 @@ impl KeyStore {
         let path = dir.join(KEYS_FILE);
         let mut keys = HashMap::new();
         let bytes = read_file(io.as_ref(), &path).map_err(|e| io_error(&path, "read", e))?;
-        let len = match bytes {
+        let (len, epoch) = match bytes {
             None => {
-                let head = header(&options.master_key).map_err(|e| subjects_error(&path, e))?;
+                let head = header(&options.master_key, 0).map_err(|e| subjects_error(&path, e))?;
                 write_file_durably(io.as_ref(), dir, KEYS_FILE, &head)
                     .map_err(|e| io_error(&path, "create", e))?;
-                head.len() as u64
+                (head.len() as u64, 0)
             }
             Some(bytes) => {
-                let valid = Self::load(&path, &bytes, &options.master_key, &mut keys)?;
+                let (valid, epoch) = Self::load(&path, &bytes, &options.master_key, &mut keys)?;
                 if valid < bytes.len() {
                     tracing::warn!(
                         path = %path.display(),
@@ -152,7 +156,7 @@ impl KeyStore {
                         "subjects: a key record torn by a crash was cut off (no event used it)"
                     );
                 }
-                valid as u64
+                (valid as u64, epoch)
             }
         };
         let file = io
@@ -171,6 +175,7 @@ impl KeyStore {
             pending: Mutex::new(Pending {
                 file,
                 len,
+                epoch,
                 unsynced: HashMap::new(),
                 next: Vec::new(),
                 begun: 0,
@@ -182,13 +187,14 @@ impl KeyStore {
         })
     }
 
-    /// Reads the file's keys into `keys`; answers how many bytes of it are valid.
+    /// Reads the file's keys into `keys`; answers how many bytes of it are valid, and its
+    /// epoch.
     fn load(
         path: &Path,
         bytes: &[u8],
         master: &MasterKey,
         keys: &mut HashMap<Box<str>, Slot>,
-    ) -> Result<usize, StoreError> {
+    ) -> Result<(usize, u64), StoreError> {
         if bytes.get(..8) != Some(MAGIC.as_slice()) {
             return Err(subjects_error(path, "not a key file (its magic is wrong)"));
         }
@@ -199,11 +205,14 @@ impl KeyStore {
                 format!("key file version {version}; this build reads {VERSION}"),
             ));
         }
+        let epoch = bytes
+            .get(12..20)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
         let check_len = bytes
-            .get(12..16)
+            .get(20..24)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
             .unwrap_or(0);
-        let Some(check) = bytes.get(16..16 + check_len) else {
+        let Some(check) = bytes.get(24..24 + check_len) else {
             return Err(subjects_error(path, "a key file cut short in its header"));
         };
         if !master_matches(master, check) {
@@ -213,7 +222,7 @@ impl KeyStore {
                  another); start with the store's master key file",
             ));
         }
-        let mut at = 16 + check_len;
+        let mut at = 24 + check_len;
         while at < bytes.len() {
             let Some((kind, tag, payload, used)) = decode_record(&bytes[at..]) else {
                 break;
@@ -238,7 +247,7 @@ impl KeyStore {
             }
             at += used;
         }
-        Ok(at)
+        Ok((at, epoch))
     }
 
     pub(crate) fn options(&self) -> &SubjectOptions {
@@ -281,6 +290,26 @@ impl KeyStore {
 
     fn path(&self) -> PathBuf {
         self.dir.join(KEYS_FILE)
+    }
+
+    /// The key file's epoch and the length of it that is synced.
+    pub(crate) fn position(&self) -> (u64, u64) {
+        let p = self.pending.lock();
+        (p.epoch, p.len)
+    }
+
+    /// The synced bytes of the key file from `from` on, while it is still in `epoch` (None
+    /// once an erasure began another): for the backup.
+    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    pub(crate) fn read_since(&self, epoch: u64, from: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let p = self.pending.lock();
+        if p.epoch != epoch || from > p.len {
+            return Ok(None);
+        }
+        let mut bytes = vec![0; (p.len - from) as usize];
+        crate::io::read_exact_at(p.file.as_ref(), &mut bytes, from)
+            .map_err(|e| io_error(&self.path(), "read", e))?;
+        Ok(Some(bytes))
     }
 
     /// Writes the next batch of new keys and syncs it, with the pending lock released.
@@ -338,7 +367,9 @@ impl KeyStore {
         if p.unsynced.remove(tag).is_some() {
             p.next.retain(|t| &**t != tag);
         }
-        let head = header(&self.options.master_key).map_err(|e| subjects_error(&self.path(), e))?;
+        let epoch = p.epoch + 1;
+        let head =
+            header(&self.options.master_key, epoch).map_err(|e| subjects_error(&self.path(), e))?;
         let mut bytes = head;
         {
             let keys = self.keys.read();
@@ -365,6 +396,7 @@ impl KeyStore {
             .open(&path, OpenMode::Existing)
             .map_err(|e| io_error(&path, "open", e))?;
         p.len = bytes.len() as u64;
+        p.epoch = epoch;
         self.keys.write().insert(tag.into(), Slot::Erased(at_us));
         Ok(Erased {
             already: false,

@@ -482,3 +482,105 @@ fn a_replica_follows_the_primary_through_its_backup() {
     replica.close().unwrap();
     primary.close().unwrap();
 }
+
+/// Goal: a store with data subjects ships their keys with its records, so that a restore reads
+/// them back; an erasure replaces the backup's keys before it answers, so that the erased
+/// subject's key is in no object, and the restored store has the subject erased too.
+#[test]
+fn subjects_keys_travel_with_the_backup_and_erasure_holds_in_it() {
+    use annals::{MasterKey, SubjectOptions};
+    const MARKER: &str = "MARKER-backup-subject-55e1";
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let master = MasterKey::generate().unwrap();
+    let mut opts = options(&url);
+    opts.subjects = Some(SubjectOptions::new(["customer:"], master.clone()));
+    let source = Store::open(dir.path().join("source"), opts.clone()).unwrap();
+    for i in 0..300u64 {
+        let event =
+            NewEvent::new("Moved", format!("{MARKER} {i}")).tag(format!("customer:{}", i % 10));
+        source.append(&[event], None).unwrap();
+    }
+    fill(&source, 200);
+    let erasure = source.erase_subject("customer:3").unwrap();
+    assert_eq!(erasure.events, 30);
+    assert_eq!(erasure.in_backup, Some(true));
+    wait_for("the backup ships everything", || {
+        source.stats().backup.unwrap().lag_positions == 0
+    });
+    let head = source.head();
+    source.close().unwrap();
+
+    // No marker in any object; only the newest epoch of keys is left.
+    let backup_dir = dir.path().join("backup");
+    let mut stack = vec![backup_dir.clone()];
+    let mut key_objects = Vec::new();
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let bytes = std::fs::read(&p).unwrap();
+            assert!(
+                !bytes.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+                "{} holds the clear data",
+                p.display()
+            );
+            if p.parent().unwrap().ends_with("keys") {
+                key_objects.push(p.file_name().unwrap().to_string_lossy().to_string());
+            }
+        }
+    }
+    assert!(!key_objects.is_empty());
+    assert!(
+        key_objects
+            .iter()
+            .all(|n| n.starts_with("00000000000000000001-")),
+        "only the epoch after the erasure: {key_objects:?}"
+    );
+
+    // A restore without the keys is refused; with them it reads back, customer:3 erased.
+    let plain_target = Store::open(dir.path().join("refused"), plain(&options(&url))).unwrap();
+    let e = restore(
+        &BackupOptions::new(&url),
+        &plain_target,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("keys"), "{e}");
+    let target_dir = dir.path().join("restored");
+    let mut target_opts = plain(&opts);
+    target_opts.subjects = Some(SubjectOptions::new(["customer:"], master));
+    let target = Store::open(&target_dir, target_opts.clone()).unwrap();
+    let restored = restore(
+        &BackupOptions::new(&url),
+        &target,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(restored.head, head);
+    target.close().unwrap();
+    assert!(annals::backup::restore_keys(&BackupOptions::new(&url), &target_dir).unwrap());
+    let target = Store::open(&target_dir, target_opts).unwrap();
+    assert_eq!(target.head(), head, "the receipt was restored, none added");
+    let events: Vec<annals::Event> = target
+        .read(&annals::Query::all(), annals::ReadOptions::forwards())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect();
+    for (i, e) in events.iter().take(300).enumerate() {
+        if i % 10 == 3 {
+            assert!(e.is_erased(), "{i}");
+        } else {
+            assert_eq!(e.data(), format!("{MARKER} {i}").as_bytes());
+        }
+    }
+    assert!(target
+        .append(&[NewEvent::new("Moved", "x").tag("customer:3")], None)
+        .is_err());
+    target.close().unwrap();
+}

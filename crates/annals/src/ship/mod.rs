@@ -35,6 +35,7 @@ use crate::route::Backend;
 use crate::segment::SEGMENT_HEADER_BYTES;
 use crate::shared::Shared;
 
+mod keys;
 mod state;
 pub(crate) use state::now_us;
 pub(crate) use state::BackupState;
@@ -153,6 +154,8 @@ struct Shipper {
     /// The chunks put for `chunked_segment` by this shipper, and their bytes; None after a
     /// restart (unknown: the segment is then shipped whole).
     chunked: Option<(u64, u64)>,
+    /// The key file's epoch and length the backup holds (`keys.rs`).
+    keys_shipped: Option<(u64, u64)>,
     last_put: Instant,
 }
 
@@ -193,6 +196,7 @@ impl Shipper {
             kick_lock: Mutex::new(()),
             stop: AtomicBool::new(false),
             options,
+            keys_epoch: AtomicU64::new(0),
         });
         let lease = Lease {
             host: host_name(),
@@ -212,19 +216,29 @@ impl Shipper {
             manifest_written: false,
             chunked_segment: None,
             chunked: None,
+            keys_shipped: None,
             last_put: Instant::now() - Duration::from_secs(3600),
         };
         shipper.take_lease()?;
         let resumed = shipper
             .check_manifest()
-            .and_then(|()| shipper.resume_point());
+            .and_then(|()| shipper.resume_point())
+            .and_then(|shipped| {
+                let keys = keys::shipped_keys(&shipper.objects)
+                    .map_err(|e| backup_error(shipper.url(), &e))?;
+                Ok((shipped, keys))
+            });
         match resumed {
-            Ok(shipped) => {
+            Ok((shipped, keys_shipped)) => {
                 shipper.state.shipped.store(shipped, Ordering::Release);
                 // Its segment may have been shipped in chunks only: once the log has moved
                 // past it, it is shipped whole (a put that finds it there already costs a
                 // comparison).
                 shipper.chunked_segment = shipper.segment_of(shipped);
+                shipper.keys_shipped = keys_shipped;
+                if let Some((epoch, _)) = keys_shipped {
+                    shipper.state.keys_epoch.store(epoch, Ordering::Release);
+                }
                 Ok(shipper)
             }
             Err(e) => {
@@ -708,6 +722,8 @@ impl Shipper {
         last: u64,
         frames: Vec<(RecordHeader, Bytes)>,
     ) -> Result<(), Failure> {
+        // The keys the records may be sealed under go first.
+        self.ship_keys()?;
         self.state
             .oldest_unshipped_us
             .store(frames[0].0.appended_at_us, Ordering::Relaxed);

@@ -45,11 +45,23 @@ pub(crate) struct BackupState {
     pub(super) kick_lock: Mutex<()>,
     pub(super) stop: AtomicBool,
     pub(super) options: BackupOptions,
+    /// The newest epoch of the subjects' key file the backup holds whole (`ship/keys.rs`).
+    pub(super) keys_epoch: AtomicU64,
 }
 
 impl BackupState {
     pub(crate) fn shipped(&self) -> u64 {
         self.shipped.load(Ordering::Acquire)
+    }
+
+    /// The newest epoch of the key file in the backup.
+    pub(crate) fn keys_epoch(&self) -> u64 {
+        self.keys_epoch.load(Ordering::Acquire)
+    }
+
+    /// Wakes the shipper (an erasure waits for the key file to be shipped).
+    pub(crate) fn nudge(&self) {
+        self.wake();
     }
 
     /// Answers `reply` once `position` is in object storage (or `OutcomeUnknown` after the

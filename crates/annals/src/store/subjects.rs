@@ -17,6 +17,10 @@ pub struct Erasure {
     pub already: bool,
     /// When the key was deleted, in microseconds since the Unix epoch.
     pub erased_at_us: u64,
+    /// With a backup: whether its copy of the keys no longer holds the subject's key (false:
+    /// object storage did not take the new key file within 10 s; the backup replaces it
+    /// once it answers). None: no backup.
+    pub in_backup: Option<bool>,
 }
 
 fn now_us() -> u64 {
@@ -86,7 +90,28 @@ impl Store {
         }
         crate::record::validate_tag(0, tag, &self.shared.options.limits)?;
         let erased = keys.erase(tag, now_us())?;
-        self.receipt(tag, erased.at_us, erased.already)
+        let mut erasure = self.receipt(tag, erased.at_us, erased.already)?;
+        erasure.in_backup = self.erasure_in_backup(keys.position().0);
+        Ok(erasure)
+    }
+
+    /// Waits (up to 10 s) for the backup to hold the key file of `epoch`, which replaced the
+    /// older ones; None without a backup.
+    fn erasure_in_backup(&self, epoch: u64) -> Option<bool> {
+        #[cfg(feature = "object-store")]
+        if let Some(backup) = self.backup_state() {
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            while backup.keys_epoch() < epoch {
+                if Instant::now() > deadline {
+                    return Some(false);
+                }
+                backup.nudge();
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            return Some(true);
+        }
+        let _ = epoch;
+        None
     }
 
     /// The receipt of `tag`'s erasure: the one in the log, or one appended now.
@@ -111,6 +136,7 @@ impl Store {
                     receipt,
                     already,
                     erased_at_us: at_us,
+                    in_backup: None,
                 });
             }
             let body = serde_json::json!({ "tag": tag, "events": events, "erasedAtUs": at_us });
@@ -145,6 +171,7 @@ impl Store {
                         receipt,
                         already,
                         erased_at_us: at_us,
+                        in_backup: None,
                     })
                 }
                 // Another erasure of the same subject appended its receipt first.

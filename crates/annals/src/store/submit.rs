@@ -149,7 +149,8 @@ impl Store {
                 alone: false,
             },
             Some(appended_at_us),
-            false,
+            // A copy's or a backup's log holds the receipts of its erasures.
+            true,
         )
     }
 
