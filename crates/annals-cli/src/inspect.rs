@@ -115,6 +115,16 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
             report.torn_tail.as_deref().unwrap_or("none")
         );
         println!("checkpoint:  {}", report.checkpoint);
+        if report.sealed_events > 0 || report.subject_problem.is_some() {
+            println!(
+                "subjects:    {} sealed events; {}",
+                report.sealed_events,
+                report
+                    .subject_problem
+                    .as_deref()
+                    .unwrap_or("each has a key or an erasure")
+            );
+        }
     }
     if report.is_clean() {
         Ok(())

@@ -129,6 +129,27 @@ fn decode_record(bytes: &[u8]) -> Option<(u8, &str, &[u8], usize)> {
     Some((rest[0], tag, &rest[3 + tag_len..], 8 + len))
 }
 
+/// The subjects a key file names, each with whether it was erased: read without the master
+/// key (tags are in the clear), for `annals verify`.
+pub(crate) fn key_tags(bytes: &[u8]) -> Result<HashMap<String, bool>, String> {
+    if bytes.get(..8) != Some(MAGIC.as_slice()) {
+        return Err("not a key file (its magic is wrong)".into());
+    }
+    let check_len = bytes.get(20..24).map_or(0, |b| {
+        u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize
+    });
+    let mut at = 24 + check_len;
+    let mut tags = HashMap::new();
+    while at < bytes.len() {
+        let Some((kind, tag, _, used)) = decode_record(&bytes[at..]) else {
+            break;
+        };
+        tags.insert(tag.to_string(), kind == KIND_ERASED);
+        at += used;
+    }
+    Ok(tags)
+}
+
 impl KeyStore {
     /// Opens (or creates) the key file of the store in `dir`, checking the master key.
     pub(crate) fn open(

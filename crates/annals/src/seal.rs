@@ -299,6 +299,22 @@ fn seal_entry(
     Ok(())
 }
 
+/// The tags of the subjects a sealed entry is sealed for; None when its envelope is malformed.
+pub(crate) fn sealed_subjects<'a>(entry: &'a [u8], layout: &EntryLayout) -> Option<Vec<&'a str>> {
+    let envelope = &entry[layout.data_range()];
+    let n = *envelope.get(1)? as usize;
+    if *envelope.first()? != ENVELOPE_VERSION || n == 0 || envelope.len() < 2 + 2 * n {
+        return None;
+    }
+    let tags: Vec<&str> = crate::event::Tags::of(entry, layout).collect();
+    (0..n)
+        .map(|i| {
+            let index = u16::from_le_bytes([envelope[2 + 2 * i], envelope[3 + 2 * i]]) as usize;
+            tags.get(index).copied()
+        })
+        .collect()
+}
+
 /// What a sealed entry's keys are, as far as the store knows.
 pub(crate) enum KeyState {
     Live(SubjectKey),

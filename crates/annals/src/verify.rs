@@ -22,12 +22,19 @@ pub struct VerifyReport {
     /// "matches", "absent", or why it does not agree with the log.
     pub checkpoint: String,
     pub index_bytes_per_event: f64,
+    /// Events sealed for data subjects (`Options::subjects`).
+    pub sealed_events: u64,
+    /// A sealed event whose subject has neither a key nor an erasure, or an erasure without
+    /// its receipt.
+    pub subject_problem: Option<String>,
 }
 
 impl VerifyReport {
     /// True when the log is whole and the checkpoint (if any) agrees with it.
     pub fn is_clean(&self) -> bool {
-        self.torn_tail.is_none() && (self.checkpoint == "matches" || self.checkpoint == "absent")
+        self.torn_tail.is_none()
+            && (self.checkpoint == "matches" || self.checkpoint == "absent")
+            && self.subject_problem.is_none()
     }
 }
 
@@ -76,6 +83,7 @@ pub(crate) fn verify_with_io(
             .torn
             .map(|t| format!("{} at offset {}: {}", t.path.display(), t.offset, t.reason));
     }
+    let (sealed_events, subject_problem) = check_subjects(io, dir, &segments, &index)?;
     let checkpoint = match checkpoint::read(io, dir) {
         Err("missing") => "absent".to_string(),
         Err(reason) => format!("checkpoint {reason}"),
@@ -94,7 +102,86 @@ pub(crate) fn verify_with_io(
         } else {
             index.bytes_used() as f64 / index.len() as f64
         },
+        sealed_events,
+        subject_problem,
     })
+}
+
+/// Every sealed event's subjects have a key or an erasure, and every erasure its receipt:
+/// the sealed events counted, and the first problem found.
+fn check_subjects(
+    io: &dyn Io,
+    dir: &Path,
+    segments: &[std::sync::Arc<crate::segment::Segment>],
+    index: &Index,
+) -> Result<(u64, Option<String>), StoreError> {
+    let path = dir.join(crate::keys::KEYS_FILE);
+    let file = crate::io::read_file(io, &path).map_err(|e| StoreError::io("read", &path, 0, e))?;
+    let tags = match &file {
+        Some(bytes) => crate::keys::key_tags(bytes)
+            .map_err(|e| StoreError::Subjects(format!("{}: {e}", path.display())))?,
+        None => Default::default(),
+    };
+    let mut sealed = 0;
+    for position in 1..=index.len() {
+        let Some(location) = index.location_of(position) else {
+            continue;
+        };
+        let (number, offset) = crate::index::split_location(location);
+        let Some(segment) = segments.iter().find(|s| s.number == number) else {
+            continue;
+        };
+        let offset = u64::from(offset);
+        let Some(len) = segment.peek(offset, 4, |b| {
+            b.get(..4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_le_bytes)
+        })?
+        else {
+            continue;
+        };
+        let entry = segment.bytes(offset, len as usize)?;
+        let Some(layout) = crate::record::EntryLayout::parse(&entry) else {
+            continue;
+        };
+        if !layout.sealed {
+            continue;
+        }
+        sealed += 1;
+        let Some(subjects) = crate::seal::sealed_subjects(&entry, &layout) else {
+            return Ok((
+                sealed,
+                Some(format!("the event at {position} has a malformed envelope")),
+            ));
+        };
+        for tag in subjects {
+            if !tags.contains_key(tag) {
+                let why = format!(
+                    "the event at {position} is sealed for {tag}, which has neither a key nor \
+                     an erasure{}",
+                    if file.is_none() {
+                        " (the store has no subjects.keys)"
+                    } else {
+                        ""
+                    }
+                );
+                return Ok((sealed, Some(why)));
+            }
+        }
+    }
+    for (tag, erased) in &tags {
+        let receipts = crate::query::Query::item(
+            crate::query::QueryItem::types([crate::subject::SUBJECT_ERASED_TYPE])
+                .and_tags([tag.as_str()]),
+        );
+        if *erased && index.first_query_match_after(&receipts, 0).is_none() {
+            let why = format!(
+                "{tag} was erased, and its receipt is not in the log yet (the next open appends it)"
+            );
+            return Ok((sealed, Some(why)));
+        }
+    }
+    Ok((sealed, None))
 }
 
 /// Compares a checkpoint's index (covering positions up to `head`) with the rebuilt one.

@@ -178,6 +178,21 @@ fn a_subjects_events_are_sealed_read_back_and_erased_for_good() {
         "one receipt per erasure, none added by the restart"
     );
     store.close().unwrap();
+
+    // verify: every sealed event has a key or an erasure; without the key file it says so.
+    let report = annals::verify(dir.path()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.sealed_events, 3);
+    let keys = dir.path().join("subjects.keys");
+    let saved = std::fs::read(&keys).unwrap();
+    std::fs::remove_file(&keys).unwrap();
+    let report = annals::verify(dir.path()).unwrap();
+    assert!(!report.is_clean());
+    assert!(report
+        .subject_problem
+        .unwrap()
+        .contains("neither a key nor an erasure"));
+    std::fs::write(&keys, saved).unwrap();
 }
 
 #[test]
