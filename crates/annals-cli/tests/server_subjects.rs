@@ -56,11 +56,20 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     let other = new_master_key(keys.path(), "other.key");
     let data = tempfile::tempdir().unwrap();
     let dir = data.path().join("store");
+    let config = keys.path().join("annals.toml");
+    std::fs::write(
+        &config,
+        "[[read_models]]\nname = \"all\"\n[[read_models]]\nname = \"orders\"\ntypes = [\"OrderPlaced\"]\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
     let flags = [
         "--subject-tags",
         "customer:,employee:",
         "--master-key-file",
         &master,
+        "--config",
+        &config,
     ];
     let mut server = ServerProcess::start(&dir, &flags);
     let body = append_body(
@@ -91,6 +100,8 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     let answer = erased.json();
     assert_eq!(answer["events"], 1);
     assert_eq!(answer["already"], false);
+    // The read model that folded the subject's event is rebuilt; the other is left alone.
+    assert_eq!(answer["readModelsRebuilt"], serde_json::json!(["all"]));
     let again = server
         .post("/v1/admin/erase", r#"{"tag":"customer:43"}"#)
         .json();

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use annals::readmodel::{self, Folded, ReadModelRunner, ReadModelStatus, RunnerOptions};
-use annals::{Event, Query, QueryItem, Store};
+use annals::{Event, Query, QueryItem, ReadOptions, Store};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -168,6 +168,26 @@ impl HostedModels {
             }
             None => false,
         }
+    }
+
+    /// Rebuilds every model that folded an event carrying `tag` (an erased data subject's),
+    /// so that no state derived from its data survives; answers their names.
+    pub fn rebuild_seeing(&self, store: &Store, tag: &str) -> Vec<String> {
+        let models = self.models.lock();
+        let mut rebuilt = Vec::new();
+        for hosted in models.iter() {
+            let mut tags = hosted.spec.tags.clone();
+            tags.push(tag.to_string());
+            let item = QueryItem::types(hosted.spec.types.clone()).and_tags(tags);
+            let saw = store
+                .read(&Query::item(item), ReadOptions::forwards().limit(1))
+                .is_ok_and(|mut events| events.next().is_some());
+            if saw {
+                hosted.runner.rebuild();
+                rebuilt.push(hosted.spec.name.clone());
+            }
+        }
+        rebuilt
     }
 
     /// Writes a last checkpoint of every model and stops them (blocking).

@@ -52,19 +52,25 @@ async fn erase_inner(state: &Arc<AppState>, request: Request) -> Result<Response
         )
     })?;
     let store = state.store.clone();
+    let models = state.read_models.clone();
     let tag = parsed.tag;
-    let erased = tokio::task::spawn_blocking(move || store.erase_subject(&tag))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "erase_failed",
-                e.to_string(),
-            )
-        })?;
+    let erased = tokio::task::spawn_blocking(move || {
+        let erasure = store.erase_subject(&tag)?;
+        let rebuilt = models.rebuild_seeing(&store, &tag);
+        Ok::<_, annals::AppendError>((erasure, rebuilt))
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "erase_failed",
+            e.to_string(),
+        )
+    })?;
     match erased {
-        Ok(e) => {
+        Ok((e, rebuilt)) => {
             let body = serde_json::json!({
+                "readModelsRebuilt": rebuilt,
                 "tag": e.tag,
                 "events": e.events,
                 "receipt": e.receipt,
