@@ -214,3 +214,74 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     assert!(server.terminate().success());
     assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
 }
+
+/// Goal: kill -9 while an erasure runs: after the restart the subject is either fully
+/// readable (no receipt) or fully erased (with exactly one receipt), never half.
+#[test]
+fn kill9_during_erasure_leaves_the_subject_whole_or_erased() {
+    let keys = tempfile::tempdir().unwrap();
+    let master = new_master_key(keys.path(), "master.key");
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("store");
+    let flags = ["--subject-tags", "customer:", "--master-key-file", &master];
+    let mut server = ServerProcess::start(&dir, &flags);
+    for i in 0..120 {
+        let tag = format!("customer:{}", i % 12);
+        let body = append_body(
+            &[("Moved", &[tag.as_str()], &format!("{MARKER} {i}"))],
+            None,
+        );
+        assert_eq!(server.post("/v1/append", &body).status, 200);
+    }
+    let (mut whole, mut erased) = (0, 0);
+    for round in 0..12u64 {
+        let tag = format!("customer:{round}");
+        let addr = server.http;
+        let body = format!(r#"{{"tag":"{tag}"}}"#);
+        // The request is sent, and its answer read, by hand: the kill may cut either.
+        let eraser = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(addr)?;
+            write!(
+                stream,
+                "POST /v1/admin/erase HTTP/1.1\r\nHost: {addr}\r\nContent-Type: \
+                 application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )?;
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).map(|_| answer)
+        });
+        // Somewhere between before the request lands and after it is answered.
+        std::thread::sleep(std::time::Duration::from_micros(round * 400));
+        server.kill9();
+        let _ = eraser.join();
+        server = ServerProcess::start(&dir, &flags);
+        let query = format!(r#"{{"items":[{{"tags":["{tag}"]}}]}}"#);
+        let events = server.read(&query, "{}");
+        let receipts = events
+            .iter()
+            .filter(|e| e["type"] == "annals.SubjectErased")
+            .count();
+        let moved: Vec<&serde_json::Value> =
+            events.iter().filter(|e| e["type"] == "Moved").collect();
+        assert_eq!(moved.len(), 10, "round {round}");
+        if receipts == 0 {
+            assert!(
+                moved.iter().all(|e| e.get("erased").is_none()),
+                "round {round}: half"
+            );
+            whole += 1;
+        } else {
+            assert_eq!(receipts, 1, "round {round}");
+            assert!(
+                moved.iter().all(|e| e["erased"] == true),
+                "round {round}: half"
+            );
+            erased += 1;
+        }
+    }
+    eprintln!("{whole} rounds left the subject whole, {erased} erased");
+    assert!(erased > 0, "no round erased: the kills came too early");
+    assert!(server.terminate().success());
+    assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
+}
