@@ -8,6 +8,24 @@ use annals::{CopyPhase, Options};
 
 use crate::data::open_store;
 
+/// The data subjects' key file of a store on files.
+const KEYS: &str = "subjects.keys";
+
+/// A copy of a store with data subjects gets its keys (still under the master key) once both
+/// are closed; opening it again appends the receipt of any erasure its log lacks.
+fn copy_keys(from: &str, to: &str) -> Result<(), String> {
+    let source = std::path::Path::new(from).join(KEYS);
+    if annals::is_database_url(from) || !source.exists() {
+        return Ok(());
+    }
+    let bytes = std::fs::read(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+    annals::io::write_file_durably(&annals::io::RealIo, std::path::Path::new(to), KEYS, &bytes)
+        .map_err(|e| format!("{to}: writing its key file: {e}"))?;
+    open_store(to, Options::default())?
+        .close()
+        .map_err(|e| e.to_string())
+}
+
 #[derive(clap::Args)]
 pub struct CopyArgs {
     /// The store to copy: a data directory (not while a server holds it) or a PostgreSQL URL.
@@ -25,6 +43,14 @@ pub struct CopyArgs {
 pub fn run(args: CopyArgs) -> Result<(), String> {
     if args.from == args.to {
         return Err("--from and --to name the same store".into());
+    }
+    let keys = std::path::Path::new(&args.from).join(KEYS);
+    if !annals::is_database_url(&args.from) && keys.exists() && annals::is_database_url(&args.to) {
+        return Err(format!(
+            "{} keeps data subjects, which are kept on segment files only: copy it to a \
+             directory",
+            args.from
+        ));
     }
     let from = open_store(&args.from, Options::default())?;
     let to = open_store(&args.to, Options::default())?;
@@ -51,6 +77,7 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
     }
     to.close().map_err(|e| e.to_string())?;
     from.close().map_err(|e| e.to_string())?;
+    copy_keys(&args.from, &args.to)?;
     let secs = started.elapsed().as_secs_f64();
     if args.json {
         let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;

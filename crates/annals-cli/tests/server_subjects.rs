@@ -213,6 +213,39 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     assert_eq!(server.read("{}", "{}")[0]["erased"], true);
     assert!(server.terminate().success());
     assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
+
+    // A copy carries the sealed events and the keys: the same reads, the same erasures.
+    let copy = data.path().join("copy");
+    let out = annals()
+        .args(["copy", "--from"])
+        .arg(&dir)
+        .arg("--to")
+        .arg(&copy)
+        .env("ANNALS_SUBJECT_TAGS", "customer:,employee:")
+        .env("ANNALS_MASTER_KEY_FILE", &master)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut copied = ServerProcess::start(&copy, &flags);
+    let events = copied.read("{}", "{}");
+    assert_eq!(events.len(), lines.len());
+    assert_eq!(events[0]["erased"], true);
+    assert_eq!(events[2]["erased"], true);
+    assert_eq!(events[1]["data"], "no personal data");
+    let refused = copied.post(
+        "/v1/append",
+        &append_body(&[("Moved", &["customer:42"], "x")], None),
+    );
+    assert_eq!(refused.kind(), "subject_erased");
+    assert!(copied.terminate().success());
+    assert_eq!(
+        files_holding(&copy, MARKER.as_bytes()),
+        Vec::<String>::new()
+    );
 }
 
 /// Goal: kill -9 while an erasure runs: after the restart the subject is either fully
