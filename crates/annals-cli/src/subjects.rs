@@ -13,6 +13,25 @@ pub enum MasterKeyCommand {
     ///
     /// Example: annals master-key new > /etc/annals/master.key && chmod 600 /etc/annals/master.key
     New,
+    /// Wrap a closed store's subject keys under a new master key: only the key file is
+    /// written anew. Afterwards the store opens with the new key only.
+    ///
+    /// Example: annals master-key rotate --store ./data --subject-tags customer: \
+    ///     --master-key-file old.key --new-master-key-file new.key
+    Rotate {
+        /// The closed store's data directory.
+        #[arg(long, visible_alias = "dir", value_name = "DIR")]
+        store: String,
+        /// The store's subject tag prefixes, comma separated. Env: ANNALS_SUBJECT_TAGS
+        #[arg(long, value_name = "PREFIXES")]
+        subject_tags: Option<String>,
+        /// The master key file the store opens with now. Env: ANNALS_MASTER_KEY_FILE
+        #[arg(long, value_name = "FILE")]
+        master_key_file: Option<PathBuf>,
+        /// The new master key file (`annals master-key new`).
+        #[arg(long, value_name = "FILE")]
+        new_master_key_file: PathBuf,
+    },
 }
 
 pub fn master_key(command: MasterKeyCommand) -> Result<(), String> {
@@ -20,6 +39,31 @@ pub fn master_key(command: MasterKeyCommand) -> Result<(), String> {
         MasterKeyCommand::New => {
             let key = annals::MasterKey::generate()?;
             println!("{}", key.to_hex());
+            Ok(())
+        }
+        MasterKeyCommand::Rotate {
+            store,
+            subject_tags,
+            master_key_file,
+            new_master_key_file,
+        } => {
+            let subjects = subjects(subject_tags.as_deref(), master_key_file)?
+                .ok_or("rotating needs the store's subject tags and its master key file")?;
+            let text = std::fs::read_to_string(&new_master_key_file)
+                .map_err(|e| format!("cannot read {}: {e}", new_master_key_file.display()))?;
+            let new = annals::MasterKey::from_hex(&text)
+                .map_err(|e| format!("{}: {e}", new_master_key_file.display()))?;
+            let options = Options {
+                subjects: Some(subjects),
+                ..Options::default()
+            };
+            let store = crate::data::open_store(&store, options)?;
+            let keys = store.rotate_master_key(&new).map_err(|e| e.to_string())?;
+            store.close().map_err(|e| e.to_string())?;
+            println!(
+                "{keys} keys wrapped under the new master key; start the store with {} from now on",
+                new_master_key_file.display()
+            );
             Ok(())
         }
     }

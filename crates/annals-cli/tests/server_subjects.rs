@@ -214,6 +214,47 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     assert!(server.terminate().success());
     assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
 
+    // The master key rotated: the old one is refused from then on, the new one reads.
+    let out = annals()
+        .args(["master-key", "rotate", "--store"])
+        .arg(&dir)
+        .args([
+            "--subject-tags",
+            "customer:,employee:",
+            "--master-key-file",
+            &master,
+        ])
+        .args(["--new-master-key-file", &other])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let old_key = annals()
+        .args(["read", "--store"])
+        .arg(&dir)
+        .env("ANNALS_SUBJECT_TAGS", "customer:")
+        .env("ANNALS_MASTER_KEY_FILE", &master)
+        .output()
+        .unwrap();
+    assert!(!old_key.status.success());
+    assert!(String::from_utf8_lossy(&old_key.stderr).contains("master key"));
+    let master = other;
+    let flags = [
+        "--subject-tags",
+        "customer:,employee:",
+        "--master-key-file",
+        &master,
+        "--config",
+        &config,
+    ];
+    let mut rotated = ServerProcess::start(&dir, &flags);
+    assert_eq!(rotated.read("{}", "{}")[1]["data"], "no personal data");
+    assert_eq!(rotated.read("{}", "{}")[0]["erased"], true);
+    assert!(rotated.terminate().success());
+
     // A copy carries the sealed events and the keys: the same reads, the same erasures.
     let copy = data.path().join("copy");
     let out = annals()

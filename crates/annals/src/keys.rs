@@ -81,6 +81,8 @@ pub(crate) struct KeyStore {
     io: Arc<dyn Io>,
     dir: PathBuf,
     options: SubjectOptions,
+    /// The master key the file's keys are wrapped under now (rotation replaces it).
+    master: RwLock<MasterKey>,
     keys: RwLock<HashMap<Box<str>, Slot>>,
     pending: Mutex<Pending>,
     synced: Condvar,
@@ -191,6 +193,7 @@ impl KeyStore {
         Ok(KeyStore {
             io,
             dir: dir.to_path_buf(),
+            master: RwLock::new(options.master_key.clone()),
             options,
             keys: RwLock::new(keys),
             pending: Mutex::new(Pending {
@@ -370,6 +373,83 @@ impl KeyStore {
         self.synced.notify_all();
     }
 
+    /// Writes the file anew, in the next epoch (aside, synced, renamed): every key wrapped
+    /// under `new_master` (or the current master key), `erased` recorded as erased in place
+    /// of its key.
+    fn rewrite(
+        &self,
+        p: &mut Pending,
+        new_master: Option<&MasterKey>,
+        erased: Option<(&str, u64)>,
+    ) -> Result<(), StoreError> {
+        let path = self.path();
+        let master = self.master.read().clone();
+        let wrap_under = new_master.unwrap_or(&master);
+        let epoch = p.epoch + 1;
+        let mut bytes = header(wrap_under, epoch).map_err(|e| subjects_error(&path, e))?;
+        let mut rewrapped = Vec::new();
+        {
+            let keys = self.keys.read();
+            let mut tags: Vec<&Box<str>> = keys.keys().collect();
+            tags.sort();
+            for t in tags {
+                if erased.is_some_and(|(tag, _)| &**t == tag) {
+                    continue;
+                }
+                match &keys[t] {
+                    Slot::Live(key, wrapped) => match new_master {
+                        Some(new) => {
+                            let again =
+                                wrap_key(new, t, key).map_err(|e| subjects_error(&path, e))?;
+                            encode_record(&mut bytes, KIND_KEY, t, &again);
+                            rewrapped.push((t.clone(), again));
+                        }
+                        None => encode_record(&mut bytes, KIND_KEY, t, wrapped),
+                    },
+                    Slot::Erased(at) => {
+                        encode_record(&mut bytes, KIND_ERASED, t, &at.to_le_bytes())
+                    }
+                }
+            }
+        }
+        if let Some((tag, at_us)) = erased {
+            encode_record(&mut bytes, KIND_ERASED, tag, &at_us.to_le_bytes());
+        }
+        write_file_durably(self.io.as_ref(), &self.dir, KEYS_FILE, &bytes)
+            .map_err(|e| io_error(&path, "rewrite", e))?;
+        p.file = self
+            .io
+            .open(&path, OpenMode::Existing)
+            .map_err(|e| io_error(&path, "open", e))?;
+        p.len = bytes.len() as u64;
+        p.epoch = epoch;
+        if let Some(new) = new_master {
+            *self.master.write() = new.clone();
+            let mut keys = self.keys.write();
+            for (t, again) in rewrapped {
+                if let Some(Slot::Live(_, wrapped)) = keys.get_mut(&t) {
+                    *wrapped = again.into();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Wraps every key under `new` instead of the master key it is under now: the key file
+    /// only is written anew (the log is untouched). Answers how many keys were wrapped again.
+    pub(crate) fn rotate(&self, new: &MasterKey) -> Result<u64, StoreError> {
+        let mut p = self.pending.lock();
+        while p.writing || !p.next.is_empty() {
+            if p.writing {
+                self.synced.wait(&mut p);
+            } else {
+                self.write_batch(&mut p);
+            }
+        }
+        self.rewrite(&mut p, Some(new), None)?;
+        Ok(self.counts().0)
+    }
+
     /// Erases `tag`'s key: the file is rewritten without it (aside, synced, renamed), with a
     /// record of the erasure. Idempotent.
     pub(crate) fn erase(&self, tag: &str, at_us: u64) -> Result<Erased, StoreError> {
@@ -388,36 +468,7 @@ impl KeyStore {
         if p.unsynced.remove(tag).is_some() {
             p.next.retain(|t| &**t != tag);
         }
-        let epoch = p.epoch + 1;
-        let head =
-            header(&self.options.master_key, epoch).map_err(|e| subjects_error(&self.path(), e))?;
-        let mut bytes = head;
-        {
-            let keys = self.keys.read();
-            let mut tags: Vec<&Box<str>> = keys.keys().collect();
-            tags.sort();
-            for t in tags {
-                if &**t == tag {
-                    continue;
-                }
-                match &keys[t] {
-                    Slot::Live(_, wrapped) => encode_record(&mut bytes, KIND_KEY, t, wrapped),
-                    Slot::Erased(at) => {
-                        encode_record(&mut bytes, KIND_ERASED, t, &at.to_le_bytes())
-                    }
-                }
-            }
-        }
-        encode_record(&mut bytes, KIND_ERASED, tag, &at_us.to_le_bytes());
-        let path = self.path();
-        write_file_durably(self.io.as_ref(), &self.dir, KEYS_FILE, &bytes)
-            .map_err(|e| io_error(&path, "rewrite", e))?;
-        p.file = self
-            .io
-            .open(&path, OpenMode::Existing)
-            .map_err(|e| io_error(&path, "open", e))?;
-        p.len = bytes.len() as u64;
-        p.epoch = epoch;
+        self.rewrite(&mut p, None, Some((tag, at_us)))?;
         self.keys.write().insert(tag.into(), Slot::Erased(at_us));
         Ok(Erased {
             already: false,
@@ -455,7 +506,7 @@ impl KeySource for KeyStore {
                 continue;
             }
             let key = SubjectKey::generate().map_err(SealError::Keys)?;
-            let wrapped = wrap_key(&self.options.master_key, t, &key).map_err(SealError::Keys)?;
+            let wrapped = wrap_key(&self.master.read(), t, &key).map_err(SealError::Keys)?;
             let batch = p.begun + 1;
             let wrapped = wrapped.into();
             p.unsynced.insert(
@@ -572,6 +623,37 @@ mod tests {
             .unwrap();
         assert!(e.to_string().contains("not this store's"), "{e}");
         assert_eq!(std::fs::read(dir.path().join(KEYS_FILE)).unwrap(), before);
+    }
+
+    #[test]
+    fn a_rotated_master_key_wraps_the_same_keys_and_the_old_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = MasterKey::generate().unwrap();
+        let new = MasterKey::generate().unwrap();
+        let io: Arc<dyn Io> = Arc::new(RealIo);
+        let store = KeyStore::open(io.clone(), dir.path(), subjects(&old)).unwrap();
+        let a = store.keys_for(&["customer:1", "customer:2"]).unwrap();
+        store.erase("customer:2", 7).unwrap();
+        assert_eq!(store.rotate(&new).unwrap(), 1);
+        // New keys made after the rotation are wrapped under the new master key too.
+        let c = store.keys_for(&["customer:3"]).unwrap();
+        drop(store);
+        assert!(KeyStore::open(io.clone(), dir.path(), subjects(&old)).is_err());
+        let store = KeyStore::open(io, dir.path(), subjects(&new)).unwrap();
+        match store.state("customer:1") {
+            KeyState::Live(k) => assert_eq!(k.clone_bytes(), a[0].clone_bytes()),
+            _ => panic!("customer:1 lost its key"),
+        }
+        match store.state("customer:3") {
+            KeyState::Live(k) => assert_eq!(k.clone_bytes(), c[0].clone_bytes()),
+            _ => panic!("customer:3 lost its key"),
+        }
+        assert!(matches!(store.state("customer:2"), KeyState::Erased));
+        assert_eq!(
+            store.position().0,
+            2,
+            "the erasure and the rotation each began an epoch"
+        );
     }
 
     #[test]

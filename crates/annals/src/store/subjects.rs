@@ -95,6 +95,19 @@ impl Store {
         Ok(erasure)
     }
 
+    /// Wraps every subject's key under `new` in place of the master key it is under now: the
+    /// key file only is written anew (the log is untouched, and the backup's keys are
+    /// replaced with the next put). From then on the store opens with `new` only. Answers
+    /// how many keys were wrapped again.
+    pub fn rotate_master_key(&self, new: &crate::subject::MasterKey) -> Result<u64, StoreError> {
+        let keys = self
+            .shared
+            .keys
+            .as_ref()
+            .ok_or_else(|| StoreError::Subjects("this store keeps no data subjects".into()))?;
+        keys.rotate(new)
+    }
+
     /// Waits (up to 10 s) for the backup to hold the key file of `epoch`, which replaced the
     /// older ones; None without a backup.
     fn erasure_in_backup(&self, epoch: u64) -> Option<bool> {
