@@ -79,11 +79,40 @@ fn the_console_in_a_browser() {
         json!([{ "type": "Note", "tags": ["note"], "data": "<img src=x onerror=alert(1)> not JSON" }]),
     );
     let key = "console-test-key-0001";
+    let admin = "console-admin-key-0002";
+    // The keyed server keeps data subjects: one of them erased, for the console to show.
+    let master = dir.path().join("master.key");
+    std::fs::write(&master, "7e".repeat(32)).unwrap();
     let keyed = ServerProcess::start_with_env(
         &dir.path().join("keyed"),
-        &[],
-        &[("ANNALS_API_KEYS", &format!("{key}=read"))],
+        &[
+            "--subject-tags",
+            "customer:",
+            "--master-key-file",
+            master.to_str().unwrap(),
+        ],
+        &[("ANNALS_API_KEYS", &format!("{key}=read;{admin}=admin"))],
     );
+    let as_admin = format!("Bearer {admin}");
+    for (path, body) in [
+        (
+            "/v1/append",
+            json!({ "events": [
+                { "type": "AddressChanged", "tags": ["customer:1"], "data": "{\"street\":\"secret\"}" },
+                { "type": "AddressChanged", "tags": ["customer:2"], "data": "{\"street\":\"kept\"}" }
+            ] }),
+        ),
+        ("/v1/admin/erase", json!({ "tag": "customer:1" })),
+    ] {
+        let r = common::request(
+            keyed.http,
+            "POST",
+            path,
+            &[("authorization", &as_admin)],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
     let config = dir.path().join("exchange.toml");
     std::fs::write(
         &config,

@@ -290,7 +290,8 @@ function eventTable(events, items) {
       el('td', {}, chip(event.type, () => setParams('events', { q: JSON.stringify(narrowed(items, 'type', event.type)) }), 'Narrow to this type')),
       el('td', {}, (event.tags || []).map((t) => chip(t, () => setParams('events', { q: JSON.stringify(narrowed(items, 'tag', t)) }), 'Narrow to this tag'))),
       el('td', { class: 'hide-narrow', text: time(event.appendedAt) }),
-      el('td', { class: 'num hide-narrow', text: byteSize(event.data) }));
+      el('td', { class: 'num hide-narrow', text: event.erased ? 'erased' : byteSize(event.data) }));
+    if (event.erased) row.classList.add('erased');
     const toggle = () => {
       const open = row.nextSibling && row.nextSibling.classList && row.nextSibling.classList.contains('detail');
       if (open) { row.nextSibling.remove(); row.setAttribute('aria-expanded', 'false'); return; }
@@ -309,6 +310,9 @@ function eventTable(events, items) {
 }
 
 function eventDetail(event) {
+  if (event.erased) {
+    return el('div', { class: 'muted', text: 'The data subject of this event was erased: its data and metadata are gone; its position, type and tags remain.' });
+  }
   let data = event.data;
   let kind = 'data (text)';
   try {
@@ -369,7 +373,7 @@ async function livePage() {
     const rows = batch.reverse().map((e) => el('tr', {},
       el('td', { class: 'num', text: e.position }), el('td', { text: e.type }),
       el('td', { text: (e.tags || []).join(', ') }), el('td', { class: 'hide-narrow', text: time(e.appendedAt) }),
-      el('td', { class: 'num hide-narrow', text: byteSize(e.data) })));
+      el('td', { class: 'num hide-narrow', text: e.erased ? 'erased' : byteSize(e.data) })));
     body.prepend(...rows);
     while (body.childElementCount > LIVE_KEPT) body.lastElementChild.remove();
   }

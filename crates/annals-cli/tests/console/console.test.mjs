@@ -191,6 +191,16 @@ try {
   await page.click('#key-form button');
   await page.waitForSelector('main table');
   check(await page.isHidden('#key-form') && await page.isHidden('#error'), 'the right key opens the store');
+  // An erased data subject's event: shown as erased, its detail says why there is no data.
+  await page.waitForSelector('tbody tr.event');
+  const erasedRows = await page.$$eval('tbody tr.event.erased', (rows) => rows.map((r) => r.textContent));
+  check(erasedRows.length === 1 && erasedRows[0].includes('customer:1') && erasedRows[0].includes('erased'),
+    'an erased subject\'s event is marked erased: ' + JSON.stringify(erasedRows));
+  await page.click('tbody tr.event.erased');
+  const detail = await page.textContent('tr.detail');
+  check(detail.includes('was erased') && !detail.includes('secret'), 'its detail says the data was erased');
+  await page.click('tbody tr.event:not(.erased) >> nth=0');
+  check((await page.textContent('pre.data')).includes('kept'), 'another subject\'s event shows its data');
 
   // Exchange: the book after orders were placed.
   await page.goto(EXCHANGE_URL + '/#/exchange');
