@@ -72,6 +72,13 @@ pub enum BenchCommand {
     ///
     /// Example: annals-bench backup --runs 3 --restore-events 10000000
     Backup(crate::bench_backup::BackupArgs),
+    /// Data subjects (crypto-shredding): 64 writers and 1, each event tagged with one of
+    /// 100,000 subjects, with and without subjects configured (alternated); a full scan and
+    /// selective reads of sealed events beside plain ones; erasing a subject of 100,000 events
+    /// beside one of a single event.
+    ///
+    /// Example: annals-bench subjects --runs 3
+    Subjects(crate::bench_subjects::SubjectsArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -115,6 +122,9 @@ pub struct AppendArgs {
     /// A backup the store ships to while it runs (the `backup` benchmark sets it).
     #[arg(skip)]
     pub(crate) backup: Option<annals::BackupOptions>,
+    /// Data subjects the store seals (the `subjects` benchmark sets it).
+    #[arg(skip)]
+    pub(crate) subjects: Option<annals::SubjectOptions>,
 }
 
 /// How a benchmark's clients run: as async tasks on a runtime of a few threads (as in an async
@@ -290,6 +300,7 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Umadb(args) => crate::bench_umadb::run(args)?,
         BenchCommand::Postgres(args) => crate::bench_postgres::run(args)?,
         BenchCommand::Backup(args) => crate::bench_backup::run(args)?,
+        BenchCommand::Subjects(args) => crate::bench_subjects::run(args)?,
         BenchCommand::Fsync(args) => {
             std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
             let seconds = Duration::from_secs_f64(args.seconds);
@@ -446,7 +457,7 @@ fn fresh_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
-fn bench_options(durability: Durability) -> Options {
+pub(crate) fn bench_options(durability: Durability) -> Options {
     Options {
         durability,
         segment_bytes: 256 << 20,
@@ -524,6 +535,7 @@ pub(crate) fn append_run(
     let options = Options {
         preallocation: args.preallocate,
         backup: args.backup.clone(),
+        subjects: args.subjects.clone(),
         ..bench_options(durability)
     };
     let store = Arc::new(Store::open(store_dir, options).map_err(|e| e.to_string())?);

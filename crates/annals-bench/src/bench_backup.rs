@@ -56,6 +56,7 @@ fn writers_args(dir: &std::path::Path, events: u64, backup: Option<BackupOptions
         mode: Mode::Tasks,
         runtime_threads: None,
         backup,
+        subjects: None,
     }
 }
 

@@ -6,6 +6,7 @@ mod bench_backup;
 mod bench_decide;
 mod bench_http;
 mod bench_postgres;
+mod bench_subjects;
 mod bench_umadb;
 mod exchange;
 mod grpc_client;

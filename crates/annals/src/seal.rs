@@ -1,5 +1,5 @@
 //! Sealing a data subject's events: the metadata and data of an entry that carries a subject's
-//! tag are encrypted (XChaCha20-Poly1305, RustCrypto) before the entry reaches any storage;
+//! tag are encrypted (AES-256-GCM, RustCrypto) before the entry reaches any storage;
 //! type, tags, id and position stay in the clear. The keys themselves are wrapped under the
 //! master key the same way (`keys.rs` keeps them).
 //!
@@ -8,15 +8,15 @@
 //! envelope (version 1)
 //!   0  version u8 (1)          1  subjects u8 (n >= 1)
 //!   2  the subjects' tags, as indices into the entry's tags: u16 each, ascending
-//!   2 + 2n  nonce [u8; 24]     then the ciphertext with its 16-byte tag, of
+//!   2 + 2n  nonce [u8; 12]     then the ciphertext with its 16-byte tag, of
 //!           metadata_len u32 ++ metadata ++ data
 //! associated data: the entry's id, type and tags, then the envelope's first 2 + 2n bytes
 //! key: the subject's key; for several subjects, HKDF-SHA256 over their keys in that order,
 //!      so that erasing any one of them makes the event unreadable
 //! ```
 
-use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
-use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Nonce};
 use zeroize::Zeroize;
 
 use crate::error::InputError;
@@ -26,31 +26,46 @@ use crate::record::{
 use crate::subject::{MasterKey, SubjectOptions, SUBJECT_ERASED_TYPE};
 
 const ENVELOPE_VERSION: u8 = 1;
-const NONCE_BYTES: usize = 24;
+const NONCE_BYTES: usize = 12;
 const TAG_BYTES: usize = 16;
 /// The most subjects one event may name.
 pub(crate) const SUBJECTS_PER_EVENT_MAX: usize = 16;
 /// A wrapped key: nonce, then the 32-byte key encrypted, then its tag.
 pub(crate) const WRAPPED_KEY_BYTES: usize = NONCE_BYTES + 32 + TAG_BYTES;
 
-/// One data subject's key. Wiped from memory when dropped.
+/// One data subject's key, with its cipher ready (its round keys expanded once, not per
+/// event). Wiped from memory when the last copy is dropped.
 #[derive(Clone)]
-pub(crate) struct SubjectKey([u8; 32]);
+pub(crate) struct SubjectKey(std::sync::Arc<KeyBytes>);
+
+/// A key's bytes and its cipher.
+pub(crate) struct KeyBytes {
+    bytes: [u8; 32],
+    cipher: Aes256Gcm,
+}
+
+impl Drop for KeyBytes {
+    fn drop(&mut self) {
+        self.bytes.zeroize();
+    }
+}
 
 impl SubjectKey {
+    fn from_bytes(bytes: [u8; 32]) -> SubjectKey {
+        let cipher = Aes256Gcm::new((&bytes).into());
+        SubjectKey(std::sync::Arc::new(KeyBytes { bytes, cipher }))
+    }
+
     pub(crate) fn generate() -> Result<SubjectKey, String> {
-        Ok(SubjectKey(crate::subject::random_key()?))
+        let mut bytes = crate::subject::random_key()?;
+        let key = SubjectKey::from_bytes(bytes);
+        bytes.zeroize();
+        Ok(key)
     }
 
     #[cfg(test)]
     pub(crate) fn clone_bytes(&self) -> [u8; 32] {
-        self.0
-    }
-}
-
-impl Drop for SubjectKey {
-    fn drop(&mut self) {
-        self.0.zeroize();
+        self.0.bytes
     }
 }
 
@@ -60,14 +75,17 @@ impl std::fmt::Debug for SubjectKey {
     }
 }
 
-fn nonce() -> Result<XNonce, String> {
-    XNonce::try_generate()
+/// A 96-bit nonce, at random: per subject key the chance of a repeat stays negligible up to
+/// billions of events (NIST SP 800-38D bounds random nonces at 2^32 messages per key).
+type AesNonce = Nonce<aes_gcm::aead::consts::U12>;
+
+fn nonce() -> Result<AesNonce, String> {
+    AesNonce::try_generate()
         .map_err(|e| format!("the operating system's random generator failed: {e}"))
 }
 
-/// `plain` encrypted under `key` with `aad`: nonce ++ ciphertext ++ tag.
-fn encrypt(key: &[u8; 32], aad: &[u8], plain: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-    let cipher = XChaCha20Poly1305::new(key.into());
+/// `plain` encrypted by `cipher` with `aad`: nonce ++ ciphertext ++ tag.
+fn encrypt(cipher: &Aes256Gcm, aad: &[u8], plain: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     let nonce = nonce()?;
     let sealed = cipher
         .encrypt(&nonce, Payload { msg: plain, aad })
@@ -78,22 +96,29 @@ fn encrypt(key: &[u8; 32], aad: &[u8], plain: &[u8], out: &mut Vec<u8>) -> Resul
 }
 
 /// The plaintext of `sealed` (nonce ++ ciphertext ++ tag), or None when it does not
-/// authenticate under `key` and `aad`.
-fn decrypt(key: &[u8; 32], aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+/// authenticate under `cipher` and `aad`.
+fn decrypt(cipher: &Aes256Gcm, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
     if sealed.len() < NONCE_BYTES + TAG_BYTES {
         return None;
     }
     let (nonce, body) = sealed.split_at(NONCE_BYTES);
-    let nonce = XNonce::try_from(nonce).ok()?;
-    XChaCha20Poly1305::new(key.into())
-        .decrypt(&nonce, Payload { msg: body, aad })
-        .ok()
+    let nonce = AesNonce::try_from(nonce).ok()?;
+    cipher.decrypt(&nonce, Payload { msg: body, aad }).ok()
+}
+
+fn master_cipher(master: &MasterKey) -> Aes256Gcm {
+    Aes256Gcm::new(master.bytes().into())
 }
 
 /// A subject's key wrapped under the master key, bound to its tag.
 pub(crate) fn wrap_key(master: &MasterKey, tag: &str, key: &SubjectKey) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(WRAPPED_KEY_BYTES);
-    encrypt(master.bytes(), tag.as_bytes(), &key.0, &mut out)?;
+    encrypt(
+        &master_cipher(master),
+        tag.as_bytes(),
+        &key.0.bytes,
+        &mut out,
+    )?;
     debug_assert_eq!(out.len(), WRAPPED_KEY_BYTES);
     Ok(out)
 }
@@ -101,8 +126,10 @@ pub(crate) fn wrap_key(master: &MasterKey, tag: &str, key: &SubjectKey) -> Resul
 /// The key `wrap_key` wrapped, or None when `master` is not the key it was wrapped under (or
 /// the bytes are damaged).
 pub(crate) fn unwrap_key(master: &MasterKey, tag: &str, wrapped: &[u8]) -> Option<SubjectKey> {
-    let mut plain = decrypt(master.bytes(), tag.as_bytes(), wrapped)?;
-    let key = <[u8; 32]>::try_from(plain.as_slice()).ok().map(SubjectKey);
+    let mut plain = decrypt(&master_cipher(master), tag.as_bytes(), wrapped)?;
+    let key = <[u8; 32]>::try_from(plain.as_slice())
+        .ok()
+        .map(SubjectKey::from_bytes);
     plain.zeroize();
     key
 }
@@ -110,29 +137,37 @@ pub(crate) fn unwrap_key(master: &MasterKey, tag: &str, wrapped: &[u8]) -> Optio
 /// What proves a master key is the store's: 16 zero bytes sealed under it.
 pub(crate) fn master_check(master: &MasterKey) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
-    encrypt(master.bytes(), b"annals master key", &[0; 16], &mut out)?;
+    encrypt(
+        &master_cipher(master),
+        b"annals master key",
+        &[0; 16],
+        &mut out,
+    )?;
     Ok(out)
 }
 
 pub(crate) fn master_matches(master: &MasterKey, check: &[u8]) -> bool {
-    decrypt(master.bytes(), b"annals master key", check).is_some_and(|p| p == [0; 16])
+    decrypt(&master_cipher(master), b"annals master key", check).is_some_and(|p| p == [0; 16])
 }
 
-/// The key of an event naming `keys` (in the order of its tags).
-fn event_key(keys: &[&SubjectKey]) -> [u8; 32] {
+/// The cipher of an event naming `keys` (in the order of its tags): the subject's own, or for
+/// several, one under a key derived from all of theirs.
+fn event_cipher(keys: &[&SubjectKey]) -> SubjectKey {
     if let [one] = keys {
-        return one.0;
+        return (*one).clone();
     }
     let mut ikm = Vec::with_capacity(32 * keys.len());
     for k in keys {
-        ikm.extend_from_slice(&k.0);
+        ikm.extend_from_slice(&k.0.bytes);
     }
     let mut okm = [0u8; 32];
     hkdf::Hkdf::<sha2::Sha256>::new(None, &ikm)
         .expand(b"annals subjects v1", &mut okm)
         .expect("32 bytes is a valid HKDF-SHA256 length");
     ikm.zeroize();
-    okm
+    let key = SubjectKey::from_bytes(okm);
+    okm.zeroize();
+    key
 }
 
 /// The indices of the entry's tags that name subjects.
@@ -176,6 +211,7 @@ pub(crate) fn seal_append(
     let mut plan: Vec<Vec<u16>> = Vec::new();
     let mut any = false;
     let mut tags: Vec<&str> = Vec::new();
+    let mut index_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (index, (_, entry, layout)) in Entries::new(append.entries(), append.event_count)
         .trusted()
         .enumerate()
@@ -204,9 +240,10 @@ pub(crate) fn seal_append(
             let tag = crate::event::Tags::of(entry, &layout)
                 .nth(i as usize)
                 .unwrap_or_default();
-            if !tags.contains(&tag) {
+            index_of.entry(tag).or_insert_with(|| {
                 tags.push(tag);
-            }
+                tags.len() - 1
+            });
         }
         any |= !found.is_empty();
         plan.push(found);
@@ -216,10 +253,7 @@ pub(crate) fn seal_append(
     }
     let found_keys = keys.keys_for(&tags)?;
     debug_assert_eq!(found_keys.len(), tags.len());
-    let key_of = |tag: &str| -> &SubjectKey {
-        let i = tags.iter().position(|t| *t == tag).expect("asked for");
-        &found_keys[i]
-    };
+    let key_of = |tag: &str| -> &SubjectKey { &found_keys[index_of[tag]] };
     let mut body = Vec::with_capacity(append.body.len() + plan.len() * 64);
     let mut all_ids = true;
     for ((_, entry, layout), found) in Entries::new(append.entries(), append.event_count)
@@ -280,10 +314,9 @@ fn seal_entry(
     plain.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
     plain.extend_from_slice(metadata);
     plain.extend_from_slice(data);
-    let mut key = event_key(keys);
+    let key = event_cipher(keys);
     let mut envelope = header;
-    let sealed = encrypt(&key, &aad, &plain, &mut envelope);
-    key.zeroize();
+    let sealed = encrypt(&key.0.cipher, &aad, &plain, &mut envelope);
     plain.zeroize();
     sealed?;
     // The fixed part: lengths and flags change; the id, type and tags are copied as they are.
@@ -374,9 +407,8 @@ pub(crate) fn open_entry(
     aad.extend_from_slice(&entry[ENTRY_FIXED_BYTES..clear_end]);
     aad.extend_from_slice(header);
     let refs: Vec<&SubjectKey> = keys.iter().collect();
-    let mut key = event_key(&refs);
-    let plain = decrypt(&key, &aad, &envelope[2 + 2 * n..]);
-    key.zeroize();
+    let key = event_cipher(&refs);
+    let plain = decrypt(&key.0.cipher, &aad, &envelope[2 + 2 * n..]);
     let Some(mut plain) = plain else {
         return Opened::Damaged("the envelope does not authenticate under its keys".into());
     };
@@ -550,8 +582,10 @@ mod tests {
         let wrapped = wrap_key(&master, "customer:1", &key).unwrap();
         assert_eq!(wrapped.len(), WRAPPED_KEY_BYTES);
         assert_eq!(
-            unwrap_key(&master, "customer:1", &wrapped).unwrap().0,
-            key.0
+            unwrap_key(&master, "customer:1", &wrapped)
+                .unwrap()
+                .clone_bytes(),
+            key.clone_bytes()
         );
         assert!(unwrap_key(&other, "customer:1", &wrapped).is_none());
         assert!(unwrap_key(&master, "customer:2", &wrapped).is_none());

@@ -12,8 +12,8 @@ pub const SUBJECT_ERASED_TYPE: &str = "annals.SubjectErased";
 
 /// 32 random bytes from the operating system's generator, for a key.
 pub(crate) fn random_key() -> Result<[u8; 32], String> {
-    use chacha20poly1305::aead::{Generate, Key};
-    let key = Key::<chacha20poly1305::XChaCha20Poly1305>::try_generate()
+    use aes_gcm::aead::{Generate, Key};
+    let key = Key::<aes_gcm::Aes256Gcm>::try_generate()
         .map_err(|e| format!("the operating system's random generator failed: {e}"))?;
     Ok(key.into())
 }

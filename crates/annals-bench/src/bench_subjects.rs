@@ -1,0 +1,284 @@
+//! `annals-bench subjects`: data subjects (crypto-shredding). In one run:
+//! - 64 writers and 1 writer, D3, conditional appends of one event tagged with its writer's
+//!   stream and one of 100,000 entities, with `entity:` configured as the subject prefix
+//!   (every event sealed, keys made on first use) and without subjects, alternated, beside the
+//!   fdatasync floor;
+//! - a full scan and selective reads (one entity among 100,000, ten events each) of a store
+//!   whose events are sealed, beside the same store unsealed;
+//! - erasing a subject with `--erase-events` events, beside erasing one with a single event.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use annals::{
+    Durability, MasterKey, NewEvent, Options, Preallocation, Query, QueryItem, ReadOptions, Store,
+    SubjectOptions,
+};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::bench::{
+    append_run, bench_options, fsync_floor, latency_json, median, AppendArgs, Mode,
+};
+
+#[derive(clap::Args)]
+pub struct SubjectsArgs {
+    /// Directory for the stores (emptied first) and the fsync floor file.
+    #[arg(long, default_value = "/tmp/annals-bench-subjects")]
+    dir: PathBuf,
+    /// Alternated runs of each writer count, without and with subjects.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Events of each 64-writer run (1-writer runs take a tenth).
+    #[arg(long, default_value_t = 200_000)]
+    events: u64,
+    /// Events of the stores read (each tagged with one of 100,000 entities).
+    #[arg(long, default_value_t = 1_000_000)]
+    read_events: u64,
+    /// Selective reads timed on each store.
+    #[arg(long, default_value_t = 20_000)]
+    reads: u64,
+    /// Events of the large subject erased.
+    #[arg(long, default_value_t = 100_000)]
+    erase_events: u64,
+}
+
+const ENTITIES: u64 = 100_000;
+
+fn subjects() -> SubjectOptions {
+    SubjectOptions::new(
+        ["entity:"],
+        MasterKey::generate().expect("a random master key"),
+    )
+}
+
+fn writers_args(dir: &Path, writers: usize, events: u64, sealed: bool) -> AppendArgs {
+    AppendArgs {
+        dir: dir.to_path_buf(),
+        writers,
+        batch: 1,
+        events,
+        conditional: true,
+        event_bytes: 256,
+        tags: 2,
+        durability: "d3".into(),
+        runs: 1,
+        preallocate: Preallocation::Adaptive,
+        mode: Mode::Tasks,
+        runtime_threads: None,
+        backup: None,
+        subjects: sealed.then(subjects),
+    }
+}
+
+/// Alternated runs of `writers` without and with subjects: (without, with) appends/s.
+fn alternate(
+    args: &SubjectsArgs,
+    writers: usize,
+    events: u64,
+) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let store_dir = args.dir.join("writers");
+    let (mut plain, mut sealed) = (Vec::new(), Vec::new());
+    for run in 0..args.runs {
+        let p = append_run(
+            &writers_args(&args.dir, writers, events, false),
+            Durability::Synced,
+            &store_dir,
+        )?;
+        let s = append_run(
+            &writers_args(&args.dir, writers, events, true),
+            Durability::Synced,
+            &store_dir,
+        )?;
+        eprintln!(
+            "{writers} writer(s), run {}: {:.0} appends/s plain, {:.0} sealed",
+            run + 1,
+            p.appends_per_sec,
+            s.appends_per_sec
+        );
+        plain.push(p.appends_per_sec);
+        sealed.push(s.appends_per_sec);
+    }
+    let _ = std::fs::remove_dir_all(&store_dir);
+    Ok((plain, sealed))
+}
+
+/// A store of `events` events, 256-byte data, each tagged with one of 100,000 entities, sealed
+/// when `subjects` is given; built 4,096 events to an append.
+fn build(dir: &Path, events: u64, subjects: Option<SubjectOptions>) -> Result<Store, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let options = Options {
+        subjects,
+        ..bench_options(Durability::Synced)
+    };
+    let store = Store::open(dir, options).map_err(|e| e.to_string())?;
+    let payload = Bytes::from(vec![b'y'; 256]);
+    let mut position = 0;
+    while position < events {
+        let n = 4096.min(events - position);
+        let batch: Vec<NewEvent> = (0..n)
+            .map(|i| {
+                let p = position + i;
+                NewEvent::new("Deposited", payload.clone())
+                    .tag(format!("entity:{}", p % ENTITIES))
+                    .tag(format!("region:{}", p % 16))
+            })
+            .collect();
+        position = store.append(&batch, None).map_err(|e| e.to_string())?;
+    }
+    Ok(store)
+}
+
+/// Full scans (median of three, events/s) and selective reads (latency) of `store`.
+fn reads(store: &Store, reads: u64) -> Result<(f64, Histogram<u64>), String> {
+    let head = store.head();
+    let mut scans = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let mut bytes = 0usize;
+        for event in store
+            .read(&Query::all(), ReadOptions::forwards())
+            .map_err(|e| e.to_string())?
+        {
+            bytes += event.map_err(|e| e.to_string())?.data().len();
+        }
+        if bytes != head as usize * 256 {
+            return Err(format!("a full scan read {bytes} bytes of data"));
+        }
+        scans.push(head as f64 / started.elapsed().as_secs_f64());
+    }
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut latency = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let per_entity = head / ENTITIES;
+    for _ in 0..reads {
+        let query = Query::item(QueryItem::tags([format!(
+            "entity:{}",
+            rng.gen_range(0..ENTITIES)
+        )]));
+        let t = Instant::now();
+        let mut n = 0;
+        for event in store
+            .read(&query, ReadOptions::forwards())
+            .map_err(|e| e.to_string())?
+        {
+            n += event.map_err(|e| e.to_string())?.data().len().min(1) as u64;
+        }
+        latency.record(t.elapsed().as_nanos() as u64).ok();
+        if n != per_entity {
+            return Err(format!(
+                "a selective read found {n} events, expected {per_entity}"
+            ));
+        }
+    }
+    Ok((median(scans), latency))
+}
+
+/// Erases a subject with `events` events and one with a single event, each in a store of its
+/// own making: the seconds each erasure took (key file rewritten and synced, receipt synced).
+fn erasures(dir: &Path, events: u64) -> Result<(f64, f64, u64), String> {
+    let store = {
+        let _ = std::fs::remove_dir_all(dir);
+        let options = Options {
+            subjects: Some(subjects()),
+            ..bench_options(Durability::Synced)
+        };
+        Store::open(dir, options).map_err(|e| e.to_string())?
+    };
+    let payload = Bytes::from(vec![b'z'; 256]);
+    let mut written = 0;
+    while written < events {
+        let n = 4096.min(events - written);
+        let batch: Vec<NewEvent> = (0..n)
+            .map(|i| {
+                NewEvent::new("Moved", payload.clone())
+                    .tag("entity:big")
+                    .tag(format!("region:{}", (written + i) % 16))
+            })
+            .collect();
+        store.append(&batch, None).map_err(|e| e.to_string())?;
+        written += n;
+    }
+    // A thousand other subjects, so that the key file is not trivially small.
+    for i in 0..1000 {
+        let e = NewEvent::new("Moved", payload.clone()).tag(format!("entity:{i}"));
+        store.append(&[e], None).map_err(|e| e.to_string())?;
+    }
+    let t = Instant::now();
+    let big = store
+        .erase_subject("entity:big")
+        .map_err(|e| e.to_string())?;
+    let big_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let small = store.erase_subject("entity:7").map_err(|e| e.to_string())?;
+    let small_s = t.elapsed().as_secs_f64();
+    if big.events != events || small.events != 1 {
+        return Err(format!("erased {} and {} events", big.events, small.events));
+    }
+    store.close().map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(dir);
+    Ok((big_s, small_s, big.events))
+}
+
+pub fn run(args: SubjectsArgs) -> Result<Value, String> {
+    let _ = std::fs::remove_dir_all(&args.dir);
+    std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let floor = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
+    let (plain64, sealed64) = alternate(&args, 64, args.events)?;
+    let (plain1, sealed1) = alternate(&args, 1, (args.events / 10).max(1000))?;
+    let floor_after = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
+
+    let plain_store = build(&args.dir.join("read-plain"), args.read_events, None)?;
+    let sealed_store = build(
+        &args.dir.join("read-sealed"),
+        args.read_events,
+        Some(subjects()),
+    )?;
+    let (plain_scan, plain_lat) = reads(&plain_store, args.reads)?;
+    let (sealed_scan, sealed_lat) = reads(&sealed_store, args.reads)?;
+    eprintln!("full scan: {plain_scan:.0} events/s plain, {sealed_scan:.0} sealed");
+    plain_store.close().map_err(|e| e.to_string())?;
+    sealed_store.close().map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(args.dir.join("read-plain"));
+    let _ = std::fs::remove_dir_all(args.dir.join("read-sealed"));
+
+    let (big_s, small_s, big_events) = erasures(&args.dir.join("erase"), args.erase_events)?;
+    eprintln!("erasing {big_events} events: {big_s:.4} s; 1 event: {small_s:.4} s");
+
+    let ratio = |a: f64, b: f64| (a / b * 100.0).round() / 100.0;
+    let p99 = |h: &Histogram<u64>| h.value_at_quantile(0.99) as f64;
+    Ok(json!({
+        "bench": "subjects",
+        "fsync_floor_per_sec": floor,
+        "fsync_floor_before_after": [floor, floor_after],
+        "writers_64_d3": {
+            "workload": "conditional_append, 1 event of 256 bytes, tags stream:<writer> and entity:<one of 100,000>, 64 async writers, embedded",
+            "runs_plain": plain64, "runs_sealed": sealed64,
+            "plain_appends_per_sec": median(plain64.clone()),
+            "sealed_appends_per_sec": median(sealed64.clone()),
+            "ratio_sealed_to_plain": ratio(median(sealed64), median(plain64)),
+        },
+        "writers_1_d3": {
+            "runs_plain": plain1, "runs_sealed": sealed1,
+            "plain_appends_per_sec": median(plain1.clone()),
+            "sealed_appends_per_sec": median(sealed1.clone()),
+            "ratio_sealed_to_plain": ratio(median(sealed1), median(plain1)),
+        },
+        "reads": {
+            "events": args.read_events,
+            "full_scan_events_per_sec_plain": plain_scan,
+            "full_scan_events_per_sec_sealed": sealed_scan,
+            "full_scan_ratio_sealed_to_plain": ratio(sealed_scan, plain_scan),
+            "selective_latency_plain_ns": latency_json(&plain_lat),
+            "selective_latency_sealed_ns": latency_json(&sealed_lat),
+            "selective_p99_ratio_sealed_to_plain": ratio(p99(&sealed_lat), p99(&plain_lat)),
+        },
+        "erase": {
+            "events_of_the_large_subject": big_events,
+            "seconds_large": big_s,
+            "seconds_one_event": small_s,
+        },
+    }))
+}
