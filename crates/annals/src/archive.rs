@@ -44,6 +44,60 @@ pub fn keys_name(epoch: u64, offset: u64) -> String {
     format!("{KEYS_DIR}/{epoch:020}-{offset:020}")
 }
 
+/// The newest epoch of key objects in a backup, and the length of the key file they hold.
+#[cfg(feature = "object-store")]
+pub fn keys_extent(
+    objects: &crate::objects::Objects,
+) -> Result<Option<(u64, u64)>, crate::objects::ObjectError> {
+    let mut newest: Option<(u64, u64)> = None;
+    for l in objects.list(KEYS_DIR, None)? {
+        if let Some((epoch, offset)) = parse_keys_name(&l.name) {
+            let end = offset + l.size;
+            newest = match newest {
+                Some((e, len)) if e > epoch || (e == epoch && len >= end) => Some((e, len)),
+                _ => Some((epoch, end)),
+            };
+        }
+    }
+    Ok(newest)
+}
+
+/// The key file a backup holds: the objects of its newest epoch, put back together (None
+/// without key objects).
+#[cfg(feature = "object-store")]
+pub fn read_keys(objects: &crate::objects::Objects) -> Result<Option<Vec<u8>>, String> {
+    let url = objects.url();
+    let mut parts: Vec<(u64, u64, String)> = Vec::new();
+    for l in objects
+        .list(KEYS_DIR, None)
+        .map_err(|e| format!("{url}: {e}"))?
+    {
+        if let Some((epoch, offset)) = parse_keys_name(&l.name) {
+            parts.push((epoch, offset, l.name));
+        }
+    }
+    let Some(newest) = parts.iter().map(|p| p.0).max() else {
+        return Ok(None);
+    };
+    parts.retain(|p| p.0 == newest);
+    parts.sort();
+    let mut bytes = Vec::new();
+    for (_, offset, name) in parts {
+        if offset != bytes.len() as u64 {
+            return Err(format!(
+                "{url}: {name} does not follow the key file's {} bytes before it",
+                bytes.len()
+            ));
+        }
+        let (part, _) = objects
+            .get(&name)
+            .map_err(|e| format!("{url}: {e}"))?
+            .ok_or_else(|| format!("{url}: {name} was listed and is gone"))?;
+        bytes.extend_from_slice(&part);
+    }
+    Ok(Some(bytes))
+}
+
 /// The epoch and offset a key object's name stands for.
 pub fn parse_keys_name(name: &str) -> Option<(u64, u64)> {
     let rest = name.strip_prefix(KEYS_DIR)?.strip_prefix('/')?;

@@ -182,7 +182,7 @@ fn check_manifest(objects: &Objects) -> Result<Option<Manifest>, StoreError> {
 /// restore to a position before it).
 pub fn restore_keys(from: &BackupOptions, dir: &std::path::Path) -> Result<bool, StoreError> {
     let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
-    let Some(bytes) = backup_keys(&objects)? else {
+    let Some(bytes) = crate::archive::read_keys(&objects).map_err(StoreError::Backup)? else {
         return Ok(false);
     };
     crate::io::write_file_durably(&crate::io::RealIo, dir, crate::keys::KEYS_FILE, &bytes)
@@ -198,40 +198,6 @@ pub fn holds_keys(from: &BackupOptions) -> Result<bool, StoreError> {
         .list(crate::archive::KEYS_DIR, None)
         .map_err(|e| object_error(objects.url(), e))?;
     Ok(!listed.is_empty())
-}
-
-/// The key file the backup holds: the objects of its newest epoch, put back together.
-fn backup_keys(objects: &Objects) -> Result<Option<Vec<u8>>, StoreError> {
-    let url = objects.url();
-    let mut parts: Vec<(u64, u64, String)> = Vec::new();
-    for l in objects
-        .list(crate::archive::KEYS_DIR, None)
-        .map_err(|e| object_error(url, e))?
-    {
-        if let Some((epoch, offset)) = crate::archive::parse_keys_name(&l.name) {
-            parts.push((epoch, offset, l.name));
-        }
-    }
-    let Some(newest) = parts.iter().map(|p| p.0).max() else {
-        return Ok(None);
-    };
-    parts.retain(|p| p.0 == newest);
-    parts.sort();
-    let mut bytes = Vec::new();
-    for (_, offset, name) in parts {
-        if offset != bytes.len() as u64 {
-            return Err(StoreError::Backup(format!(
-                "{url}: {name} does not follow the key file's {} bytes before it",
-                bytes.len()
-            )));
-        }
-        let (part, _) = objects
-            .get(&name)
-            .map_err(|e| object_error(url, e))?
-            .ok_or_else(|| StoreError::Backup(format!("{url}: {name} was listed and is gone")))?;
-        bytes.extend_from_slice(&part);
-    }
-    Ok(Some(bytes))
 }
 
 /// Restores the backup at `url` into `to`, an empty store: every append in the backup, or

@@ -319,6 +319,19 @@ impl KeyStore {
         self.dir.join(KEYS_FILE)
     }
 
+    /// Takes the keys of `bytes` (a key file, as a backup holds it) in place of those held:
+    /// a read replica following its primary's keys. Its own file is not written.
+    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    pub(crate) fn replace(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut keys = KeyMap::default();
+        let (valid, epoch) = Self::load(&self.path(), bytes, &self.master.read(), &mut keys)?;
+        let mut p = self.pending.lock();
+        *self.keys.write() = keys;
+        p.epoch = epoch;
+        p.len = valid as u64;
+        Ok(())
+    }
+
     /// The key file's epoch and the length of it that is synced.
     pub(crate) fn position(&self) -> (u64, u64) {
         let p = self.pending.lock();

@@ -94,6 +94,7 @@ impl Replica {
             manifest,
             segment_after: None,
             primary_read: None,
+            keys_seen: None,
         };
         // Caught up before the store is handed out: a replica starts where its backup is.
         while follower.poll()? {}
@@ -131,12 +132,16 @@ impl Replica {
         }
     }
 
-    fn refuse(&self, request: Request) {
-        request.reply.send(Err(InputError::ReadOnlyReplica {
+    /// Why a replica takes no append and no erasure: the primary takes them.
+    pub(crate) fn refusal(&self) -> InputError {
+        InputError::ReadOnlyReplica {
             backup: self.state.url.clone(),
             primary: self.state.primary.lock().clone(),
         }
-        .into()));
+    }
+
+    fn refuse(&self, request: Request) {
+        request.reply.send(Err(self.refusal().into()));
     }
 }
 
@@ -217,6 +222,8 @@ struct Follower {
     segment_after: Option<u64>,
     /// When the lease was last read for the primary's name.
     primary_read: Option<Instant>,
+    /// The primary's key file as last taken in (epoch, length).
+    keys_seen: Option<(u64, u64)>,
 }
 
 impl Follower {
@@ -258,11 +265,31 @@ impl Follower {
         self.state.polled.notify_all();
     }
 
+    /// Takes in the primary's key file when it changed: before the records sealed under its
+    /// new keys, which the primary ships after it.
+    fn follow_keys(&mut self) -> Result<(), StoreError> {
+        let Some(keys) = self.shared.keys.clone() else {
+            return Ok(());
+        };
+        let url = self.state.url.clone();
+        let extent = crate::archive::keys_extent(&self.objects)
+            .map_err(|e| StoreError::Backup(format!("{url}: {e}")))?;
+        if extent.is_none() || extent == self.keys_seen {
+            return Ok(());
+        }
+        if let Some(bytes) = crate::archive::read_keys(&self.objects).map_err(StoreError::Backup)? {
+            keys.replace(&bytes)?;
+        }
+        self.keys_seen = extent;
+        Ok(())
+    }
+
     /// Takes in the object after the head, if there is one; true when it did.
     fn poll(&mut self) -> Result<bool, StoreError> {
         let url = self.state.url.clone();
         let err = |e: crate::objects::ObjectError| StoreError::Backup(format!("{url}: {e}"));
         self.read_primary();
+        self.follow_keys()?;
         let next = self.shared.head() + 1;
         let mut object = None;
         for kind in [ObjectKind::Segment, ObjectKind::Chunk] {

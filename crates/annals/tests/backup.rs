@@ -584,3 +584,64 @@ fn subjects_keys_travel_with_the_backup_and_erasure_holds_in_it() {
         .is_err());
     target.close().unwrap();
 }
+
+/// Goal: a read replica of a primary with data subjects reads their events (keys taken from
+/// the backup, followed as the primary makes more), sees an erasure on the primary, and
+/// refuses erasures itself; without the master key it is refused at open.
+#[test]
+fn a_replica_follows_the_subjects_keys_and_erasures() {
+    use annals::{MasterKey, SubjectOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let master = MasterKey::generate().unwrap();
+    let mut opts = options(&url);
+    opts.subjects = Some(SubjectOptions::new(["customer:"], master));
+    let primary = Store::open(dir.path().join("primary"), opts.clone()).unwrap();
+    let moved =
+        |i: u64| NewEvent::new("Moved", format!("address {i}")).tag(format!("customer:{i}"));
+    for i in 0..20 {
+        primary.append(&[moved(i)], None).unwrap();
+    }
+    let shipped = |primary: &Store| {
+        wait_for("the backup ships everything", || {
+            primary.stats().backup.unwrap().lag_positions == 0
+        })
+    };
+    shipped(&primary);
+    let backup = opts.backup.clone().unwrap();
+    let e = Store::open_replica(&backup, plain(&options(&url)))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("master key"), "{e}");
+    let replica = Store::open_replica(&backup, plain(&opts)).unwrap();
+    assert_eq!(all_data(&replica).unwrap(), all_data(&primary).unwrap());
+
+    // New subjects on the primary: their keys follow their events.
+    for i in 20..40 {
+        primary.append(&[moved(i)], None).unwrap();
+    }
+    primary.erase_subject("customer:3").unwrap();
+    shipped(&primary);
+    wait_for("the replica follows", || replica.head() == primary.head());
+    let read = |store: &Store| -> Vec<(bool, Vec<u8>)> {
+        store
+            .read(&annals::Query::all(), annals::ReadOptions::forwards())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.is_erased(), e.data().to_vec()))
+            .collect()
+    };
+    assert_eq!(read(&replica), read(&primary));
+    assert!(read(&replica)[3].0, "the erasure holds on the replica");
+    assert_eq!(read(&replica)[30].1, b"address 30");
+    let e = replica.erase_subject("customer:5").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            annals::AppendError::Input(InputError::ReadOnlyReplica { .. })
+        ),
+        "{e}"
+    );
+    replica.close().unwrap();
+    primary.close().unwrap();
+}

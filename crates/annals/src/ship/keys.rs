@@ -10,24 +10,9 @@ use bytes::Bytes;
 use super::{Failure, Shipper};
 use crate::archive::{keys_name, parse_keys_name, KEYS_DIR};
 use crate::error::StoreError;
-use crate::objects::{Objects, Put};
+use crate::objects::Put;
 
-/// The newest epoch of key objects in the backup, and the length of the file they hold.
-pub(super) fn shipped_keys(
-    objects: &Objects,
-) -> Result<Option<(u64, u64)>, crate::objects::ObjectError> {
-    let mut newest: Option<(u64, u64)> = None;
-    for l in objects.list(KEYS_DIR, None)? {
-        if let Some((epoch, offset)) = parse_keys_name(&l.name) {
-            let end = offset + l.size;
-            newest = match newest {
-                Some((e, len)) if e > epoch || (e == epoch && len >= end) => Some((e, len)),
-                _ => Some((epoch, end)),
-            };
-        }
-    }
-    Ok(newest)
-}
+pub(super) use crate::archive::keys_extent as shipped_keys;
 
 impl Shipper {
     /// Puts what the key file gained since the last put, before records that may be sealed

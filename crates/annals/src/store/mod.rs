@@ -689,6 +689,7 @@ impl Store {
             REPLICAS.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
+        subjects::replica_keys(backup, &options, &dir)?;
         // The copy is derived from object storage: written, never synced (D1), as a mirror.
         let copy = Options {
             durability: Durability::Written,

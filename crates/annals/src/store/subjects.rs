@@ -23,6 +23,25 @@ pub struct Erasure {
     pub in_backup: Option<bool>,
 }
 
+/// A replica of a primary with data subjects starts from the primary's key file in its copy
+/// directory (under the same master key; `replica.rs` follows it as it changes).
+#[cfg(feature = "object-store")]
+pub(super) fn replica_keys(
+    backup: &crate::options::BackupOptions,
+    options: &Options,
+    dir: &Path,
+) -> Result<(), StoreError> {
+    match (&options.subjects, crate::backup::holds_keys(backup)?) {
+        (None, true) => Err(StoreError::Subjects(format!(
+            "{} holds data subjects' keys: give the replica the primary's subject tags and \
+             master key",
+            backup.url
+        ))),
+        (Some(_), true) => crate::backup::restore_keys(backup, dir).map(|_| ()),
+        _ => Ok(()),
+    }
+}
+
 fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -50,14 +69,13 @@ impl Store {
                 dir.display()
             ))),
             (None, _) => Ok(None),
-            (Some(subjects), Backend::Files) => Ok(Some(Arc::new(crate::keys::KeyStore::open(
-                io.clone(),
-                dir,
-                subjects.clone(),
-            )?))),
-            (Some(_), _) => Err(StoreError::InvalidOption(
+            // A replica's copy directory holds the primary's key file (`open_replica`).
+            (Some(subjects), Backend::Files | Backend::Replica) => Ok(Some(Arc::new(
+                crate::keys::KeyStore::open(io.clone(), dir, subjects.clone())?,
+            ))),
+            (Some(_), Backend::Postgres) => Err(StoreError::InvalidOption(
                 "data subjects are kept on segment files only in this build; a store on \
-                 PostgreSQL or a read replica cannot encrypt them yet"
+                 PostgreSQL cannot encrypt them yet"
                     .into(),
             )),
         }
@@ -81,6 +99,10 @@ impl Store {
     /// Idempotent: erasing again answers the first erasure's receipt.
     pub fn erase_subject(&self, tag: &str) -> Result<Erasure, AppendError> {
         let keys = self.shared.keys.as_ref().ok_or(InputError::NoSubjects)?;
+        #[cfg(feature = "object-store")]
+        if let Some((replica, _)) = &self.replica {
+            return Err(replica.refusal().into());
+        }
         if !keys.options().is_subject(tag) {
             return Err(InputError::NotASubject {
                 tag: tag.to_string(),
