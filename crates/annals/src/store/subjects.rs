@@ -31,13 +31,19 @@ pub(super) fn replica_keys(
     options: &Options,
     dir: &Path,
 ) -> Result<(), StoreError> {
-    match (&options.subjects, crate::backup::holds_keys(backup)?) {
-        (None, true) => Err(StoreError::Subjects(format!(
+    let objects = crate::objects::Objects::open_with(&backup.url, &backup.settings)
+        .map_err(StoreError::Backup)?;
+    let keys = crate::archive::read_keys(&objects).map_err(StoreError::Backup)?;
+    match (&options.subjects, keys) {
+        (None, Some(_)) => Err(StoreError::Subjects(format!(
             "{} holds data subjects' keys: give the replica the primary's subject tags and \
              master key",
             backup.url
         ))),
-        (Some(_), true) => crate::backup::restore_keys(backup, dir).map(|_| ()),
+        (Some(_), Some(bytes)) => {
+            crate::io::write_file_durably(&RealIo, dir, crate::keys::KEYS_FILE, &bytes)
+                .map_err(|e| StoreError::io("write the key file", dir, 0, e))
+        }
         _ => Ok(()),
     }
 }
