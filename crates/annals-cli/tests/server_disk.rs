@@ -1,6 +1,8 @@
 //! `annals serve` on a real file system that fills up: a small tmpfs the test mounts (it must
 //! run as root, as CI does; elsewhere it says so and stops, and the simulated disk's full-disk
 //! tests in crates/annals cover the store).
+//! Also the disk going bad under a running server: a byte flipped in a sealed segment, which
+//! the scrub must report in `/health` and `/metrics`.
 
 mod common;
 
@@ -132,4 +134,61 @@ fn a_full_disk_refuses_appends_and_resumes() {
     acknowledged.push("after-restart".into());
     assert_eq!(stored(&server), acknowledged);
     assert!(Instant::now() < deadline);
+}
+
+/// Goal: a byte flipped in a sealed segment of a running server (no backup to repair it from)
+/// is found by the scrub and reported where an operator looks: `/health` says "damaged" and
+/// names the segment, `/metrics` counts it; the server keeps serving the rest.
+#[test]
+fn the_scrub_reports_a_flipped_byte_in_health_and_metrics() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = ServerProcess::start_with_env(
+        &data,
+        &[],
+        &[
+            ("ANNALS_SCRUB_BYTES_PER_SECOND", "1073741824"),
+            ("ANNALS_SCRUB_PAUSE_SECONDS", "0.2"),
+        ],
+    );
+    // About 72 MiB: the first segment (64 MiB) is sealed.
+    let chunk = "d".repeat(900 << 10);
+    for i in 0..80 {
+        let body = append_body(&[("Filled", &["fill"], &format!("{i}:{chunk}"))], None);
+        assert_eq!(server.post("/v1/append", &body).status, 200);
+    }
+    assert!(
+        data.join(annals::files::segment(2)).exists(),
+        "the first segment is sealed"
+    );
+    assert_eq!(server.get("/health").json()["status"], "ok");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(data.join(annals::files::segment(1)))
+        .unwrap();
+    let at = 32 << 20;
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).unwrap();
+    assert_eq!(byte[0], b'd', "the byte is inside an event's data");
+    file.write_all_at(&[b'e'], at).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let health = loop {
+        let health = server.get("/health").json();
+        if health["status"] == "damaged" {
+            break health;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the scrub never reported it: {health}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let reason = health["reason"].as_str().unwrap();
+    assert!(reason.contains(&annals::files::segment(1)), "{reason}");
+    assert!(metric(&server, "annals_scrub_damaged_segments").unwrap_or(0.0) >= 1.0);
+    // The rest still serves: the head, and appends.
+    let body = append_body(&[("After", &["after"], "x")], None);
+    assert_eq!(server.post("/v1/append", &body).status, 200);
 }
