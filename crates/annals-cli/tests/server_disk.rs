@@ -172,7 +172,7 @@ fn the_scrub_reports_a_flipped_byte_in_health_and_metrics() {
     let mut byte = [0u8];
     file.read_exact_at(&mut byte, at).unwrap();
     assert_eq!(byte[0], b'd', "the byte is inside an event's data");
-    file.write_all_at(&[b'e'], at).unwrap();
+    file.write_all_at(b"e", at).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let health = loop {
         let health = server.get("/health").json();
