@@ -127,6 +127,27 @@ pub struct AppendArgs {
     pub(crate) subjects: Option<annals::SubjectOptions>,
 }
 
+/// `writers` async writers of conditional appends of one 256-byte event with two tags, D3:
+/// the load the backup and subjects benchmarks compare with and without their feature.
+pub(crate) fn conditional_writers(dir: &Path, writers: usize, events: u64) -> AppendArgs {
+    AppendArgs {
+        dir: dir.to_path_buf(),
+        writers,
+        batch: 1,
+        events,
+        conditional: true,
+        event_bytes: 256,
+        tags: 2,
+        durability: "d3".into(),
+        runs: 1,
+        preallocate: Preallocation::Adaptive,
+        mode: Mode::Tasks,
+        runtime_threads: None,
+        backup: None,
+        subjects: None,
+    }
+}
+
 /// How a benchmark's clients run: as async tasks on a runtime of a few threads (as in an async
 /// service) or as one OS thread each, blocking in the store's calls.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 
 use annals::backup::{restore, RestoreLimit};
 use annals::objects::Objects;
-use annals::{BackupOptions, Durability, Options, Preallocation, Query, ReadOptions, Store};
+use annals::{BackupOptions, Durability, Options, Query, ReadOptions, Store};
 use annals_testkit::s3::S3Server;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
-use crate::bench::{append_run, fsync_floor, latency_json, median, AppendArgs, Mode};
+use crate::bench::{
+    append_run, conditional_writers, fsync_floor, latency_json, median, AppendArgs,
+};
 use crate::bench_http::{run_against, start_server, Workload};
 
 #[derive(clap::Args)]
@@ -43,20 +45,8 @@ pub struct BackupArgs {
 
 fn writers_args(dir: &std::path::Path, events: u64, backup: Option<BackupOptions>) -> AppendArgs {
     AppendArgs {
-        dir: dir.to_path_buf(),
-        writers: 64,
-        batch: 1,
-        events,
-        conditional: true,
-        event_bytes: 256,
-        tags: 2,
-        durability: "d3".into(),
-        runs: 1,
-        preallocate: Preallocation::Adaptive,
-        mode: Mode::Tasks,
-        runtime_threads: None,
         backup,
-        subjects: None,
+        ..conditional_writers(dir, 64, events)
     }
 }
 

@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use annals::{
-    Durability, MasterKey, NewEvent, Options, Preallocation, Query, QueryItem, ReadOptions, Store,
-    SubjectOptions,
+    Durability, MasterKey, NewEvent, Options, Query, QueryItem, ReadOptions, Store, SubjectOptions,
 };
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -21,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::bench::{
-    append_run, bench_options, fsync_floor, latency_json, median, AppendArgs, Mode,
+    append_run, bench_options, conditional_writers, fsync_floor, latency_json, median, AppendArgs,
 };
 
 #[derive(clap::Args)]
@@ -57,20 +56,8 @@ fn subjects() -> SubjectOptions {
 
 fn writers_args(dir: &Path, writers: usize, events: u64, sealed: bool) -> AppendArgs {
     AppendArgs {
-        dir: dir.to_path_buf(),
-        writers,
-        batch: 1,
-        events,
-        conditional: true,
-        event_bytes: 256,
-        tags: 2,
-        durability: "d3".into(),
-        runs: 1,
-        preallocate: Preallocation::Adaptive,
-        mode: Mode::Tasks,
-        runtime_threads: None,
-        backup: None,
         subjects: sealed.then(subjects),
+        ..conditional_writers(dir, writers, events)
     }
 }
 
@@ -106,30 +93,38 @@ fn alternate(
     Ok((plain, sealed))
 }
 
-/// A store of `events` events, 256-byte data, each tagged with one of 100,000 entities, sealed
-/// when `subjects` is given; built 4,096 events to an append.
-fn build(dir: &Path, events: u64, subjects: Option<SubjectOptions>) -> Result<Store, String> {
+/// A fresh store in `dir`, sealing for `subjects` when given, with `events` events appended
+/// 4,096 to an append, the event at each position (from 0) made by `event`.
+fn build(
+    dir: &Path,
+    events: u64,
+    subjects: Option<SubjectOptions>,
+    event: impl Fn(u64) -> NewEvent,
+) -> Result<Store, String> {
     let _ = std::fs::remove_dir_all(dir);
     let options = Options {
         subjects,
         ..bench_options(Durability::Synced)
     };
     let store = Store::open(dir, options).map_err(|e| e.to_string())?;
-    let payload = Bytes::from(vec![b'y'; 256]);
-    let mut position = 0;
-    while position < events {
-        let n = 4096.min(events - position);
-        let batch: Vec<NewEvent> = (0..n)
-            .map(|i| {
-                let p = position + i;
-                NewEvent::new("Deposited", payload.clone())
-                    .tag(format!("entity:{}", p % ENTITIES))
-                    .tag(format!("region:{}", p % 16))
-            })
-            .collect();
-        position = store.append(&batch, None).map_err(|e| e.to_string())?;
+    let mut written = 0;
+    while written < events {
+        let batch: Vec<NewEvent> = (written..events.min(written + 4096)).map(&event).collect();
+        written += batch.len() as u64;
+        store.append(&batch, None).map_err(|e| e.to_string())?;
     }
     Ok(store)
+}
+
+/// A store of `events` events, 256-byte data, each tagged with one of 100,000 entities, sealed
+/// when `subjects` is given.
+fn entities(dir: &Path, events: u64, subjects: Option<SubjectOptions>) -> Result<Store, String> {
+    let payload = Bytes::from(vec![b'y'; 256]);
+    build(dir, events, subjects, |p| {
+        NewEvent::new("Deposited", payload.clone())
+            .tag(format!("entity:{}", p % ENTITIES))
+            .tag(format!("region:{}", p % 16))
+    })
 }
 
 /// Full scans (median of three, events/s) and selective reads (latency) of `store`.
@@ -176,31 +171,15 @@ fn reads(store: &Store, reads: u64) -> Result<(f64, Histogram<u64>), String> {
     Ok((median(scans), latency))
 }
 
-/// Erases a subject with `events` events and one with a single event, each in a store of its
-/// own making: the seconds each erasure took (key file rewritten and synced, receipt synced).
+/// Erases a subject with `events` events and one with a single event, in one store (with a
+/// thousand other subjects): the seconds each erasure took (key file rewritten and synced, receipt synced).
 fn erasures(dir: &Path, events: u64) -> Result<(f64, f64, u64), String> {
-    let store = {
-        let _ = std::fs::remove_dir_all(dir);
-        let options = Options {
-            subjects: Some(subjects()),
-            ..bench_options(Durability::Synced)
-        };
-        Store::open(dir, options).map_err(|e| e.to_string())?
-    };
     let payload = Bytes::from(vec![b'z'; 256]);
-    let mut written = 0;
-    while written < events {
-        let n = 4096.min(events - written);
-        let batch: Vec<NewEvent> = (0..n)
-            .map(|i| {
-                NewEvent::new("Moved", payload.clone())
-                    .tag("entity:big")
-                    .tag(format!("region:{}", (written + i) % 16))
-            })
-            .collect();
-        store.append(&batch, None).map_err(|e| e.to_string())?;
-        written += n;
-    }
+    let store = build(dir, events, Some(subjects()), |p| {
+        NewEvent::new("Moved", payload.clone())
+            .tag("entity:big")
+            .tag(format!("region:{}", p % 16))
+    })?;
     // A thousand other subjects, so that the key file is not trivially small.
     for i in 0..1000 {
         let e = NewEvent::new("Moved", payload.clone()).tag(format!("entity:{i}"));
@@ -230,8 +209,8 @@ pub fn run(args: SubjectsArgs) -> Result<Value, String> {
     let (plain1, sealed1) = alternate(&args, 1, (args.events / 10).max(1000))?;
     let floor_after = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
 
-    let plain_store = build(&args.dir.join("read-plain"), args.read_events, None)?;
-    let sealed_store = build(
+    let plain_store = entities(&args.dir.join("read-plain"), args.read_events, None)?;
+    let sealed_store = entities(
         &args.dir.join("read-sealed"),
         args.read_events,
         Some(subjects()),

@@ -139,13 +139,7 @@ pub fn erase(args: EraseArgs) -> Result<(), String> {
             let store = crate::data::open_store(&dir, options)?;
             let e = store.erase_subject(&args.tag).map_err(|e| e.to_string())?;
             store.close().map_err(|e| e.to_string())?;
-            serde_json::json!({
-                "tag": e.tag,
-                "events": e.events,
-                "receipt": e.receipt,
-                "already": e.already,
-                "erasedAtUs": e.erased_at_us,
-            })
+            annals_server::subjects::erasure_json(&e)
         }
     };
     if args.json {

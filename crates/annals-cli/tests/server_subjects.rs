@@ -18,6 +18,17 @@ fn annals() -> Command {
     Command::new(env!("CARGO_BIN_EXE_annals"))
 }
 
+/// Runs `command`, which must succeed (else its error output fails the test); its stdout.
+fn succeeds(command: &mut Command) -> Vec<u8> {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn new_master_key(dir: &Path, name: &str) -> String {
     let out = annals().args(["master-key", "new"]).output().unwrap();
     assert!(out.status.success());
@@ -170,38 +181,28 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
 
     // The command line on the closed store: erase, then read with the key from the
     // environment.
-    let out = annals()
-        .args(["erase", "customer:42", "--store"])
-        .arg(&dir)
-        .args([
-            "--subject-tags",
-            "customer:",
-            "--master-key-file",
-            &master,
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        annals()
+            .args(["erase", "customer:42", "--store"])
+            .arg(&dir)
+            .args([
+                "--subject-tags",
+                "customer:",
+                "--master-key-file",
+                &master,
+                "--json",
+            ]),
     );
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(answer["events"], 2);
-    let out = annals()
-        .args(["read", "--format", "ndjson", "--store"])
-        .arg(&dir)
-        .env("ANNALS_SUBJECT_TAGS", "customer:")
-        .env("ANNALS_MASTER_KEY_FILE", &master)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        annals()
+            .args(["read", "--format", "ndjson", "--store"])
+            .arg(&dir)
+            .env("ANNALS_SUBJECT_TAGS", "customer:")
+            .env("ANNALS_MASTER_KEY_FILE", &master),
     );
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+    let lines: Vec<serde_json::Value> = String::from_utf8(out)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -215,22 +216,17 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
 
     // The master key rotated: the old one is refused from then on, the new one reads.
-    let out = annals()
-        .args(["master-key", "rotate", "--store"])
-        .arg(&dir)
-        .args([
-            "--subject-tags",
-            "customer:,employee:",
-            "--master-key-file",
-            &master,
-        ])
-        .args(["--new-master-key-file", &other])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        annals()
+            .args(["master-key", "rotate", "--store"])
+            .arg(&dir)
+            .args([
+                "--subject-tags",
+                "customer:,employee:",
+                "--master-key-file",
+                &master,
+            ])
+            .args(["--new-master-key-file", &other]),
     );
     let old_key = annals()
         .args(["read", "--store"])
@@ -257,19 +253,14 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
 
     // A copy carries the sealed events and the keys: the same reads, the same erasures.
     let copy = data.path().join("copy");
-    let out = annals()
-        .args(["copy", "--from"])
-        .arg(&dir)
-        .arg("--to")
-        .arg(&copy)
-        .env("ANNALS_SUBJECT_TAGS", "customer:,employee:")
-        .env("ANNALS_MASTER_KEY_FILE", &master)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        annals()
+            .args(["copy", "--from"])
+            .arg(&dir)
+            .arg("--to")
+            .arg(&copy)
+            .env("ANNALS_SUBJECT_TAGS", "customer:,employee:")
+            .env("ANNALS_MASTER_KEY_FILE", &master),
     );
     let mut copied = ServerProcess::start(&copy, &flags);
     let events = copied.read("{}", "{}");

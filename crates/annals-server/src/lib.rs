@@ -20,7 +20,7 @@ mod openapi;
 mod peers;
 pub mod readmodels;
 mod serve;
-mod subjects;
+pub mod subjects;
 pub mod wire;
 
 use std::net::SocketAddr;

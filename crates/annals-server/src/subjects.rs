@@ -18,6 +18,18 @@ pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<Ap
     router.route("/v1/admin/erase", axum::routing::post(erase))
 }
 
+/// What an erasure did, as `POST /v1/admin/erase` and `annals erase --json` answer it.
+pub fn erasure_json(e: &annals::Erasure) -> serde_json::Value {
+    serde_json::json!({
+        "tag": e.tag,
+        "events": e.events,
+        "receipt": e.receipt,
+        "already": e.already,
+        "erasedAtUs": e.erased_at_us,
+        "inBackup": e.in_backup,
+    })
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EraseBody {
@@ -69,15 +81,8 @@ async fn erase_inner(state: &Arc<AppState>, request: Request) -> Result<Response
     })?;
     match erased {
         Ok((e, rebuilt)) => {
-            let body = serde_json::json!({
-                "readModelsRebuilt": rebuilt,
-                "tag": e.tag,
-                "events": e.events,
-                "receipt": e.receipt,
-                "already": e.already,
-                "erasedAtUs": e.erased_at_us,
-                "inBackup": e.in_backup,
-            });
+            let mut body = erasure_json(&e);
+            body["readModelsRebuilt"] = rebuilt.into();
             Ok(json_response(StatusCode::OK, body.to_string()))
         }
         Err(annals::AppendError::Input(e)) => Err(input_error(&e)),

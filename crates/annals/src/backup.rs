@@ -194,10 +194,13 @@ pub fn restore_keys(from: &BackupOptions, dir: &std::path::Path) -> Result<bool,
 /// key).
 pub fn holds_keys(from: &BackupOptions) -> Result<bool, StoreError> {
     let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
-    let listed = objects
-        .list(crate::archive::KEYS_DIR, None)
-        .map_err(|e| object_error(objects.url(), e))?;
-    Ok(!listed.is_empty())
+    has_keys(&objects)
+}
+
+fn has_keys(objects: &Objects) -> Result<bool, StoreError> {
+    let extent =
+        crate::archive::keys_extent(objects).map_err(|e| object_error(objects.url(), e))?;
+    Ok(extent.is_some())
 }
 
 /// Restores the backup at `url` into `to`, an empty store: every append in the backup, or
@@ -217,12 +220,7 @@ pub fn restore(
         )));
     }
     let manifest = check_manifest(&objects)?;
-    if !to.has_subjects()
-        && !objects
-            .list(crate::archive::KEYS_DIR, None)
-            .map_err(|e| object_error(&url, e))?
-            .is_empty()
-    {
+    if !to.has_subjects() && has_keys(&objects)? {
         return Err(StoreError::Backup(format!(
             "{url} holds data subjects' keys: open the store to restore into with its master \
              key (Options::subjects), then install the keys with backup::restore_keys"

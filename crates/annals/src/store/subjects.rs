@@ -158,27 +158,26 @@ impl Store {
     /// The receipt of `tag`'s erasure: the one in the log, or one appended now.
     fn receipt(&self, tag: &str, at_us: u64, already: bool) -> Result<Erasure, AppendError> {
         let receipts = Query::item(QueryItem::types([SUBJECT_ERASED_TYPE]).and_tags([tag]));
+        let answer = |events, receipt| Erasure {
+            tag: tag.to_string(),
+            events,
+            receipt,
+            already,
+            erased_at_us: at_us,
+            in_backup: None,
+        };
         loop {
             let head = self.head();
-            let found = self
-                .shared
-                .index
-                .read()
-                .first_query_match_after(&receipts, 0);
-            let (events, receipt_count) = {
+            let (events, found) = {
                 let index = self.shared.index.read();
-                let with_tag = index.tag_events_through(tag, head);
-                (with_tag, u64::from(found.is_some_and(|p| p <= head)))
+                let found = index
+                    .first_query_match_after(&receipts, 0)
+                    .filter(|&p| p <= head);
+                (index.tag_events_through(tag, head), found)
             };
-            if let Some(receipt) = found.filter(|&p| p <= head) {
-                return Ok(Erasure {
-                    tag: tag.to_string(),
-                    events: events - receipt_count,
-                    receipt,
-                    already,
-                    erased_at_us: at_us,
-                    in_backup: None,
-                });
+            if let Some(receipt) = found {
+                // The receipt carries the tag too.
+                return Ok(answer(events - 1, receipt));
             }
             let body = serde_json::json!({ "tag": tag, "events": events, "erasedAtUs": at_us });
             let event = NewEvent::new(SUBJECT_ERASED_TYPE, body.to_string()).tag(tag);
@@ -205,16 +204,7 @@ impl Store {
                 true,
             )?;
             match rx.recv().map_err(|_| StoreError::Closed)? {
-                Ok(receipt) => {
-                    return Ok(Erasure {
-                        tag: tag.to_string(),
-                        events,
-                        receipt,
-                        already,
-                        erased_at_us: at_us,
-                        in_backup: None,
-                    })
-                }
+                Ok(receipt) => return Ok(answer(events, receipt)),
                 // Another erasure of the same subject appended its receipt first.
                 Err(AppendError::ConditionFailed { .. }) => continue,
                 Err(e) => return Err(e),
