@@ -15,7 +15,8 @@
 //!      so that erasing any one of them makes the event unreadable
 //! ```
 
-use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
+use aes_gcm::aead::inout::InOutBuf;
+use aes_gcm::aead::{Aead, AeadInOut, Generate, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use zeroize::Zeroize;
 
@@ -152,12 +153,16 @@ pub(crate) fn master_matches(master: &MasterKey, check: &[u8]) -> bool {
 
 /// The cipher of an event naming `keys` (in the order of its tags): the subject's own, or for
 /// several, one under a key derived from all of theirs.
-fn event_cipher(keys: &[&SubjectKey]) -> SubjectKey {
-    if let [one] = keys {
-        return (*one).clone();
-    }
-    let mut ikm = Vec::with_capacity(32 * keys.len());
-    for k in keys {
+fn event_cipher<'a>(keys: impl IntoIterator<Item = &'a SubjectKey>) -> SubjectKey {
+    let mut keys = keys.into_iter();
+    let first = keys
+        .next()
+        .expect("a sealed event names at least one subject");
+    let Some(second) = keys.next() else {
+        return first.clone();
+    };
+    let mut ikm = Vec::with_capacity(32 * SUBJECTS_PER_EVENT_MAX);
+    for k in [first, second].into_iter().chain(keys) {
         ikm.extend_from_slice(&k.0.bytes);
     }
     let mut okm = [0u8; 32];
@@ -254,6 +259,15 @@ pub(crate) fn seal_append(
     let found_keys = keys.keys_for(&tags)?;
     debug_assert_eq!(found_keys.len(), tags.len());
     let key_of = |tag: &str| -> &SubjectKey { &found_keys[index_of[tag]] };
+    // One call to the operating system's generator for all the nonces of the append.
+    let sealed_count = plan.iter().filter(|found| !found.is_empty()).count();
+    let mut nonces = vec![0u8; sealed_count * NONCE_BYTES];
+    getrandom::fill(&mut nonces).map_err(|e| {
+        SealError::Keys(format!(
+            "the operating system's random generator failed: {e}"
+        ))
+    })?;
+    let mut nonces = nonces.chunks_exact(NONCE_BYTES);
     let mut body = Vec::with_capacity(append.body.len() + plan.len() * 64);
     let mut all_ids = true;
     for ((_, entry, layout), found) in Entries::new(append.entries(), append.event_count)
@@ -272,7 +286,9 @@ pub(crate) fn seal_append(
             .iter()
             .map(|&i| key_of(event_tags[i as usize]))
             .collect();
-        seal_entry(&mut body, entry, &layout, found, &subject_keys).map_err(SealError::Keys)?;
+        let nonce = nonces.next().expect("a nonce for each sealed entry");
+        seal_entry(&mut body, entry, &layout, found, &subject_keys, nonce)
+            .map_err(SealError::Keys)?;
     }
     let entries_len = body.len();
     body.extend_from_slice(&append.body[append.entries().len()..]);
@@ -292,41 +308,52 @@ fn set_record_offset(body: &mut [u8], start: usize) {
     body[start + 4..start + 8].copy_from_slice(&offset.to_le_bytes());
 }
 
+/// Appends `entry` to `body` sealed under `keys` with `nonce`: the clear part, the envelope's
+/// header, the nonce, then the metadata and data encrypted in place with their tag.
 fn seal_entry(
     body: &mut Vec<u8>,
     entry: &[u8],
     layout: &EntryLayout,
     subjects: &[u16],
     keys: &[&SubjectKey],
+    nonce: &[u8],
 ) -> Result<(), String> {
     let start = body.len();
     let clear_end = layout.metadata_start as usize;
-    let mut header = vec![ENVELOPE_VERSION, subjects.len() as u8];
+    body.extend_from_slice(&entry[..clear_end]);
+    body.push(ENVELOPE_VERSION);
+    body.push(subjects.len() as u8);
     for &i in subjects {
-        header.extend_from_slice(&i.to_le_bytes());
+        body.extend_from_slice(&i.to_le_bytes());
     }
-    let mut aad = Vec::with_capacity(clear_end - ENTRY_FIXED_BYTES + header.len());
-    aad.extend_from_slice(&entry[ENTRY_FIXED_BYTES..clear_end]);
-    aad.extend_from_slice(&header);
+    // The associated data is contiguous in the sealed entry: id, type, tags, envelope header.
+    let aad_end = body.len();
+    body.extend_from_slice(nonce);
+    let plain_start = body.len();
     let metadata = &entry[layout.metadata_range()];
-    let data = &entry[layout.data_range()];
-    let mut plain = Vec::with_capacity(4 + metadata.len() + data.len());
-    plain.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
-    plain.extend_from_slice(metadata);
-    plain.extend_from_slice(data);
-    let key = event_cipher(keys);
-    let mut envelope = header;
-    let sealed = encrypt(&key.0.cipher, &aad, &plain, &mut envelope);
-    plain.zeroize();
-    sealed?;
-    // The fixed part: lengths and flags change; the id, type and tags are copied as they are.
-    body.extend_from_slice(&entry[..ENTRY_FIXED_BYTES]);
-    body.extend_from_slice(&entry[ENTRY_FIXED_BYTES..clear_end]);
-    body.extend_from_slice(&envelope);
+    body.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
+    body.extend_from_slice(metadata);
+    body.extend_from_slice(&entry[layout.data_range()]);
+    let key = event_cipher(keys.iter().copied());
+    let (head, plain) = body.split_at_mut(plain_start);
+    let nonce = AesNonce::try_from(nonce).expect("a 12-byte nonce");
+    let sealed = key.0.cipher.encrypt_inout_detached(
+        &nonce,
+        &head[start + ENTRY_FIXED_BYTES..aad_end],
+        plain.into(),
+    );
+    let Ok(tag) = sealed else {
+        body[plain_start..].zeroize();
+        body.truncate(start);
+        return Err("encryption failed".into());
+    };
+    body.extend_from_slice(&tag);
+    // The fixed part: lengths and flags change; the id, type and tags are as they were.
     let entry_len = (body.len() - start) as u32;
+    let envelope_len = (body.len() - clear_end - start) as u32;
     body[start..start + 4].copy_from_slice(&entry_len.to_le_bytes());
     set_record_offset(body, start);
-    body[start + 12..start + 16].copy_from_slice(&(envelope.len() as u32).to_le_bytes());
+    body[start + 12..start + 16].copy_from_slice(&envelope_len.to_le_bytes());
     body[start + 16..start + 20].copy_from_slice(&0u32.to_le_bytes());
     body[start + 20] |= FLAG_SEALED;
     Ok(())
@@ -366,7 +393,8 @@ pub(crate) enum Opened {
     Damaged(String),
 }
 
-/// Opens a sealed entry with the keys `key_of` gives for its subjects' tags.
+/// Opens a sealed entry with the keys `key_of` gives for its subjects' tags. The opened entry
+/// is built in one buffer, decrypted straight into it.
 pub(crate) fn open_entry(
     entry: &[u8],
     layout: &EntryLayout,
@@ -377,21 +405,25 @@ pub(crate) fn open_entry(
         return Opened::Damaged("an empty envelope".into());
     };
     let n = n as usize;
-    if version != ENVELOPE_VERSION || n == 0 || envelope.len() < 2 + 2 * n {
+    let header = 2 + 2 * n;
+    if version != ENVELOPE_VERSION
+        || n == 0
+        || n > SUBJECTS_PER_EVENT_MAX
+        || envelope.len() < header + NONCE_BYTES + 4 + TAG_BYTES
+    {
         return Opened::Damaged(format!(
             "an envelope of version {version} with {n} subjects"
         ));
     }
-    let tags: Vec<&str> = crate::event::Tags::of(entry, layout).collect();
-    let mut keys = Vec::with_capacity(n);
+    let mut keys: [Option<SubjectKey>; SUBJECTS_PER_EVENT_MAX] = Default::default();
     let mut erased = false;
-    for i in 0..n {
+    for (i, slot) in keys.iter_mut().enumerate().take(n) {
         let index = u16::from_le_bytes([envelope[2 + 2 * i], envelope[3 + 2 * i]]) as usize;
-        let Some(tag) = tags.get(index) else {
+        let Some(tag) = crate::event::Tags::of(entry, layout).nth(index) else {
             return Opened::Damaged(format!("a subject tag index {index} beyond the tags"));
         };
         match key_of(tag) {
-            KeyState::Live(k) => keys.push(k),
+            KeyState::Live(k) => *slot = Some(k),
             KeyState::Erased => erased = true,
             KeyState::Missing => {
                 return Opened::Damaged(format!("no key for the subject {tag}, and no erasure"))
@@ -400,44 +432,45 @@ pub(crate) fn open_entry(
     }
     let clear_end = layout.metadata_start as usize;
     if erased {
-        return Opened::Erased(rebuild(entry, clear_end, &[], &[]));
+        return Opened::Erased(rebuild_lengths(entry[..clear_end].to_vec(), 0, 0));
     }
-    let header = &envelope[..2 + 2 * n];
-    let mut aad = Vec::with_capacity(clear_end - ENTRY_FIXED_BYTES + header.len());
-    aad.extend_from_slice(&entry[ENTRY_FIXED_BYTES..clear_end]);
-    aad.extend_from_slice(header);
-    let refs: Vec<&SubjectKey> = keys.iter().collect();
-    let key = event_cipher(&refs);
-    let plain = decrypt(&key.0.cipher, &aad, &envelope[2 + 2 * n..]);
-    let Some(mut plain) = plain else {
+    let key = event_cipher(keys[..n].iter().flatten());
+    let nonce = &envelope[header..header + NONCE_BYTES];
+    let (sealed, tag) = envelope[header + NONCE_BYTES..]
+        .split_at(envelope.len() - header - NONCE_BYTES - TAG_BYTES);
+    let mut out = Vec::with_capacity(clear_end + sealed.len());
+    out.extend_from_slice(&entry[..clear_end]);
+    out.resize(clear_end + sealed.len(), 0);
+    let aad = &entry[ENTRY_FIXED_BYTES..clear_end + header];
+    let nonce = AesNonce::try_from(nonce).expect("12 bytes");
+    let tag = aes_gcm::Tag::try_from(tag).expect("16 bytes");
+    let opened = key.0.cipher.decrypt_inout_detached(
+        &nonce,
+        aad,
+        InOutBuf::new(sealed, &mut out[clear_end..]).expect("equal lengths"),
+        &tag,
+    );
+    if opened.is_err() {
         return Opened::Damaged("the envelope does not authenticate under its keys".into());
-    };
-    let opened = match plain.get(..4) {
-        Some(len) => {
-            let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
-            match plain.get(4..4 + len) {
-                Some(metadata) => {
-                    Opened::Clear(rebuild(entry, clear_end, metadata, &plain[4 + len..]))
-                }
-                None => Opened::Damaged("a metadata length beyond the envelope".into()),
-            }
-        }
-        None => Opened::Damaged("an envelope too short".into()),
-    };
-    plain.zeroize();
-    opened
+    }
+    let metadata_len =
+        u32::from_le_bytes(out[clear_end..clear_end + 4].try_into().expect("4 bytes")) as usize;
+    if metadata_len > sealed.len() - 4 {
+        out.zeroize();
+        return Opened::Damaged("a metadata length beyond the envelope".into());
+    }
+    out.drain(clear_end..clear_end + 4);
+    let data_len = out.len() - clear_end - metadata_len;
+    Opened::Clear(rebuild_lengths(out, metadata_len, data_len))
 }
 
-/// The entry with `metadata` and `data` in place of its envelope, not sealed.
-fn rebuild(entry: &[u8], clear_end: usize, metadata: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(clear_end + metadata.len() + data.len());
-    out.extend_from_slice(&entry[..clear_end]);
-    out.extend_from_slice(metadata);
-    out.extend_from_slice(data);
+/// `out` (an entry's clear part followed by its metadata and data) with its lengths set and
+/// its sealed flag cleared.
+fn rebuild_lengths(mut out: Vec<u8>, metadata_len: usize, data_len: usize) -> Vec<u8> {
     let len = out.len() as u32;
     out[0..4].copy_from_slice(&len.to_le_bytes());
-    out[12..16].copy_from_slice(&(data.len() as u32).to_le_bytes());
-    out[16..20].copy_from_slice(&(metadata.len() as u32).to_le_bytes());
+    out[12..16].copy_from_slice(&(data_len as u32).to_le_bytes());
+    out[16..20].copy_from_slice(&(metadata_len as u32).to_le_bytes());
     out[20] &= !FLAG_SEALED;
     out
 }
