@@ -16,11 +16,11 @@ pub struct ServeArgs {
     /// servers may serve one database. Env: ANNALS_STORE
     #[arg(long, value_name = "DIR|URL")]
     store: Option<String>,
-    /// With a store on PostgreSQL: keep the server's copy of the log in DIR across restarts,
-    /// so that a restart after a clean stop reads only what the database committed since
-    /// (it is filled from the database again after a crash, a kill or a failover that lost
-    /// its last append). One server per directory. Env: ANNALS_MIRROR. Default: a temporary
-    /// directory, filled from the database at every start.
+    /// With a store on PostgreSQL, or a replica (--replica-of): keep the server's copy of the
+    /// log in DIR across restarts, so that a restart after a clean stop reads only what the
+    /// database committed (or the backup took in) since (it is filled again after a crash, a
+    /// kill, or a source that lost its last append). One server per directory.
+    /// Env: ANNALS_MIRROR. Default: a temporary directory, filled at every start.
     #[arg(long, value_name = "DIR")]
     mirror: Option<PathBuf>,
     /// Free space of the data directory's file system that the store leaves alone, for
@@ -231,6 +231,10 @@ async fn serve(config: Config) -> Result<(), String> {
     let durability = config.durability;
     let location = config.store_description();
     let exchange = config.exchange.clone();
+    let (source, read) = match config.replica_of.is_some() {
+        true => ("backup", "objects read from the backup"),
+        false => ("database", "appends read from the database"),
+    };
     let server = Server::start(config).await?;
     let report = server.store.open_report().clone();
     let scheme = if tls { "https" } else { "http" };
@@ -241,9 +245,9 @@ async fn serve(config: Config) -> Result<(), String> {
         server.store.head(),
         report.open_ms,
         match (&report.index, &report.mirror) {
-            // A copy of the log filled from the database has no checkpoint to speak of.
+            // A copy of the log filled from its source has no checkpoint to speak of.
             (_, Some(mirror)) if mirror.resumed_at.is_none() =>
-                "index built from the database".to_string(),
+                format!("index built from the {source}"),
             (annals::IndexSource::Checkpoint { scanned_events }, _) =>
                 format!("index from checkpoint, {scanned_events} events scanned after it"),
             (annals::IndexSource::Rebuilt { reason }, _) => format!("index rebuilt: {reason}"),
@@ -256,15 +260,12 @@ async fn serve(config: Config) -> Result<(), String> {
                 format!("kept in {}, used as closed at position {at}", dir.display())
             }
             (Some(dir), None, why) => format!(
-                "kept in {}, filled from the database: {}",
+                "kept in {}, filled from the {source}: {}",
                 dir.display(),
                 why.as_deref().unwrap_or("")
             ),
         };
-        println!(
-            "annals: the log's copy {kept}; {} appends read from the database",
-            mirror.followed
-        );
+        println!("annals: the log's copy {kept}; {} {read}", mirror.followed);
     }
     if let Some(backup) = server.store.stats().backup {
         println!(

@@ -38,8 +38,8 @@ pub struct Config {
     /// A PostgreSQL connection string: the log lives in that database instead of `data_dir`
     /// (see `annals::Store::open_postgres`).
     pub postgres: Option<String>,
-    /// With `postgres`: where the store keeps its copy of the log across restarts
-    /// (`annals::Options::mirror`); None: a temporary directory.
+    /// With `postgres` or `replica_of`: where the store keeps its copy of the log across
+    /// restarts (`annals::Options::mirror`); None: a temporary directory.
     pub mirror: Option<PathBuf>,
     /// Free space the store leaves alone (`annals::Options::disk_reserve_bytes`); None: one
     /// segment's size.
@@ -269,7 +269,7 @@ impl Default for Config {
 ///
 /// ```toml
 /// data_dir = "/var/lib/annals"     # or store = "postgres://...", with
-/// # mirror = "/var/lib/annals-mirror"  # where a PostgreSQL store's copy of the log is kept
+/// # mirror = "/var/lib/annals-mirror"  # where a PostgreSQL store's (or replica's) copy is kept
 /// disk_reserve_bytes = 67108864     # free space left alone; default: one segment
 /// backup = "s3://bucket/prefix"      # ship the log there continuously (s3://, gs://, az://, file://)
 /// # replica_of = "s3://bucket/prefix"  # serve reads from the backup another server writes

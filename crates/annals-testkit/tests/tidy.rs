@@ -350,13 +350,12 @@ fn format_versions_match_the_data_directory_document() {
         }
     }
     // The kept mirror's marker carries its version in its first word.
-    let mirror =
-        std::fs::read_to_string(root().join("crates/annals/src/postgres/mirror.rs")).unwrap();
+    let mirror = std::fs::read_to_string(root().join("crates/annals/src/kept.rs")).unwrap();
     let magic = mirror
         .split("const MAGIC: &str = \"")
         .nth(1)
         .and_then(|rest| rest.split('"').next())
-        .expect("mirror.rs's MAGIC");
+        .expect("kept.rs's MAGIC");
     if !doc.contains(&format!("`{magic}`")) {
         problems.push(format!(
             "the document does not give the mirror's marker `{magic}`"

@@ -42,6 +42,8 @@ mod health;
 mod histogram;
 mod index;
 pub mod io;
+#[cfg(any(feature = "postgres", feature = "object-store"))]
+mod kept;
 mod keys;
 mod limits;
 mod log;

@@ -22,6 +22,7 @@ use crate::archive::{
     MANIFEST, OBJECT_HEADER_BYTES,
 };
 use crate::error::{InputError, StoreError};
+use crate::kept::AppendStamp;
 use crate::log::Log;
 use crate::objects::Objects;
 use crate::options::{BackupOptions, Durability};
@@ -46,6 +47,8 @@ struct ReplicaState {
     last_error: Mutex<Option<String>>,
     /// The last position the backup held when last asked.
     backup_head: AtomicU64,
+    /// The last append taken into the copy, as the backup holds it.
+    last_append: Mutex<AppendStamp>,
     /// Polls finished (refresh waits for the next).
     polls: Mutex<u64>,
     polled: Condvar,
@@ -62,12 +65,19 @@ pub(crate) struct Replica {
 }
 
 impl Replica {
-    /// Fills the copy (`role`, over `shared`) from the backup, then follows it on a thread.
+    /// Fills the copy (`role`, over `shared`, which ends with `last`) from the backup, then
+    /// follows it on a thread.
     pub(crate) fn start(
         backup: &BackupOptions,
         shared: Arc<Shared>,
         role: Arc<WriterRole>,
+        last: AppendStamp,
     ) -> Result<Replica, StoreError> {
+        debug_assert_eq!(
+            last.last,
+            shared.head(),
+            "the copy ends with its last append"
+        );
         let objects =
             Objects::open_with(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
         let url = objects.url().to_string();
@@ -84,6 +94,7 @@ impl Replica {
             Manifest::decode(&manifest.0).map_err(|e| StoreError::Backup(format!("{url}: {e}")))?;
         let state = Arc::new(ReplicaState {
             url,
+            last_append: Mutex::new(last),
             ..ReplicaState::default()
         });
         let mut follower = Follower {
@@ -118,6 +129,11 @@ impl Replica {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+
+    /// The last append taken into the copy (once stopped, the copy's last).
+    pub(crate) fn last_append(&self) -> AppendStamp {
+        *self.state.last_append.lock()
     }
 
     pub(crate) fn stats(&self) -> ReplicaStats {
@@ -209,6 +225,68 @@ impl Log for Replica {
     fn database_stats(&self) -> Option<DatabaseStats> {
         None
     }
+}
+
+/// What identifies a record of the backup, as a kept copy records its last.
+fn stamp(header: &crate::record::RecordHeader) -> AppendStamp {
+    AppendStamp {
+        first: header.first_position,
+        last: header.last_position(),
+        at: header.appended_at_us,
+        bytes: header.body_len as u64,
+    }
+}
+
+/// Whether the backup `backup` names holds `last` (a kept copy's last append): None when it
+/// does, else why not (another backup, or one that lost it).
+pub(crate) fn backup_holds(
+    backup: &BackupOptions,
+    last: AppendStamp,
+) -> Result<Option<String>, StoreError> {
+    if last.last == 0 {
+        return Ok(None);
+    }
+    let objects = Objects::open_with(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
+    let url = objects.url().to_string();
+    let err = |e: crate::objects::ObjectError| StoreError::Backup(format!("{url}: {e}"));
+    // The object holding the append: the one that begins nearest before it.
+    let mut nearest: Option<(u64, String)> = None;
+    for kind in [ObjectKind::Segment, ObjectKind::Chunk] {
+        for listed in objects.list(kind.dir(), None).map_err(err)? {
+            let Some(first) = parse_name(kind, &listed.name) else {
+                continue;
+            };
+            if first <= last.first && nearest.as_ref().is_none_or(|(f, _)| first > *f) {
+                nearest = Some((first, listed.name));
+            }
+        }
+    }
+    let Some((first, name)) = nearest else {
+        return Ok(Some(format!(
+            "{url} holds no object up to position {}",
+            last.first
+        )));
+    };
+    let Some((bytes, _)) = objects.get(&name).map_err(err)? else {
+        return Ok(Some(format!("{url}: object {name} is gone")));
+    };
+    let decoded = decode_object(bytes, Some(first))
+        .map_err(|e| StoreError::Backup(format!("{url}: object {name} is damaged: {e}")))?;
+    let found = decoded
+        .records
+        .iter()
+        .find(|(header, _)| header.first_position == last.first)
+        .map(|(header, _)| stamp(header));
+    Ok(match found {
+        Some(stamp) if stamp == last => None,
+        Some(stamp) => Some(format!(
+            "{url} holds {stamp:?} where the copy's last append is {last:?}"
+        )),
+        None => Some(format!(
+            "{url} holds no append beginning at position {}",
+            last.first
+        )),
+    })
 }
 
 struct Follower {
@@ -360,6 +438,7 @@ impl Follower {
         let url = &self.state.url;
         let mut requests = Vec::new();
         let mut expected = next;
+        let mut last = None;
         for (i, (header, _)) in object.records.iter().enumerate() {
             if header.last_position() < next {
                 continue;
@@ -384,6 +463,7 @@ impl Follower {
                 ))
             })?;
             expected = header.last_position() + 1;
+            last = Some(stamp(header));
             let position = header.first_position;
             requests.push(Request {
                 append,
@@ -406,6 +486,9 @@ impl Follower {
                 "{url}: the replica's copy ends at {head} after object {name}, not at {}",
                 expected - 1
             )));
+        }
+        if let Some(last) = last {
+            *self.state.last_append.lock() = last;
         }
         Ok(())
     }

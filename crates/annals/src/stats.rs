@@ -28,16 +28,18 @@ pub struct OpenReport {
     pub mirror: Option<MirrorKind>,
 }
 
-/// Where a PostgreSQL store's mirror (its copy of the log) came from at open.
+/// Where a PostgreSQL store's mirror (its copy of the log), or a read replica's copy, came
+/// from at open.
 #[derive(Debug, Clone)]
 pub struct MirrorKind {
     /// The directory it is kept in (`Options::mirror`); None: a temporary one.
     pub kept: Option<PathBuf>,
     /// A kept mirror used as it was closed, up to this position.
     pub resumed_at: Option<u64>,
-    /// Why a kept mirror was not used and was filled from the database instead.
+    /// Why a kept mirror was not used and was filled from the database (or the backup)
+    /// instead.
     pub rebuilt: Option<String>,
-    /// Appends read from the database at open.
+    /// Appends read from the database (on a replica: objects read from the backup) at open.
     pub followed: u64,
 }
 

@@ -645,3 +645,100 @@ fn a_replica_follows_the_subjects_keys_and_erasures() {
     replica.close().unwrap();
     primary.close().unwrap();
 }
+
+/// Goal: a replica whose copy is kept (`Options::mirror`) takes in, after a clean close, only
+/// what the backup holds beyond the copy; a copy left by a replica that did not close (no
+/// record of a clean close), or one whose last append the backup does not hold (another
+/// store's backup), is filled again from the backup; either way it serves the primary's log.
+#[test]
+fn a_kept_replica_copy_resumes_after_a_clean_close_and_is_refilled_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let opts = options(&url);
+    let primary = Store::open(dir.path().join("primary"), opts.clone()).unwrap();
+    fill(&primary, 1500);
+    let shipped = |primary: &Store| {
+        wait_for("the backup ships everything", || {
+            primary.stats().backup.unwrap().lag_positions == 0
+        })
+    };
+    shipped(&primary);
+    let backup = opts.backup.clone().unwrap();
+    let kept = dir.path().join("copy");
+    let replica_options = Options {
+        mirror: Some(kept.clone()),
+        ..plain(&opts)
+    };
+    let replica = Store::open_replica(&backup, replica_options.clone()).unwrap();
+    let report = replica.open_report().mirror.clone().unwrap();
+    assert_eq!(report.resumed_at, None);
+    assert!(report.rebuilt.unwrap().contains("none was kept"));
+    assert_eq!(all_data(&replica).unwrap(), all_data(&primary).unwrap());
+    let objects_first = replica.stats().replica.unwrap().objects_read;
+    assert!(objects_first > 1, "filled from {objects_first} objects");
+    let closed_at = replica.head();
+    replica.close().unwrap();
+
+    // Reopened after a clean close: the copy is used; what the primary shipped since is
+    // taken in.
+    fill(&primary, 5);
+    shipped(&primary);
+    let replica = Store::open_replica(&backup, replica_options.clone()).unwrap();
+    let report = replica.open_report().mirror.clone().unwrap();
+    assert_eq!(report.resumed_at, Some(closed_at), "{report:?}");
+    assert_eq!(replica.head(), primary.head());
+    assert_eq!(all_data(&replica).unwrap(), all_data(&primary).unwrap());
+    let objects = replica.stats().replica.unwrap().objects_read;
+    assert!(
+        objects < objects_first,
+        "{objects} objects read after a clean close, {objects_first} to fill"
+    );
+    // One replica per copy: a second is refused while the first holds it.
+    let second = Store::open_replica(&backup, replica_options.clone());
+    assert!(
+        matches!(second, Err(StoreError::Locked { .. })),
+        "{:?}",
+        second.err()
+    );
+    replica.close().unwrap();
+    let other_kept = dir.path().join("copy-2");
+    let other_options = Options {
+        mirror: Some(other_kept.clone()),
+        ..replica_options.clone()
+    };
+    let replica = Store::open_replica(&backup, other_options.clone()).unwrap();
+    replica.close().unwrap();
+    // Its segments cut short as a crash would leave them and the record of its close gone:
+    // filled again.
+    std::fs::remove_file(other_kept.join("closed")).unwrap();
+    let replica = Store::open_replica(&backup, other_options.clone()).unwrap();
+    let report = replica.open_report().mirror.clone().unwrap();
+    assert_eq!(report.resumed_at, None);
+    assert!(
+        report
+            .rebuilt
+            .as_deref()
+            .unwrap()
+            .contains("not closed cleanly"),
+        "{report:?}"
+    );
+    assert_eq!(all_data(&replica).unwrap(), all_data(&primary).unwrap());
+    replica.close().unwrap();
+
+    // Another store's backup at another prefix, followed with this copy: the backup does not
+    // hold the copy's last append, so the copy is filled from it again.
+    let other_url = format!("file://{}/backup-other", dir.path().display());
+    let other_opts = options(&other_url);
+    let other = Store::open(dir.path().join("other"), other_opts.clone()).unwrap();
+    fill(&other, 50);
+    shipped(&other);
+    let other_backup = other_opts.backup.clone().unwrap();
+    let replica = Store::open_replica(&other_backup, other_options).unwrap();
+    let report = replica.open_report().mirror.clone().unwrap();
+    assert_eq!(report.resumed_at, None);
+    assert!(report.rebuilt.is_some(), "{report:?}");
+    assert_eq!(all_data(&replica).unwrap(), all_data(&other).unwrap());
+    replica.close().unwrap();
+    other.close().unwrap();
+    primary.close().unwrap();
+}

@@ -52,6 +52,7 @@ use postgres::{Client, Statement};
 
 use crate::error::StoreError;
 use crate::event::Tags;
+pub(crate) use crate::kept::AppendStamp;
 use crate::log::Log;
 use crate::options::Durability;
 use crate::query::Query;
@@ -65,7 +66,6 @@ mod committer;
 pub(crate) mod companions;
 pub(crate) mod connect;
 mod follow;
-pub(crate) mod mirror;
 mod settle;
 mod sql;
 
@@ -117,7 +117,7 @@ const IDLE_TICK: Duration = Duration::from_millis(10);
 
 const LISTEN_TICK: Duration = Duration::from_millis(100);
 
-/// Whether the database at `url` holds `last`, a kept mirror's last append (see mirror.rs),
+/// Whether the database at `url` holds `last`, a kept mirror's last append (see kept.rs),
 /// as the mirror holds it: None when it does, else why the mirror cannot be used.
 pub(crate) fn holds(url: &str, last: AppendStamp) -> Result<Option<String>, StoreError> {
     let target = Target::parse(url)?;
@@ -393,26 +393,6 @@ impl Log for Remote {
 impl Drop for Remote {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// What identifies an append stored in the database: positions, append time, body size.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct AppendStamp {
-    pub(crate) first: u64,
-    pub(crate) last: u64,
-    pub(crate) at: u64,
-    pub(crate) bytes: u64,
-}
-
-impl AppendStamp {
-    fn of(first: u64, last: u64, at: u64, append: &EncodedAppend) -> AppendStamp {
-        AppendStamp {
-            first,
-            last,
-            at,
-            bytes: append.body.len() as u64,
-        }
     }
 }
 

@@ -44,6 +44,10 @@ mod without_postgres;
 use crate::postgres::Remote;
 #[cfg(not(feature = "postgres"))]
 use without_postgres::Remote;
+#[cfg(any(feature = "postgres", feature = "object-store"))]
+mod kept;
+#[cfg(feature = "object-store")]
+mod replica;
 pub(crate) mod subjects;
 mod submit;
 
@@ -119,9 +123,10 @@ pub struct Store {
     /// The mirror's temporary directory, removed at close.
     #[cfg(feature = "postgres")]
     mirror_dir: Option<std::path::PathBuf>,
-    /// The mirror's directory when it is kept across closes (`Options::mirror`).
-    #[cfg(feature = "postgres")]
-    kept: Option<crate::postgres::mirror::KeptMirror>,
+    /// The mirror's (or a replica's copy's) directory when it is kept across closes
+    /// (`Options::mirror`).
+    #[cfg(any(feature = "postgres", feature = "object-store"))]
+    kept: Option<crate::kept::KeptMirror>,
     /// Where read models' checkpoints and the exchange's snapshots are kept.
     companions: Arc<dyn Companions>,
     /// The continuous backup into object storage (`Options::backup`), once started.
@@ -131,9 +136,10 @@ pub struct Store {
     off_machine: bool,
     /// The background scrub of sealed segments (`Options::scrub`), on files.
     scrub: Option<crate::scrub::Scrub>,
-    /// A read replica's follower of its backup, and its copy's temporary directory.
+    /// A read replica's follower of its backup, and its copy's temporary directory (None:
+    /// the copy is kept, in `kept`).
     #[cfg(feature = "object-store")]
-    replica: Option<(crate::replica::Replica, std::path::PathBuf)>,
+    replica: Option<(crate::replica::Replica, Option<std::path::PathBuf>)>,
 }
 
 const LOCK_FILE: &str = "LOCK";
@@ -398,7 +404,7 @@ impl Store {
             remote: None,
             #[cfg(feature = "postgres")]
             mirror_dir: None,
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "object-store"))]
             kept: None,
             companions: Arc::new(InDirectory {
                 io: io.clone(),
@@ -671,53 +677,6 @@ impl Store {
         None
     }
 
-    /// Opens a read replica of the backup `backup` names (feature `object-store`): a copy of
-    /// the log in a temporary directory, filled from the backup before this returns and then
-    /// following it as the primary ships more. Reads, subscriptions and read models work as
-    /// on any store; appends are refused ([`InputError::ReadOnlyReplica`], naming the
-    /// primary). `options` gives the limits; durability, backup and scrub are the replica's.
-    #[cfg(feature = "object-store")]
-    pub fn open_replica(
-        backup: &crate::options::BackupOptions,
-        options: Options,
-    ) -> Result<Store, StoreError> {
-        use std::sync::atomic::AtomicU64;
-        static REPLICAS: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "annals-replica-{}-{}",
-            std::process::id(),
-            REPLICAS.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        subjects::replica_keys(backup, &options, &dir)?;
-        // The copy is derived from object storage: written, never synced (D1), as a mirror.
-        let copy = Options {
-            durability: Durability::Written,
-            backup: None,
-            scrub: None,
-            mirror: None,
-            checkpoint_on_close: false,
-            checkpoint_interval_events: 0,
-            preallocation: crate::Preallocation::Fallocate,
-            unsynced_bytes_max: 1 << 40,
-            ..options
-        };
-        let opened =
-            Self::open_log(Arc::new(RealIo), &dir, copy, Backend::Replica).and_then(|mut store| {
-                let role = match &store.files {
-                    Some(files) => files.role().clone(),
-                    None => return Err(StoreError::Closed),
-                };
-                let replica = crate::replica::Replica::start(backup, store.shared.clone(), role)?;
-                store.replica = Some((replica, dir.clone()));
-                Ok(store)
-            });
-        if opened.is_err() {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        opened
-    }
-
     /// The backup's state, for appends that wait for it (D4).
     #[cfg(feature = "object-store")]
     pub(crate) fn backup_state(&self) -> Option<&Arc<crate::ship::BackupState>> {
@@ -766,7 +725,15 @@ impl Store {
         if let Some((mut replica, dir)) = self.replica.take() {
             replica.stop();
             let stopped = self.stop_threads();
-            let _ = std::fs::remove_dir_all(dir);
+            match (dir, self.kept.take()) {
+                (Some(dir), _) => {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                (None, Some(kept)) if stopped.is_ok() => {
+                    return self.close_kept_mirror(&kept, replica.last_append(), StoreError::Backup)
+                }
+                _ => {}
+            }
             return stopped;
         }
         let Some(files) = self.files.take() else {

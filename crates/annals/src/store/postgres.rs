@@ -78,8 +78,13 @@ impl Store {
                 (store, None, None)
             }
             Some(dir) => {
-                let (kept, closed) = crate::postgres::mirror::KeptMirror::claim(io.clone(), dir)?;
-                let (store, found) = Self::open_kept_mirror(url, io, &kept, closed, mirror)?;
+                let (kept, closed) = crate::kept::KeptMirror::claim(io.clone(), dir)?;
+                let holds = |last| match last {
+                    crate::kept::AppendStamp { last: 0, .. } => Ok(None),
+                    last => crate::postgres::holds(url, last),
+                };
+                let (store, found) =
+                    Self::open_kept_mirror(io, &kept, closed, mirror, Backend::Postgres, holds)?;
                 (store, Some(kept), Some(found))
             }
         };
@@ -106,75 +111,6 @@ impl Store {
         store.begin_backup(&options, off_machine)
     }
 
-    /// Opens the file store of a kept mirror: as it was closed, when the database holds its
-    /// last append (`closed`, what its clean close recorded), answered with that record; else
-    /// emptied, to be filled from the database, answered with why.
-    fn open_kept_mirror(
-        url: &str,
-        io: Arc<dyn Io>,
-        kept: &crate::postgres::mirror::KeptMirror,
-        closed: Result<crate::postgres::mirror::Closed, String>,
-        options: Options,
-    ) -> Result<(Store, Result<crate::postgres::mirror::Closed, String>), StoreError> {
-        let dir = kept.log_dir();
-        let why_not = match closed {
-            Err(why) => why,
-            Ok(closed) => {
-                let store = Self::open_log(io.clone(), &dir, options.clone(), Backend::Postgres)?;
-                let why_not = if store.head() != closed.head {
-                    format!(
-                        "it ends at position {}, where its close recorded {}",
-                        store.head(),
-                        closed.head
-                    )
-                } else {
-                    let holds = match closed.head {
-                        0 => None,
-                        _ => crate::postgres::holds(url, closed.last)?,
-                    };
-                    match holds {
-                        None => {
-                            kept.consume()?;
-                            return Ok((store, Ok(closed)));
-                        }
-                        Some(why_not) => why_not,
-                    }
-                };
-                drop(store);
-                why_not
-            }
-        };
-        kept.wipe()?;
-        let store = Self::open_log(io, &dir, options, Backend::Postgres)?;
-        debug_assert_eq!(store.head(), 0, "a wiped mirror is empty");
-        Ok((store, Err(why_not)))
-    }
-
-    /// Syncs a kept mirror, then records its clean close (see mirror.rs); the index
-    /// checkpoint is written and synced already.
-    pub(super) fn close_kept_mirror(
-        &self,
-        kept: &crate::postgres::mirror::KeptMirror,
-        last: crate::postgres::AppendStamp,
-    ) -> Result<(), StoreError> {
-        let head = self.head();
-        debug_assert_eq!(last.last, head, "a kept mirror ends with its last append");
-        if last.last != head {
-            // Not recorded as closed: the next open fills it from the database.
-            return Err(StoreError::Database(format!(
-                "the mirror ends at position {head}, its last append at {}",
-                last.last
-            )));
-        }
-        for segment in self.shared.segments.read().iter() {
-            segment
-                .file
-                .sync_data()
-                .map_err(|e| StoreError::io("sync mirror segment", &segment.path, 0, e))?;
-        }
-        kept.close(crate::postgres::mirror::Closed { head, last })
-    }
-
     /// Closes a store that may have a database backend: the backend first (what it has
     /// committed still goes to the mirror's writer), then the threads, then the mirror.
     pub(super) fn shutdown_with_database(&mut self) -> Result<(), StoreError> {
@@ -187,7 +123,9 @@ impl Store {
             let _ = std::fs::remove_dir_all(dir);
         }
         match (self.kept.take(), last_append) {
-            (Some(kept), Some(last)) if result.is_ok() => self.close_kept_mirror(&kept, last),
+            (Some(kept), Some(last)) if result.is_ok() => {
+                self.close_kept_mirror(&kept, last, StoreError::Database)
+            }
             _ => result,
         }
     }

@@ -1,25 +1,26 @@
-//! A PostgreSQL store's mirror kept in a directory across restarts ([`crate::Options::mirror`]).
+//! A copy of the log kept in a directory across restarts ([`crate::Options::mirror`]): a
+//! PostgreSQL store's mirror, or a read replica's copy of its backup.
 //!
-//! A store on PostgreSQL keeps a copy of the log in a file store of its own (the mirror, see
-//! `Store::open_postgres`). By default that copy lives in a temporary directory and the whole
-//! log is read again from the database, and written again, at every open. A kept mirror
-//! survives a clean close, so the next open reads only what the database committed since.
+//! A store on PostgreSQL, and a read replica, keep a copy of the log in a file store of their
+//! own (the mirror, see `Store::open_postgres` and `Store::open_replica`). By default that
+//! copy lives in a temporary directory and the whole log is read again from where it lives
+//! (the database, the backup), and written again, at every open. A kept mirror survives a
+//! clean close, so the next open reads only what was committed (or shipped) since.
 //!
 //! The directory holds `LOCK` (held while a store uses the mirror), `log/` (the file store) and,
 //! only between a clean close and the next open, `closed`: the head the mirror held and its last
 //! append as the database stored it. The marker is removed at open before anything is written to
 //! the mirror, so a mirror whose server crashed, was killed or lost power is never trusted: its
-//! writes were never synced (the database holds the truth), and it is rebuilt. A mirror that was
-//! closed cleanly is used only if the database still holds that last append at the same positions,
-//! with the same append time and size; otherwise (another database, or one restored or failed over
-//! to a copy that lacks it) it is rebuilt as well.
+//! writes were never synced (the database or the backup holds the truth), and it is rebuilt. A
+//! mirror that was closed cleanly is used only if its source still holds that last append at the
+//! same positions, with the same append time and size; otherwise (another database or backup, or
+//! one restored or failed over to a copy that lacks it) it is rebuilt as well.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::StoreError;
 use crate::io::{DirLock, Io, OpenMode};
-use crate::postgres::AppendStamp;
 
 const LOCK: &str = "LOCK";
 const LOG: &str = "log";
@@ -27,6 +28,32 @@ const CLOSED: &str = "closed";
 const CLOSED_TEMP: &str = "closed.tmp";
 /// The first word of the marker, and its version.
 const MAGIC: &str = "annals-mirror 1";
+
+/// What identifies an append where the log lives: positions, append time, body size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AppendStamp {
+    pub(crate) first: u64,
+    pub(crate) last: u64,
+    pub(crate) at: u64,
+    pub(crate) bytes: u64,
+}
+
+impl AppendStamp {
+    #[cfg(feature = "postgres")]
+    pub(crate) fn of(
+        first: u64,
+        last: u64,
+        at: u64,
+        append: &crate::record::EncodedAppend,
+    ) -> AppendStamp {
+        AppendStamp {
+            first,
+            last,
+            at,
+            bytes: append.body.len() as u64,
+        }
+    }
+}
 
 /// What a clean close left: the mirror's head and its last append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
