@@ -350,3 +350,85 @@ fn kill9_during_erasure_leaves_the_subject_whole_or_erased() {
     assert!(server.terminate().success());
     assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
 }
+
+/// Goal: data subjects on PostgreSQL through two `annals serve` on one database. An event
+/// appended on one server reads back whole on the other; an erasure on one holds on the other
+/// at once (its append naming the subject is refused, its reads show no data), and the other
+/// server's hosted read model that saw the subject is rebuilt; the subject's data is in no
+/// `pg_dump`.
+#[test]
+fn an_erasure_on_one_postgres_server_holds_on_the_other() {
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let keys = tempfile::tempdir().unwrap();
+    let master = new_master_key(keys.path(), "master.key");
+    let config = keys.path().join("annals.toml");
+    std::fs::write(&config, "[[read_models]]\nname = \"all\"\n").unwrap();
+    let config = config.display().to_string();
+    let flags = [
+        "--subject-tags",
+        "customer:",
+        "--master-key-file",
+        &master,
+        "--config",
+        &config,
+    ];
+    let a = ServerProcess::start_postgres(&url, &flags);
+    let b = ServerProcess::start_postgres(&url, &flags);
+    let body = append_body(
+        &[("AddressChanged", &["customer:7"], &format!("{MARKER} 7"))],
+        None,
+    );
+    assert_eq!(a.post("/v1/append", &body).status, 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let model_position = |server: &ServerProcess| -> u64 {
+        server.get("/v1/readmodels/all").json()["position"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    while b.head() < a.head() || model_position(&b) < a.head() {
+        assert!(std::time::Instant::now() < deadline, "b follows a");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(b.read("{}", "{}")[0]["data"], format!("{MARKER} 7"));
+
+    let erased = a.post("/v1/admin/erase", r#"{"tag":"customer:7"}"#);
+    assert_eq!(erased.status, 200, "{}", erased.text());
+    assert_eq!(erased.json()["events"], 1);
+    let refused = b.post(
+        "/v1/append",
+        &append_body(&[("Moved", &["customer:7"], "x")], None),
+    );
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    assert_eq!(refused.kind(), "subject_erased");
+    let events = b.read("{}", "{}");
+    assert_eq!(events[0]["erased"], true);
+    assert_eq!(events[0]["data"], "");
+    // b's read model saw the subject: rebuilt from the first event, it reaches the head
+    // again.
+    let rebuilds = |server: &ServerProcess| -> u64 {
+        server.get("/v1/readmodels/all").json()["rebuilds"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rebuilds(&b) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b's read model is rebuilt: {}",
+            b.get("/v1/readmodels/all").text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let dump = Command::new(annals_testkit::bin_dir().unwrap().join("pg_dump"))
+        .args(["-h", "127.0.0.1", "-p", &cluster.port().to_string()])
+        .args(["-U", "postgres", "postgres"])
+        .output()
+        .unwrap();
+    assert!(dump.status.success());
+    let hex: String = MARKER.bytes().map(|b| format!("{b:02x}")).collect();
+    let text = String::from_utf8_lossy(&dump.stdout);
+    assert!(!text.contains(MARKER) && !text.contains(&hex));
+}

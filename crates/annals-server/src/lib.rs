@@ -173,11 +173,14 @@ impl Server {
         let metrics = Arc::new(Metrics::default());
         let read_models = {
             let (store, specs) = (store.clone(), config.read_models.clone());
-            tokio::task::spawn_blocking(move || HostedModels::start(&store, &specs))
-                .await
-                .map_err(|e| e.to_string())??
+            tokio::task::spawn_blocking(move || {
+                let models = Arc::new(HostedModels::start(&store, &specs)?);
+                models.follow_erasures(&store)?;
+                Ok::<_, String>(models)
+            })
+            .await
+            .map_err(|e| e.to_string())??
         };
-        let read_models = Arc::new(read_models);
         let exchange = match &config.exchange {
             Some(exchange) => Some(Arc::new(
                 exchange::Hosted::start(exchange, store.clone()).await?,

@@ -101,6 +101,14 @@ struct Hosted {
 #[derive(Default)]
 pub struct HostedModels {
     models: Mutex<Vec<Hosted>>,
+    /// On a store that other servers append to (PostgreSQL), with data subjects: the thread
+    /// that rebuilds the models that saw a subject another server erased.
+    erasures: Mutex<
+        Option<(
+            Arc<std::sync::atomic::AtomicBool>,
+            std::thread::JoinHandle<()>,
+        )>,
+    >,
 }
 
 /// What a client reads of one model.
@@ -133,7 +141,55 @@ impl HostedModels {
         }
         Ok(HostedModels {
             models: Mutex::new(models),
+            erasures: Mutex::new(None),
         })
+    }
+
+    /// On a store that other servers append to too (PostgreSQL), with data subjects and
+    /// models: follows the erasures' receipts, wherever they were appended, and rebuilds
+    /// the models that saw each erased subject (those of an erasure made here are rebuilt
+    /// again, as its request already did).
+    pub fn follow_erasures(self: &Arc<Self>, store: &Arc<Store>) -> Result<(), String> {
+        if !store.has_subjects() || store.stats().backend != "postgres" {
+            return Ok(());
+        }
+        if self.models.lock().is_empty() {
+            return Ok(());
+        }
+        let receipts = Query::item(QueryItem::types([annals::SUBJECT_ERASED_TYPE]));
+        let mut subscription = store
+            .subscribe(&receipts, store.head())
+            .map_err(|e| format!("following erasures: {e}"))?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (models, store, stopped) = (self.clone(), store.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("annals-erasures".into())
+            .spawn(move || {
+                while !stopped.load(std::sync::atomic::Ordering::Acquire) {
+                    match subscription.next_timeout(Some(std::time::Duration::from_millis(200))) {
+                        Ok(Some(receipt)) => {
+                            for tag in receipt.tags() {
+                                let rebuilt = models.rebuild_seeing(&store, tag);
+                                if !rebuilt.is_empty() {
+                                    tracing::info!(
+                                        subject = tag,
+                                        models = ?rebuilt,
+                                        "read models rebuilt after an erasure"
+                                    );
+                                }
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "following erasures stopped");
+                            break;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| format!("following erasures: {e}"))?;
+        *self.erasures.lock() = Some((stop, thread));
+        Ok(())
     }
 
     pub fn statuses(&self) -> Vec<ModelView> {
@@ -192,6 +248,10 @@ impl HostedModels {
 
     /// Writes a last checkpoint of every model and stops them (blocking).
     pub fn stop(&self) -> Vec<(String, Option<String>)> {
+        if let Some((stop, thread)) = self.erasures.lock().take() {
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            let _ = thread.join();
+        }
         let models = std::mem::take(&mut *self.models.lock());
         models
             .into_iter()

@@ -196,6 +196,8 @@ pub(crate) enum SealError {
     Input(InputError),
     /// The key could not be made or stored: nothing was appended.
     Keys(String),
+    /// The database that keeps the keys did not take a new one: nothing was appended.
+    Unavailable(String),
 }
 
 impl From<InputError> for SealError {

@@ -1366,3 +1366,197 @@ fn appends_are_counted_on_their_routes() {
         store.close().unwrap();
     }
 }
+
+/// Every file under `dir` whose bytes hold `marker`.
+fn files_holding(dir: &Path, marker: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                if bytes.windows(marker.len()).any(|w| w == marker) {
+                    found.push(path);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Goal: data subjects on PostgreSQL. Two servers share one database and its keys table: a
+/// key one server made is the other's too (learned from the table), a subject's data is in
+/// no file of the database's directory, no `pg_dump` and no kept mirror, before or after its
+/// erasure; an erasure on one server holds on the other at once: the other's append naming
+/// the subject is refused (though it still held the key), and its reads show the events
+/// erased once it has taken the receipt in; a third server opening later sees the same. A
+/// wrong master key is refused at open and writes nothing.
+#[test]
+fn subjects_on_postgres_hold_on_every_server() {
+    use annals::{MasterKey, SubjectOptions};
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let kept = tempfile::tempdir().unwrap();
+    let master = MasterKey::generate().unwrap();
+    let options = Options {
+        subjects: Some(SubjectOptions::new(["customer:"], master.clone())),
+        ..small_options()
+    };
+    let a = Store::open_postgres(
+        &cluster.url(),
+        Options {
+            mirror: Some(kept.path().join("mirror")),
+            ..options.clone()
+        },
+    )
+    .unwrap();
+    let b = Store::open_postgres(&cluster.url(), options.clone()).unwrap();
+    let moved = |customer: u64, what: &str| {
+        NewEvent::new("Moved", format!("MARKER-{what}")).tag(format!("customer:{customer}"))
+    };
+    a.append(&[moved(1, "a1")], None).unwrap();
+    // b makes no key of its own for customer:1: it takes a's from the table.
+    b.append(&[moved(1, "b1")], None).unwrap();
+    b.append(&[moved(2, "b2")], None).unwrap();
+    a.append(&[NewEvent::new("Plain", "MARKER-plain")], None)
+        .unwrap();
+    let data = |store: &Store| -> Vec<(bool, Vec<u8>)> {
+        store.refresh().unwrap();
+        read_all(store, &Query::all(), ReadOptions::forwards())
+            .unwrap()
+            .iter()
+            .map(|e| (e.is_erased(), e.data().to_vec()))
+            .collect()
+    };
+    let full = vec![
+        (false, b"MARKER-a1".to_vec()),
+        (false, b"MARKER-b1".to_vec()),
+        (false, b"MARKER-b2".to_vec()),
+        (false, b"MARKER-plain".to_vec()),
+    ];
+    assert_eq!(data(&a), full);
+    assert_eq!(data(&b), full);
+    let dump = |cluster: &Cluster| -> Vec<u8> {
+        let out = std::process::Command::new(annals_testkit::bin_dir().unwrap().join("pg_dump"))
+            .args(["-h", "127.0.0.1", "-p", &cluster.port().to_string()])
+            .args(["-U", "postgres", "postgres"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let nowhere = |when: &str| {
+        cluster.sql("CHECKPOINT");
+        let dumped = dump(&cluster);
+        // A plain event's data is in the dump, as bytea in hex: the dump holds the log.
+        let plain: String = b"MARKER-plain".iter().map(|b| format!("{b:02x}")).collect();
+        assert!(String::from_utf8_lossy(&dumped).contains(&plain));
+        for marker in ["MARKER-a1", "MARKER-b1", "MARKER-b2"] {
+            let hex: String = marker.bytes().map(|b| format!("{b:02x}")).collect();
+            let text = String::from_utf8_lossy(&dumped);
+            assert!(
+                !text.contains(marker) && !text.contains(&hex),
+                "{marker} in pg_dump {when}"
+            );
+            assert_eq!(
+                files_holding(cluster.path(), marker.as_bytes()),
+                Vec::<std::path::PathBuf>::new(),
+                "{marker} in the database's files {when}"
+            );
+            assert_eq!(
+                files_holding(kept.path(), marker.as_bytes()),
+                Vec::<std::path::PathBuf>::new(),
+                "{marker} in the kept mirror {when}"
+            );
+        }
+    };
+    nowhere("before the erasure");
+
+    // The erasure on a; b still holds customer:1's key in memory.
+    cluster.sql(
+        "CREATE TABLE saved_key AS SELECT * FROM annals_subject_keys WHERE tag = 'customer:1'",
+    );
+    let erasure = a.erase_subject("customer:1").unwrap();
+    assert_eq!(erasure.events, 2);
+    assert!(!erasure.already);
+    let refused = b.append(&[moved(1, "late")], None).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            AppendError::Input(InputError::SubjectErased { ref tag }) if tag == "customer:1"
+        ),
+        "{refused:?}"
+    );
+    let erased: Vec<(bool, Vec<u8>)> = data(&b).into_iter().take(4).collect();
+    assert_eq!(
+        erased,
+        vec![
+            (true, Vec::new()),
+            (true, Vec::new()),
+            (false, b"MARKER-b2".to_vec()),
+            (false, b"MARKER-plain".to_vec()),
+        ]
+    );
+    assert_eq!(data(&a), data(&b));
+    // Erasing again on b answers the same receipt.
+    let again = b.erase_subject("customer:1").unwrap();
+    assert!(again.already);
+    assert_eq!(again.receipt, erasure.receipt);
+    a.close().unwrap();
+    b.close().unwrap();
+    nowhere("after the erasure");
+
+    // As if a's process had died after the receipt and before the key's row was erased
+    // (PostgreSQL takes the receipt first): the next server to open finishes the erasure.
+    cluster.sql(
+        "UPDATE annals_subject_keys k SET wrapped = s.wrapped, erased_at_us = NULL \
+         FROM saved_key s WHERE k.tag = s.tag",
+    );
+    assert_eq!(
+        cluster.sql_value(
+            "SELECT count(*) FROM annals_subject_keys WHERE wrapped IS NOT NULL \
+             AND tag = 'customer:1'"
+        ),
+        "1"
+    );
+    // A server opened later: the erasure holds; customer:2 reads in full.
+    let c = Store::open_postgres(&cluster.url(), options.clone()).unwrap();
+    assert_eq!(
+        cluster.sql_value(
+            "SELECT count(*) FROM annals_subject_keys WHERE wrapped IS NULL \
+             AND tag = 'customer:1'"
+        ),
+        "1"
+    );
+    assert_eq!(data(&c)[0], (true, Vec::new()));
+    assert_eq!(data(&c)[2], (false, b"MARKER-b2".to_vec()));
+    c.close().unwrap();
+
+    // Another master key: refused, nothing written.
+    let keys_before = cluster.sql_value("SELECT count(*) FROM annals_subject_keys");
+    let wrong = Options {
+        subjects: Some(SubjectOptions::new(
+            ["customer:"],
+            MasterKey::generate().unwrap(),
+        )),
+        ..small_options()
+    };
+    let e = Store::open_postgres(&cluster.url(), wrong).err().unwrap();
+    assert!(e.to_string().contains("master key"), "{e}");
+    assert_eq!(
+        cluster.sql_value("SELECT count(*) FROM annals_subject_keys"),
+        keys_before
+    );
+    // Without subjects, a database holding sealed events is refused too.
+    let e = Store::open_postgres(&cluster.url(), small_options())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("master key"), "{e}");
+}

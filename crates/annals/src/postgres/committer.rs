@@ -345,10 +345,11 @@ impl Committer {
         }
         self.warned.store(false, Ordering::Release);
         let server_id = self.server_id;
+        let subjects = self.inner.keys.is_some();
         let connection = self.connection().map_err(Failed::Known)?;
         let session = connection.session.clone();
         let outcome = if after_lost_race {
-            let probe = probe(head, accepted);
+            let probe = probe(head, accepted, subjects);
             connection
                 .client
                 .query(
@@ -618,6 +619,17 @@ pub(super) fn check(inner: &Shared, head: u64, pending: &mut Vec<Request>) -> Ve
             request.reply.send(outcome);
             continue;
         }
+        // Sealed for a subject that another server erased since (its receipt is in now).
+        if let Some(tag) = inner
+            .keys
+            .as_ref()
+            .and_then(|keys| erased_subject(keys, &request.append))
+        {
+            request
+                .reply
+                .send(Err(crate::error::InputError::SubjectErased { tag }.into()));
+            continue;
+        }
         let first = next;
         let last = first + u64::from(request.append.event_count) - 1;
         next = last + 1;
@@ -628,6 +640,25 @@ pub(super) fn check(inner: &Shared, head: u64, pending: &mut Vec<Request>) -> Ve
         });
     }
     accepted
+}
+
+/// A subject that one of the append's sealed events names and that is erased.
+fn erased_subject(keys: &crate::keys::KeyStore, append: &EncodedAppend) -> Option<String> {
+    sealed_tags(append)
+        .into_iter()
+        .find(|tag| keys.is_erased(tag))
+}
+
+/// The subjects' tags of an append's sealed events.
+pub(super) fn sealed_tags(append: &EncodedAppend) -> Vec<String> {
+    let mut tags = Vec::new();
+    for (_, entry, layout) in Entries::new(append.entries(), append.event_count).trusted() {
+        if layout.sealed {
+            let subjects = crate::seal::sealed_subjects(entry, &layout).unwrap_or_default();
+            tags.extend(subjects.into_iter().map(str::to_string));
+        }
+    }
+    tags
 }
 
 /// The first event of the group's accepted appends after `after` that `query` matches.

@@ -3,20 +3,13 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use crate::companions::Companions;
 
 /// Companion files as rows of `annals_companions` (kind, name, bytes) in the store's database,
 /// over a connection of their own, opened when first needed and again after a failure.
 pub(crate) struct InDatabase {
-    target: super::connect::Target,
-    client: Mutex<Option<postgres::Client>>,
-    /// Set when PostgreSQL says a commit is local only (its standby did not confirm it).
-    warned: Arc<AtomicBool>,
+    connection: super::connect::SideConnection,
 }
 
 const TABLE: &str = "CREATE TABLE IF NOT EXISTS annals_companions (
@@ -25,59 +18,19 @@ const TABLE: &str = "CREATE TABLE IF NOT EXISTS annals_companions (
     bytes bytea NOT NULL,
     PRIMARY KEY (kind, name))";
 
-impl Drop for InDatabase {
-    fn drop(&mut self) {
-        if let Some(client) = self.client.get_mut().take() {
-            crate::postgres::connect::close(client);
-        }
-    }
-}
-
 impl InDatabase {
     pub(crate) fn new(target: super::connect::Target) -> Self {
         InDatabase {
-            target,
-            client: Mutex::new(None),
-            warned: Arc::new(AtomicBool::new(false)),
+            connection: super::connect::SideConnection::new(target, TABLE),
         }
     }
 
-    /// Runs `f` on the connection, connecting (and creating the table) first when there is
-    /// none; a failed call drops the connection, so the next one starts afresh.
-    fn with<T>(
+    fn with<T: Send>(
         &self,
-        f: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error>,
+        f: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error> + Send,
     ) -> io::Result<T> {
-        let mut slot = self.client.lock();
-        if slot.is_none() {
-            let mut client = self
-                .target
-                .connect(Some(self.warned.clone()))
-                .map_err(database_error)?;
-            client.batch_execute(TABLE).map_err(database_error)?;
-            *slot = Some(client);
-        }
-        let client = slot.as_mut().expect("connected above");
-        self.warned.store(false, Ordering::Release);
-        match f(client) {
-            Ok(value) if self.warned.load(Ordering::Acquire) => {
-                drop(value);
-                Err(io::Error::other(
-                    "PostgreSQL committed the write locally but its synchronous standby did not \
-                     confirm it",
-                ))
-            }
-            Ok(value) => Ok(value),
-            Err(e) => {
-                *slot = None;
-                Err(database_error(e))
-            }
-        }
+        self.connection.with(f).map_err(io::Error::other)
     }
-}
-
-fn database_error(e: postgres::Error) -> io::Error {
-    io::Error::other(format!("PostgreSQL: {e}"))
 }
 
 impl Companions for InDatabase {

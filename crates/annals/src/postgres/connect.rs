@@ -245,6 +245,88 @@ fn connector(root_cert: Option<PathBuf>) -> Result<MakeRustlsConnect, String> {
     Ok(MakeRustlsConnect::new(config))
 }
 
+/// A connection of a side table's own (companion files, subjects' keys), opened when first
+/// needed (running `setup`, which creates the table) and again after a failure.
+pub(crate) struct SideConnection {
+    target: Target,
+    setup: &'static str,
+    client: parking_lot::Mutex<Option<Client>>,
+    /// Set when PostgreSQL says a commit is local only (its standby did not confirm it).
+    warned: Arc<AtomicBool>,
+}
+
+impl Drop for SideConnection {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.get_mut().take() {
+            close(client);
+        }
+    }
+}
+
+impl SideConnection {
+    pub(crate) fn new(target: Target, setup: &'static str) -> Self {
+        SideConnection {
+            target,
+            setup,
+            client: parking_lot::Mutex::new(None),
+            warned: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Runs `f` on the connection, connecting first when there is none; a failed call drops
+    /// the connection, so the next one starts afresh. A write the primary committed without
+    /// its synchronous standby's confirmation is an error. Called on a thread that drives an
+    /// async runtime (a server's handler sealing an append for a new subject), it runs on a
+    /// thread of its own: the client blocks on a runtime of its own.
+    pub(crate) fn with<T: Send>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error> + Send,
+    ) -> Result<T, String> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return std::thread::scope(|scope| {
+                scope
+                    .spawn(|| self.with_here(f))
+                    .join()
+                    .unwrap_or_else(|_| Err("a database call panicked".into()))
+            });
+        }
+        self.with_here(f)
+    }
+
+    fn with_here<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, String> {
+        let error = |e: postgres::Error| format!("PostgreSQL: {e}");
+        let mut slot = self.client.lock();
+        if slot.is_none() {
+            let mut client = self
+                .target
+                .connect(Some(self.warned.clone()))
+                .map_err(error)?;
+            client.batch_execute(self.setup).map_err(error)?;
+            *slot = Some(client);
+        }
+        let client = slot.as_mut().expect("connected above");
+        self.warned.store(false, Ordering::Release);
+        match f(client) {
+            Ok(value) if self.warned.load(Ordering::Acquire) => {
+                drop(value);
+                Err(
+                    "PostgreSQL committed the write locally but its synchronous standby did \
+                     not confirm it"
+                        .into(),
+                )
+            }
+            Ok(value) => Ok(value),
+            Err(e) => {
+                *slot = None;
+                Err(error(e))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

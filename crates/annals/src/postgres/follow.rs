@@ -3,6 +3,27 @@
 
 use super::*;
 
+/// Takes in what another server's append tells about subjects before the mirror holds it:
+/// the keys of its sealed events that this server does not hold (learned from the table),
+/// and the erasures its receipts record (their keys dropped).
+fn subjects_of(
+    keys: &crate::keys::KeyStore,
+    append: &EncodedAppend,
+    at: u64,
+) -> Result<(), StoreError> {
+    let mut sealed = Vec::new();
+    for (_, entry, layout) in Entries::new(append.entries(), append.event_count).trusted() {
+        if layout.sealed {
+            sealed.extend(crate::seal::sealed_subjects(entry, &layout).unwrap_or_default());
+        } else if layout.event_type(entry) == crate::subject::SUBJECT_ERASED_TYPE {
+            for tag in Tags::of(entry, &layout).filter(|t| keys.options().is_subject(t)) {
+                keys.mark_erased(tag, at);
+            }
+        }
+    }
+    keys.learn(&sealed)
+}
+
 impl Committer {
     /// Takes into the mirror what the database holds beyond it.
     pub(super) fn follow(&mut self) -> Result<(), StoreError> {
@@ -91,6 +112,7 @@ impl Committer {
         let applied = Arc::new(Applied::default());
         let mut handed = Vec::new();
         let mut bad = None;
+        let mut keys_failed = None;
         for (first, last, at, body) in rows {
             let (first, last, at) = (first as u64, last as u64, at as u64);
             if let Some(awaited) = &mut self.awaited {
@@ -112,6 +134,12 @@ impl Committer {
                     break;
                 }
             };
+            if let Some(keys) = &self.inner.keys {
+                if let Err(e) = subjects_of(keys, &append, at) {
+                    keys_failed = Some(e);
+                    break;
+                }
+            }
             self.last_append = AppendStamp::of(first, last, at, &append);
             applied.expect(1);
             let done = applied.clone();
@@ -132,7 +160,8 @@ impl Committer {
         }
         match applied.wait().or(bad) {
             Some(error) => Err(StoreError::Database(error)),
-            None => Ok(()),
+            // What came before the append whose keys could not be learned is in.
+            None => keys_failed.map_or(Ok(()), Err),
         }
     }
 

@@ -66,6 +66,7 @@ mod committer;
 pub(crate) mod companions;
 pub(crate) mod connect;
 mod follow;
+pub(crate) mod keys;
 mod settle;
 mod sql;
 

@@ -372,8 +372,8 @@ pub(super) fn append_keys(append: &EncodedAppend, keys: &mut Vec<i64>) -> bool {
 /// them all) or else each of its types; and each tracking source. None when any append
 /// could matter: a query that matches every event, or a condition reaching past `head`,
 /// whose `after` counts positions this server has not seen, among which the group's own
-/// appends would move.
-pub(super) fn probe(head: u64, accepted: &[Accepted]) -> Option<Vec<i64>> {
+/// appends would move. With `subjects`, also the tags of the subjects of sealed events.
+pub(super) fn probe(head: u64, accepted: &[Accepted], subjects: bool) -> Option<Vec<i64>> {
     let mut keys = Vec::new();
     for a in accepted {
         if let Some(condition) = &a.request.condition {
@@ -393,6 +393,15 @@ pub(super) fn probe(head: u64, accepted: &[Accepted]) -> Option<Vec<i64>> {
         }
         if let Some((source, _)) = a.request.append.tracking() {
             keys.push(key(KEY_TRACKING, source));
+        }
+        // An append sealed for a subject must not go in after that subject's erasure receipt
+        // (tagged with it): another server's append naming the subject is read and checked.
+        if subjects {
+            keys.extend(
+                sealed_tags(&a.request.append)
+                    .iter()
+                    .map(|tag| key(KEY_TAG, tag)),
+            );
         }
     }
     keys.sort_unstable();

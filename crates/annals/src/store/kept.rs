@@ -15,13 +15,15 @@ impl Store {
         closed: Result<Closed, String>,
         options: Options,
         backend: Backend,
+        table: Option<Arc<dyn crate::keys::KeyTable>>,
         holds: impl FnOnce(AppendStamp) -> Result<Option<String>, StoreError>,
     ) -> Result<(Store, Result<Closed, String>), StoreError> {
         let dir = kept.log_dir();
         let why_not = match closed {
             Err(why) => why,
             Ok(closed) => {
-                let store = Self::open_log(io.clone(), &dir, options.clone(), backend)?;
+                let store =
+                    Self::open_log(io.clone(), &dir, options.clone(), backend, table.clone())?;
                 let why_not = if store.head() != closed.head {
                     format!(
                         "it ends at position {}, where its close recorded {}",
@@ -42,7 +44,7 @@ impl Store {
             }
         };
         kept.wipe()?;
-        let store = Self::open_log(io, &dir, options, backend)?;
+        let store = Self::open_log(io, &dir, options, backend, table)?;
         debug_assert_eq!(store.head(), 0, "a wiped mirror is empty");
         Ok((store, Err(why_not)))
     }

@@ -188,7 +188,7 @@ impl Store {
         options: Options,
     ) -> Result<Store, StoreError> {
         let (local, off_machine) = off_machine_class(options)?;
-        let store = Self::open_log(io, dir, local.clone(), Backend::Files)?;
+        let store = Self::open_log(io, dir, local.clone(), Backend::Files, None)?;
         store.settle_erasures()?;
         store.begin_backup(&local, off_machine)
     }
@@ -232,6 +232,7 @@ impl Store {
         dir: &Path,
         options: Options,
         backend: Backend,
+        table: Option<Arc<dyn crate::keys::KeyTable>>,
     ) -> Result<Store, StoreError> {
         let started = Instant::now();
         options.validate().map_err(StoreError::InvalidOption)?;
@@ -253,7 +254,7 @@ impl Store {
                 StoreError::io("lock data directory", dir.join(LOCK_FILE), 0, e)
             }
         })?;
-        let keys = Self::open_keys(&io, dir, &options, backend)?;
+        let keys = Self::open_keys(&io, dir, &options, backend, table)?;
         let mut segments = recovery::open_segments(io.as_ref(), dir, true)?;
         let counters = Counters::default();
         if segments.is_empty() {

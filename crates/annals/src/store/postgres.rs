@@ -62,6 +62,30 @@ impl Store {
         mirror.preallocation = crate::Preallocation::Fallocate;
         mirror.unsynced_bytes_max = 1 << 40;
         let io: Arc<dyn Io> = Arc::new(RealIo);
+        // The subjects' keys live in the database, beside the log.
+        let table = match &options.subjects {
+            Some(_) if options.backup.is_some() => {
+                return Err(StoreError::InvalidOption(
+                    "a store on PostgreSQL with data subjects cannot have a backup in object \
+                     storage in this build (the backup does not carry the keys table)"
+                        .into(),
+                ))
+            }
+            Some(_) => Some(Arc::new(crate::postgres::keys::SubjectKeys::new(
+                crate::postgres::connect::Target::parse(url)?,
+            )) as Arc<dyn crate::keys::KeyTable>),
+            None => {
+                let target = crate::postgres::connect::Target::parse(url)?;
+                if crate::postgres::keys::database_has_keys(&target)? {
+                    return Err(StoreError::Subjects(
+                        "the database holds data subjects' keys: open it with its master key \
+                         (annals serve --master-key-file FILE, or Options::subjects)"
+                            .into(),
+                    ));
+                }
+                None
+            }
+        };
         // A kept mirror: used as closed, or why it was filled again.
         let (mut store, kept, found) = match &options.mirror {
             None => {
@@ -73,7 +97,7 @@ impl Store {
                     MIRRORS.fetch_add(1, Ordering::Relaxed)
                 ));
                 let _ = std::fs::remove_dir_all(&dir);
-                let mut store = Self::open_log(io, &dir, mirror, Backend::Postgres)?;
+                let mut store = Self::open_log(io, &dir, mirror, Backend::Postgres, table)?;
                 store.mirror_dir = Some(dir);
                 (store, None, None)
             }
@@ -83,8 +107,15 @@ impl Store {
                     crate::kept::AppendStamp { last: 0, .. } => Ok(None),
                     last => crate::postgres::holds(url, last),
                 };
-                let (store, found) =
-                    Self::open_kept_mirror(io, &kept, closed, mirror, Backend::Postgres, holds)?;
+                let (store, found) = Self::open_kept_mirror(
+                    io,
+                    &kept,
+                    closed,
+                    mirror,
+                    Backend::Postgres,
+                    table,
+                    holds,
+                )?;
                 (store, Some(kept), Some(found))
             }
         };
@@ -108,6 +139,8 @@ impl Store {
         });
         store.report.open_ms = started.elapsed().as_secs_f64() * 1e3;
         store.remote = Some(remote);
+        // An erasure whose server stopped before its receipt: any server finishes it.
+        store.settle_erasures()?;
         store.begin_backup(&options, off_machine)
     }
 

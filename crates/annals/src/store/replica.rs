@@ -41,7 +41,7 @@ impl Store {
             ));
             let _ = std::fs::remove_dir_all(&dir);
             let opened = subjects::replica_keys(backup, &options, &dir)
-                .and_then(|()| Self::open_log(io, &dir, copy, Backend::Replica))
+                .and_then(|()| Self::open_log(io, &dir, copy, Backend::Replica, None))
                 .and_then(|store| store.follow_backup(backup, None, Some(dir.clone())));
             if opened.is_err() {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -52,7 +52,7 @@ impl Store {
         subjects::replica_keys(backup, &options, &kept.log_dir())?;
         let holds = |last| crate::replica::backup_holds(backup, last);
         let (mut store, found) =
-            Self::open_kept_mirror(io, &kept, closed, copy, Backend::Replica, holds)?;
+            Self::open_kept_mirror(io, &kept, closed, copy, Backend::Replica, None, holds)?;
         if let Err(why) = &found {
             tracing::info!(
                 dir = %kept_dir.display(),

@@ -62,6 +62,7 @@ impl Store {
         dir: &Path,
         options: &Options,
         backend: Backend,
+        table: Option<Arc<dyn crate::keys::KeyTable>>,
     ) -> Result<Option<Arc<crate::keys::KeyStore>>, StoreError> {
         let has_keys = io
             .list(dir)
@@ -79,11 +80,17 @@ impl Store {
             (Some(subjects), Backend::Files | Backend::Replica) => Ok(Some(Arc::new(
                 crate::keys::KeyStore::open(io.clone(), dir, subjects.clone())?,
             ))),
-            (Some(_), Backend::Postgres) => Err(StoreError::InvalidOption(
-                "data subjects are kept on segment files only in this build; a store on \
-                 PostgreSQL cannot encrypt them yet"
-                    .into(),
-            )),
+            (Some(subjects), Backend::Postgres) => match table {
+                Some(table) => Ok(Some(Arc::new(crate::keys::KeyStore::open_table(
+                    io.clone(),
+                    dir,
+                    subjects.clone(),
+                    table,
+                )?))),
+                None => Err(StoreError::InvalidOption(
+                    "a store on PostgreSQL keeps its subjects' keys in its database".into(),
+                )),
+            },
         }
     }
 
@@ -103,6 +110,11 @@ impl Store {
     /// (`annals.SubjectErased`, tagged with the subject, no personal data) is appended.
     /// Later appends naming the subject are refused ([`InputError::SubjectErased`]).
     /// Idempotent: erasing again answers the first erasure's receipt.
+    ///
+    /// On PostgreSQL the receipt comes first: it is what tells the other servers, which drop
+    /// the key as they take it in (and refuse appends naming the subject that would follow
+    /// it); the key's row is erased next. An open finishes an erasure cut between the two
+    /// either way.
     pub fn erase_subject(&self, tag: &str) -> Result<Erasure, AppendError> {
         let keys = self.shared.keys.as_ref().ok_or(InputError::NoSubjects)?;
         #[cfg(feature = "object-store")]
@@ -117,6 +129,17 @@ impl Store {
             .into());
         }
         crate::record::validate_tag(0, tag, &self.shared.options.limits)?;
+        if keys.in_table() {
+            // What other servers committed counts too, and may hold the receipt already.
+            self.refresh()?;
+            let at_us = now_us();
+            keys.mark_erased(tag, at_us);
+            let mut erasure = self.receipt(tag, at_us, false)?;
+            let erased = keys.erase(tag, erasure.erased_at_us)?;
+            erasure.already |= erased.already;
+            erasure.erased_at_us = erased.at_us;
+            return Ok(erasure);
+        }
         let erased = keys.erase(tag, now_us())?;
         let mut erasure = self.receipt(tag, erased.at_us, erased.already)?;
         erasure.in_backup = self.erasure_in_backup(keys.position().0);
@@ -177,7 +200,10 @@ impl Store {
             };
             if let Some(receipt) = found {
                 // The receipt carries the tag too.
-                return Ok(answer(events - 1, receipt));
+                return Ok(Erasure {
+                    already: true,
+                    ..answer(events - 1, receipt)
+                });
             }
             let body = serde_json::json!({ "tag": tag, "events": events, "erasedAtUs": at_us });
             let event = NewEvent::new(SUBJECT_ERASED_TYPE, body.to_string()).tag(tag);
@@ -228,6 +254,23 @@ impl Store {
                     "the receipt of {tag}'s erasure could not be appended: {other}"
                 )),
             })?;
+        }
+        // A receipt whose key is still there (on PostgreSQL the receipt goes first): the
+        // erasure is finished by deleting the key.
+        let receipts = Query::item(QueryItem::types([SUBJECT_ERASED_TYPE]));
+        let read = self
+            .read(&receipts, ReadOptions::forwards())
+            .map_err(|e| StoreError::Subjects(e.to_string()))?;
+        let mut erased_at = std::collections::HashMap::new();
+        for receipt in read {
+            let receipt = receipt.map_err(|e| StoreError::Subjects(e.to_string()))?;
+            for tag in receipt.tags().filter(|t| keys.options().is_subject(t)) {
+                erased_at.insert(tag.to_string(), receipt.appended_at_us());
+            }
+        }
+        let tags: Vec<&str> = erased_at.keys().map(String::as_str).collect();
+        for tag in keys.still_kept(&tags)? {
+            keys.erase(&tag, erased_at[&tag])?;
         }
         Ok(())
     }

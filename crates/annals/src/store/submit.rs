@@ -231,6 +231,9 @@ impl Store {
                     crate::seal::SealError::Keys(reason) => {
                         AppendError::Store(StoreError::Subjects(reason))
                     }
+                    crate::seal::SealError::Unavailable(reason) => {
+                        AppendError::Store(StoreError::Unavailable { reason })
+                    }
                 })?,
         };
         let limits = &self.shared.options.limits;

@@ -15,6 +15,11 @@
 //!
 //! A record torn by a crash (short, or failing its CRC, at the end) is cut off at open: no
 //! event was sealed under a key that was not synced.
+//!
+//! On PostgreSQL the keys live in a table of the database instead ([`KeyTable`], implemented
+//! in `postgres/keys.rs`): a new key is inserted (committed) before its event is, unless
+//! another server made one for the subject first, whose key is then used; an erasure deletes
+//! the key's row's bytes, keeping the time it was erased.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +35,11 @@ use crate::seal::{
     SealError, SubjectKey, WRAPPED_KEY_BYTES,
 };
 use crate::subject::{MasterKey, SubjectOptions};
+
+mod table;
+pub(crate) use table::KeyTable;
+#[cfg(feature = "postgres")]
+pub(crate) use table::TableRow;
 
 pub(crate) const KEYS_FILE: &str = "subjects.keys";
 const MAGIC: &[u8; 8] = b"ANNKEYS1";
@@ -56,7 +66,8 @@ struct NewKey {
 
 /// Keys made but not yet synced, and the one writer of the file.
 struct Pending {
-    file: Arc<dyn IoFile>,
+    /// The key file (None: the keys live in a table).
+    file: Option<Arc<dyn IoFile>>,
     len: u64,
     /// The file's epoch (its header's).
     epoch: u64,
@@ -70,6 +81,8 @@ struct Pending {
     writing: bool,
     /// A write or sync that failed: no key is made after it (the store is poisoned too).
     failed: Option<String>,
+    /// The last batch a table did not take, and why (a later batch may succeed).
+    refused: Option<(u64, String)>,
 }
 
 /// What an erasure did.
@@ -89,6 +102,8 @@ pub(crate) struct KeyStore {
     keys: RwLock<KeyMap>,
     pending: Mutex<Pending>,
     synced: Condvar,
+    /// Where the keys live when not in the key file.
+    table: Option<Arc<dyn KeyTable>>,
 }
 
 fn subjects_error(path: &Path, what: impl std::fmt::Display) -> StoreError {
@@ -193,7 +208,27 @@ impl KeyStore {
                 .map_err(|e| io_error(&path, "truncate", e))?;
             file.sync_data().map_err(|e| io_error(&path, "sync", e))?;
         }
-        Ok(KeyStore {
+        Ok(Self::with(
+            io,
+            dir,
+            options,
+            keys,
+            Some(file),
+            (len, epoch),
+            None,
+        ))
+    }
+
+    fn with(
+        io: Arc<dyn Io>,
+        dir: &Path,
+        options: SubjectOptions,
+        keys: KeyMap,
+        file: Option<Arc<dyn IoFile>>,
+        (len, epoch): (u64, u64),
+        table: Option<Arc<dyn KeyTable>>,
+    ) -> KeyStore {
+        KeyStore {
             io,
             dir: dir.to_path_buf(),
             master: RwLock::new(options.master_key.clone()),
@@ -209,9 +244,31 @@ impl KeyStore {
                 synced: 0,
                 writing: false,
                 failed: None,
+                refused: None,
             }),
             synced: Condvar::new(),
-        })
+            table,
+        }
+    }
+
+    /// Records that another server erased `tag` at `at_us` (its receipt was taken in): the key
+    /// is dropped from memory, as the table dropped it.
+    pub(crate) fn mark_erased(&self, tag: &str, at_us: u64) {
+        let mut keys = self.keys.write();
+        if !matches!(keys.get(tag), Some(Slot::Erased(_))) {
+            keys.insert(tag.into(), Slot::Erased(at_us));
+        }
+    }
+
+    /// Whether the keys live in a database's table (several servers share them).
+    pub(crate) fn in_table(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// Whether `tag` was erased, as this store knows.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn is_erased(&self, tag: &str) -> bool {
+        matches!(self.keys.read().get(tag), Some(Slot::Erased(_)))
     }
 
     /// Reads the file's keys into `keys`; answers how many bytes of it are valid, and its
@@ -326,6 +383,7 @@ impl KeyStore {
         let mut keys = KeyMap::default();
         let (valid, epoch) = Self::load(&self.path(), bytes, &self.master.read(), &mut keys)?;
         let mut p = self.pending.lock();
+        debug_assert!(p.file.is_some(), "a replica's keys are a key file's");
         *self.keys.write() = keys;
         p.epoch = epoch;
         p.len = valid as u64;
@@ -343,11 +401,14 @@ impl KeyStore {
     #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
     pub(crate) fn read_since(&self, epoch: u64, from: u64) -> Result<Option<Vec<u8>>, StoreError> {
         let p = self.pending.lock();
+        let Some(file) = &p.file else {
+            return Ok(None);
+        };
         if p.epoch != epoch || from > p.len {
             return Ok(None);
         }
         let mut bytes = vec![0; (p.len - from) as usize];
-        crate::io::read_exact_at(p.file.as_ref(), &mut bytes, from)
+        crate::io::read_exact_at(file.as_ref(), &mut bytes, from)
             .map_err(|e| io_error(&self.path(), "read", e))?;
         Ok(Some(bytes))
     }
@@ -358,11 +419,15 @@ impl KeyStore {
         p.begun += 1;
         let batch = p.begun;
         let tags = std::mem::take(&mut p.next);
+        if let Some(table) = self.table.clone() {
+            self.insert_batch(p, table.as_ref(), batch, tags);
+            return;
+        }
         let mut bytes = Vec::new();
         for t in &tags {
             encode_record(&mut bytes, KIND_KEY, t, &p.unsynced[t].wrapped);
         }
-        let file = p.file.clone();
+        let file = p.file.clone().expect("keys on files have a key file");
         let at = p.len;
         let outcome = parking_lot::MutexGuard::unlocked(p, || {
             file.write_at(&bytes, at)?;
@@ -433,10 +498,11 @@ impl KeyStore {
         }
         write_file_durably(self.io.as_ref(), &self.dir, KEYS_FILE, &bytes)
             .map_err(|e| io_error(&path, "rewrite", e))?;
-        p.file = self
-            .io
-            .open(&path, OpenMode::Existing)
-            .map_err(|e| io_error(&path, "open", e))?;
+        p.file = Some(
+            self.io
+                .open(&path, OpenMode::Existing)
+                .map_err(|e| io_error(&path, "open", e))?,
+        );
         p.len = bytes.len() as u64;
         p.epoch = epoch;
         if let Some(new) = new_master {
@@ -454,6 +520,13 @@ impl KeyStore {
     /// Wraps every key under `new` instead of the master key it is under now: the key file
     /// only is written anew (the log is untouched). Answers how many keys were wrapped again.
     pub(crate) fn rotate(&self, new: &MasterKey) -> Result<u64, StoreError> {
+        if self.table.is_some() {
+            return Err(StoreError::InvalidOption(
+                "rotating the master key of a store on PostgreSQL is not built yet (every \
+                 server holds the master key in memory and wraps new keys under it)"
+                    .into(),
+            ));
+        }
         let mut p = self.pending.lock();
         while p.writing || !p.next.is_empty() {
             if p.writing {
@@ -472,6 +545,22 @@ impl KeyStore {
         let mut p = self.pending.lock();
         while p.writing {
             self.synced.wait(&mut p);
+        }
+        if let Some(table) = &self.table {
+            // The table decides (this store may have marked the subject erased already, as
+            // its receipt went in); another server may have erased it first, and the table
+            // keeps the first time.
+            if p.unsynced.remove(tag).is_some() {
+                p.next.retain(|t| &**t != tag);
+            }
+            let at = table
+                .erase(tag, at_us)
+                .map_err(|reason| StoreError::Unavailable { reason })?;
+            self.keys.write().insert(tag.into(), Slot::Erased(at));
+            return Ok(Erased {
+                already: at != at_us,
+                at_us: at,
+            });
         }
         if let Some(Slot::Erased(at)) = self.keys.read().get(tag) {
             return Ok(Erased {
@@ -541,6 +630,11 @@ impl KeySource for KeyStore {
                 return Err(SealError::Keys(reason.clone()));
             }
             if p.synced >= wait_for {
+                if let Some((batch, reason)) = &p.refused {
+                    if *batch >= wait_for {
+                        return Err(SealError::Unavailable(reason.clone()));
+                    }
+                }
                 break;
             }
             if p.writing {
