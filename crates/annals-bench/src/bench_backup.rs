@@ -50,8 +50,20 @@ fn writers_args(dir: &std::path::Path, events: u64, backup: Option<BackupOptions
     }
 }
 
+/// The backup options of `prefix` on the throwaway object store.
+pub(crate) fn s3_backup(s3: &S3Server, prefix: &str) -> BackupOptions {
+    let mut b = BackupOptions::new(s3.url(prefix));
+    for (k, v) in s3.env() {
+        b = b.setting(k, v);
+    }
+    b
+}
+
 /// Sequential single puts of 4 KiB for `seconds`: puts per second and their latency.
-fn put_floor(options: &BackupOptions, seconds: f64) -> Result<(f64, Histogram<u64>), String> {
+pub(crate) fn put_floor(
+    options: &BackupOptions,
+    seconds: f64,
+) -> Result<(f64, Histogram<u64>), String> {
     let objects = Objects::open_with(&options.url, &options.settings)?;
     let mut latency = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
     let payload = Bytes::from(vec![7u8; 4096]);
@@ -85,13 +97,7 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
     for (k, v) in s3.env() {
         std::env::set_var(k, v);
     }
-    let backup = |prefix: &str| {
-        let mut b = BackupOptions::new(s3.url(prefix));
-        for (k, v) in s3.env() {
-            b = b.setting(k, v);
-        }
-        b
-    };
+    let backup = |prefix: &str| s3_backup(&s3, prefix);
     let _ = std::fs::remove_dir_all(&args.dir);
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
 

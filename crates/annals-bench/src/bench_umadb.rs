@@ -58,6 +58,14 @@ pub struct UmadbArgs {
     /// server keeps its files.
     #[arg(long)]
     postgres: bool,
+    /// Serve Annals with every append D4: acknowledged once in a backup in object storage (a
+    /// throwaway SeaweedFS on this machine, its sequential put floor measured before and
+    /// after). UmaDB's server stays D3.
+    #[arg(long)]
+    off_machine: bool,
+    /// The object store's URL prefix for --off-machine (set by the run).
+    #[arg(skip)]
+    backup_url: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -151,10 +159,14 @@ fn start(
     match peer {
         Peer::Annals => {
             let store = database.map_or(dir.as_os_str(), std::ffi::OsStr::new);
+            let run = dir.file_name().and_then(|n| n.to_str()).unwrap_or("run");
+            let (durability, extra) = match &args.backup_url {
+                Some(url) => ("d4", vec!["--backup".to_string(), format!("{url}/{run}")]),
+                None => ("d3", Vec::new()),
+            };
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
             Ok(Server::Annals(crate::bench_http::start_server_on(
-                store,
-                "d3",
-                &[],
+                store, durability, &extra,
             )?))
         }
         Peer::Umadb => {
@@ -492,8 +504,28 @@ impl Postgres {
     }
 }
 
-pub fn run(args: UmadbArgs) -> Result<Value, String> {
+pub fn run(mut args: UmadbArgs) -> Result<Value, String> {
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let s3 = match args.off_machine {
+        true => {
+            let s3 = annals_testkit::s3::S3Server::start()
+                .ok_or("SeaweedFS's weed is not installed: run scripts/setup")?;
+            // The servers this benchmark starts read the endpoint and key from the
+            // environment, as a user's would; this process is single-threaded here.
+            for (k, v) in s3.env() {
+                std::env::set_var(k, v);
+            }
+            args.backup_url = Some(s3.url("umadb-d4"));
+            Some(s3)
+        }
+        false => None,
+    };
+    let put_floor_before = s3
+        .as_ref()
+        .map(|s3| {
+            crate::bench_backup::put_floor(&crate::bench_backup::s3_backup(s3, "floor-1"), 2.0)
+        })
+        .transpose()?;
     let postgres = if args.postgres {
         let cluster = annals_testkit::Cluster::start()
             .ok_or("PostgreSQL is not installed (run scripts/setup)")?;
@@ -538,7 +570,7 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
         "batch": args.batch,
         "event_bytes": args.event_bytes,
         "tags": args.tags,
-        "durability": "d3",
+        "durability": if args.off_machine { "annals d4 (backup in SeaweedFS on this machine), umadb d3" } else { "d3" },
         "seconds": args.seconds,
         "runs": args.runs,
         "fsync_floor_per_sec": floor.round(),
@@ -563,6 +595,16 @@ pub fn run(args: UmadbArgs) -> Result<Value, String> {
         result["commit_floor_per_sec"] = json!(commit.round());
         result["commit_floor_before_after_per_sec"] = json!([before.round(), after.round()]);
         result["annals_to_commit_floor"] = json!(ratio(medians[0], commit));
+    }
+    if let (Some(s3), Some((before, before_latency))) = (&s3, &put_floor_before) {
+        let (after, _) =
+            crate::bench_backup::put_floor(&crate::bench_backup::s3_backup(s3, "floor-2"), 2.0)?;
+        let puts = (before + after) / 2.0;
+        result["object_store"] = json!("SeaweedFS 4.48 (weed mini) on this machine");
+        result["put_floor_per_sec"] = json!(puts.round());
+        result["put_floor_before_after_per_sec"] = json!([before.round(), after.round()]);
+        result["put_floor_p99_ms"] = json!(before_latency.value_at_quantile(0.99) as f64 / 1000.0);
+        result["annals_to_put_floor"] = json!(ratio(medians[0], puts));
     }
     if let Some(i) = peers.iter().position(|&p| p == Peer::Umadb) {
         result["annals_to_umadb"] = json!(ratio(medians[0], medians[i]));
