@@ -88,7 +88,9 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
         crate::subjects::subjects(args.subject_tags.as_deref(), args.master_key_file.clone())?;
     if database && subjects.is_some() {
         return Err(
-            "data subjects are kept on segment files only: restore into a directory".into(),
+            "a restore does not carry data subjects' keys into PostgreSQL in this build: \
+             restore into a directory"
+                .into(),
         );
     }
     let backup = annals::BackupOptions::new(&args.from);

@@ -47,8 +47,8 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
     let keys = std::path::Path::new(&args.from).join(KEYS);
     if !annals::is_database_url(&args.from) && keys.exists() && annals::is_database_url(&args.to) {
         return Err(format!(
-            "{} keeps data subjects, which are kept on segment files only: copy it to a \
-             directory",
+            "{} keeps data subjects, and a copy does not carry their keys into PostgreSQL in \
+             this build: copy it to a directory",
             args.from
         ));
     }
