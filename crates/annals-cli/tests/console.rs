@@ -2,8 +2,8 @@
 //! (tests/console/console.test.mjs, installed by scripts/setup), against servers started on
 //! temporary stores: one open, one with API keys, one hosting the exchange. The script builds
 //! queries and checks the rows against the API's own answer, opens events, follows a query
-//! while it appends, shows a bad query's error, asks for a key and refuses a wrong one, and
-//! shows an order book. `ANNALS_CONSOLE_SCREENSHOTS=DIR` keeps a screenshot of each page.
+//! while it appends, shows a bad query's error, shows the store's state and its backup, asks
+//! for a key and refuses a wrong one, and shows an order book. `ANNALS_CONSOLE_SCREENSHOTS=DIR` keeps a screenshot of each page.
 
 mod common;
 
@@ -59,9 +59,12 @@ fn the_console_in_a_browser() {
         "[[read_models]]\nname = \"subscriptions-by-course\"\ntypes = [\"StudentSubscribed\"]\ngroup_by = \"course:\"\n",
     )
     .unwrap();
+    // The open server ships a backup (object_store's local directory), for the store page's
+    // backup cards.
+    let backup = format!("file://{}", dir.path().join("backup").display());
     let open = ServerProcess::start(
         &dir.path().join("open"),
-        &["--config", models.to_str().unwrap()],
+        &["--config", models.to_str().unwrap(), "--backup", &backup],
     );
     for i in 0..30 {
         let course = format!("course:c{}", i % 3);

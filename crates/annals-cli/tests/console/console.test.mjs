@@ -146,6 +146,14 @@ try {
   check(cards.includes('Head position') && cards.includes(String(head)) && cards.includes('healthy') && cards.includes('KiB'),
     'the store page shows the head, the state and the log\'s size');
   check(/Disk free\s*[0-9.]+\s*[KMGT]?i?B/.test(cards), 'the store page shows the disk\'s free space: ' + cards);
+  // The open server ships a backup: its state, lag and bytes shipped.
+  await page.waitForFunction(() => /shipping, shipped through [0-9,]+/.test(document.querySelector('.cards').textContent),
+    null, { timeout: 10000 });
+  const backupCards = await page.textContent('.cards');
+  check(/Backup\s*shipping, shipped through [0-9,]+/.test(backupCards) &&
+    /Backup lag\s*[0-9,]+ positions/.test(backupCards) &&
+    /Backup shipped\s*[0-9.]+\s*[KMGT]?i?B, 0 failures/.test(backupCards),
+    'the store page shows the backup\'s state, lag and bytes shipped: ' + backupCards);
   // Appends while the page samples the metrics, so that its chart has something to draw.
   for (let i = 0; i < 25; i++) {
     await append([{ type: 'ChartCheck', tags: ['chart'], data: '{}' }]);
