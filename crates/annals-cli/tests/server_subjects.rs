@@ -40,26 +40,6 @@ fn new_master_key(dir: &Path, name: &str) -> String {
     path.display().to_string()
 }
 
-fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if std::fs::read(&p)
-                .unwrap_or_default()
-                .windows(needle.len())
-                .any(|w| w == needle)
-            {
-                found.push(p.display().to_string());
-            }
-        }
-    }
-    found
-}
-
 #[test]
 fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() {
     let keys = tempfile::tempdir().unwrap();
@@ -145,10 +125,13 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     }
     assert_eq!(server.head(), head);
     assert!(server.terminate().success());
-    assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
+    assert_eq!(
+        annals_testkit::files_holding(&dir, MARKER.as_bytes()),
+        Vec::<std::path::PathBuf>::new()
+    );
 
     // Another master key: refused at start, nothing written.
-    let before = files_holding(&dir, b"ANNKEYS1");
+    let before = annals_testkit::files_holding(&dir, b"ANNKEYS1");
     let out = annals()
         .arg("serve")
         .arg("--data-dir")
@@ -160,7 +143,7 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("master key"), "{err}");
-    assert_eq!(files_holding(&dir, b"ANNKEYS1"), before);
+    assert_eq!(annals_testkit::files_holding(&dir, b"ANNKEYS1"), before);
     // Subject tags without a master key: refused too.
     let out = annals()
         .arg("serve")
@@ -213,7 +196,10 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     server = ServerProcess::start(&dir, &flags);
     assert_eq!(server.read("{}", "{}")[0]["erased"], true);
     assert!(server.terminate().success());
-    assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
+    assert_eq!(
+        annals_testkit::files_holding(&dir, MARKER.as_bytes()),
+        Vec::<std::path::PathBuf>::new()
+    );
 
     // The master key rotated: the old one is refused from then on, the new one reads.
     succeeds(
@@ -275,8 +261,8 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
     assert_eq!(refused.kind(), "subject_erased");
     assert!(copied.terminate().success());
     assert_eq!(
-        files_holding(&copy, MARKER.as_bytes()),
-        Vec::<String>::new()
+        annals_testkit::files_holding(&copy, MARKER.as_bytes()),
+        Vec::<std::path::PathBuf>::new()
     );
 }
 
@@ -348,7 +334,10 @@ fn kill9_during_erasure_leaves_the_subject_whole_or_erased() {
     eprintln!("{whole} rounds left the subject whole, {erased} erased");
     assert!(erased > 0, "no round erased: the kills came too early");
     assert!(server.terminate().success());
-    assert_eq!(files_holding(&dir, MARKER.as_bytes()), Vec::<String>::new());
+    assert_eq!(
+        annals_testkit::files_holding(&dir, MARKER.as_bytes()),
+        Vec::<std::path::PathBuf>::new()
+    );
 }
 
 /// Goal: data subjects on PostgreSQL through two `annals serve` on one database. An event
@@ -422,13 +411,7 @@ fn an_erasure_on_one_postgres_server_holds_on_the_other() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let dump = Command::new(annals_testkit::bin_dir().unwrap().join("pg_dump"))
-        .args(["-h", "127.0.0.1", "-p", &cluster.port().to_string()])
-        .args(["-U", "postgres", "postgres"])
-        .output()
-        .unwrap();
-    assert!(dump.status.success());
     let hex: String = MARKER.bytes().map(|b| format!("{b:02x}")).collect();
-    let text = String::from_utf8_lossy(&dump.stdout);
+    let text = cluster.dump();
     assert!(!text.contains(MARKER) && !text.contains(&hex));
 }

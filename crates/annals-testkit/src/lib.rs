@@ -532,6 +532,21 @@ impl Cluster {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+
+    /// `pg_dump` of the cluster's `postgres` database, as text; panics on failure.
+    pub fn dump(&self) -> String {
+        let out = Command::new(self.bin.join("pg_dump"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "postgres"])
+            .output()
+            .unwrap_or_else(|e| panic!("run pg_dump: {e}"));
+        assert!(
+            out.status.success(),
+            "pg_dump: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
 }
 
 impl Drop for Cluster {
@@ -696,4 +711,26 @@ pub fn h2spec_bin() -> Option<PathBuf> {
 /// The Python with the clients the tests drive (`ANNALS_PYTHON`).
 pub fn python() -> Option<PathBuf> {
     tool("ANNALS_PYTHON", "python/bin/python")
+}
+
+/// Every file under `dir` whose bytes hold `needle`: where a marker that must never be stored
+/// in the clear was found.
+pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if std::fs::read(&path)
+                .unwrap_or_default()
+                .windows(needle.len())
+                .any(|w| w == needle)
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
 }

@@ -1367,25 +1367,6 @@ fn appends_are_counted_on_their_routes() {
     }
 }
 
-/// Every file under `dir` whose bytes hold `marker`.
-fn files_holding(dir: &Path, marker: &[u8]) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if let Ok(bytes) = std::fs::read(&path) {
-                if bytes.windows(marker.len()).any(|w| w == marker) {
-                    found.push(path);
-                }
-            }
-        }
-    }
-    found
-}
-
 /// Goal: data subjects on PostgreSQL. Two servers share one database and its keys table: a
 /// key one server made is the other's too (learned from the table), a subject's data is in
 /// no file of the database's directory, no `pg_dump` and no kept mirror, before or after its
@@ -1439,39 +1420,25 @@ fn subjects_on_postgres_hold_on_every_server() {
     ];
     assert_eq!(data(&a), full);
     assert_eq!(data(&b), full);
-    let dump = |cluster: &Cluster| -> Vec<u8> {
-        let out = std::process::Command::new(annals_testkit::bin_dir().unwrap().join("pg_dump"))
-            .args(["-h", "127.0.0.1", "-p", &cluster.port().to_string()])
-            .args(["-U", "postgres", "postgres"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
     let nowhere = |when: &str| {
         cluster.sql("CHECKPOINT");
-        let dumped = dump(&cluster);
+        let text = cluster.dump();
         // A plain event's data is in the dump, as bytea in hex: the dump holds the log.
         let plain: String = b"MARKER-plain".iter().map(|b| format!("{b:02x}")).collect();
-        assert!(String::from_utf8_lossy(&dumped).contains(&plain));
+        assert!(text.contains(&plain));
         for marker in ["MARKER-a1", "MARKER-b1", "MARKER-b2"] {
             let hex: String = marker.bytes().map(|b| format!("{b:02x}")).collect();
-            let text = String::from_utf8_lossy(&dumped);
             assert!(
                 !text.contains(marker) && !text.contains(&hex),
                 "{marker} in pg_dump {when}"
             );
             assert_eq!(
-                files_holding(cluster.path(), marker.as_bytes()),
+                annals_testkit::files_holding(cluster.path(), marker.as_bytes()),
                 Vec::<std::path::PathBuf>::new(),
                 "{marker} in the database's files {when}"
             );
             assert_eq!(
-                files_holding(kept.path(), marker.as_bytes()),
+                annals_testkit::files_holding(kept.path(), marker.as_bytes()),
                 Vec::<std::path::PathBuf>::new(),
                 "{marker} in the kept mirror {when}"
             );

@@ -546,13 +546,15 @@ impl KeyStore {
         while p.writing {
             self.synced.wait(&mut p);
         }
+        // A key made but not yet written is dropped: no event was sealed under it yet (its
+        // appender waits for the batch, then finds the subject erased).
+        if p.unsynced.remove(tag).is_some() {
+            p.next.retain(|t| &**t != tag);
+        }
         if let Some(table) = &self.table {
             // The table decides (this store may have marked the subject erased already, as
             // its receipt went in); another server may have erased it first, and the table
             // keeps the first time.
-            if p.unsynced.remove(tag).is_some() {
-                p.next.retain(|t| &**t != tag);
-            }
             let at = table
                 .erase(tag, at_us)
                 .map_err(|reason| StoreError::Unavailable { reason })?;
@@ -567,11 +569,6 @@ impl KeyStore {
                 already: true,
                 at_us: *at,
             });
-        }
-        // A key made but not yet written is dropped: no event was sealed under it yet (its
-        // appender waits for the batch, then finds the subject erased).
-        if p.unsynced.remove(tag).is_some() {
-            p.next.retain(|t| &**t != tag);
         }
         self.rewrite(&mut p, None, Some((tag, at_us)))?;
         self.keys.write().insert(tag.into(), Slot::Erased(at_us));
