@@ -284,8 +284,16 @@ fn kill9_during_erasure_leaves_the_subject_whole_or_erased() {
         );
         assert_eq!(server.post("/v1/append", &body).status, 200);
     }
+    // How long one erasure takes here, so that the kills spread over before, during and
+    // after one however loaded the machine is.
+    let body = append_body(&[("Moved", &["customer:timing"], "x")], None);
+    assert_eq!(server.post("/v1/append", &body).status, 200);
+    let started = std::time::Instant::now();
+    let answer = server.post("/v1/admin/erase", r#"{"tag":"customer:timing"}"#);
+    assert_eq!(answer.status, 200);
+    let step = (started.elapsed() * 3 / 2 / 11).max(std::time::Duration::from_micros(400));
     let (mut whole, mut erased) = (0, 0);
-    for round in 0..12u64 {
+    for round in 0..12u32 {
         let tag = format!("customer:{round}");
         let addr = server.http;
         let body = format!(r#"{{"tag":"{tag}"}}"#);
@@ -303,7 +311,7 @@ fn kill9_during_erasure_leaves_the_subject_whole_or_erased() {
             stream.read_to_end(&mut answer).map(|_| answer)
         });
         // Somewhere between before the request lands and after it is answered.
-        std::thread::sleep(std::time::Duration::from_micros(round * 400));
+        std::thread::sleep(step * round);
         server.kill9();
         let _ = eraser.join();
         server = ServerProcess::start(&dir, &flags);
