@@ -462,6 +462,16 @@ impl Follower {
                     header.first_position
                 ))
             })?;
+            if let Some(keys) = &self.shared.keys {
+                let taken = keys.take_in(append.entries(), append.event_count)?;
+                if let crate::keys::TakenIn::NewerWrap(id) = taken {
+                    return Err(StoreError::Backup(format!(
+                        "{url}: object {name}, position {}: a key under wrapping key {id}, \
+                         newer than the replica's key file (read again at the next poll)",
+                        header.first_position
+                    )));
+                }
+            }
             expected = header.last_position() + 1;
             last = Some(stamp(header));
             let position = header.first_position;

@@ -13,7 +13,20 @@
 //! associated data: the entry's id, type and tags, then the envelope's first 2 + 2n bytes
 //! key: the subject's key; for several subjects, HKDF-SHA256 over their keys in that order,
 //!      so that erasing any one of them makes the event unreadable
+//!
+//! envelope version 2: an entry that carries the keys it is sealed under (grants)
+//!   after the subjects' tags: grants u8 (g, 1 to n), then for each: the subject u8 (an
+//!   index into the n above), the wrapping key's id u64, the subject's key wrapped under
+//!   that wrapping key with the tag as associated data (60 bytes); then nonce and
+//!   ciphertext as in version 1, the associated data running to the end of the grants
 //! ```
+//!
+//! A grant is how a new key becomes durable with the first events sealed under it, in the
+//! same fdatasync, rather than in a sync of the key file of its own ahead of them
+//! (`keys/mod.rs`): every append sealed under a key the key file does not hold yet carries it.
+//! The wrapping key is the key file's; an erasure replaces it, so the grants already in the
+//! log (of every subject) can no longer be opened, and the key file holds every key but the
+//! erased one.
 
 use aes_gcm::aead::inout::InOutBuf;
 use aes_gcm::aead::{Aead, AeadInOut, Generate, KeyInit, Payload};
@@ -27,6 +40,10 @@ use crate::record::{
 use crate::subject::{MasterKey, SubjectOptions, SUBJECT_ERASED_TYPE};
 
 const ENVELOPE_VERSION: u8 = 1;
+/// An envelope with grants.
+const ENVELOPE_GRANTS: u8 = 2;
+/// One grant: the subject's index, the wrapping key's id, the wrapped key.
+const GRANT_BYTES: usize = 1 + 8 + WRAPPED_KEY_BYTES;
 const NONCE_BYTES: usize = 12;
 const TAG_BYTES: usize = 16;
 /// The most subjects one event may name.
@@ -73,6 +90,103 @@ impl SubjectKey {
 impl std::fmt::Debug for SubjectKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SubjectKey(hidden)")
+    }
+}
+
+/// The key that wraps new subjects' keys in the grants appends carry (see the module's
+/// documentation): made at random with each key file epoch that begins one (an erasure), kept
+/// in the key file under the master key. Wiped from memory when dropped.
+pub(crate) struct WrapKey {
+    /// The key file epoch it was made in.
+    id: u64,
+    bytes: [u8; 32],
+    cipher: Aes256Gcm,
+}
+
+impl Drop for WrapKey {
+    fn drop(&mut self) {
+        self.bytes.zeroize();
+    }
+}
+
+/// A new key as an append carries it: wrapped under the wrapping key `wrap_id`.
+pub(crate) struct Grant {
+    pub wrap_id: u64,
+    pub wrapped: Box<[u8]>,
+}
+
+impl WrapKey {
+    fn from_bytes(id: u64, bytes: [u8; 32]) -> WrapKey {
+        let cipher = Aes256Gcm::new((&bytes).into());
+        WrapKey { id, bytes, cipher }
+    }
+
+    pub(crate) fn generate(id: u64) -> Result<WrapKey, String> {
+        let mut bytes = crate::subject::random_key()?;
+        let key = WrapKey::from_bytes(id, bytes);
+        bytes.zeroize();
+        Ok(key)
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn aad(id: u64) -> [u8; 27] {
+        let mut aad = [0u8; 27];
+        aad[..19].copy_from_slice(b"annals wrapping key");
+        aad[19..].copy_from_slice(&id.to_le_bytes());
+        aad
+    }
+
+    /// This key wrapped under the master key, bound to its id.
+    pub(crate) fn wrapped_under(&self, master: &MasterKey) -> Result<Vec<u8>, String> {
+        let mut out = Vec::with_capacity(WRAPPED_KEY_BYTES);
+        encrypt(
+            &master_cipher(master),
+            &Self::aad(self.id),
+            &self.bytes,
+            &mut out,
+        )?;
+        Ok(out)
+    }
+
+    /// The wrapping key `id` that `wrapped_under` wrapped, or None when `master` is not the
+    /// key it was wrapped under (or the bytes are damaged).
+    pub(crate) fn unwrap(master: &MasterKey, id: u64, wrapped: &[u8]) -> Option<WrapKey> {
+        let mut plain = decrypt(&master_cipher(master), &Self::aad(id), wrapped)?;
+        let key = <[u8; 32]>::try_from(plain.as_slice())
+            .ok()
+            .map(|b| WrapKey::from_bytes(id, b));
+        plain.zeroize();
+        key
+    }
+
+    /// `key`, the key of the subject `tag`, as a grant.
+    pub(crate) fn grant(&self, tag: &str, key: &SubjectKey) -> Result<Grant, String> {
+        let mut wrapped = Vec::with_capacity(WRAPPED_KEY_BYTES);
+        encrypt(&self.cipher, tag.as_bytes(), &key.0.bytes, &mut wrapped)?;
+        Ok(Grant {
+            wrap_id: self.id,
+            wrapped: wrapped.into(),
+        })
+    }
+
+    /// The key a grant of `tag` under this wrapping key carries; None when it does not
+    /// authenticate.
+    pub(crate) fn open_grant(&self, tag: &str, wrapped: &[u8]) -> Option<SubjectKey> {
+        let mut plain = decrypt(&self.cipher, tag.as_bytes(), wrapped)?;
+        let key = <[u8; 32]>::try_from(plain.as_slice())
+            .ok()
+            .map(SubjectKey::from_bytes);
+        plain.zeroize();
+        key
+    }
+}
+
+impl std::fmt::Debug for WrapKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WrapKey({}, hidden)", self.id)
     }
 }
 
@@ -184,10 +298,14 @@ fn subject_tags(entry: &[u8], layout: &EntryLayout, subjects: &SubjectOptions) -
         .collect()
 }
 
-/// The keys a sealing pass asks for: by tag, created when new (and made durable before the
-/// append goes on); an erased subject's is refused.
+/// A key as a sealing pass gets it: the key, and its grant while the append must carry it.
+pub(crate) type GivenKey = (SubjectKey, Option<std::sync::Arc<Grant>>);
+
+/// The keys a sealing pass asks for: by tag, created when new (made durable before the
+/// append goes on, or given with the grant the append carries); an erased subject's is
+/// refused.
 pub(crate) trait KeySource {
-    fn keys_for(&self, tags: &[&str]) -> Result<Vec<SubjectKey>, SealError>;
+    fn keys_for(&self, tags: &[&str]) -> Result<Vec<GivenKey>, SealError>;
 }
 
 /// Why an append could not be sealed.
@@ -260,7 +378,7 @@ pub(crate) fn seal_append(
     }
     let found_keys = keys.keys_for(&tags)?;
     debug_assert_eq!(found_keys.len(), tags.len());
-    let key_of = |tag: &str| -> &SubjectKey { &found_keys[index_of[tag]] };
+    let key_of = |tag: &str| -> &GivenKey { &found_keys[index_of[tag]] };
     // One call to the operating system's generator for all the nonces of the append.
     let sealed_count = plan.iter().filter(|found| !found.is_empty()).count();
     let mut nonces = vec![0u8; sealed_count * NONCE_BYTES];
@@ -284,13 +402,27 @@ pub(crate) fn seal_append(
             continue;
         }
         let event_tags: Vec<&str> = crate::event::Tags::of(entry, &layout).collect();
-        let subject_keys: Vec<&SubjectKey> = found
+        let given: Vec<&GivenKey> = found
             .iter()
             .map(|&i| key_of(event_tags[i as usize]))
             .collect();
+        let subject_keys: Vec<&SubjectKey> = given.iter().map(|(k, _)| k).collect();
+        let grants: Vec<(u8, &Grant)> = given
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, g))| g.as_deref().map(|g| (i as u8, g)))
+            .collect();
         let nonce = nonces.next().expect("a nonce for each sealed entry");
-        seal_entry(&mut body, entry, &layout, found, &subject_keys, nonce)
-            .map_err(SealError::Keys)?;
+        seal_entry(
+            &mut body,
+            entry,
+            &layout,
+            found,
+            &subject_keys,
+            &grants,
+            nonce,
+        )
+        .map_err(SealError::Keys)?;
     }
     let entries_len = body.len();
     body.extend_from_slice(&append.body[append.entries().len()..]);
@@ -311,22 +443,37 @@ fn set_record_offset(body: &mut [u8], start: usize) {
 }
 
 /// Appends `entry` to `body` sealed under `keys` with `nonce`: the clear part, the envelope's
-/// header, the nonce, then the metadata and data encrypted in place with their tag.
+/// header (with `grants`, the keys the entry carries, by their index into `subjects`), the
+/// nonce, then the metadata and data encrypted in place with their tag.
 fn seal_entry(
     body: &mut Vec<u8>,
     entry: &[u8],
     layout: &EntryLayout,
     subjects: &[u16],
     keys: &[&SubjectKey],
+    grants: &[(u8, &Grant)],
     nonce: &[u8],
 ) -> Result<(), String> {
     let start = body.len();
     let clear_end = layout.metadata_start as usize;
     body.extend_from_slice(&entry[..clear_end]);
-    body.push(ENVELOPE_VERSION);
+    body.push(match grants.is_empty() {
+        true => ENVELOPE_VERSION,
+        false => ENVELOPE_GRANTS,
+    });
     body.push(subjects.len() as u8);
     for &i in subjects {
         body.extend_from_slice(&i.to_le_bytes());
+    }
+    if !grants.is_empty() {
+        body.push(grants.len() as u8);
+        for (i, grant) in grants {
+            debug_assert!((*i as usize) < subjects.len());
+            debug_assert_eq!(grant.wrapped.len(), WRAPPED_KEY_BYTES);
+            body.push(*i);
+            body.extend_from_slice(&grant.wrap_id.to_le_bytes());
+            body.extend_from_slice(&grant.wrapped);
+        }
     }
     // The associated data is contiguous in the sealed entry: id, type, tags, envelope header.
     let aad_end = body.len();
@@ -361,18 +508,93 @@ fn seal_entry(
     Ok(())
 }
 
+/// An envelope's header read: how many subjects, where its grants are, and its length
+/// (where the nonce begins).
+struct EnvelopeHeader {
+    subjects: usize,
+    grants: std::ops::Range<usize>,
+    len: usize,
+}
+
+impl EnvelopeHeader {
+    /// The header of `envelope`, checked to leave room for a nonce, a length and a tag.
+    fn parse(envelope: &[u8]) -> Result<EnvelopeHeader, String> {
+        let (Some(&version), Some(&n)) = (envelope.first(), envelope.get(1)) else {
+            return Err("an empty envelope".into());
+        };
+        let n = n as usize;
+        let bad = || format!("an envelope of version {version} with {n} subjects");
+        if n == 0 || n > SUBJECTS_PER_EVENT_MAX {
+            return Err(bad());
+        }
+        let (grants, len) = match version {
+            ENVELOPE_VERSION => (2 + 2 * n..2 + 2 * n, 2 + 2 * n),
+            ENVELOPE_GRANTS => {
+                let g = *envelope.get(2 + 2 * n).ok_or_else(bad)? as usize;
+                if g == 0 || g > n {
+                    return Err(bad());
+                }
+                let start = 3 + 2 * n;
+                (start..start + g * GRANT_BYTES, start + g * GRANT_BYTES)
+            }
+            _ => return Err(bad()),
+        };
+        if envelope.len() < len + NONCE_BYTES + 4 + TAG_BYTES {
+            return Err(bad());
+        }
+        Ok(EnvelopeHeader {
+            subjects: n,
+            grants,
+            len,
+        })
+    }
+
+    /// The index among the entry's tags of subject `i`.
+    fn tag_index(envelope: &[u8], i: usize) -> usize {
+        u16::from_le_bytes([envelope[2 + 2 * i], envelope[3 + 2 * i]]) as usize
+    }
+}
+
 /// The tags of the subjects a sealed entry is sealed for; None when its envelope is malformed.
 pub(crate) fn sealed_subjects<'a>(entry: &'a [u8], layout: &EntryLayout) -> Option<Vec<&'a str>> {
     let envelope = &entry[layout.data_range()];
-    let n = *envelope.get(1)? as usize;
-    if *envelope.first()? != ENVELOPE_VERSION || n == 0 || envelope.len() < 2 + 2 * n {
-        return None;
-    }
+    let header = EnvelopeHeader::parse(envelope).ok()?;
     let tags: Vec<&str> = crate::event::Tags::of(entry, layout).collect();
-    (0..n)
-        .map(|i| {
-            let index = u16::from_le_bytes([envelope[2 + 2 * i], envelope[3 + 2 * i]]) as usize;
-            tags.get(index).copied()
+    (0..header.subjects)
+        .map(|i| tags.get(EnvelopeHeader::tag_index(envelope, i)).copied())
+        .collect()
+}
+
+/// One key a sealed entry carries: the subject's tag, the wrapping key's id, the wrapped key.
+pub(crate) struct CarriedGrant<'a> {
+    pub tag: &'a str,
+    pub wrap_id: u64,
+    pub wrapped: &'a [u8],
+}
+
+/// The keys a sealed entry carries (none for an envelope of version 1); None when its
+/// envelope is malformed.
+pub(crate) fn entry_grants<'a>(
+    entry: &'a [u8],
+    layout: &EntryLayout,
+) -> Option<Vec<CarriedGrant<'a>>> {
+    let envelope = &entry[layout.data_range()];
+    let header = EnvelopeHeader::parse(envelope).ok()?;
+    let tags: Vec<&str> = crate::event::Tags::of(entry, layout).collect();
+    envelope[header.grants]
+        .chunks_exact(GRANT_BYTES)
+        .map(|g| {
+            let subject = g[0] as usize;
+            if subject >= header.subjects {
+                return None;
+            }
+            Some(CarriedGrant {
+                tag: tags
+                    .get(EnvelopeHeader::tag_index(envelope, subject))
+                    .copied()?,
+                wrap_id: u64::from_le_bytes(g[1..9].try_into().expect("8 bytes")),
+                wrapped: &g[9..],
+            })
         })
         .collect()
 }
@@ -403,24 +625,14 @@ pub(crate) fn open_entry(
     key_of: &dyn Fn(&str) -> KeyState,
 ) -> Opened {
     let envelope = &entry[layout.data_range()];
-    let (Some(&version), Some(&n)) = (envelope.first(), envelope.get(1)) else {
-        return Opened::Damaged("an empty envelope".into());
+    let (n, header) = match EnvelopeHeader::parse(envelope) {
+        Ok(h) => (h.subjects, h.len),
+        Err(why) => return Opened::Damaged(why),
     };
-    let n = n as usize;
-    let header = 2 + 2 * n;
-    if version != ENVELOPE_VERSION
-        || n == 0
-        || n > SUBJECTS_PER_EVENT_MAX
-        || envelope.len() < header + NONCE_BYTES + 4 + TAG_BYTES
-    {
-        return Opened::Damaged(format!(
-            "an envelope of version {version} with {n} subjects"
-        ));
-    }
     let mut keys: [Option<SubjectKey>; SUBJECTS_PER_EVENT_MAX] = Default::default();
     let mut erased = false;
     for (i, slot) in keys.iter_mut().enumerate().take(n) {
-        let index = u16::from_le_bytes([envelope[2 + 2 * i], envelope[3 + 2 * i]]) as usize;
+        let index = EnvelopeHeader::tag_index(envelope, i);
         let Some(tag) = crate::event::Tags::of(entry, layout).nth(index) else {
             return Opened::Damaged(format!("a subject tag index {index} beyond the tags"));
         };
@@ -489,7 +701,7 @@ mod tests {
     struct Keys(Mutex<HashMap<String, Option<SubjectKey>>>);
 
     impl KeySource for Keys {
-        fn keys_for(&self, tags: &[&str]) -> Result<Vec<SubjectKey>, SealError> {
+        fn keys_for(&self, tags: &[&str]) -> Result<Vec<GivenKey>, SealError> {
             let mut map = self.0.lock().unwrap();
             tags.iter()
                 .map(|t| {
@@ -497,7 +709,7 @@ mod tests {
                         .entry(t.to_string())
                         .or_insert_with(|| Some(SubjectKey::generate().unwrap()))
                     {
-                        Some(k) => Ok(k.clone()),
+                        Some(k) => Ok((k.clone(), None)),
                         None => Err(InputError::SubjectErased { tag: t.to_string() }.into()),
                     }
                 })

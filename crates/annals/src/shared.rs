@@ -227,6 +227,11 @@ impl Shared {
             return Ok(());
         }
         let _one_at_a_time = self.checkpoints.one_at_a_time.lock();
+        // The subjects' new keys go to the key file first, so that the next open reads the
+        // log's grants from no earlier than this head.
+        if let Some(keys) = &self.keys {
+            keys.persist(self.head())?;
+        }
         let mark = checkpoint::write(self.io.as_ref(), &self.dir, &self.index, &self.published)?;
         self.checkpoints
             .head

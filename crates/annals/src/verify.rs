@@ -117,12 +117,16 @@ fn check_subjects(
 ) -> Result<(u64, Option<String>), StoreError> {
     let path = dir.join(crate::keys::KEYS_FILE);
     let file = crate::io::read_file(io, &path).map_err(|e| StoreError::io("read", &path, 0, e))?;
-    let tags = match &file {
-        Some(bytes) => crate::keys::key_tags(bytes)
-            .map_err(|e| StoreError::Subjects(format!("{}: {e}", path.display())))?,
+    let (tags, wrap_id) = match &file {
+        Some(bytes) => {
+            let read = crate::keys::key_tags(bytes)
+                .map_err(|e| StoreError::Subjects(format!("{}: {e}", path.display())))?;
+            (read.tags, read.wrap_id)
+        }
         None => Default::default(),
     };
     let mut sealed = 0;
+    let mut carried = std::collections::HashSet::new();
     for position in 1..=index.len() {
         let Some(location) = index.location_of(position) else {
             continue;
@@ -154,8 +158,15 @@ fn check_subjects(
                 Some(format!("the event at {position} has a malformed envelope")),
             ));
         };
+        // A key the key file does not hold yet travels in the log, in the events sealed under
+        // it from the first on (or, after an open took it in, from the first only).
+        for grant in crate::seal::entry_grants(&entry, &layout).unwrap_or_default() {
+            if Some(grant.wrap_id) == wrap_id {
+                carried.insert(grant.tag.to_string());
+            }
+        }
         for tag in subjects {
-            if !tags.contains_key(tag) {
+            if !tags.contains_key(tag) && !carried.contains(tag) {
                 let why = format!(
                     "the event at {position} is sealed for {tag}, which has neither a key nor \
                      an erasure{}",

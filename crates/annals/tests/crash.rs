@@ -24,6 +24,22 @@ fn crashes_with_default_sized_groups() {
     }
 }
 
+/// Goal: with data subjects, the same, and every acknowledged event reads back whole: a new
+/// key is durable with the first append sealed under it (it travels in the log until the key
+/// file holds it). Every append names a new subject (`id-N`) besides one of six (`stream-N`).
+#[test]
+fn crashes_keep_every_acknowledged_append_of_data_subjects() {
+    let mut options = small_options();
+    options.subjects = Some(annals::SubjectOptions::new(
+        ["stream-", "id-"],
+        annals::MasterKey::generate().unwrap(),
+    ));
+    options.checkpoint_interval_events = 24;
+    for seed in 200..230 {
+        crash_rounds(seed, 6, &options).unwrap();
+    }
+}
+
 /// Goal: a failed write or fsync poisons the store and loses no acknowledged append.
 /// Method: 60 seeds, a fault at a random operation, EIO or ENOSPC, once or persistent.
 #[test]

@@ -241,3 +241,79 @@ fn a_store_without_subjects_stores_data_as_given() {
     store.close().unwrap();
     assert!(!raw_files_hold(dir.path(), MARKER.as_bytes()).is_empty());
 }
+
+/// Goal: a new key is as durable as the events sealed under it, before the key file holds
+/// it: a store closed without writing its key file (as a crash leaves it) reads every event
+/// back, `annals verify` finds every event's key (in the key file or carried by the log), and
+/// an erasure after that removes the key from the log's reach as well (every other subject
+/// still reads back).
+#[test]
+fn new_keys_travel_in_the_log_until_the_key_file_holds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterKey::generate().unwrap();
+    let unkept = Options {
+        checkpoint_on_close: false,
+        checkpoint_interval_events: 0,
+        ..options(&master)
+    };
+    let append = |store: &Store, customer: u32, what: &str| {
+        let event =
+            NewEvent::new("Moved", format!("{MARKER} {what}")).tag(format!("customer:{customer}"));
+        store.append(&[event], None).unwrap()
+    };
+    let store = Store::open(dir.path(), unkept.clone()).unwrap();
+    // A first append whose condition fails: its key is made, and the append is not stored;
+    // the next append carries the key again.
+    let taken = Query::item(QueryItem::tags(["customer:1"]));
+    append(&store, 9, "other");
+    let refused = store.append(
+        &[NewEvent::new("Moved", "x").tag("customer:1")],
+        Some(&AppendCondition::new(Query::all(), Some(0))),
+    );
+    assert!(matches!(refused, Err(AppendError::ConditionFailed { .. })));
+    append(&store, 1, "first");
+    for c in 2..6 {
+        append(&store, c, "first");
+    }
+    drop(store);
+    let keys = std::fs::read(dir.path().join("subjects.keys")).unwrap();
+    assert!(
+        keys.len() < 300,
+        "the key file holds no key yet ({} bytes)",
+        keys.len()
+    );
+    let report = annals::verify(dir.path()).unwrap();
+    assert_eq!(report.subject_problem, None);
+    assert_eq!(report.sealed_events, 6);
+    // Reopened: the keys are taken in from the log; later appends carry none.
+    let store = Store::open(dir.path(), unkept.clone()).unwrap();
+    append(&store, 1, "second");
+    assert_eq!(
+        store
+            .read(&taken, ReadOptions::forwards())
+            .unwrap()
+            .map(|e| String::from_utf8(e.unwrap().data().to_vec()).unwrap())
+            .collect::<Vec<_>>(),
+        [format!("{MARKER} first"), format!("{MARKER} second")]
+    );
+    drop(store);
+    assert_eq!(annals::verify(dir.path()).unwrap().subject_problem, None);
+    // An erasure: the key file is written anew with every other key, under a new wrapping
+    // key, so the grants in the log open no more.
+    let store = Store::open(dir.path(), unkept.clone()).unwrap();
+    assert_eq!(store.erase_subject("customer:1").unwrap().events, 2);
+    drop(store);
+    let store = Store::open(dir.path(), options(&master)).unwrap();
+    let events = all(&store);
+    assert_eq!(events.len(), 8);
+    for e in &events {
+        let erased = e.tags().any(|t| t == "customer:1") && e.event_type() == "Moved";
+        assert_eq!(e.is_erased(), erased, "{}", e.position());
+    }
+    store.close().unwrap();
+    assert_eq!(annals::verify(dir.path()).unwrap().subject_problem, None);
+    assert_eq!(
+        raw_files_hold(dir.path(), MARKER.as_bytes()),
+        Vec::<String>::new()
+    );
+}

@@ -5,10 +5,12 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{KeyMap, KeyStore, NewKey, Pending, Slot};
+use super::{known, KeyMap, KeyStore, Live, NewKey, Pending, Slot};
 use crate::error::StoreError;
 use crate::io::Io;
-use crate::seal::{master_check, master_matches, unwrap_key};
+use crate::seal::{
+    master_check, master_matches, unwrap_key, wrap_key, GivenKey, SealError, SubjectKey,
+};
 use crate::subject::SubjectOptions;
 
 /// Where a store on a database keeps its subjects' keys (PostgreSQL's `annals_subject_keys`).
@@ -91,9 +93,11 @@ impl KeyStore {
                 TableRow::Key(wrapped) => {
                     let mine = ours.as_deref_mut().and_then(|o| o.remove(tag.as_str()));
                     match mine {
-                        Some(new) if *new.wrapped == *wrapped => Slot::Live(new.key, new.wrapped),
+                        Some(new) if *new.wrapped == *wrapped => {
+                            Slot::Live(Live::kept(new.key, new.wrapped))
+                        }
                         _ => match unwrap_key(&master, &tag, &wrapped) {
-                            Some(key) => Slot::Live(key, wrapped.into()),
+                            Some(key) => Slot::Live(Live::kept(key, wrapped.into())),
                             None => return Err(format!("the key of {tag} does not unwrap")),
                         },
                     }
@@ -152,9 +156,66 @@ impl KeyStore {
             .collect())
     }
 
+    /// The keys of `tags`, those the table does not hold made and inserted first (callers
+    /// that need new keys at once share one insert), or taken from the table when another
+    /// server made them first.
+    pub(super) fn insert_keys(&self, tags: &[&str]) -> Result<Vec<GivenKey>, SealError> {
+        let table = self.table.clone().expect("keys in a table");
+        let mut p = self.pending.lock();
+        let mut wait_for = 0;
+        for t in tags {
+            if self.keys.read().contains_key(*t) {
+                continue;
+            }
+            if let Some(new) = p.unsynced.get(*t) {
+                wait_for = wait_for.max(new.batch);
+                continue;
+            }
+            let key = SubjectKey::generate().map_err(SealError::Keys)?;
+            let wrapped = wrap_key(&self.master.read(), t, &key).map_err(SealError::Keys)?;
+            let batch = p.begun + 1;
+            let wrapped = wrapped.into();
+            p.unsynced.insert(
+                (*t).into(),
+                NewKey {
+                    key,
+                    wrapped,
+                    batch,
+                },
+            );
+            p.next.push((*t).into());
+            wait_for = wait_for.max(batch);
+        }
+        loop {
+            if p.synced >= wait_for {
+                if let Some((batch, reason)) = &p.refused {
+                    if *batch >= wait_for {
+                        return Err(SealError::Unavailable(reason.clone()));
+                    }
+                }
+                break;
+            }
+            if p.writing {
+                self.synced.wait(&mut p);
+            } else {
+                p.writing = true;
+                p.begun += 1;
+                let batch = p.begun;
+                let tags = std::mem::take(&mut p.next);
+                self.insert_batch(&mut p, table.as_ref(), batch, tags);
+            }
+        }
+        drop(p);
+        match known(&self.keys.read(), tags)? {
+            Some(keys) => Ok(keys),
+            // Erased while this append waited for its new key.
+            None => Err(SealError::Keys("a key vanished while it was made".into())),
+        }
+    }
+
     /// Inserts the next batch of new keys into the table, with the pending lock released; a
     /// subject another server made a key for (or erased) first takes the table's row.
-    pub(super) fn insert_batch(
+    fn insert_batch(
         &self,
         p: &mut parking_lot::MutexGuard<'_, Pending>,
         table: &dyn KeyTable,

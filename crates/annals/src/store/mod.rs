@@ -395,7 +395,7 @@ impl Store {
             mirror: None,
         };
         let files = FileLog::new(sender, role, shared.clone());
-        Ok(Store {
+        let store = Store {
             shared,
             files: Some(files),
             writer: Some(handle),
@@ -417,7 +417,9 @@ impl Store {
             scrub: None,
             #[cfg(feature = "object-store")]
             replica: None,
-        })
+        };
+        store.take_in_grants()?;
+        Ok(store)
     }
 
     /// Opens the store at `location`: a PostgreSQL URL (`postgres://` or `postgresql://`, see

@@ -77,9 +77,14 @@ impl Store {
             ))),
             (None, _) => Ok(None),
             // A replica's copy directory holds the primary's key file (`open_replica`).
-            (Some(subjects), Backend::Files | Backend::Replica) => Ok(Some(Arc::new(
-                crate::keys::KeyStore::open(io.clone(), dir, subjects.clone())?,
-            ))),
+            (Some(subjects), Backend::Files | Backend::Replica) => {
+                Ok(Some(Arc::new(crate::keys::KeyStore::open(
+                    io.clone(),
+                    dir,
+                    subjects.clone(),
+                    backend == Backend::Replica,
+                )?)))
+            }
             (Some(subjects), Backend::Postgres) => match table {
                 Some(table) => Ok(Some(Arc::new(crate::keys::KeyStore::open_table(
                     io.clone(),
@@ -135,12 +140,12 @@ impl Store {
             let at_us = now_us();
             keys.mark_erased(tag, at_us);
             let mut erasure = self.receipt(tag, at_us, false)?;
-            let erased = keys.erase(tag, erasure.erased_at_us)?;
+            let erased = keys.erase(tag, erasure.erased_at_us, self.head())?;
             erasure.already |= erased.already;
             erasure.erased_at_us = erased.at_us;
             return Ok(erasure);
         }
-        let erased = keys.erase(tag, now_us())?;
+        let erased = keys.erase(tag, now_us(), self.head())?;
         let mut erasure = self.receipt(tag, erased.at_us, erased.already)?;
         erasure.in_backup = self.erasure_in_backup(keys.position().0);
         Ok(erasure)
@@ -156,7 +161,7 @@ impl Store {
             .keys
             .as_ref()
             .ok_or_else(|| StoreError::Subjects("this store keeps no data subjects".into()))?;
-        keys.rotate(new)
+        keys.rotate(new, self.head())
     }
 
     /// Waits (up to 10 s) for the backup to hold the key file of `epoch`, which replaced the
@@ -238,6 +243,46 @@ impl Store {
         }
     }
 
+    /// Takes in the keys that the log's appends after the key file's covered position carry
+    /// (on files: those that reached the log and not yet the key file), and writes a key file
+    /// made before grants anew with a wrapping key.
+    pub(super) fn take_in_grants(&self) -> Result<(), StoreError> {
+        let Some(keys) = &self.shared.keys else {
+            return Ok(());
+        };
+        if keys.in_table() {
+            return Ok(());
+        }
+        let head = self.head();
+        if let Some(from) = keys.covered().filter(|&c| c < head) {
+            let mut taken = 0;
+            for append in self.appends(from).map_err(store_error)? {
+                let append = append.map_err(store_error)?;
+                match keys.take_in(append.body(), append.event_count())? {
+                    crate::keys::TakenIn::Keys(n) => taken += n,
+                    crate::keys::TakenIn::NewerWrap(id) => {
+                        return Err(StoreError::Subjects(format!(
+                            "the log at {} carries a key under wrapping key {id}, newer than \
+                             the key file's: the key file is older than the log",
+                            append.first_position()
+                        )))
+                    }
+                }
+            }
+            if taken > 0 {
+                tracing::info!(
+                    keys = taken,
+                    after = from,
+                    "subjects: keys taken in from the log"
+                );
+            }
+        }
+        if self.shared.policy.backend == Backend::Files {
+            keys.upgrade(head)?;
+        }
+        Ok(())
+    }
+
     /// Appends the receipt of every erasure a crash cut short (key deleted, no receipt yet):
     /// after an open, a subject's receipt is in the log exactly when its key is gone.
     pub(super) fn settle_erasures(&self) -> Result<(), StoreError> {
@@ -270,7 +315,7 @@ impl Store {
         }
         let tags: Vec<&str> = erased_at.keys().map(String::as_str).collect();
         for tag in keys.still_kept(&tags)? {
-            keys.erase(&tag, erased_at[&tag])?;
+            keys.erase(&tag, erased_at[&tag], self.head())?;
         }
         Ok(())
     }
@@ -298,7 +343,7 @@ mod tests {
         store.append(&events, None).unwrap();
         // The first half of an erasure only: the key deleted, no receipt.
         let keys = store.shared.keys.clone().unwrap();
-        keys.erase("customer:1", 42).unwrap();
+        keys.erase("customer:1", 42, store.head()).unwrap();
         let head = store.head();
         drop(store);
         let store = Store::open(dir.path(), options).unwrap();

@@ -223,6 +223,11 @@ impl Store {
         receipt: bool,
     ) -> Result<(), AppendError> {
         let log = self.log().ok_or(StoreError::Closed)?;
+        // A replica refuses before sealing: it makes no keys.
+        #[cfg(feature = "object-store")]
+        if let (Some((replica, _)), Some(_)) = (&self.replica, &self.shared.keys) {
+            return Err(replica.refusal().into());
+        }
         let append = match &self.shared.keys {
             None => append,
             Some(keys) => crate::seal::seal_append(append, keys.options(), keys.as_ref(), receipt)
