@@ -13,13 +13,15 @@ pub enum MasterKeyCommand {
     ///
     /// Example: annals master-key new > /etc/annals/master.key && chmod 600 /etc/annals/master.key
     New,
-    /// Wrap a closed store's subject keys under a new master key: only the key file is
-    /// written anew. Afterwards the store opens with the new key only.
+    /// Wrap a store's subject keys under a new master key: only the key file (or, on
+    /// PostgreSQL, the keys' table, in one transaction) is written anew. Afterwards the store
+    /// opens with the new key only; on PostgreSQL, servers still running make no new key
+    /// until they are started with it.
     ///
     /// Example: annals master-key rotate --store ./data --subject-tags customer: \
     ///     --master-key-file old.key --new-master-key-file new.key
     Rotate {
-        /// The closed store's data directory.
+        /// The closed store's data directory, or a PostgreSQL URL.
         #[arg(long, visible_alias = "dir", value_name = "DIR")]
         store: String,
         /// The store's subject tag prefixes, comma separated. Env: ANNALS_SUBJECT_TAGS

@@ -1526,4 +1526,46 @@ fn subjects_on_postgres_hold_on_every_server() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("master key"), "{e}");
+
+    // Rotating the master key on one server: every key of the table wrapped again in one
+    // transaction. The other server, still on the old master key, reads on with the keys it
+    // holds and makes no new key; a server started with the new master key reads and
+    // appends; the old master key is refused from then on.
+    let d = Store::open_postgres(&cluster.url(), options.clone()).unwrap();
+    let e = Store::open_postgres(&cluster.url(), options.clone()).unwrap();
+    let new_master = MasterKey::generate().unwrap();
+    let wrapped_before = cluster.sql_value(
+        "SELECT encode(wrapped, 'hex') FROM annals_subject_keys WHERE tag = 'customer:2'",
+    );
+    assert_eq!(d.rotate_master_key(&new_master).unwrap(), 1);
+    assert_ne!(
+        cluster.sql_value(
+            "SELECT encode(wrapped, 'hex') FROM annals_subject_keys WHERE tag = 'customer:2'"
+        ),
+        wrapped_before
+    );
+    assert_eq!(data(&e)[2], (false, b"MARKER-b2".to_vec()));
+    let refused = e.append(&[moved(4, "e4")], None).unwrap_err();
+    assert!(refused.to_string().contains("rotated"), "{refused}");
+    // A new subject's key under the new master key stops the old server's following, and
+    // says why.
+    d.append(&[moved(3, "d3")], None).unwrap();
+    let stopped = e.refresh().unwrap_err();
+    assert!(stopped.to_string().contains("new master key"), "{stopped}");
+    d.close().unwrap();
+    e.close().unwrap();
+    let e = Store::open_postgres(&cluster.url(), options.clone())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("master key"), "{e}");
+    let rotated = Options {
+        subjects: Some(SubjectOptions::new(["customer:"], new_master)),
+        ..small_options()
+    };
+    let f = Store::open_postgres(&cluster.url(), rotated).unwrap();
+    let after = data(&f);
+    assert_eq!(after[2], (false, b"MARKER-b2".to_vec()));
+    assert!(after.contains(&(false, b"MARKER-d3".to_vec())));
+    f.append(&[moved(4, "f4")], None).unwrap();
+    f.close().unwrap();
 }

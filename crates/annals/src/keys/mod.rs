@@ -41,7 +41,7 @@ pub(crate) use file::{key_tags, KEYS_FILE};
 pub(crate) use grants::TakenIn;
 pub(crate) use table::KeyTable;
 #[cfg(feature = "postgres")]
-pub(crate) use table::TableRow;
+pub(crate) use table::{Rewrap, TableRow};
 
 /// The subjects' keys by tag (foldhash: a lookup on every sealed event read).
 type KeyMap = HashMap<Box<str>, Slot, foldhash::fast::RandomState>;
@@ -172,7 +172,8 @@ impl KeyStore {
                     tracing::warn!(
                         path = %path.display(),
                         cut = bytes.len() - loaded.valid,
-                        "subjects: a key record torn by a crash was cut off (its key is in                          the log, or no event used it)"
+                        "subjects: a key record torn by a crash was cut off (its key is in \
+                         the log, or no event used it)"
                     );
                 }
                 loaded
@@ -423,10 +424,7 @@ impl KeyStore {
     /// Answers how many keys were wrapped again.
     pub(crate) fn rotate(&self, new: &MasterKey, covered: u64) -> Result<u64, StoreError> {
         if self.table.is_some() {
-            return Err(StoreError::InvalidOption(
-                "rotating the master key of a store on PostgreSQL is not built yet (every                  server holds the master key in memory and wraps new keys under it)"
-                    .into(),
-            ));
+            return self.rotate_table(new);
         }
         let mut p = self.pending.lock();
         self.wait_idle(&mut p);

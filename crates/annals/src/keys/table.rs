@@ -11,7 +11,10 @@ use crate::io::Io;
 use crate::seal::{
     master_check, master_matches, unwrap_key, wrap_key, GivenKey, SealError, SubjectKey,
 };
-use crate::subject::SubjectOptions;
+use crate::subject::{MasterKey, SubjectOptions};
+
+/// How a rotation wraps a key again: from its tag and its bytes under the old master key.
+pub(crate) type Rewrap<'a> = &'a (dyn Fn(&str, &[u8]) -> Result<Vec<u8>, String> + Sync);
 
 /// Where a store on a database keeps its subjects' keys (PostgreSQL's `annals_subject_keys`).
 pub(crate) trait KeyTable: Send + Sync {
@@ -28,6 +31,15 @@ pub(crate) trait KeyTable: Send + Sync {
     /// Deletes the subject's key and records its erasure at `at_us` (also for a subject that
     /// has no key), durably; answers when it was erased (earlier, when it already was).
     fn erase(&self, tag: &str, at_us: u64) -> Result<u64, String>;
+    /// Replaces, in one transaction, every key with `rewrap` of it and the master key's check
+    /// with `check`, provided the table's check is still `is_ours`; no key is inserted under
+    /// the old check meanwhile, nor after. Answers how many keys were wrapped again.
+    fn rotate(
+        &self,
+        is_ours: &(dyn Fn(&[u8]) -> bool + Sync),
+        check: &[u8],
+        rewrap: Rewrap<'_>,
+    ) -> Result<u64, String>;
 }
 
 /// A subject's row in a [`KeyTable`].
@@ -98,7 +110,13 @@ impl KeyStore {
                         }
                         _ => match unwrap_key(&master, &tag, &wrapped) {
                             Some(key) => Slot::Live(Live::kept(key, wrapped.into())),
-                            None => return Err(format!("the key of {tag} does not unwrap")),
+                            None => {
+                                return Err(format!(
+                                    "the key of {tag} does not unwrap under this server's \
+                                     master key (if another server rotated it, start this \
+                                     server with the new master key file)"
+                                ))
+                            }
                         },
                     }
                 }
@@ -133,6 +151,41 @@ impl KeyStore {
             .fetch(&unknown)
             .map_err(|reason| StoreError::Unavailable { reason })?;
         self.take_rows(rows, None).map_err(StoreError::Subjects)
+    }
+
+    /// Wraps every key of the table under `new`, and its master key check, in one
+    /// transaction. Another server still holding the old master key reads on with the keys
+    /// it holds and makes no new key (the table refuses keys under the old check) until it is
+    /// started with `new`.
+    pub(super) fn rotate_table(&self, new: &MasterKey) -> Result<u64, StoreError> {
+        let table = self.table.clone().expect("keys in a table");
+        let mut p = self.pending.lock();
+        while p.writing {
+            self.synced.wait(&mut p);
+        }
+        let old = self.master.read().clone();
+        let check = master_check(new).map_err(StoreError::Subjects)?;
+        let rewrap = |tag: &str, wrapped: &[u8]| -> Result<Vec<u8>, String> {
+            let key = unwrap_key(&old, tag, wrapped)
+                .ok_or_else(|| format!("the key of {tag} does not unwrap under the master key"))?;
+            wrap_key(new, tag, &key)
+        };
+        let is_ours = |stored: &[u8]| master_matches(&old, stored);
+        let count = table
+            .rotate(&is_ours, &check, &rewrap)
+            .map_err(StoreError::Subjects)?;
+        *self.master.write() = new.clone();
+        let mut keys = self.keys.write();
+        for (tag, slot) in keys.iter_mut() {
+            if let Slot::Live(live) = slot {
+                live.wrapped = wrap_key(new, tag, &live.key)
+                    .map_err(StoreError::Subjects)?
+                    .into();
+            }
+        }
+        drop(keys);
+        drop(p);
+        Ok(count)
     }
 
     /// Those of `tags` whose key is still where the store keeps it (in the table, or on

@@ -9,7 +9,7 @@
 //! its old version leaves the table's pages once PostgreSQL reuses them); its receipt in the
 //! log tells the other servers, which drop the key as they take the receipt in.
 
-use crate::keys::{KeyTable, TableRow};
+use crate::keys::{KeyTable, Rewrap, TableRow};
 
 use super::connect::{SideConnection, Target};
 
@@ -25,15 +25,22 @@ const TABLES: &str = "CREATE TABLE IF NOT EXISTS annals_subject_master (
 /// The keys' table over a connection of its own.
 pub(crate) struct SubjectKeys {
     connection: SideConnection,
+    /// The master key check this server holds (the table's when it opened, or the one it
+    /// rotated to): new keys are inserted only while the table's is the same.
+    check: parking_lot::Mutex<Vec<u8>>,
 }
 
 impl SubjectKeys {
     pub(crate) fn new(target: Target) -> SubjectKeys {
         SubjectKeys {
             connection: SideConnection::new(target, TABLES),
+            check: parking_lot::Mutex::new(Vec::new()),
         }
     }
 }
+
+const ROTATED: &str = "the database's master key is not the one this server holds (another \
+    server rotated it): start this server with the new master key file";
 
 fn row(r: &postgres::Row) -> (String, TableRow) {
     let tag: String = r.get(0);
@@ -47,18 +54,20 @@ const SELECT: &str = "SELECT tag, wrapped, erased_at_us FROM annals_subject_keys
 
 impl KeyTable for SubjectKeys {
     fn master_check(&self, check: &[u8]) -> Result<Vec<u8>, String> {
-        self.connection.with(|c| {
-            c.execute(
-                "INSERT INTO annals_subject_master (id, master_check) VALUES (1, $1)
+        self.connection
+            .with(|c| {
+                c.execute(
+                    "INSERT INTO annals_subject_master (id, master_check) VALUES (1, $1)
                  ON CONFLICT (id) DO NOTHING",
-                &[&check],
-            )?;
-            c.query_one(
-                "SELECT master_check FROM annals_subject_master WHERE id = 1",
-                &[],
-            )
-            .map(|r| r.get(0))
-        })
+                    &[&check],
+                )?;
+                c.query_one(
+                    "SELECT master_check FROM annals_subject_master WHERE id = 1",
+                    &[],
+                )
+                .map(|r| r.get::<_, Vec<u8>>(0))
+            })
+            .inspect(|stored| *self.check.lock() = stored.clone())
     }
 
     fn load(&self) -> Result<Vec<(String, TableRow)>, String> {
@@ -71,18 +80,34 @@ impl KeyTable for SubjectKeys {
     fn insert(&self, keys: &[(&str, &[u8])]) -> Result<Vec<(String, TableRow)>, String> {
         let tags: Vec<&str> = keys.iter().map(|(t, _)| *t).collect();
         let wrapped: Vec<&[u8]> = keys.iter().map(|(_, w)| *w).collect();
-        self.connection.with(|c| {
-            // Committed (autocommit) before the rows are read back in a statement of its
-            // own, whose snapshot also sees a row another server inserted meanwhile.
-            c.execute(
-                "INSERT INTO annals_subject_keys (tag, wrapped)
-                 SELECT * FROM unnest($1::text[], $2::bytea[])
-                 ON CONFLICT (tag) DO NOTHING",
-                &[&tags, &wrapped],
-            )?;
-            c.query(&format!("{SELECT} WHERE tag = ANY($1)"), &[&tags])
-                .map(|rows| rows.iter().map(row).collect())
-        })
+        let check = self.check.lock().clone();
+        self.connection
+            .with(|c| {
+                // Committed (autocommit) before the rows are read back in a statement of its
+                // own, whose snapshot also sees a row another server inserted meanwhile. The
+                // master row is share-locked: a rotation (which locks it for update) waits
+                // for this insert, or this insert for the rotation, and then inserts nothing.
+                c.execute(
+                    "INSERT INTO annals_subject_keys (tag, wrapped)
+                     SELECT * FROM unnest($1::text[], $2::bytea[])
+                     WHERE EXISTS (SELECT 1 FROM annals_subject_master
+                                   WHERE id = 1 AND master_check = $3 FOR SHARE)
+                     ON CONFLICT (tag) DO NOTHING",
+                    &[&tags, &wrapped, &check],
+                )?;
+                let same: bool = c
+                    .query_one(
+                        "SELECT master_check = $1 FROM annals_subject_master WHERE id = 1",
+                        &[&check],
+                    )?
+                    .get(0);
+                if !same {
+                    return Ok(Err(ROTATED.to_string()));
+                }
+                c.query(&format!("{SELECT} WHERE tag = ANY($1)"), &[&tags])
+                    .map(|rows| Ok(rows.iter().map(row).collect()))
+            })
+            .and_then(|inserted| inserted)
     }
 
     fn fetch(&self, tags: &[&str]) -> Result<Vec<(String, TableRow)>, String> {
@@ -113,6 +138,60 @@ impl KeyTable for SubjectKeys {
                 .with(|c| c.batch_execute("VACUUM annals_subject_keys"))?;
         }
         Ok(at)
+    }
+
+    fn rotate(
+        &self,
+        is_ours: &(dyn Fn(&[u8]) -> bool + Sync),
+        check: &[u8],
+        rewrap: Rewrap<'_>,
+    ) -> Result<u64, String> {
+        let count = self
+            .connection
+            .with(|c| {
+                let mut tx = c.transaction()?;
+                let stored: Vec<u8> = tx
+                    .query_one(
+                        "SELECT master_check FROM annals_subject_master WHERE id = 1 FOR UPDATE",
+                        &[],
+                    )?
+                    .get(0);
+                if !is_ours(&stored) {
+                    return Ok(Err(ROTATED.to_string()));
+                }
+                let rows = tx.query(
+                    "SELECT tag, wrapped FROM annals_subject_keys WHERE wrapped IS NOT NULL
+                     FOR UPDATE",
+                    &[],
+                )?;
+                let (mut tags, mut again) = (Vec::new(), Vec::new());
+                for r in &rows {
+                    let tag: String = r.get(0);
+                    match rewrap(&tag, r.get::<_, &[u8]>(1)) {
+                        Ok(w) => again.push(w),
+                        Err(e) => return Ok(Err(e)),
+                    }
+                    tags.push(tag);
+                }
+                tx.execute(
+                    "UPDATE annals_subject_keys k SET wrapped = n.wrapped
+                     FROM unnest($1::text[], $2::bytea[]) AS n(tag, wrapped)
+                     WHERE k.tag = n.tag AND k.wrapped IS NOT NULL",
+                    &[&tags, &again],
+                )?;
+                tx.execute(
+                    "UPDATE annals_subject_master SET master_check = $1 WHERE id = 1",
+                    &[&check],
+                )?;
+                tx.commit()?;
+                Ok(Ok(tags.len() as u64))
+            })
+            .and_then(|rotated| rotated)?;
+        *self.check.lock() = check.to_vec();
+        // The rows' old versions, wrapped under the old master key, are dead now.
+        self.connection
+            .with(|c| c.batch_execute("VACUUM annals_subject_keys"))?;
+        Ok(count)
     }
 }
 
