@@ -247,7 +247,14 @@ impl Shared {
         let last = self.checkpoints.head.load(Ordering::Relaxed);
         // A checkpoint costs time in proportion to the whole index, so the gap between them
         // grows with the store (by half of it at least): the total work stays linear.
-        if interval == 0 || self.head() < last + interval.max(last / 2) {
+        let index_due = interval > 0 && self.head() >= last + interval.max(last / 2);
+        // New subjects' keys go to the key file within about a second (or a batch), so that
+        // appends carry them for no longer: without it they would travel until the next
+        // checkpoint (see `keys/grants.rs`). No background work at all when the interval is 0.
+        let keys_due = interval > 0
+            && self.io.is_persistent()
+            && self.keys.as_ref().is_some_and(|k| k.persist_due());
+        if !index_due && !keys_due {
             return;
         }
         if self.checkpoints.running.swap(true, Ordering::AcqRel) {
@@ -257,7 +264,12 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name("annals-checkpoint".into())
             .spawn(move || {
-                if shared.checkpoint().is_err() {
+                let done = match (index_due, &shared.keys) {
+                    (true, _) => shared.checkpoint(),
+                    (false, Some(keys)) => keys.persist(shared.head()),
+                    (false, None) => Ok(()),
+                };
+                if done.is_err() {
                     shared
                         .counters
                         .checkpoints_failed

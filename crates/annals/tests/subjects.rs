@@ -317,3 +317,36 @@ fn new_keys_travel_in_the_log_until_the_key_file_holds_them() {
         Vec::<String>::new()
     );
 }
+
+/// Goal: the key file takes new keys in within about a second of their making, without a
+/// checkpoint, so that appends carry them for no longer.
+#[test]
+fn new_keys_reach_the_key_file_within_about_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterKey::generate().unwrap();
+    let options = Options {
+        checkpoint_on_close: false,
+        ..options(&master)
+    };
+    let store = Store::open(dir.path(), options).unwrap();
+    let key_file = || {
+        std::fs::read(dir.path().join("subjects.keys"))
+            .unwrap()
+            .len()
+    };
+    let empty = key_file();
+    store
+        .append(&[NewEvent::new("Moved", "x").tag("customer:1")], None)
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while key_file() == empty {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the key never reached the key file"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Each append gives the store its chance to start the background write.
+        store.append(&[NewEvent::new("Plain", "y")], None).unwrap();
+    }
+    drop(store);
+}

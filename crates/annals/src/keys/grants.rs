@@ -10,13 +10,20 @@
 //! file; a grant under an older wrapping key is never needed again.
 
 use std::cmp::Ordering;
+use std::sync::atomic::Ordering as Atomic;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::file::{encode_record, load, KIND_COVERED, KIND_KEY};
 use super::{io_error, known, KeyMap, KeyStore, Live, Slot};
 use crate::error::StoreError;
 use crate::record::Entries;
 use crate::seal::{entry_grants, wrap_key, GivenKey, SealError, SubjectKey};
+
+/// How long a new key waits, at most, before the key file takes it in (appends carry it
+/// meanwhile), and how many may wait.
+const FRESH_FOR: Duration = Duration::from_secs(1);
+const FRESH_MAX: usize = 1 << 16;
 
 /// What [`KeyStore::take_in`] found.
 #[derive(Debug, PartialEq, Eq)]
@@ -58,8 +65,24 @@ impl KeyStore {
                 grant: Some(Arc::new(grant)),
             };
             keys.insert((*t).into(), Slot::Live(live));
+            if self.fresh.fetch_add(1, Atomic::Relaxed) == 0 {
+                self.fresh_since.lock().get_or_insert_with(Instant::now);
+            }
         }
         known(&keys, tags)?.ok_or_else(|| SealError::Keys("a key vanished as it was made".into()))
+    }
+
+    /// Whether the key file should take in the new keys now: the oldest has waited
+    /// [`FRESH_FOR`], or [`FRESH_MAX`] wait.
+    pub(crate) fn persist_due(&self) -> bool {
+        match self.fresh.load(Atomic::Relaxed) {
+            0 => false,
+            n if n >= FRESH_MAX => true,
+            _ => self
+                .fresh_since
+                .lock()
+                .is_some_and(|since| since.elapsed() >= FRESH_FOR),
+        }
     }
 
     /// Writes the keys the key file does not hold yet, then a record that it holds every
@@ -103,12 +126,17 @@ impl KeyStore {
         p.len += bytes.len() as u64;
         p.covered = p.covered.max(Some(covered));
         let mut keys = self.keys.write();
+        let kept = written.len();
         for t in written {
             if let Some(Slot::Live(live)) = keys.get_mut(&t) {
                 live.kept = true;
                 live.grant = None;
             }
         }
+        // Keys made while the file was written wait on, from now.
+        let before = self.fresh.fetch_sub(kept, Atomic::Relaxed);
+        debug_assert!(before >= kept, "every key written was counted as waiting");
+        *self.fresh_since.lock() = (before > kept).then(Instant::now);
         Ok(())
     }
 
@@ -176,6 +204,10 @@ impl KeyStore {
                 };
                 self.keys.write().insert(grant.tag.into(), Slot::Live(live));
                 taken += 1;
+                // A replica's keys go to no key file of its own.
+                if !p.following && self.fresh.fetch_add(1, Atomic::Relaxed) == 0 {
+                    self.fresh_since.lock().get_or_insert_with(Instant::now);
+                }
             }
         }
         Ok(TakenIn::Keys(taken))

@@ -4,9 +4,9 @@
 //! A new key reaches the disk in the log first: every append sealed under a key that the key
 //! file does not hold yet carries it as a grant, wrapped under the key file's wrapping key, so
 //! that one fdatasync makes the events and their key durable together (`grants.rs`). The
-//! key file takes the new keys in the background, with each index checkpoint and at close,
-//! with the position through which it holds every grant; an open takes in the grants after
-//! that position from the log. Erasing a subject rewrites the file (aside, synced, renamed)
+//! key file takes the new keys in the background (within about a second of their making),
+//! with each index checkpoint and at close, with the position through which it holds every
+//! grant; an open takes in the grants after that position from the log. Erasing a subject rewrites the file (aside, synced, renamed)
 //! without its key, keeping a record that the subject was erased, under a new wrapping key:
 //! the grants in the log can no longer be opened, and the file holds every other key.
 //!
@@ -129,6 +129,10 @@ pub(crate) struct KeyStore {
     synced: Condvar,
     /// Where the keys live when not in the key file.
     table: Option<Arc<dyn KeyTable>>,
+    /// Keys made that the key file does not hold yet, and since when the oldest of them
+    /// waits (`grants.rs`).
+    fresh: std::sync::atomic::AtomicUsize,
+    fresh_since: Mutex<Option<std::time::Instant>>,
 }
 
 fn subjects_error(path: &Path, what: impl std::fmt::Display) -> StoreError {
@@ -237,6 +241,8 @@ impl KeyStore {
             }),
             synced: Condvar::new(),
             table,
+            fresh: Default::default(),
+            fresh_since: Mutex::new(None),
         }
     }
 
@@ -410,6 +416,8 @@ impl KeyStore {
                 live.grant = None;
             }
         }
+        self.fresh.store(0, std::sync::atomic::Ordering::Relaxed);
+        *self.fresh_since.lock() = None;
         for (t, again) in rewrapped {
             if let Some(Slot::Live(live)) = keys.get_mut(&t) {
                 live.wrapped = again.into();
