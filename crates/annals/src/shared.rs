@@ -269,7 +269,12 @@ impl Shared {
                     (false, Some(keys)) => keys.persist(shared.head()),
                     (false, None) => Ok(()),
                 };
-                if done.is_err() {
+                if let Err(e) = done {
+                    tracing::warn!(
+                        error = %e,
+                        "a background checkpoint failed (the log stays the truth: the next \
+                         open scans further, and new subjects' keys travel in the log meanwhile)"
+                    );
                     shared
                         .counters
                         .checkpoints_failed
