@@ -141,46 +141,28 @@ impl WrapKey {
 
     /// This key wrapped under the master key, bound to its id.
     pub(crate) fn wrapped_under(&self, master: &MasterKey) -> Result<Vec<u8>, String> {
-        let mut out = Vec::with_capacity(WRAPPED_KEY_BYTES);
-        encrypt(
-            &master_cipher(master),
-            &Self::aad(self.id),
-            &self.bytes,
-            &mut out,
-        )?;
-        Ok(out)
+        wrap_bytes(&master_cipher(master), &Self::aad(self.id), &self.bytes)
     }
 
     /// The wrapping key `id` that `wrapped_under` wrapped, or None when `master` is not the
     /// key it was wrapped under (or the bytes are damaged).
     pub(crate) fn unwrap(master: &MasterKey, id: u64, wrapped: &[u8]) -> Option<WrapKey> {
-        let mut plain = decrypt(&master_cipher(master), &Self::aad(id), wrapped)?;
-        let key = <[u8; 32]>::try_from(plain.as_slice())
-            .ok()
-            .map(|b| WrapKey::from_bytes(id, b));
-        plain.zeroize();
-        key
+        unwrap_bytes(&master_cipher(master), &Self::aad(id), wrapped)
+            .map(|b| WrapKey::from_bytes(id, b))
     }
 
     /// `key`, the key of the subject `tag`, as a grant.
     pub(crate) fn grant(&self, tag: &str, key: &SubjectKey) -> Result<Grant, String> {
-        let mut wrapped = Vec::with_capacity(WRAPPED_KEY_BYTES);
-        encrypt(&self.cipher, tag.as_bytes(), &key.0.bytes, &mut wrapped)?;
         Ok(Grant {
             wrap_id: self.id,
-            wrapped: wrapped.into(),
+            wrapped: wrap_bytes(&self.cipher, tag.as_bytes(), &key.0.bytes)?.into(),
         })
     }
 
     /// The key a grant of `tag` under this wrapping key carries; None when it does not
     /// authenticate.
     pub(crate) fn open_grant(&self, tag: &str, wrapped: &[u8]) -> Option<SubjectKey> {
-        let mut plain = decrypt(&self.cipher, tag.as_bytes(), wrapped)?;
-        let key = <[u8; 32]>::try_from(plain.as_slice())
-            .ok()
-            .map(SubjectKey::from_bytes);
-        plain.zeroize();
-        key
+        unwrap_bytes(&self.cipher, tag.as_bytes(), wrapped).map(SubjectKey::from_bytes)
     }
 }
 
@@ -227,26 +209,31 @@ fn master_cipher(master: &MasterKey) -> Aes256Gcm {
 
 /// A subject's key wrapped under the master key, bound to its tag.
 pub(crate) fn wrap_key(master: &MasterKey, tag: &str, key: &SubjectKey) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(WRAPPED_KEY_BYTES);
-    encrypt(
-        &master_cipher(master),
-        tag.as_bytes(),
-        &key.0.bytes,
-        &mut out,
-    )?;
-    debug_assert_eq!(out.len(), WRAPPED_KEY_BYTES);
-    Ok(out)
+    wrap_bytes(&master_cipher(master), tag.as_bytes(), &key.0.bytes)
 }
 
 /// The key `wrap_key` wrapped, or None when `master` is not the key it was wrapped under (or
 /// the bytes are damaged).
 pub(crate) fn unwrap_key(master: &MasterKey, tag: &str, wrapped: &[u8]) -> Option<SubjectKey> {
-    let mut plain = decrypt(&master_cipher(master), tag.as_bytes(), wrapped)?;
-    let key = <[u8; 32]>::try_from(plain.as_slice())
-        .ok()
-        .map(SubjectKey::from_bytes);
+    unwrap_bytes(&master_cipher(master), tag.as_bytes(), wrapped).map(SubjectKey::from_bytes)
+}
+
+/// 32 bytes of a key wrapped under `cipher`, bound to `aad`: [`WRAPPED_KEY_BYTES`] of nonce,
+/// ciphertext and tag.
+fn wrap_bytes(cipher: &Aes256Gcm, aad: &[u8], bytes: &[u8; 32]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(WRAPPED_KEY_BYTES);
+    encrypt(cipher, aad, bytes, &mut out)?;
+    debug_assert_eq!(out.len(), WRAPPED_KEY_BYTES);
+    Ok(out)
+}
+
+/// The 32 bytes `wrap_bytes` wrapped (the plaintext buffer wiped), or None when they do not
+/// authenticate under `cipher` and `aad`.
+fn unwrap_bytes(cipher: &Aes256Gcm, aad: &[u8], wrapped: &[u8]) -> Option<[u8; 32]> {
+    let mut plain = decrypt(cipher, aad, wrapped)?;
+    let bytes = <[u8; 32]>::try_from(plain.as_slice()).ok();
     plain.zeroize();
-    key
+    bytes
 }
 
 /// What proves a master key is the store's: 16 zero bytes sealed under it.

@@ -77,6 +77,31 @@ fn decode_record(bytes: &[u8]) -> Option<(u8, &str, &[u8], usize)> {
     Some((rest[0], tag, &rest[3 + tag_len..], 8 + len))
 }
 
+/// One record of a key file, at `at`, ending at `end`.
+struct Record<'a> {
+    at: usize,
+    end: usize,
+    kind: u8,
+    tag: &'a str,
+    payload: &'a [u8],
+}
+
+/// The records from `at` on, up to the first that is short or fails its CRC (a torn tail).
+fn records(bytes: &[u8], mut at: usize) -> impl Iterator<Item = Record<'_>> {
+    std::iter::from_fn(move || {
+        let (kind, tag, payload, used) = decode_record(bytes.get(at..)?)?;
+        let record = Record {
+            at,
+            end: at + used,
+            kind,
+            tag,
+            payload,
+        };
+        at += used;
+        Some(record)
+    })
+}
+
 /// A key file's header read (without the master key).
 struct Header<'a> {
     epoch: u64,
@@ -140,17 +165,10 @@ pub(crate) struct KeyTags {
 
 pub(crate) fn key_tags(bytes: &[u8]) -> Result<KeyTags, String> {
     let header = parse_header(bytes)?;
-    let mut at = header.len;
-    let mut tags = HashMap::new();
-    while at < bytes.len() {
-        let Some((kind, tag, _, used)) = decode_record(&bytes[at..]) else {
-            break;
-        };
-        if kind != KIND_COVERED {
-            tags.insert(tag.to_string(), kind == KIND_ERASED);
-        }
-        at += used;
-    }
+    let tags = records(bytes, header.len)
+        .filter(|r| r.kind != KIND_COVERED)
+        .map(|r| (r.tag.to_string(), r.kind == KIND_ERASED))
+        .collect();
     Ok(KeyTags {
         tags,
         wrap_id: header.wrap.map(|(id, _)| id),
@@ -194,12 +212,10 @@ pub(super) fn load(
         })?),
     };
     let mut covered = wrap.as_ref().map(|_| 0);
-    let mut at = header.len;
-    while at < bytes.len() {
-        let Some((kind, tag, payload, used)) = decode_record(&bytes[at..]) else {
-            break;
-        };
-        match kind {
+    let mut valid = header.len;
+    for record in records(bytes, header.len) {
+        let (tag, payload) = (record.tag, record.payload);
+        match record.kind {
             KIND_KEY if payload.len() == WRAPPED_KEY_BYTES => {
                 let key = unwrap_key(master, tag, payload).ok_or_else(|| {
                     subjects_error(path, format!("the key of {tag} does not unwrap"))
@@ -214,17 +230,20 @@ pub(super) fn load(
                 let through = u64::from_le_bytes(payload.try_into().expect("8 bytes"));
                 covered = covered.max(Some(through));
             }
-            _ => {
+            kind => {
                 return Err(subjects_error(
                     path,
-                    format!("a record of kind {kind} for {tag:?} at offset {at}"),
+                    format!(
+                        "a record of kind {kind} for {tag:?} at offset {}",
+                        record.at
+                    ),
                 ))
             }
         }
-        at += used;
+        valid = record.end;
     }
     Ok(Loaded {
-        valid: at,
+        valid,
         epoch: header.epoch,
         wrap,
         covered,

@@ -49,12 +49,12 @@ impl KeyStore {
                 ))
             }
         };
+        // Made with only the pending lock held (it keeps makers and the key file's writers
+        // apart); the map, which every sealed read looks in, is locked to insert them only.
+        let missing = self.unknown(tags);
         let master = self.master.read();
-        let mut keys = self.keys.write();
-        for t in tags {
-            if keys.contains_key(*t) {
-                continue;
-            }
+        let mut made = Vec::with_capacity(missing.len());
+        for t in missing {
             let key = SubjectKey::generate().map_err(SealError::Keys)?;
             let wrapped = wrap_key(&master, t, &key).map_err(SealError::Keys)?;
             let grant = wrap.grant(t, &key).map_err(SealError::Keys)?;
@@ -64,12 +64,21 @@ impl KeyStore {
                 kept: false,
                 grant: Some(Arc::new(grant)),
             };
-            keys.insert((*t).into(), Slot::Live(live));
-            if self.fresh.fetch_add(1, Atomic::Relaxed) == 0 {
-                self.fresh_since.lock().get_or_insert_with(Instant::now);
-            }
+            made.push((t, live));
+        }
+        let mut keys = self.keys.write();
+        for (t, live) in made {
+            keys.insert(t.into(), Slot::Live(live));
+            self.count_fresh();
         }
         known(&keys, tags)?.ok_or_else(|| SealError::Keys("a key vanished as it was made".into()))
+    }
+
+    /// Counts one more key that the key file does not hold, noting when the first waited.
+    fn count_fresh(&self) {
+        if self.fresh.fetch_add(1, Atomic::Relaxed) == 0 {
+            self.fresh_since.lock().get_or_insert_with(Instant::now);
+        }
     }
 
     /// Whether the key file should take in the new keys now: the oldest has waited
@@ -129,8 +138,7 @@ impl KeyStore {
         let kept = written.len();
         for t in written {
             if let Some(Slot::Live(live)) = keys.get_mut(&t) {
-                live.kept = true;
-                live.grant = None;
+                live.mark_kept();
             }
         }
         // Keys made while the file was written wait on, from now.
@@ -205,8 +213,8 @@ impl KeyStore {
                 self.keys.write().insert(grant.tag.into(), Slot::Live(live));
                 taken += 1;
                 // A replica's keys go to no key file of its own.
-                if !p.following && self.fresh.fetch_add(1, Atomic::Relaxed) == 0 {
-                    self.fresh_since.lock().get_or_insert_with(Instant::now);
+                if !p.following {
+                    self.count_fresh();
                 }
             }
         }

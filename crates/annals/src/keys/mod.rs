@@ -73,6 +73,12 @@ impl Live {
             grant: None,
         }
     }
+
+    /// The key file holds it now: appends carry it no more.
+    fn mark_kept(&mut self) {
+        self.kept = true;
+        self.grant = None;
+    }
 }
 
 /// A key made and not yet stored in a table: the key, its wrapped bytes, the batch that
@@ -260,6 +266,15 @@ impl KeyStore {
         self.table.is_some()
     }
 
+    /// Those of `tags` the store holds neither a key nor an erasure for.
+    fn unknown<'a>(&self, tags: &[&'a str]) -> Vec<&'a str> {
+        let keys = self.keys.read();
+        tags.iter()
+            .copied()
+            .filter(|t| !keys.contains_key(*t))
+            .collect()
+    }
+
     /// Whether `tag` was erased, as this store knows.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn is_erased(&self, tag: &str) -> bool {
@@ -412,8 +427,7 @@ impl KeyStore {
         let mut keys = self.keys.write();
         for slot in keys.values_mut() {
             if let Slot::Live(live) = slot {
-                live.kept = true;
-                live.grant = None;
+                live.mark_kept();
             }
         }
         self.fresh.store(0, std::sync::atomic::Ordering::Relaxed);

@@ -137,13 +137,7 @@ impl KeyStore {
         let Some(table) = &self.table else {
             return Ok(());
         };
-        let unknown: Vec<&str> = {
-            let keys = self.keys.read();
-            tags.iter()
-                .copied()
-                .filter(|t| !keys.contains_key(*t))
-                .collect()
-        };
+        let unknown = self.unknown(tags);
         if unknown.is_empty() {
             return Ok(());
         }
@@ -160,9 +154,7 @@ impl KeyStore {
     pub(super) fn rotate_table(&self, new: &MasterKey) -> Result<u64, StoreError> {
         let table = self.table.clone().expect("keys in a table");
         let mut p = self.pending.lock();
-        while p.writing {
-            self.synced.wait(&mut p);
-        }
+        self.wait_idle(&mut p);
         let old = self.master.read().clone();
         let check = master_check(new).map_err(StoreError::Subjects)?;
         let rewrap = |tag: &str, wrapped: &[u8]| -> Result<Vec<u8>, String> {
