@@ -116,14 +116,22 @@ impl S3Server {
             }
             // S3 answers (an unsigned request is refused, 403), and the bucket is made: the
             // filer holds it as the directory /buckets/<name>.
-            let s3_up = http_status(self.s3_port(), "/").is_some();
-            let bucket = http_status(self.ports[4], &format!("/buckets/{BUCKET}/"));
-            if s3_up && bucket == Some(200) {
+            // A put also needs a writable volume: the master assigns a file id only when one
+            // exists or can be grown (it cannot when the disk is nearly full, and then every
+            // put would hang until its timeout).
+            let s3_up = http_head(self.s3_port(), "/").is_some();
+            let bucket = http_head(self.ports[4], &format!("/buckets/{BUCKET}/"));
+            let writable = s3_up
+                && bucket == Some(200)
+                && http_get(self.ports[0], "/dir/assign")
+                    .is_some_and(|body| body.contains("\"fid\""));
+            if writable {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "weed mini did not serve S3 within 60 s:\n{}",
+                "weed mini did not serve S3 with a writable volume within 60 s (free disk: {}):\n{}",
+                free_disk(self.dir.path()),
                 self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(100));
@@ -201,21 +209,51 @@ fn serde_free_config() -> String {
 
 /// The status code of a plain `HEAD path` on the loopback `port`, or None when nothing
 /// answers.
-fn http_status(port: u16, path: &str) -> Option<u16> {
+fn http_head(port: u16, path: &str) -> Option<u16> {
+    let (status, _) = http_request(port, "HEAD", path)?;
+    Some(status)
+}
+
+/// The body of a `GET path` on the loopback `port` when it answers 200.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    match http_request(port, "GET", path)? {
+        (200, body) => Some(body),
+        _ => None,
+    }
+}
+
+/// One request with `Connection: close`, read to its end: the status and the rest (headers
+/// and body) as text.
+fn http_request(port: u16, method: &str, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect_timeout(
         &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
         Duration::from_millis(500),
     )
     .ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         stream,
-        "HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
-    let mut buf = [0u8; 64];
-    let n = stream.read(&mut buf).ok()?;
-    let text = std::str::from_utf8(&buf[..n]).ok()?;
-    text.split_whitespace().nth(1)?.parse().ok()
+    let mut buf = Vec::new();
+    // A HEAD answer may keep the connection open for a moment; what was read is enough.
+    let _ = stream.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, text))
+}
+
+/// The free space of the file system holding `path`, for a failure's message.
+fn free_disk(path: &Path) -> String {
+    Command::new("df")
+        .arg("-h")
+        .arg("--output=avail")
+        .arg(path)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().nth(1).map(|l| l.trim().to_string()))
+        .unwrap_or_else(|| "unknown".to_string())
 }
