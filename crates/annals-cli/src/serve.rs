@@ -268,10 +268,16 @@ async fn serve(config: Config) -> Result<(), String> {
         println!("annals: the log's copy {kept}; {} {read}", mirror.followed);
     }
     if let Some(backup) = server.store.stats().backup {
-        println!(
-            "annals: backing up to {} (shipped through position {})",
-            backup.url, backup.shipped_through
-        );
+        match &backup.holder {
+            Some(holder) => println!(
+                "annals: standing by for the backup ({holder}); this server ships once that \
+                 server's lease lapses"
+            ),
+            None => println!(
+                "annals: backing up to {} (shipped through position {})",
+                backup.url, backup.shipped_through
+            ),
+        }
     }
     if let Some((path, offset, why)) = &report.torn_tail {
         println!(

@@ -439,8 +439,10 @@ fn a_replica_follows_a_primary_under_load() {
     assert!(primary.terminate().success());
 }
 
-/// Goal: a store on PostgreSQL ships what the database committed; its backup verifies and
-/// restores into a directory and into another (empty) database, append for append.
+/// Goal: a store on PostgreSQL ships what the database committed; a second server of the
+/// database started with the same backup stands by, answers D4 appends once the first has
+/// shipped them, and ships once the first is killed (its lease lapsed); the backup verifies
+/// and restores into a directory and into another (empty) database, append for append.
 #[test]
 fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
     let Some(s3) = S3Server::start() else { return };
@@ -468,8 +470,42 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let events = server.read("{}", "{}");
-    assert!(server.terminate().success());
+    let mut standby =
+        ServerProcess::launch_with(&["--store", &database, "--backup", &url], &env_refs(&env));
+    assert_eq!(
+        metric(standby.http, "annals_backup_state{state=\"standby\"}"),
+        Some(1.0)
+    );
+    let d4 =
+        r#"{"events":[{"type":"D","tags":["k:d4"],"data":"on the standby"}],"durability":"d4"}"#;
+    for _ in 0..5 {
+        assert_eq!(standby.post("/v1/append", d4).status, 200);
+    }
+    // The shipping server dies without releasing its lease: the standby takes over once the
+    // lease lapses (30 s without renewal), and ships what both appended.
+    server.kill9();
+    for i in 0..20 {
+        standby.append(&format!(
+            r#"{{"events":[{{"type":"S","tags":["k:{i}"],"data":"after the kill"}}]}}"#
+        ));
+    }
+    let head = standby.head();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(standby.http, "annals_backup_shipped_position") != Some(head as f64) {
+        assert!(
+            Instant::now() < deadline,
+            "the standby took over the backup: {:?}",
+            metric(standby.http, "annals_backup_state{state=\"shipping\"}")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        metric(standby.http, "annals_backup_state{state=\"shipping\"}"),
+        Some(1.0)
+    );
+    let events = standby.read("{}", "{}");
+    assert_eq!(events.len(), 600 + 5 + 20);
+    assert!(standby.terminate().success());
     let (ok, out) = annals(&["backup", "verify", &url, "--json"], &env);
     assert!(ok, "{out}");
     let work = tempfile::tempdir().unwrap();

@@ -513,9 +513,10 @@ fn render_backup(out: &mut String, b: &annals::BackupStats) {
         out,
         "annals_backup_state",
         "gauge",
-        "The backup's state (label): shipping, failing (retrying) or stopped.",
+        "The backup's state (label): shipping, failing (retrying), standby (another server \
+         of the database ships) or stopped.",
     );
-    for state in ["shipping", "failing", "stopped"] {
+    for state in ["shipping", "failing", "standby", "stopped"] {
         let on = u8::from(b.state == state);
         let _ = writeln!(out, "annals_backup_state{{state=\"{state}\"}} {on}");
     }

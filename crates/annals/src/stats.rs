@@ -146,9 +146,10 @@ pub struct ScrubStats {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BackupStats {
     pub url: String,
-    /// "shipping", "failing" (object storage does not take puts; retried with backoff) or
-    /// "stopped" (the prefix holds another history or another server took it; see
-    /// `last_error`).
+    /// "shipping", "failing" (object storage does not take puts; retried with backoff),
+    /// "standby" (on PostgreSQL: another server of the database ships, see `holder`; this one
+    /// takes over once that server's lease lapses) or "stopped" (the prefix holds another
+    /// history or another server took it; see `last_error`).
     pub state: &'static str,
     /// Every position up to this one is in object storage.
     pub shipped_through: u64,
@@ -161,6 +162,8 @@ pub struct BackupStats {
     /// Puts that failed (each retried).
     pub failures: u64,
     pub last_error: Option<String>,
+    /// On a standby, the server that holds the lease and ships.
+    pub holder: Option<String>,
 }
 
 /// What [`Store::check`] found.

@@ -226,6 +226,18 @@ fn a_prefix_is_refused_to_another_store_and_to_a_store_behind_it() {
         head
     );
 
+    // While a server ships into the prefix, a store on files is refused it.
+    let holder = Store::open(dir.path().join("one"), opts.clone()).unwrap();
+    let e = Store::open(dir.path().join("two"), opts.clone())
+        .err()
+        .expect("a prefix another server ships into is refused");
+    assert!(
+        matches!(&e, StoreError::Backup(m) if m.contains("another server ships into this prefix")
+            && m.contains("own prefix")),
+        "{e}"
+    );
+    holder.close().unwrap();
+
     let other = Store::open(dir.path().join("other"), plain(&opts)).unwrap();
     other.append(&events(99, 1), None).unwrap();
     other.close().unwrap();
@@ -741,4 +753,77 @@ fn a_kept_replica_copy_resumes_after_a_clean_close_and_is_refilled_otherwise() {
     replica.close().unwrap();
     other.close().unwrap();
     primary.close().unwrap();
+}
+
+/// Goal: several servers of one PostgreSQL database, each started with the same backup: one
+/// ships, the others stand by. A standby answers its D4 appends once the shipping server has
+/// put them, and takes over when that server stops; the backup then holds every append of
+/// both, gapless.
+#[test]
+fn a_second_server_of_a_database_stands_by_and_takes_over() {
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let mut opts = options(&url);
+    opts.durability = Durability::Synced;
+    let first = Store::open_postgres(&cluster.url(), opts.clone()).unwrap();
+    let second = Store::open_postgres(&cluster.url(), opts.clone()).unwrap();
+    fill(&first, 50);
+    let backup = first.stats().backup.unwrap();
+    assert_eq!(backup.state, "shipping", "{backup:?}");
+    let standing = second.stats().backup.unwrap();
+    assert_eq!(standing.state, "standby", "{standing:?}");
+    assert!(
+        standing
+            .holder
+            .as_deref()
+            .is_some_and(|h| h.contains("another server ships")),
+        "{standing:?}"
+    );
+    // A D4 append on the standby is answered once the first server has shipped it.
+    for i in 0..10 {
+        let p = second
+            .appending(&events(1000 + i, 1))
+            .require_off_machine()
+            .wait()
+            .unwrap();
+        let seen = second.stats().backup.unwrap();
+        assert!(seen.shipped_through >= p, "{seen:?}");
+        assert_eq!(seen.state, "standby");
+    }
+    // The first server stops (releasing its lease): the standby takes over.
+    first.close().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while second.stats().backup.unwrap().state != "shipping" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the standby never took over: {:?}",
+            second.stats().backup
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fill(&second, 30);
+    let p = second
+        .appending(&events(2000, 2))
+        .require_off_machine()
+        .wait()
+        .unwrap();
+    let head = second.head();
+    assert_eq!(p, head);
+    let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();
+    let restored = restore(
+        &BackupOptions::new(&url),
+        &whole,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(restored.head, head);
+    assert_eq!(
+        compare(&second, &whole, head, &mut |_| {}).unwrap(),
+        50 + 10 + 30 + 1
+    );
+    second.close().unwrap();
 }

@@ -36,6 +36,7 @@ use crate::segment::SEGMENT_HEADER_BYTES;
 use crate::shared::Shared;
 
 mod keys;
+mod standby;
 mod state;
 pub(crate) use state::now_us;
 pub(crate) use state::BackupState;
@@ -53,6 +54,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long a lease holds without renewal, and how often it is renewed.
 const LEASE_TTL_S: u64 = 30;
 const LEASE_RENEW: Duration = Duration::from_secs(10);
+/// How long a store on PostgreSQL taking over a backup waits for its mirror to hold what
+/// the backup does.
+const MIRROR_CATCH_UP: Duration = Duration::from_secs(10);
 /// How long a close waits for the backup to catch up before it gives up on it.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
@@ -197,6 +201,7 @@ impl Shipper {
             stop: AtomicBool::new(false),
             options,
             keys_epoch: AtomicU64::new(0),
+            standby: Mutex::new(None),
         });
         let lease = Lease {
             host: host_name(),
@@ -219,28 +224,29 @@ impl Shipper {
             keys_shipped: None,
             last_put: Instant::now() - Duration::from_secs(3600),
         };
-        shipper.take_lease()?;
-        let resumed = shipper
-            .check_manifest()
-            .and_then(|()| shipper.resume_point())
-            .and_then(|shipped| {
-                let keys = keys::shipped_keys(&shipper.objects)
-                    .map_err(|e| backup_error(shipper.url(), &e))?;
-                Ok((shipped, keys))
-            });
-        match resumed {
-            Ok((shipped, keys_shipped)) => {
-                shipper.state.shipped.store(shipped, Ordering::Release);
-                // Its segment may have been shipped in chunks only: once the log has moved
-                // past it, it is shipped whole (a put that finds it there already costs a
-                // comparison).
-                shipper.chunked_segment = shipper.segment_of(shipped);
-                shipper.keys_shipped = keys_shipped;
-                if let Some((epoch, _)) = keys_shipped {
-                    shipper.state.keys_epoch.store(epoch, Ordering::Release);
-                }
-                Ok(shipper)
+        match shipper.take_lease()? {
+            None => {}
+            // Several servers of one database, each started with the same backup: one ships,
+            // the others stand by (`standby.rs`).
+            Some(holder) if shipper.shared.policy.backend == Backend::Postgres => {
+                shipper.check_manifest()?;
+                tracing::info!(
+                    url = shipper.url(),
+                    holder = holder.as_str(),
+                    "backup: another server of the database ships into this prefix; this one \
+                     stands by and takes over once that server's lease lapses"
+                );
+                *shipper.state.standby.lock() = Some(holder);
+                return Ok(shipper);
             }
+            Some(holder) => {
+                return Err(StoreError::Backup(format!(
+                    "{holder}; give each store its own prefix"
+                )))
+            }
+        }
+        match shipper.begin() {
+            Ok(()) => Ok(shipper),
             Err(e) => {
                 shipper.release_lease();
                 Err(e)
@@ -248,11 +254,31 @@ impl Shipper {
         }
     }
 
+    /// With the lease held: checks that the prefix backs up this store and finds where
+    /// shipping resumes.
+    fn begin(&mut self) -> Result<(), StoreError> {
+        self.check_manifest()?;
+        let shipped = self.resume_point()?;
+        let keys_shipped =
+            keys::shipped_keys(&self.objects).map_err(|e| backup_error(self.url(), &e))?;
+        self.state.shipped.store(shipped, Ordering::Release);
+        // Its segment may have been shipped in chunks only: once the log has moved past it,
+        // it is shipped whole (a put that finds it there already costs a comparison).
+        self.chunked_segment = self.segment_of(shipped);
+        self.keys_shipped = keys_shipped;
+        if let Some((epoch, _)) = keys_shipped {
+            self.state.keys_epoch.store(epoch, Ordering::Release);
+        }
+        Ok(())
+    }
+
     fn url(&self) -> &str {
         &self.state.url
     }
 
-    fn take_lease(&mut self) -> Result<(), StoreError> {
+    /// Takes the prefix's lease: None once taken, or why not when another server holds it
+    /// and renewed it within its time to live.
+    fn take_lease(&mut self) -> Result<Option<String>, StoreError> {
         // A listing fails on a bucket that does not exist (a get answers "no such object",
         // and some servers make a bucket on the first put).
         self.objects
@@ -270,10 +296,9 @@ impl Shipper {
                     let same_dir = held.host == self.lease.host && held.dir == self.lease.dir;
                     let age_s = now_us().saturating_sub(held.renewed_at_us) / 1_000_000;
                     if !same_dir && held.renewed_at_us != 0 && age_s < held.ttl_s {
-                        return Err(StoreError::Backup(format!(
+                        return Ok(Some(format!(
                             "{}: another server ships into this prefix (host {}, directory {}, \
-                             pid {}; its lease was renewed {age_s} s ago and holds for {} s); \
-                             give each store its own prefix",
+                             pid {}; its lease was renewed {age_s} s ago and holds for {} s)",
                             self.url(),
                             held.host,
                             held.dir,
@@ -285,7 +310,7 @@ impl Shipper {
                 version
             }
         };
-        self.write_lease(version)
+        self.write_lease(version).map(|()| None)
     }
 
     fn write_lease(&mut self, over: Option<String>) -> Result<(), StoreError> {
@@ -391,7 +416,17 @@ impl Shipper {
         let Some((name, shipped)) = last else {
             return Ok(0);
         };
-        let durable = self.durable();
+        let mut durable = self.durable();
+        // On PostgreSQL another server may have shipped what this one's mirror has not taken
+        // in yet (it follows the database within moments).
+        let caught_up = Instant::now() + MIRROR_CATCH_UP;
+        while durable < shipped
+            && self.shared.policy.backend == Backend::Postgres
+            && Instant::now() < caught_up
+        {
+            std::thread::sleep(Duration::from_millis(20));
+            durable = self.durable();
+        }
         if durable < shipped {
             return Err(StoreError::Backup(format!(
                 "{} holds positions through {shipped}, this store only through {durable}: the \
@@ -445,6 +480,14 @@ impl Shipper {
     }
 
     fn run(mut self) {
+        if self.state.standby.lock().is_some() && !self.stand_by() {
+            self.state.answer();
+            let reason = self.state.stopped.lock().clone().unwrap_or_else(|| {
+                "the store closed before the append reached object storage".into()
+            });
+            self.state.fail_all(&reason);
+            return;
+        }
         let mut backoff = BACKOFF_MIN;
         let mut stop_deadline: Option<Instant> = None;
         loop {

@@ -47,6 +47,9 @@ pub(crate) struct BackupState {
     pub(super) options: BackupOptions,
     /// The newest epoch of the subjects' key file the backup holds whole (`ship/keys.rs`).
     pub(super) keys_epoch: AtomicU64,
+    /// While another server of the database holds the prefix's lease and ships: which one
+    /// (`ship/standby.rs`). `shipped` is then what this server saw that server ship.
+    pub(super) standby: Mutex<Option<String>>,
 }
 
 impl BackupState {
@@ -167,6 +170,7 @@ impl BackupState {
             state: match (&stopped, self.failing.load(Ordering::Relaxed)) {
                 (Some(_), _) => "stopped",
                 (None, true) => "failing",
+                (None, false) if self.standby.lock().is_some() => "standby",
                 (None, false) => "shipping",
             },
             shipped_through: shipped,
@@ -177,6 +181,7 @@ impl BackupState {
             segments_shipped: self.segments_shipped.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
             last_error: stopped.or_else(|| self.last_error.lock().clone()),
+            holder: self.standby.lock().clone(),
         }
     }
 }
