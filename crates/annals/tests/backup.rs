@@ -827,3 +827,123 @@ fn a_second_server_of_a_database_stands_by_and_takes_over() {
     );
     second.close().unwrap();
 }
+
+/// The names of the files below `dir`, failing when one holds `marker`.
+fn objects_without(dir: &std::path::Path, marker: &str) -> Vec<std::path::PathBuf> {
+    let mut stack = vec![dir.to_path_buf()];
+    let mut files = Vec::new();
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let bytes = std::fs::read(&p).unwrap();
+            assert!(
+                !bytes.windows(marker.len()).any(|w| w == marker.as_bytes()),
+                "{} holds the clear data",
+                p.display()
+            );
+            files.push(p);
+        }
+    }
+    files
+}
+
+/// Goal: a store on PostgreSQL with data subjects has a backup too: it holds an image of the
+/// database's keys (still under the master key) and never the clear data; keys made by
+/// another server of the database reach it; an erasure answers once the backup's keys no
+/// longer hold the subject's, older images gone; a replica and a restore read every other
+/// subject back, the erased one erased.
+#[test]
+fn a_store_on_postgres_with_subjects_is_backed_up_with_its_keys() {
+    use annals::{MasterKey, SubjectOptions};
+    const MARKER: &str = "MARKER-pg-backup-subject-a41c";
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let master = MasterKey::generate().unwrap();
+    let mut opts = options(&url);
+    opts.durability = Durability::Synced;
+    opts.subjects = Some(SubjectOptions::new(["customer:"], master.clone()));
+    let first = Store::open_postgres(&cluster.url(), opts.clone()).unwrap();
+    let second = Store::open_postgres(&cluster.url(), opts.clone()).unwrap();
+    assert_eq!(second.stats().backup.unwrap().state, "standby");
+    // Subjects 0-9 get their keys from the first server, 10-19 from the second.
+    let moved = |i: u64| {
+        NewEvent::new("Moved", format!("{MARKER} {i}")).tag(format!("customer:{}", i % 20))
+    };
+    for i in 0..200u64 {
+        let store = if i % 20 < 10 { &first } else { &second };
+        store.append(&[moved(i)], None).unwrap();
+    }
+    fill(&first, 50);
+    first.refresh().unwrap();
+    let erasure = first.erase_subject("customer:13").unwrap();
+    assert_eq!(erasure.events, 10);
+    assert_eq!(erasure.in_backup, Some(true), "{erasure:?}");
+    // More keys after the erasure: the image goes on in the new epoch.
+    for i in 200..240u64 {
+        let store = if i % 20 < 10 { &first } else { &second };
+        let event = NewEvent::new("Moved", format!("{MARKER} {i}")).tag(format!("customer:n{i}"));
+        store.append(&[event], None).unwrap();
+    }
+    let head = first.refresh().unwrap();
+    wait_for("the backup ships everything", || {
+        first.stats().backup.unwrap().shipped_through == head
+    });
+    let read = |store: &Store| -> Vec<(bool, Vec<u8>)> {
+        store
+            .read(&annals::Query::all(), annals::ReadOptions::forwards())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.is_erased(), e.data().to_vec()))
+            .collect()
+    };
+    let expected = read(&first);
+    let replica = Store::open_replica(opts.backup.as_ref().unwrap(), plain(&opts)).unwrap();
+    wait_for("the replica follows", || replica.head() == head);
+    assert_eq!(read(&replica), expected);
+    replica.close().unwrap();
+    second.close().unwrap();
+    first.close().unwrap();
+
+    // No marker in any object; the keys of one epoch only, after the first image.
+    let keys: Vec<String> = objects_without(&dir.path().join("backup"), MARKER)
+        .iter()
+        .filter(|p| p.parent().unwrap().ends_with("keys"))
+        .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
+        .collect();
+    let epochs: std::collections::BTreeSet<&str> = keys.iter().map(|k| &k[..20]).collect();
+    assert_eq!(epochs.len(), 1, "{keys:?}");
+    assert!(!epochs.contains("00000000000000000000"), "{keys:?}");
+
+    // Restored into a directory (with the master key): every other subject reads back.
+    let target_dir = dir.path().join("restored");
+    let target_opts = Options {
+        durability: Durability::Synced,
+        ..plain(&opts)
+    };
+    let target = Store::open(&target_dir, target_opts.clone()).unwrap();
+    let restored = restore(
+        &BackupOptions::new(&url),
+        &target,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(restored.head, head);
+    target.close().unwrap();
+    assert!(annals::backup::restore_keys(&BackupOptions::new(&url), &target_dir).unwrap());
+    let target = Store::open(&target_dir, target_opts).unwrap();
+    assert_eq!(read(&target), expected);
+    assert!(read(&target)[13].0, "customer:13 is erased");
+    assert_eq!(read(&target)[12].1, format!("{MARKER} 12").as_bytes());
+    assert!(target
+        .append(&[NewEvent::new("Moved", "x").tag("customer:13")], None)
+        .is_err());
+    target.close().unwrap();
+}

@@ -35,6 +35,7 @@ use crate::subject::{MasterKey, SubjectOptions};
 
 mod file;
 mod grants;
+mod image;
 mod table;
 use file::{encode_record, KIND_ERASED, KIND_KEY};
 pub(crate) use file::{key_tags, KEYS_FILE};
@@ -139,6 +140,10 @@ pub(crate) struct KeyStore {
     /// waits (`grants.rs`).
     fresh: std::sync::atomic::AtomicUsize,
     fresh_since: Mutex<Option<std::time::Instant>>,
+    /// For the backup of keys in a table (`image.rs`): the keys taken in since its last
+    /// image, and the generation an erasure or a rotation ends.
+    journal: Mutex<image::Journal>,
+    generation: image::Generation,
 }
 
 fn subjects_error(path: &Path, what: impl std::fmt::Display) -> StoreError {
@@ -249,6 +254,8 @@ impl KeyStore {
             table,
             fresh: Default::default(),
             fresh_since: Mutex::new(None),
+            journal: Mutex::new(image::Journal::default()),
+            generation: image::Generation::default(),
         }
     }
 
@@ -258,6 +265,7 @@ impl KeyStore {
         let mut keys = self.keys.write();
         if !matches!(keys.get(tag), Some(Slot::Erased(_))) {
             keys.insert(tag.into(), Slot::Erased(at_us));
+            self.generation.next();
         }
     }
 
@@ -477,7 +485,9 @@ impl KeyStore {
             let at = table
                 .erase(tag, at_us)
                 .map_err(|reason| StoreError::Unavailable { reason })?;
-            self.keys.write().insert(tag.into(), Slot::Erased(at));
+            if image::set_erased(&mut self.keys.write(), tag, at) {
+                self.generation.next();
+            }
             return Ok(Erased {
                 already: at != at_us,
                 at_us: at,

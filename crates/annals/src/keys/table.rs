@@ -124,8 +124,22 @@ impl KeyStore {
             taken.push((tag, slot));
         }
         let mut keys = self.keys.write();
+        let mut new_keys: Vec<Box<str>> = Vec::new();
+        let mut erased = false;
         for (tag, slot) in taken {
-            keys.insert(tag.into(), slot);
+            let tag: Box<str> = tag.into();
+            let live = matches!(slot, Slot::Live(_));
+            match keys.insert(tag.clone(), slot) {
+                Some(Slot::Live(_)) if live => {}
+                Some(Slot::Erased(_)) if !live => {}
+                _ if live => new_keys.push(tag),
+                _ => erased = true,
+            }
+        }
+        self.journal_keys(new_keys.iter());
+        drop(keys);
+        if erased {
+            self.generation.next();
         }
         Ok(())
     }
@@ -176,6 +190,8 @@ impl KeyStore {
             }
         }
         drop(keys);
+        // The backup's keys are wrapped under the old master key: an image anew.
+        self.generation.next();
         drop(p);
         Ok(count)
     }

@@ -1,7 +1,8 @@
 //! The data subjects' key file in the backup: shipped before any record sealed under its keys,
 //! as the bytes the file gained since the last put (`keys/<epoch>-<offset>`), or whole once an
 //! erasure began a new epoch, after which the older epochs' objects are deleted, so that an
-//! erased subject's key leaves the backup too.
+//! erased subject's key leaves the backup too. A store whose keys live in a database's table
+//! ships an image of them in the same form (`keys/image.rs`).
 
 use std::sync::atomic::Ordering;
 
@@ -10,6 +11,7 @@ use bytes::Bytes;
 use super::{Failure, Shipper};
 use crate::archive::{keys_name, parse_keys_name, KEYS_DIR};
 use crate::error::StoreError;
+use crate::keys::KeyStore;
 use crate::objects::Put;
 
 pub(super) use crate::archive::keys_extent as shipped_keys;
@@ -21,6 +23,9 @@ impl Shipper {
         let Some(keys) = self.shared.keys.clone() else {
             return Ok(());
         };
+        if keys.in_table() {
+            return self.ship_table_keys(&keys);
+        }
         let (epoch, len) = keys.position();
         if self.keys_shipped == Some((epoch, len)) {
             return Ok(());
@@ -38,11 +43,20 @@ impl Shipper {
                 detail: "the key file changed while it was read".into(),
             }));
         };
-        let name = keys_name(epoch, from);
         let size = bytes.len() as u64;
+        self.put_keys(epoch, from, Bytes::from(bytes))?;
+        self.keys_shipped = Some((epoch, from + size));
+        self.state.keys_epoch.store(epoch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Puts `bytes` of the key file in `epoch` from `from` on; once a new epoch is whole in
+    /// the backup, the older ones' keys (an erased subject's among them) go.
+    fn put_keys(&mut self, epoch: u64, from: u64, bytes: Bytes) -> Result<(), Failure> {
+        let name = keys_name(epoch, from);
         match self
             .objects
-            .put_new(&name, vec![Bytes::from(bytes.clone())])
+            .put_new(&name, vec![bytes.clone()])
             .map_err(Failure::Retry)?
         {
             Put::Created => {}
@@ -63,16 +77,81 @@ impl Shipper {
             }
         }
         if from == 0 {
-            // A new epoch is whole in the backup: the older ones' keys (an erased subject's
-            // among them) go.
             for l in self.objects.list(KEYS_DIR, None).map_err(Failure::Retry)? {
                 if parse_keys_name(&l.name).is_some_and(|(e, _)| e < epoch) {
                     self.objects.delete(&l.name).map_err(Failure::Retry)?;
                 }
             }
         }
-        self.keys_shipped = Some((epoch, from + size));
-        self.state.keys_epoch.store(epoch, Ordering::Release);
         Ok(())
     }
+
+    /// The image of a table's keys: whole in a new epoch at first and after each erasure or
+    /// rotation (a new generation), the keys taken in since after it otherwise. An image
+    /// made and not yet put is put again as it is (its wrapping key is random).
+    fn ship_table_keys(&mut self, keys: &KeyStore) -> Result<(), Failure> {
+        if self.table_image.is_none() {
+            let current = keys.image_generation();
+            let shipped = self.table_keys.filter(|t| t.generation == current);
+            let since = shipped.and_then(|t| {
+                keys.image_since()
+                    .filter(|(generation, _)| *generation == t.generation)
+                    .map(|(generation, bytes)| (t, generation, bytes))
+            });
+            self.table_image = match (shipped, since) {
+                (Some(_), Some((t, generation, bytes))) => Some(TableImage {
+                    epoch: t.epoch,
+                    offset: t.len,
+                    generation,
+                    bytes: Bytes::from(bytes),
+                }),
+                // Nothing new since the last image.
+                (Some(_), None) if keys.image_generation() == current => return Ok(()),
+                _ => {
+                    let epoch = self.keys_shipped.map_or(0, |(e, _)| e + 1);
+                    let (generation, bytes) = keys
+                        .image_whole(epoch, self.durable())
+                        .map_err(Failure::fatal)?;
+                    Some(TableImage {
+                        epoch,
+                        offset: 0,
+                        generation,
+                        bytes: Bytes::from(bytes),
+                    })
+                }
+            };
+        }
+        let image = self.table_image.clone().expect("an image to put");
+        self.put_keys(image.epoch, image.offset, image.bytes.clone())?;
+        self.table_image = None;
+        let len = image.offset + image.bytes.len() as u64;
+        self.table_keys = Some(TableKeys {
+            epoch: image.epoch,
+            len,
+            generation: image.generation,
+        });
+        self.keys_shipped = Some((image.epoch, len));
+        self.state
+            .keys_generation
+            .store(image.generation, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// A table's keys as the backup holds them: the epoch and length of the image, and the
+/// generation it is of.
+#[derive(Clone, Copy)]
+pub(super) struct TableKeys {
+    epoch: u64,
+    len: u64,
+    generation: u64,
+}
+
+/// Part of an image made and not yet put.
+#[derive(Clone)]
+pub(super) struct TableImage {
+    epoch: u64,
+    offset: u64,
+    generation: u64,
+    bytes: Bytes,
 }

@@ -160,6 +160,9 @@ struct Shipper {
     chunked: Option<(u64, u64)>,
     /// The key file's epoch and length the backup holds (`keys.rs`).
     keys_shipped: Option<(u64, u64)>,
+    /// Keys in a database's table: the image the backup holds, and one made and not yet put.
+    table_keys: Option<keys::TableKeys>,
+    table_image: Option<keys::TableImage>,
     last_put: Instant,
 }
 
@@ -201,6 +204,7 @@ impl Shipper {
             stop: AtomicBool::new(false),
             options,
             keys_epoch: AtomicU64::new(0),
+            keys_generation: AtomicU64::new(0),
             standby: Mutex::new(None),
         });
         let lease = Lease {
@@ -222,6 +226,8 @@ impl Shipper {
             chunked_segment: None,
             chunked: None,
             keys_shipped: None,
+            table_keys: None,
+            table_image: None,
             last_put: Instant::now() - Duration::from_secs(3600),
         };
         match shipper.take_lease()? {

@@ -47,6 +47,8 @@ pub(crate) struct BackupState {
     pub(super) options: BackupOptions,
     /// The newest epoch of the subjects' key file the backup holds whole (`ship/keys.rs`).
     pub(super) keys_epoch: AtomicU64,
+    /// The generation of a table's keys whose image the backup holds (`keys/image.rs`).
+    pub(super) keys_generation: AtomicU64,
     /// While another server of the database holds the prefix's lease and ships: which one
     /// (`ship/standby.rs`). `shipped` is then what this server saw that server ship.
     pub(super) standby: Mutex<Option<String>>,
@@ -60,6 +62,16 @@ impl BackupState {
     /// The newest epoch of the key file in the backup.
     pub(crate) fn keys_epoch(&self) -> u64 {
         self.keys_epoch.load(Ordering::Acquire)
+    }
+
+    /// The generation of a table's keys the backup holds an image of.
+    pub(crate) fn keys_generation(&self) -> u64 {
+        self.keys_generation.load(Ordering::Acquire)
+    }
+
+    /// Whether another server ships (this one stands by).
+    pub(crate) fn standing_by(&self) -> bool {
+        self.standby.lock().is_some()
     }
 
     /// Wakes the shipper (an erasure waits for the key file to be shipped).

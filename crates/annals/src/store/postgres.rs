@@ -64,13 +64,6 @@ impl Store {
         let io: Arc<dyn Io> = Arc::new(RealIo);
         // The subjects' keys live in the database, beside the log.
         let table = match &options.subjects {
-            Some(_) if options.backup.is_some() => {
-                return Err(StoreError::InvalidOption(
-                    "a store on PostgreSQL with data subjects cannot have a backup in object \
-                     storage in this build (the backup does not carry the keys table)"
-                        .into(),
-                ))
-            }
             Some(_) => Some(Arc::new(crate::postgres::keys::SubjectKeys::new(
                 crate::postgres::connect::Target::parse(url)?,
             )) as Arc<dyn crate::keys::KeyTable>),

@@ -143,11 +143,12 @@ impl Store {
             let erased = keys.erase(tag, erasure.erased_at_us, self.head())?;
             erasure.already |= erased.already;
             erasure.erased_at_us = erased.at_us;
+            erasure.in_backup = self.erasure_in_backup(keys.image_generation(), true);
             return Ok(erasure);
         }
         let erased = keys.erase(tag, now_us(), self.head())?;
         let mut erasure = self.receipt(tag, erased.at_us, erased.already)?;
-        erasure.in_backup = self.erasure_in_backup(keys.position().0);
+        erasure.in_backup = self.erasure_in_backup(keys.position().0, false);
         Ok(erasure)
     }
 
@@ -165,12 +166,21 @@ impl Store {
     }
 
     /// Waits (up to 10 s) for the backup to hold the key file of `epoch`, which replaced the
-    /// older ones; None without a backup.
-    fn erasure_in_backup(&self, epoch: u64) -> Option<bool> {
+    /// older ones (`table`: the image of the table's keys of generation `epoch`); None
+    /// without a backup. A server standing by does not wait: the server that ships replaces
+    /// the backup's keys once it takes the receipt in.
+    fn erasure_in_backup(&self, epoch: u64, table: bool) -> Option<bool> {
         #[cfg(feature = "object-store")]
         if let Some(backup) = self.backup_state() {
+            if backup.standing_by() {
+                return Some(false);
+            }
             let deadline = Instant::now() + std::time::Duration::from_secs(10);
-            while backup.keys_epoch() < epoch {
+            let shipped = || match table {
+                true => backup.keys_generation(),
+                false => backup.keys_epoch(),
+            };
+            while shipped() < epoch {
                 if Instant::now() > deadline {
                     return Some(false);
                 }
@@ -179,7 +189,7 @@ impl Store {
             }
             return Some(true);
         }
-        let _ = epoch;
+        let _ = (epoch, table);
         None
     }
 
