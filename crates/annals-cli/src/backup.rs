@@ -86,13 +86,6 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
     }
     let subjects =
         crate::subjects::subjects(args.subject_tags.as_deref(), args.master_key_file.clone())?;
-    if database && subjects.is_some() {
-        return Err(
-            "a restore does not carry data subjects' keys into PostgreSQL in this build: \
-             restore into a directory"
-                .into(),
-        );
-    }
     let backup = annals::BackupOptions::new(&args.from);
     let subjects = match subjects {
         Some(s) => Some(s),
@@ -137,6 +130,15 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     if tty {
         eprintln!();
+    }
+    // Into a database, the subjects' keys go into its keys table (with those the log carries).
+    if database && subjects.is_some() {
+        if let Some(key_file) = annals::backup::key_file(&backup).map_err(|e| e.to_string())? {
+            let keys = store
+                .import_subject_keys(&key_file)
+                .map_err(|e| e.to_string())?;
+            eprintln!("restored the keys of {keys} data subjects into the database");
+        }
     }
     // The subjects' keys, as the backup holds them, installed with the store closed; opening
     // it again appends the receipt of an erasure the restored log ends before.

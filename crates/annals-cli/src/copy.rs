@@ -11,14 +11,22 @@ use crate::data::open_store;
 /// The data subjects' key file of a store on files.
 const KEYS: &str = "subjects.keys";
 
-/// A copy of a store with data subjects gets its keys (still under the master key) once both
-/// are closed; opening it again appends the receipt of any erasure its log lacks.
-fn copy_keys(from: &str, to: &str) -> Result<(), String> {
+/// A copy into a directory of a store with data subjects gets its keys (still under the
+/// master key) once both are closed: the source directory's key file, or `exported` from a
+/// source database's keys table. Opening it again appends the receipt of any erasure its log
+/// lacks.
+fn copy_keys(from: &str, to: &str, exported: Option<Vec<u8>>) -> Result<(), String> {
     let source = std::path::Path::new(from).join(KEYS);
-    if annals::is_database_url(from) || !source.exists() {
-        return Ok(());
-    }
-    let bytes = std::fs::read(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+    let bytes = match exported {
+        Some(bytes) => bytes,
+        None if annals::is_database_url(from)
+            || annals::is_database_url(to)
+            || !source.exists() =>
+        {
+            return Ok(())
+        }
+        None => std::fs::read(&source).map_err(|e| format!("{}: {e}", source.display()))?,
+    };
     annals::io::write_file_durably(&annals::io::RealIo, std::path::Path::new(to), KEYS, &bytes)
         .map_err(|e| format!("{to}: writing its key file: {e}"))?;
     open_store(to, Options::default())?
@@ -45,15 +53,18 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
         return Err("--from and --to name the same store".into());
     }
     let keys = std::path::Path::new(&args.from).join(KEYS);
-    if !annals::is_database_url(&args.from) && keys.exists() && annals::is_database_url(&args.to) {
+    // From a directory with data subjects into a database: the keys go into its keys table.
+    let keys_into_table =
+        !annals::is_database_url(&args.from) && keys.exists() && annals::is_database_url(&args.to);
+    let from = open_store(&args.from, Options::default())?;
+    let to = open_store(&args.to, Options::default())?;
+    if keys_into_table && !to.has_subjects() {
         return Err(format!(
-            "{} keeps data subjects, and a copy does not carry their keys into PostgreSQL in \
-             this build: copy it to a directory",
+            "{} keeps data subjects: give their tag prefixes and master key \
+             (ANNALS_SUBJECT_TAGS, ANNALS_MASTER_KEY_FILE) to copy their keys into the database",
             args.from
         ));
     }
-    let from = open_store(&args.from, Options::default())?;
-    let to = open_store(&args.to, Options::default())?;
     // SAFETY: isatty only inspects the descriptor.
     let tty = unsafe { libc::isatty(2) } == 1;
     let started = Instant::now();
@@ -75,9 +86,22 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
     if tty {
         eprint!("\r");
     }
-    to.close().map_err(|e| e.to_string())?;
+    // From a database with data subjects into a directory: its keys table as a key file.
+    let exported = if annals::is_database_url(&args.from)
+        && !annals::is_database_url(&args.to)
+        && from.has_subjects()
+    {
+        Some(from.subject_key_file().map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     from.close().map_err(|e| e.to_string())?;
-    copy_keys(&args.from, &args.to)?;
+    if keys_into_table {
+        let bytes = std::fs::read(&keys).map_err(|e| format!("{}: {e}", keys.display()))?;
+        to.import_subject_keys(&bytes).map_err(|e| e.to_string())?;
+    }
+    to.close().map_err(|e| e.to_string())?;
+    copy_keys(&args.from, &args.to, exported)?;
     let secs = started.elapsed().as_secs_f64();
     if args.json {
         let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;

@@ -626,4 +626,30 @@ fn a_subjects_backup_holds_no_clear_data_and_restores_the_erasure() {
     );
     assert_eq!(refused.status, 409);
     assert!(restored.terminate().success());
+
+    // Restored into PostgreSQL: the keys go into the database's table.
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    let database = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let subjects = ["--subject-tags", "customer:", "--master-key-file", &master];
+    let (ok, out) = annals(
+        &[
+            &["restore", "--from", &url, "--to", &database][..],
+            &subjects[..],
+        ]
+        .concat(),
+        &env,
+    );
+    assert!(ok, "{out}");
+    let on_postgres = ServerProcess::launch_with(
+        &[&["--store", database.as_str()][..], &subjects[..]].concat(),
+        &[],
+    );
+    assert_eq!(on_postgres.read("{}", "{}"), events);
+    let refused = on_postgres.post(
+        "/v1/append",
+        &common::append_body(&[("Moved", &["customer:1"], "x")], None),
+    );
+    assert_eq!(refused.status, 409);
 }

@@ -264,6 +264,45 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
         annals_testkit::files_holding(&copy, MARKER.as_bytes()),
         Vec::<std::path::PathBuf>::new()
     );
+
+    // Into PostgreSQL and back out into a directory: the keys go into the database's table
+    // and come back out as a key file; the same reads and erasures at each end.
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    let database = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let back = data.path().join("back");
+    for (from, to) in [
+        (copy.display().to_string(), database.clone()),
+        (database.clone(), back.display().to_string()),
+    ] {
+        succeeds(
+            annals()
+                .args(["copy", "--from", &from, "--to", &to])
+                .env("ANNALS_SUBJECT_TAGS", "customer:,employee:")
+                .env("ANNALS_MASTER_KEY_FILE", &master),
+        );
+    }
+    let on_postgres = [
+        "--subject-tags",
+        "customer:,employee:",
+        "--master-key-file",
+        &master,
+    ];
+    let mut served = ServerProcess::launch_with(
+        &[&["--store", database.as_str()][..], &on_postgres[..]].concat(),
+        &[],
+    );
+    assert_eq!(served.read("{}", "{}"), events);
+    assert!(served.terminate().success());
+    let mut back_served = ServerProcess::start(&back, &flags);
+    assert_eq!(back_served.read("{}", "{}"), events);
+    let refused = back_served.post(
+        "/v1/append",
+        &append_body(&[("Moved", &["customer:42"], "x")], None),
+    );
+    assert_eq!(refused.kind(), "subject_erased");
+    assert!(back_served.terminate().success());
 }
 
 /// Goal: kill -9 while an erasure runs: after the restart the subject is either fully

@@ -181,13 +181,20 @@ fn check_manifest(objects: &Objects) -> Result<Option<Manifest>, StoreError> {
 /// that open appends the receipt of any erasure the restored log does not hold yet (a
 /// restore to a position before it).
 pub fn restore_keys(from: &BackupOptions, dir: &std::path::Path) -> Result<bool, StoreError> {
-    let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
-    let Some(bytes) = crate::archive::read_keys(&objects).map_err(StoreError::Backup)? else {
+    let Some(bytes) = key_file(from)? else {
         return Ok(false);
     };
     crate::io::write_file_durably(&crate::io::RealIo, dir, crate::keys::KEYS_FILE, &bytes)
         .map_err(|e| StoreError::io("write the key file", dir, 0, e))?;
     Ok(true)
+}
+
+/// The data subjects' key file the backup at `from` holds (its newest epoch), if any: for a
+/// store on a database that [`restore`] filled, [`Store::import_subject_keys`] puts it into
+/// the store's keys table (a store on files takes it with [`restore_keys`]).
+pub fn key_file(from: &BackupOptions) -> Result<Option<Vec<u8>>, StoreError> {
+    let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
+    crate::archive::read_keys(&objects).map_err(StoreError::Backup)
 }
 
 /// Whether the backup at `from` holds data subjects' keys (a restore then needs the master

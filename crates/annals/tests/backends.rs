@@ -1569,3 +1569,61 @@ fn subjects_on_postgres_hold_on_every_server() {
     f.append(&[moved(4, "f4")], None).unwrap();
     f.close().unwrap();
 }
+
+/// Goal: a store on files with data subjects copied into PostgreSQL takes its keys along:
+/// those of its key file, and those only its log carries (here all of them: the store kept
+/// no key file up to date, as after a crash), and its erasures; the database's servers then
+/// read every subject back, the erased one erased, and refuse appends naming it.
+#[test]
+fn a_copy_into_postgres_takes_the_subjects_keys_along() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let master = annals::MasterKey::generate().unwrap();
+    let subjects = annals::SubjectOptions::new(["customer:"], master);
+    let dir = tempfile::tempdir().unwrap();
+    let files = Options {
+        subjects: Some(subjects.clone()),
+        checkpoint_interval_events: 0,
+        checkpoint_on_close: false,
+        ..Options::default()
+    };
+    let source = Store::open(dir.path(), files.clone()).unwrap();
+    source.erase_subject("customer:7").unwrap();
+    for i in 0..60u64 {
+        let event =
+            NewEvent::new("Moved", format!("address {i}")).tag(format!("customer:{}", i % 6));
+        source.append(&[event], None).unwrap();
+    }
+    source.close().unwrap();
+    let key_file = std::fs::read(dir.path().join("subjects.keys")).unwrap();
+    let source = Store::open(dir.path(), files).unwrap();
+    let on_postgres = Options {
+        subjects: Some(subjects),
+        ..small_options()
+    };
+    let target = Store::open_postgres(&cluster.url(), on_postgres.clone()).unwrap();
+    annals::copy(&source, &target, &mut |_, _, _| {}).unwrap();
+    assert_eq!(target.import_subject_keys(&key_file).unwrap(), 6);
+    let data = |store: &Store| -> Vec<(bool, Vec<u8>)> {
+        read_all(store, &Query::all(), ReadOptions::forwards())
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.is_erased(), e.data().to_vec()))
+            .collect()
+    };
+    assert_eq!(data(&target), data(&source));
+    assert_eq!(data(&target)[1].1, b"address 0");
+    target.close().unwrap();
+    source.close().unwrap();
+    let other = Store::open_postgres(&cluster.url(), on_postgres).unwrap();
+    assert_eq!(data(&other)[60].1, b"address 59");
+    let e = other
+        .append(&[NewEvent::new("Moved", "x").tag("customer:7")], None)
+        .unwrap_err();
+    assert!(
+        matches!(e, AppendError::Input(InputError::SubjectErased { .. })),
+        "{e}"
+    );
+    other.close().unwrap();
+}

@@ -946,4 +946,43 @@ fn a_store_on_postgres_with_subjects_is_backed_up_with_its_keys() {
         .append(&[NewEvent::new("Moved", "x").tag("customer:13")], None)
         .is_err());
     target.close().unwrap();
+
+    // Restored into another database, the keys put into its table: the same, on every
+    // server of that database.
+    cluster.sql("CREATE DATABASE restored");
+    let database = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=restored",
+        cluster.port()
+    );
+    let target_opts = Options {
+        backup: None,
+        ..opts.clone()
+    };
+    let target = Store::open_postgres(&database, target_opts.clone()).unwrap();
+    restore(
+        &BackupOptions::new(&url),
+        &target,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let key_file = annals::backup::key_file(&BackupOptions::new(&url))
+        .unwrap()
+        .unwrap();
+    assert_eq!(target.import_subject_keys(&key_file).unwrap(), 20 + 40 - 1);
+    assert_eq!(read(&target), expected);
+    target.close().unwrap();
+    let other = Store::open_postgres(&database, target_opts).unwrap();
+    assert_eq!(read(&other), expected);
+    let e = other
+        .append(&[NewEvent::new("Moved", "x").tag("customer:13")], None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            annals::AppendError::Input(InputError::SubjectErased { .. })
+        ),
+        "{e}"
+    );
+    other.close().unwrap();
 }

@@ -12,13 +12,19 @@
 //!
 //! The image's wrapping key is a fresh one that wraps nothing: a table's appends carry no
 //! grants.
+//!
+//! The other way, a key file (a directory store's, or a backup's) goes into a table after a
+//! restore or a copy into a database: its keys, those the copied log carries as grants under
+//! its wrapping key, and its erasures.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::file::{encode_record, header, KIND_ERASED, KIND_KEY};
 use super::{KeyMap, KeyStore, Slot};
 use crate::error::StoreError;
 use crate::seal::WrapKey;
+use crate::subject::SubjectOptions;
 
 /// The keys taken in since the last image, while a backup records them.
 #[derive(Default)]
@@ -59,13 +65,13 @@ impl KeyStore {
     }
 
     /// A whole image in `epoch`: every key and erasure this store holds, with its generation.
-    /// The keys noted for the backup so far are in it; those noted later follow it. Starts
-    /// the noting, on the first call.
-    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    /// For the backup (`note`), the keys noted so far are in it and those noted later follow
+    /// it: the first such call starts the noting.
     pub(crate) fn image_whole(
         &self,
         epoch: u64,
         covered: u64,
+        note: bool,
     ) -> Result<(u64, Vec<u8>), StoreError> {
         let keys = self.keys.read();
         let mut journal = self.journal.lock();
@@ -78,8 +84,10 @@ impl KeyStore {
         for tag in tags {
             encode_slot(&mut bytes, tag, &keys[tag]);
         }
-        journal.on = true;
-        journal.tags.clear();
+        if note {
+            journal.on = true;
+            journal.tags.clear();
+        }
         Ok((generation, bytes))
     }
 
@@ -102,7 +110,55 @@ impl KeyStore {
     }
 }
 
-#[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+impl KeyStore {
+    /// The keys of `bytes` (a key file: a directory store's, or the one a backup holds),
+    /// held in memory only, to take the grants of a log in and hand them all to a table
+    /// ([`KeyStore::import`]).
+    pub(crate) fn from_key_file(
+        options: SubjectOptions,
+        bytes: &[u8],
+    ) -> Result<KeyStore, StoreError> {
+        let mut keys = KeyMap::default();
+        let path = std::path::Path::new(super::KEYS_FILE);
+        let loaded = super::file::load(path, bytes, &options.master_key, &mut keys)?;
+        let io = Arc::new(crate::io::RealIo);
+        Ok(Self::loaded(io, path, options, keys, None, loaded, true))
+    }
+
+    /// Puts the keys and erasures `from` holds into this store's table (a restore or a copy
+    /// into a database): a subject the table holds a row for already keeps it. Answers how
+    /// many keys `from` held.
+    pub(crate) fn import(&self, from: &KeyStore) -> Result<u64, StoreError> {
+        let table = self.table.clone().ok_or_else(|| {
+            StoreError::InvalidOption("this store keeps its subjects' keys in a key file".into())
+        })?;
+        let unavailable = |reason| StoreError::Unavailable { reason };
+        let mut live: Vec<(Box<str>, Box<[u8]>)> = Vec::new();
+        let mut erased: Vec<(Box<str>, u64)> = Vec::new();
+        for (tag, slot) in from.keys.read().iter() {
+            match slot {
+                Slot::Live(l) => live.push((tag.clone(), l.wrapped.clone())),
+                Slot::Erased(at) => erased.push((tag.clone(), *at)),
+            }
+        }
+        let mut p = self.pending.lock();
+        self.wait_idle(&mut p);
+        for batch in live.chunks(IMPORT_BATCH) {
+            let refs: Vec<(&str, &[u8])> = batch.iter().map(|(t, w)| (&**t, &**w)).collect();
+            table.insert(&refs).map_err(unavailable)?;
+        }
+        for (tag, at) in &erased {
+            table.erase(tag, *at).map_err(unavailable)?;
+        }
+        let rows = table.load().map_err(unavailable)?;
+        self.take_rows(rows, None).map_err(StoreError::Subjects)?;
+        Ok(live.len() as u64)
+    }
+}
+
+/// How many keys one insert of an import carries.
+const IMPORT_BATCH: usize = 10_000;
+
 fn encode_slot(bytes: &mut Vec<u8>, tag: &str, slot: &Slot) {
     match slot {
         Slot::Live(live) => encode_record(bytes, KIND_KEY, tag, &live.wrapped),

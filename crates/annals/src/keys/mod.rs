@@ -203,22 +203,36 @@ impl KeyStore {
                 .map_err(|e| io_error(&path, "truncate", e))?;
             file.sync_data().map_err(|e| io_error(&path, "sync", e))?;
         }
-        let store = Self::with(
+        Ok(Self::loaded(
             io,
             dir,
             options,
             keys,
             Some(file),
-            (len, loaded.epoch),
-            None,
-        );
+            loaded,
+            following,
+        ))
+    }
+
+    /// The store of keys a key file held (`file`: None when held in memory only).
+    fn loaded(
+        io: Arc<dyn Io>,
+        dir: &Path,
+        options: SubjectOptions,
+        keys: KeyMap,
+        file: Option<Arc<dyn IoFile>>,
+        loaded: file::Loaded,
+        following: bool,
+    ) -> KeyStore {
+        let len = loaded.valid as u64;
+        let store = Self::with(io, dir, options, keys, file, (len, loaded.epoch), None);
         {
             let mut p = store.pending.lock();
             p.wrap = loaded.wrap;
             p.covered = loaded.covered;
             p.following = following;
         }
-        Ok(store)
+        store
     }
 
     fn with(

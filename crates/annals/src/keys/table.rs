@@ -92,7 +92,7 @@ impl KeyStore {
 
     /// Takes a table's rows into the key map; `ours`: keys this store made, by tag, used as
     /// they are when the table holds them (not unwrapped again).
-    fn take_rows(
+    pub(super) fn take_rows(
         &self,
         rows: Vec<(String, TableRow)>,
         mut ours: Option<&mut HashMap<Box<str>, NewKey>>,

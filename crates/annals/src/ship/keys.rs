@@ -110,7 +110,7 @@ impl Shipper {
                 _ => {
                     let epoch = self.keys_shipped.map_or(0, |(e, _)| e + 1);
                     let (generation, bytes) = keys
-                        .image_whole(epoch, self.durable())
+                        .image_whole(epoch, self.durable(), true)
                         .map_err(Failure::fatal)?;
                     Some(TableImage {
                         epoch,

@@ -165,6 +165,57 @@ impl Store {
         keys.rotate(new, self.head())
     }
 
+    /// Puts the subjects' keys of `key_file` (a directory store's key file, or the one a
+    /// backup holds: [`crate::backup::key_file`]) into this store's keys table, after a copy
+    /// or a restore of that store's log into this one on a database: its keys, those the log
+    /// carries as grants under its wrapping key, and its erasures. The key file must be
+    /// under this store's master key. Answers how many keys it put.
+    pub fn import_subject_keys(&self, key_file: &[u8]) -> Result<u64, StoreError> {
+        let keys = self
+            .shared
+            .keys
+            .as_ref()
+            .ok_or_else(|| StoreError::Subjects("this store keeps no data subjects".into()))?;
+        if !keys.in_table() {
+            return Err(StoreError::InvalidOption(
+                "a store on files takes a key file as it is (write it into its directory)".into(),
+            ));
+        }
+        let image = crate::keys::KeyStore::from_key_file(keys.options().clone(), key_file)?;
+        let head = self.refresh()?;
+        if let Some(from) = image.covered().filter(|&c| c < head) {
+            for append in self.appends(from).map_err(store_error)? {
+                let append = append.map_err(store_error)?;
+                if let crate::keys::TakenIn::NewerWrap(id) =
+                    image.take_in(append.body(), append.event_count())?
+                {
+                    return Err(StoreError::Subjects(format!(
+                        "the log at {} carries a key under wrapping key {id}, newer than the \
+                         key file's: the key file is older than the log",
+                        append.first_position()
+                    )));
+                }
+            }
+        }
+        keys.import(&image)
+    }
+
+    /// The subjects' keys of this store on a database as a key file (every key, still under
+    /// the master key, and every erasure), for a copy of its log into a directory, which
+    /// takes it as its own.
+    pub fn subject_key_file(&self) -> Result<Vec<u8>, StoreError> {
+        let keys = self
+            .shared
+            .keys
+            .as_ref()
+            .filter(|k| k.in_table())
+            .ok_or_else(|| {
+                StoreError::Subjects("this store keeps no data subjects in a database".into())
+            })?;
+        let head = self.refresh()?;
+        Ok(keys.image_whole(0, head, false)?.1)
+    }
+
     /// Waits (up to 10 s) for the backup to hold the key file of `epoch`, which replaced the
     /// older ones (`table`: the image of the table's keys of generation `epoch`); None
     /// without a backup. A server standing by does not wait: the server that ships replaces
