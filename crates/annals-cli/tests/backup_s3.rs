@@ -453,6 +453,8 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
     let env = env(&s3);
     let url = s3.url("on-postgres");
     let database = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let mut env = env;
+    env.push(("ANNALS_BACKUP_LEASE_SECONDS", "3".to_string()));
     let mut server =
         ServerProcess::launch_with(&["--store", &database, "--backup", &url], &env_refs(&env));
     for i in 0..300 {
@@ -482,7 +484,7 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
         assert_eq!(standby.post("/v1/append", d4).status, 200);
     }
     // The shipping server dies without releasing its lease: the standby takes over once the
-    // lease lapses (30 s without renewal), and ships what both appended.
+    // lease lapses (3 s without renewal), and ships what both appended.
     server.kill9();
     for i in 0..20 {
         standby.append(&format!(

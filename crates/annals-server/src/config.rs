@@ -47,6 +47,9 @@ pub struct Config {
     /// Where the log is shipped continuously (`annals::Options::backup`): s3://, gs://, az://
     /// or file:// URL; None: no backup.
     pub backup: Option<String>,
+    /// How long the backup's lease holds after its last renewal (`annals::BackupOptions::
+    /// lease`): how soon another server may take the backup over once this one is gone.
+    pub backup_lease: Duration,
     /// Serve as a read replica of the backup at this URL (`annals::Store::open_replica`)
     /// instead of a store of its own.
     pub replica_of: Option<String>,
@@ -245,6 +248,7 @@ impl Default for Config {
             mirror: None,
             disk_reserve_bytes: None,
             backup: None,
+            backup_lease: annals::BackupOptions::new("").lease,
             replica_of: None,
             scrub: Some(annals::ScrubOptions::default()),
             subject_tags: Vec::new(),
@@ -275,6 +279,7 @@ impl Default for Config {
 /// # replica_of = "s3://bucket/prefix"  # serve reads from the backup another server writes
 /// scrub_bytes_per_second = 8388608   # re-read sealed segments at most this fast; 0: no scrub
 /// scrub_pause_seconds = 600          # the wait before each pass of the scrub
+/// backup_lease_seconds = 30          # how soon another server may take a backup over
 /// subject_tags = ["customer:"]       # tags naming data subjects: their events are encrypted
 /// master_key_file = "/etc/annals/master.key"  # 64 hex characters (annals master-key new)
 /// http_listen = "127.0.0.1:7400"
@@ -315,6 +320,7 @@ pub struct ConfigFile {
     /// The scrub's rate (0: no scrub) and its pause before each pass.
     pub scrub_bytes_per_second: Option<u64>,
     pub scrub_pause_seconds: Option<f64>,
+    pub backup_lease_seconds: Option<u64>,
     /// Tag prefixes naming data subjects, and the file with the master key.
     pub subject_tags: Option<Vec<String>>,
     pub master_key_file: Option<PathBuf>,
@@ -452,6 +458,9 @@ impl Config {
         if let Some(pause) = file.scrub_pause_seconds {
             self.set_scrub_pause(pause)?;
         }
+        if let Some(seconds) = file.backup_lease_seconds {
+            self.set_backup_lease(seconds)?;
+        }
         if let Some(tags) = file.subject_tags {
             self.subject_tags = tags;
         }
@@ -542,6 +551,14 @@ impl Config {
         }
     }
 
+    fn set_backup_lease(&mut self, seconds: u64) -> Result<(), String> {
+        if seconds == 0 {
+            return Err("the backup's lease must hold for at least one second".into());
+        }
+        self.backup_lease = Duration::from_secs(seconds);
+        Ok(())
+    }
+
     fn set_scrub_pause(&mut self, seconds: f64) -> Result<(), String> {
         if !(seconds.is_finite() && seconds > 0.0) {
             return Err(format!(
@@ -575,6 +592,11 @@ impl Config {
                         .parse()
                         .map_err(|_| format!("{name}: {value:?} is not a number of bytes"))?,
                 ),
+                "ANNALS_BACKUP_LEASE_SECONDS" => {
+                    self.set_backup_lease(value.parse().map_err(|_| {
+                        format!("{name}: {value:?} is not a whole number of seconds")
+                    })?)?
+                }
                 "ANNALS_SCRUB_PAUSE_SECONDS" => self.set_scrub_pause(
                     value
                         .parse()
@@ -788,6 +810,7 @@ data_dir = "/srv/annals"
 grpc_listen = "off"
 durability = "d2"
 mirror = "/srv/mirror"
+backup_lease_seconds = 12
 api_keys = [{ key = "file-key-0123456789", scopes = ["read"] }]
 [limits]
 tags_per_event_max = 4
@@ -801,6 +824,7 @@ body_timeout_ms = 500
         assert_eq!(config.grpc_listen, None);
         assert_eq!(config.durability, Durability::SyncedLater);
         assert_eq!(config.mirror, Some(PathBuf::from("/srv/mirror")));
+        assert_eq!(config.backup_lease, Duration::from_secs(12));
         assert_eq!(config.limits.store.tags_per_event_max, 4);
         assert_eq!(config.limits.body_timeout, Duration::from_millis(500));
         assert!(!config.api_keys.is_empty());
@@ -809,10 +833,12 @@ body_timeout_ms = 500
                 ("ANNALS_DURABILITY".to_string(), "d3".to_string()),
                 ("ANNALS_HTTP_LISTEN".to_string(), "0.0.0.0:9000".to_string()),
                 ("ANNALS_MIRROR".to_string(), "/var/mirror".to_string()),
+                ("ANNALS_BACKUP_LEASE_SECONDS".to_string(), "5".to_string()),
                 ("UNRELATED".to_string(), "x".to_string()),
             ])
             .unwrap();
         assert_eq!(config.durability, Durability::Synced);
+        assert_eq!(config.backup_lease, Duration::from_secs(5));
         assert_eq!(config.mirror, Some(PathBuf::from("/var/mirror")));
         assert!(config.exposed());
     }
@@ -846,6 +872,12 @@ body_timeout_ms = 500
             )])
             .unwrap_err();
         assert!(err.contains("scheme://host"), "{err}");
+        for lease in ["0", "-1", "soon"] {
+            let err = Config::default()
+                .apply_env([("ANNALS_BACKUP_LEASE_SECONDS".to_string(), lease.to_string())])
+                .unwrap_err();
+            assert!(err.contains("second"), "{lease}: {err}");
+        }
         assert!(parse_listen("nowhere").is_err());
         assert_eq!(parse_listen("OFF").unwrap(), None);
     }

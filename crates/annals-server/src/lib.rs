@@ -138,7 +138,10 @@ impl Server {
         options.limits = config.limits.store.clone();
         options.mirror = config.mirror.clone();
         options.disk_reserve_bytes = config.disk_reserve_bytes;
-        options.backup = config.backup.as_ref().map(annals::BackupOptions::new);
+        options.backup = config.backup.as_ref().map(|url| annals::BackupOptions {
+            lease: config.backup_lease,
+            ..annals::BackupOptions::new(url)
+        });
         options.scrub = config.scrub.clone();
         options.subjects = config.subjects()?;
         let dir = config.data_dir.clone();

@@ -152,6 +152,11 @@ pub struct BackupOptions {
     pub interval: Duration,
     /// How long a D4 append waits for object storage before it is answered `OutcomeUnknown`.
     pub off_machine_timeout: Duration,
+    /// How long the prefix's lease holds after the shipping server last renewed it (every
+    /// third of it): how soon another server of the same database standing by, or a new
+    /// server, may take the prefix over once this one is gone (at once after a clean close).
+    /// Whole seconds, at least one.
+    pub lease: Duration,
 }
 
 impl BackupOptions {
@@ -161,6 +166,7 @@ impl BackupOptions {
             settings: Vec::new(),
             interval: Duration::from_millis(100),
             off_machine_timeout: Duration::from_secs(10),
+            lease: Duration::from_secs(30),
         }
     }
 
@@ -182,6 +188,7 @@ impl fmt::Debug for BackupOptions {
             )
             .field("interval", &self.interval)
             .field("off_machine_timeout", &self.off_machine_timeout)
+            .field("lease", &self.lease)
             .finish()
     }
 }

@@ -51,9 +51,6 @@ const CONSOLIDATE_BELOW: u64 = 1 << 20;
 const IDLE_POLL: Duration = Duration::from_millis(20);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// How long a lease holds without renewal, and how often it is renewed.
-const LEASE_TTL_S: u64 = 30;
-const LEASE_RENEW: Duration = Duration::from_secs(10);
 /// How long a store on PostgreSQL taking over a backup waits for its mirror to hold what
 /// the backup does.
 const MIRROR_CATCH_UP: Duration = Duration::from_secs(10);
@@ -213,7 +210,7 @@ impl Shipper {
             pid: std::process::id(),
             holder: format!("{}-{}", std::process::id(), now_us()),
             renewed_at_us: now_us(),
-            ttl_s: LEASE_TTL_S,
+            ttl_s: state.options.lease.as_secs().max(1),
         };
         let mut shipper = Shipper {
             shared,
@@ -602,14 +599,16 @@ impl Shipper {
     }
 
     fn renew_lease(&mut self) -> Result<(), StoreError> {
-        if self.lease_renewed.elapsed() < LEASE_RENEW {
+        // Renewed every third of the time it holds.
+        let renew = Duration::from_secs(self.lease.ttl_s) / 3;
+        if self.lease_renewed.elapsed() < renew {
             return Ok(());
         }
         match self.write_lease(self.lease_version.clone()) {
             Ok(()) => Ok(()),
             // Object storage unreachable: keep the lease we have, try again later.
             Err(StoreError::Backup(m)) if !m.contains("took the lease") => {
-                self.lease_renewed = Instant::now() - LEASE_RENEW + BACKOFF_MAX;
+                self.lease_renewed = Instant::now() - renew + BACKOFF_MAX.min(renew);
                 Ok(())
             }
             Err(e) => Err(e),
