@@ -986,3 +986,63 @@ fn a_store_on_postgres_with_subjects_is_backed_up_with_its_keys() {
     );
     other.close().unwrap();
 }
+
+/// Goal: a server of a PostgreSQL store whose lease another server took over (as after a
+/// pause longer than the lease) stands by instead of stopping: its D4 appends are still
+/// answered once in object storage, and it ships again once that other lease lapses.
+#[test]
+fn a_server_whose_lease_was_taken_stands_by_and_ships_again() {
+    let Some(s3) = annals_testkit::s3::S3Server::start() else {
+        return;
+    };
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    let mut opts = options(&s3.url("taken"));
+    opts.durability = Durability::Synced;
+    let backup = opts.backup.as_mut().unwrap();
+    backup.lease = Duration::from_secs(1);
+    for (k, v) in s3.env() {
+        backup.settings.push((k.to_string(), v));
+    }
+    let store = Store::open_postgres(&cluster.url(), opts.clone()).unwrap();
+    fill(&store, 30);
+    assert_eq!(store.stats().backup.unwrap().state, "shipping");
+    // Another holder takes the lease over, as a server would after this one paused.
+    let backup = opts.backup.as_ref().unwrap();
+    let objects = annals::objects::Objects::open_with(&backup.url, &backup.settings).unwrap();
+    let lease = annals::archive::Lease {
+        host: "elsewhere".into(),
+        dir: "/elsewhere".into(),
+        pid: 1,
+        holder: "1-1".into(),
+        renewed_at_us: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64,
+        ttl_s: 3,
+    };
+    let bytes = serde_json::to_vec(&lease).unwrap();
+    let (_, version) = objects.get(annals::archive::LEASE).unwrap().unwrap();
+    objects
+        .put_over(annals::archive::LEASE, bytes.into(), version)
+        .unwrap();
+    wait_for("the server stands by", || {
+        store.stats().backup.unwrap().state == "standby"
+    });
+    // Nobody ships while the other lease holds: a D4 append waits, and is answered once this
+    // server has taken the lease back (the other holder never renews) and shipped it.
+    let p = store
+        .appending(&events(5000, 1))
+        .require_off_machine()
+        .wait()
+        .unwrap();
+    let stats = store.stats().backup.unwrap();
+    assert_eq!(stats.state, "shipping", "{stats:?}");
+    assert!(stats.shipped_through >= p, "{stats:?}");
+    fill(&store, 10);
+    let head = store.head();
+    store.close().unwrap();
+    let from = opts.backup.clone().unwrap();
+    assert_eq!(verify_backup(&from, &mut |_, _| {}).unwrap().head, head);
+}

@@ -268,7 +268,12 @@ impl Shipper {
         // Its segment may have been shipped in chunks only: once the log has moved past it,
         // it is shipped whole (a put that finds it there already costs a comparison).
         self.chunked_segment = self.segment_of(shipped);
+        self.chunked = None;
         self.keys_shipped = keys_shipped;
+        // A table's keys go out as a whole image first (another server may have shipped
+        // since this one last did).
+        self.table_keys = None;
+        self.table_image = None;
         if let Some((epoch, _)) = keys_shipped {
             self.state.keys_epoch.store(epoch, Ordering::Release);
         }
@@ -483,14 +488,35 @@ impl Shipper {
     }
 
     fn run(mut self) {
-        if self.state.standby.lock().is_some() && !self.stand_by() {
-            self.state.answer();
-            let reason = self.state.stopped.lock().clone().unwrap_or_else(|| {
+        // Standing by (on PostgreSQL) until the lease is this server's; shipping until the
+        // store closes, shipping stops for good, or another server takes the lease over
+        // (then standing by again).
+        while !self.state.standing_by() || self.stand_by() {
+            if !self.ship_while_leased() {
+                self.state.answer();
+                let reason = match self.state.stopped.lock().clone() {
+                    Some(r) => r,
+                    None => "the store closed before the append reached object storage".into(),
+                };
+                self.state.fail_all(&reason);
+                if self.state.stopped.lock().is_none() {
+                    self.release_lease();
+                }
+                return;
+            }
+        }
+        self.state.answer();
+        let reason =
+            self.state.stopped.lock().clone().unwrap_or_else(|| {
                 "the store closed before the append reached object storage".into()
             });
-            self.state.fail_all(&reason);
-            return;
-        }
+        self.state.fail_all(&reason);
+    }
+
+    /// Ships while this server holds the lease: false once the store closes or shipping
+    /// stopped for good; true when another server of the database took the lease over (this
+    /// one stands by again).
+    fn ship_while_leased(&mut self) -> bool {
         let mut backoff = BACKOFF_MIN;
         let mut stop_deadline: Option<Instant> = None;
         loop {
@@ -510,8 +536,7 @@ impl Shipper {
                     break;
                 }
                 if let Err(e) = self.renew_lease() {
-                    self.stop_for_good(&e.to_string());
-                    break;
+                    return self.lease_lost(&e);
                 }
                 self.state.sleep(IDLE_POLL);
                 continue;
@@ -560,19 +585,28 @@ impl Shipper {
                 }
             }
             if let Err(e) = self.renew_lease() {
-                self.stop_for_good(&e.to_string());
-                break;
+                return self.lease_lost(&e);
             }
         }
-        self.state.answer();
-        let reason = match self.state.stopped.lock().clone() {
-            Some(r) => r,
-            None => "the store closed before the append reached object storage".into(),
-        };
-        self.state.fail_all(&reason);
-        if self.state.stopped.lock().is_none() {
-            self.release_lease();
+        false
+    }
+
+    /// The lease could not be renewed (`e`): on PostgreSQL, where another server of the
+    /// database took it over (this one paused past its lease, say), this one stands by
+    /// again (true); otherwise shipping stops for good (false).
+    fn lease_lost(&mut self, e: &StoreError) -> bool {
+        let message = e.to_string();
+        if self.shared.policy.backend == Backend::Postgres && message.contains("took the lease") {
+            tracing::warn!(
+                url = self.url(),
+                "backup: another server of the database took the lease over; this one stands \
+                 by again"
+            );
+            *self.state.standby.lock() = Some(message);
+            return true;
         }
+        self.stop_for_good(&message);
+        false
     }
 
     /// Lets the next holder (this directory reopened, or another server) take the lease at
