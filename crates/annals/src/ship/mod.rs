@@ -36,6 +36,7 @@ use crate::segment::SEGMENT_HEADER_BYTES;
 use crate::shared::Shared;
 
 mod keys;
+mod lease;
 mod standby;
 mod state;
 pub(crate) use state::now_us;
@@ -56,18 +57,6 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const MIRROR_CATCH_UP: Duration = Duration::from_secs(10);
 /// How long a close waits for the backup to catch up before it gives up on it.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
-
-fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at most that and a
-    // terminating zero when it fits.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown-host".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
 
 /// The running backup of one store: its state and its thread.
 pub(crate) struct Backup {
@@ -205,7 +194,7 @@ impl Shipper {
             standby: Mutex::new(None),
         });
         let lease = Lease {
-            host: host_name(),
+            host: lease::host_name(),
             dir: shared.dir.display().to_string(),
             pid: std::process::id(),
             holder: format!("{}-{}", std::process::id(), now_us()),
@@ -282,60 +271,6 @@ impl Shipper {
 
     fn url(&self) -> &str {
         &self.state.url
-    }
-
-    /// Takes the prefix's lease: None once taken, or why not when another server holds it
-    /// and renewed it within its time to live.
-    fn take_lease(&mut self) -> Result<Option<String>, StoreError> {
-        // A listing fails on a bucket that does not exist (a get answers "no such object",
-        // and some servers make a bucket on the first put).
-        self.objects
-            .list(LEASE, None)
-            .map_err(|e| backup_error(self.url(), &e))?;
-        let current = self
-            .objects
-            .get(LEASE)
-            .map_err(|e| backup_error(self.url(), &e))?;
-        let version = match current {
-            None => None,
-            Some((bytes, version)) => {
-                let held: Option<Lease> = serde_json::from_slice(&bytes).ok();
-                if let Some(held) = held {
-                    let same_dir = held.host == self.lease.host && held.dir == self.lease.dir;
-                    let age_s = now_us().saturating_sub(held.renewed_at_us) / 1_000_000;
-                    if !same_dir && held.renewed_at_us != 0 && age_s < held.ttl_s {
-                        return Ok(Some(format!(
-                            "{}: another server ships into this prefix (host {}, directory {}, \
-                             pid {}; its lease was renewed {age_s} s ago and holds for {} s)",
-                            self.url(),
-                            held.host,
-                            held.dir,
-                            held.pid,
-                            held.ttl_s
-                        )));
-                    }
-                }
-                version
-            }
-        };
-        self.write_lease(version).map(|()| None)
-    }
-
-    fn write_lease(&mut self, over: Option<String>) -> Result<(), StoreError> {
-        self.lease.renewed_at_us = now_us();
-        let bytes = Bytes::from(serde_json::to_vec(&self.lease).expect("a lease serializes"));
-        match self.objects.put_over(LEASE, bytes, over) {
-            Ok(version) => {
-                self.lease_version = version;
-                self.lease_renewed = Instant::now();
-                Ok(())
-            }
-            Err(e) if e.fault == ObjectFault::Conflict => Err(StoreError::Backup(format!(
-                "{}: another server took the lease of this prefix meanwhile",
-                self.url()
-            ))),
-            Err(e) => Err(backup_error(self.url(), &e)),
-        }
     }
 
     /// The record holding position 1, from the local log.
@@ -591,37 +526,6 @@ impl Shipper {
         false
     }
 
-    /// The lease could not be renewed (`e`): on PostgreSQL, where another server of the
-    /// database took it over (this one paused past its lease, say), this one stands by
-    /// again (true); otherwise shipping stops for good (false).
-    fn lease_lost(&mut self, e: &StoreError) -> bool {
-        let message = e.to_string();
-        if self.shared.policy.backend == Backend::Postgres && message.contains("took the lease") {
-            tracing::warn!(
-                url = self.url(),
-                "backup: another server of the database took the lease over; this one stands \
-                 by again"
-            );
-            *self.state.standby.lock() = Some(message);
-            return true;
-        }
-        self.stop_for_good(&message);
-        false
-    }
-
-    /// Lets the next holder (this directory reopened, or another server) take the lease at
-    /// once.
-    fn release_lease(&mut self) {
-        self.lease.renewed_at_us = 0;
-        let bytes = Bytes::from(serde_json::to_vec(&self.lease).expect("serializes"));
-        if let Ok(version) = self
-            .objects
-            .put_over(LEASE, bytes, self.lease_version.clone())
-        {
-            self.lease_version = version;
-        }
-    }
-
     fn stop_for_good(&self, reason: &str) {
         tracing::error!(
             url = self.url(),
@@ -630,23 +534,6 @@ impl Shipper {
         );
         *self.state.stopped.lock() = Some(reason.to_string());
         self.state.fail_all(reason);
-    }
-
-    fn renew_lease(&mut self) -> Result<(), StoreError> {
-        // Renewed every third of the time it holds.
-        let renew = Duration::from_secs(self.lease.ttl_s) / 3;
-        if self.lease_renewed.elapsed() < renew {
-            return Ok(());
-        }
-        match self.write_lease(self.lease_version.clone()) {
-            Ok(()) => Ok(()),
-            // Object storage unreachable: keep the lease we have, try again later.
-            Err(StoreError::Backup(m)) if !m.contains("took the lease") => {
-                self.lease_renewed = Instant::now() - renew + BACKOFF_MAX.min(renew);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
     }
 
     /// Ships the records after the last shipped one: a sealed segment whole, or a chunk of
