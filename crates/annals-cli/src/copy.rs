@@ -16,15 +16,13 @@ const KEYS: &str = "subjects.keys";
 /// source database's keys table. Opening it again appends the receipt of any erasure its log
 /// lacks.
 fn copy_keys(from: &str, to: &str, exported: Option<Vec<u8>>) -> Result<(), String> {
+    if annals::is_database_url(to) {
+        return Ok(());
+    }
     let source = std::path::Path::new(from).join(KEYS);
     let bytes = match exported {
         Some(bytes) => bytes,
-        None if annals::is_database_url(from)
-            || annals::is_database_url(to)
-            || !source.exists() =>
-        {
-            return Ok(())
-        }
+        None if annals::is_database_url(from) || !source.exists() => return Ok(()),
         None => std::fs::read(&source).map_err(|e| format!("{}: {e}", source.display()))?,
     };
     annals::io::write_file_durably(&annals::io::RealIo, std::path::Path::new(to), KEYS, &bytes)
@@ -53,11 +51,12 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
         return Err("--from and --to name the same store".into());
     }
     let keys = std::path::Path::new(&args.from).join(KEYS);
-    // From a directory with data subjects into a database: the keys go into its keys table.
-    let keys_into_table =
-        !annals::is_database_url(&args.from) && keys.exists() && annals::is_database_url(&args.to);
+    let from_database = annals::is_database_url(&args.from);
     let from = open_store(&args.from, Options::default())?;
     let to = open_store(&args.to, Options::default())?;
+    // Into a database, a source's data subjects' keys go into its keys table.
+    let keys_into_table = annals::is_database_url(&args.to)
+        && (from.has_subjects() || (!from_database && keys.exists()));
     if keys_into_table && !to.has_subjects() {
         return Err(format!(
             "{} keeps data subjects: give their tag prefixes and master key \
@@ -86,18 +85,18 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
     if tty {
         eprint!("\r");
     }
-    // From a database with data subjects into a directory: its keys table as a key file.
-    let exported = if annals::is_database_url(&args.from)
-        && !annals::is_database_url(&args.to)
-        && from.has_subjects()
-    {
+    // A source database's keys table as a key file (a directory's is read once it is closed).
+    let exported = if from_database && from.has_subjects() {
         Some(from.subject_key_file().map_err(|e| e.to_string())?)
     } else {
         None
     };
     from.close().map_err(|e| e.to_string())?;
     if keys_into_table {
-        let bytes = std::fs::read(&keys).map_err(|e| format!("{}: {e}", keys.display()))?;
+        let bytes = match &exported {
+            Some(bytes) => bytes.clone(),
+            None => std::fs::read(&keys).map_err(|e| format!("{}: {e}", keys.display()))?,
+        };
         to.import_subject_keys(&bytes).map_err(|e| e.to_string())?;
     }
     to.close().map_err(|e| e.to_string())?;

@@ -265,16 +265,20 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
         Vec::<std::path::PathBuf>::new()
     );
 
-    // Into PostgreSQL and back out into a directory: the keys go into the database's table
-    // and come back out as a key file; the same reads and erasures at each end.
+    // Into PostgreSQL, into another database, and back out into a directory: the keys go
+    // into each database's table and come back out as a key file; the same reads and
+    // erasures at each end.
     let Some(cluster) = annals_testkit::Cluster::start() else {
         return;
     };
+    cluster.sql("CREATE DATABASE again");
     let database = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let again = format!("postgres://postgres@127.0.0.1:{}/again", cluster.port());
     let back = data.path().join("back");
     for (from, to) in [
         (copy.display().to_string(), database.clone()),
-        (database.clone(), back.display().to_string()),
+        (database.clone(), again.clone()),
+        (again.clone(), back.display().to_string()),
     ] {
         succeeds(
             annals()
@@ -290,7 +294,7 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
         &master,
     ];
     let mut served = ServerProcess::launch_with(
-        &[&["--store", database.as_str()][..], &on_postgres[..]].concat(),
+        &[&["--store", again.as_str()][..], &on_postgres[..]].concat(),
         &[],
     );
     assert_eq!(served.read("{}", "{}"), events);
