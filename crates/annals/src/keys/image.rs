@@ -59,6 +59,15 @@ impl KeyStore {
         }
     }
 
+    /// Keeps no more keys aside for the backup (it stopped, or another server ships): the
+    /// next image is whole and starts the noting again.
+    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
+    pub(crate) fn stop_noting(&self) {
+        let mut journal = self.journal.lock();
+        journal.on = false;
+        journal.tags = Vec::new();
+    }
+
     /// The generation of the keys (the next whole image is due when it moved).
     pub(crate) fn image_generation(&self) -> u64 {
         self.generation.get()

@@ -91,6 +91,7 @@ impl Shipper {
                  by again"
             );
             *self.state.standby.lock() = Some(message);
+            self.stop_noting_keys();
             return true;
         }
         self.stop_for_good(&message);

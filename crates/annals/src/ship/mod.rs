@@ -534,6 +534,15 @@ impl Shipper {
         );
         *self.state.stopped.lock() = Some(reason.to_string());
         self.state.fail_all(reason);
+        self.stop_noting_keys();
+    }
+
+    /// No image of a table's keys follows while this server does not ship: the keys it
+    /// takes in meanwhile are not kept aside for one (the next image is whole).
+    fn stop_noting_keys(&self) {
+        if let Some(keys) = &self.shared.keys {
+            keys.stop_noting();
+        }
     }
 
     /// Ships the records after the last shipped one: a sealed segment whole, or a chunk of
