@@ -891,6 +891,11 @@ fn a_store_on_postgres_with_subjects_is_backed_up_with_its_keys() {
         let event = NewEvent::new("Moved", format!("{MARKER} {i}")).tag(format!("customer:n{i}"));
         store.append(&[event], None).unwrap();
     }
+    // An erasure on the server standing by: it does not wait for the backup; the shipping
+    // server replaces the backup's keys once it takes the receipt in.
+    let on_standby = second.erase_subject("customer:17").unwrap();
+    assert_eq!(on_standby.events, 10);
+    assert_eq!(on_standby.in_backup, Some(false));
     let head = first.refresh().unwrap();
     wait_for("the backup ships everything", || {
         first.stats().backup.unwrap().shipped_through == head
@@ -941,6 +946,7 @@ fn a_store_on_postgres_with_subjects_is_backed_up_with_its_keys() {
     let target = Store::open(&target_dir, target_opts).unwrap();
     assert_eq!(read(&target), expected);
     assert!(read(&target)[13].0, "customer:13 is erased");
+    assert!(read(&target)[17].0, "customer:17 is erased");
     assert_eq!(read(&target)[12].1, format!("{MARKER} 12").as_bytes());
     assert!(target
         .append(&[NewEvent::new("Moved", "x").tag("customer:13")], None)
@@ -969,7 +975,7 @@ fn a_store_on_postgres_with_subjects_is_backed_up_with_its_keys() {
     let key_file = annals::backup::key_file(&BackupOptions::new(&url))
         .unwrap()
         .unwrap();
-    assert_eq!(target.import_subject_keys(&key_file).unwrap(), 20 + 40 - 1);
+    assert_eq!(target.import_subject_keys(&key_file).unwrap(), 20 + 40 - 2);
     assert_eq!(read(&target), expected);
     target.close().unwrap();
     let other = Store::open_postgres(&database, target_opts).unwrap();
