@@ -524,27 +524,7 @@ fn subjects_keys_travel_with_the_backup_and_erasure_holds_in_it() {
     source.close().unwrap();
 
     // No marker in any object; only the newest epoch of keys is left.
-    let backup_dir = dir.path().join("backup");
-    let mut stack = vec![backup_dir.clone()];
-    let mut key_objects = Vec::new();
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-                continue;
-            }
-            let bytes = std::fs::read(&p).unwrap();
-            assert!(
-                !bytes.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
-                "{} holds the clear data",
-                p.display()
-            );
-            if p.parent().unwrap().ends_with("keys") {
-                key_objects.push(p.file_name().unwrap().to_string_lossy().to_string());
-            }
-        }
-    }
+    let key_objects = key_objects(&dir.path().join("backup"), MARKER);
     assert!(!key_objects.is_empty());
     assert!(
         key_objects
@@ -828,8 +808,9 @@ fn a_second_server_of_a_database_stands_by_and_takes_over() {
     second.close().unwrap();
 }
 
-/// The names of the files below `dir`, failing when one holds `marker`.
-fn objects_without(dir: &std::path::Path, marker: &str) -> Vec<std::path::PathBuf> {
+/// The names of the key objects of the backup in `dir`, failing when any object holds
+/// `marker`.
+fn key_objects(dir: &std::path::Path, marker: &str) -> Vec<String> {
     let mut stack = vec![dir.to_path_buf()];
     let mut files = Vec::new();
     while let Some(d) = stack.pop() {
@@ -845,7 +826,9 @@ fn objects_without(dir: &std::path::Path, marker: &str) -> Vec<std::path::PathBu
                 "{} holds the clear data",
                 p.display()
             );
-            files.push(p);
+            if p.parent().unwrap().ends_with("keys") {
+                files.push(p.file_name().unwrap().to_string_lossy().to_string());
+            }
         }
     }
     files
@@ -917,11 +900,7 @@ fn a_store_on_postgres_with_subjects_is_backed_up_with_its_keys() {
     first.close().unwrap();
 
     // No marker in any object; the keys of one epoch only, after the first image.
-    let keys: Vec<String> = objects_without(&dir.path().join("backup"), MARKER)
-        .iter()
-        .filter(|p| p.parent().unwrap().ends_with("keys"))
-        .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
-        .collect();
+    let keys = key_objects(&dir.path().join("backup"), MARKER);
     let epochs: std::collections::BTreeSet<&str> = keys.iter().map(|k| &k[..20]).collect();
     assert_eq!(epochs.len(), 1, "{keys:?}");
     assert!(!epochs.contains("00000000000000000000"), "{keys:?}");

@@ -92,34 +92,23 @@ impl Shipper {
     fn ship_table_keys(&mut self, keys: &KeyStore) -> Result<(), Failure> {
         if self.table_image.is_none() {
             let current = keys.image_generation();
-            let shipped = self.table_keys.filter(|t| t.generation == current);
-            let since = shipped.and_then(|t| {
-                keys.image_since()
-                    .filter(|(generation, _)| *generation == t.generation)
-                    .map(|(generation, bytes)| (t, generation, bytes))
-            });
-            self.table_image = match (shipped, since) {
-                (Some(_), Some((t, generation, bytes))) => Some(TableImage {
-                    epoch: t.epoch,
-                    offset: t.len,
-                    generation,
-                    bytes: Bytes::from(bytes),
-                }),
-                // Nothing new since the last image.
-                (Some(_), None) if keys.image_generation() == current => return Ok(()),
-                _ => {
-                    let epoch = self.keys_shipped.map_or(0, |(e, _)| e + 1);
-                    let (generation, bytes) = keys
-                        .image_whole(epoch, self.durable(), true)
-                        .map_err(Failure::fatal)?;
-                    Some(TableImage {
-                        epoch,
-                        offset: 0,
+            let image = match self.table_keys.filter(|t| t.generation == current) {
+                // The keys taken in since the last image, unless a generation ended meanwhile
+                // (then whole). Nothing new: the records of this put are sealed under keys
+                // the backup holds; a generation ended since is shipped with the next put.
+                Some(t) => match keys.image_since() {
+                    None => return Ok(()),
+                    Some((generation, bytes)) if generation == t.generation => TableImage {
+                        epoch: t.epoch,
+                        offset: t.len,
                         generation,
                         bytes: Bytes::from(bytes),
-                    })
-                }
+                    },
+                    Some(_) => self.whole_image(keys)?,
+                },
+                None => self.whole_image(keys)?,
             };
+            self.table_image = Some(image);
         }
         let image = self.table_image.clone().expect("an image to put");
         self.put_keys(image.epoch, image.offset, image.bytes.clone())?;
@@ -135,6 +124,22 @@ impl Shipper {
             .keys_generation
             .store(image.generation, Ordering::Release);
         Ok(())
+    }
+}
+
+impl Shipper {
+    /// Every key a table's store holds, in a new epoch.
+    fn whole_image(&self, keys: &KeyStore) -> Result<TableImage, Failure> {
+        let epoch = self.keys_shipped.map_or(0, |(e, _)| e + 1);
+        let (generation, bytes) = keys
+            .image_whole(epoch, self.durable(), true)
+            .map_err(Failure::fatal)?;
+        Ok(TableImage {
+            epoch,
+            offset: 0,
+            generation,
+            bytes: Bytes::from(bytes),
+        })
     }
 }
 

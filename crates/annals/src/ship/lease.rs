@@ -7,6 +7,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{backup_error, now_us, Shipper, BACKOFF_MAX, LEASE};
+
+/// The lease was not written: another server wrote it since it was read, or object storage
+/// failed.
+pub(super) enum NotWritten {
+    Taken,
+    Failed(StoreError),
+}
 use crate::archive::Lease;
 use crate::error::StoreError;
 use crate::objects::ObjectFault;
@@ -59,10 +66,21 @@ impl Shipper {
                 version
             }
         };
-        self.write_lease(version).map(|()| None)
+        match self.write_lease(version) {
+            Ok(()) => Ok(None),
+            Err(NotWritten::Taken) => Ok(Some(self.taken())),
+            Err(NotWritten::Failed(e)) => Err(e),
+        }
     }
 
-    pub(super) fn write_lease(&mut self, over: Option<String>) -> Result<(), StoreError> {
+    fn taken(&self) -> String {
+        format!(
+            "{}: another server took the lease of this prefix meanwhile",
+            self.url()
+        )
+    }
+
+    fn write_lease(&mut self, over: Option<String>) -> Result<(), NotWritten> {
         self.lease.renewed_at_us = now_us();
         let bytes = Bytes::from(serde_json::to_vec(&self.lease).expect("a lease serializes"));
         match self.objects.put_over(LEASE, bytes, over) {
@@ -71,20 +89,16 @@ impl Shipper {
                 self.lease_renewed = Instant::now();
                 Ok(())
             }
-            Err(e) if e.fault == ObjectFault::Conflict => Err(StoreError::Backup(format!(
-                "{}: another server took the lease of this prefix meanwhile",
-                self.url()
-            ))),
-            Err(e) => Err(backup_error(self.url(), &e)),
+            Err(e) if e.fault == ObjectFault::Conflict => Err(NotWritten::Taken),
+            Err(e) => Err(NotWritten::Failed(backup_error(self.url(), &e))),
         }
     }
 
-    /// The lease could not be renewed (`e`): on PostgreSQL, where another server of the
-    /// database took it over (this one paused past its lease, say), this one stands by
-    /// again (true); otherwise shipping stops for good (false).
-    pub(super) fn lease_lost(&mut self, e: &StoreError) -> bool {
-        let message = e.to_string();
-        if self.shared.policy.backend == Backend::Postgres && message.contains("took the lease") {
+    /// Another server took the lease over (this one paused past it, say): on PostgreSQL this
+    /// one stands by again (true); otherwise shipping stops for good (false).
+    pub(super) fn lease_lost(&mut self) -> bool {
+        let message = self.taken();
+        if self.shared.policy.backend == Backend::Postgres {
             tracing::warn!(
                 url = self.url(),
                 "backup: another server of the database took the lease over; this one stands \
@@ -111,20 +125,19 @@ impl Shipper {
         }
     }
 
-    pub(super) fn renew_lease(&mut self) -> Result<(), StoreError> {
-        // Renewed every third of the time it holds.
+    /// Renews the lease every third of the time it holds; Err once another server took it.
+    pub(super) fn renew_lease(&mut self) -> Result<(), NotWritten> {
         let renew = Duration::from_secs(self.lease.ttl_s) / 3;
         if self.lease_renewed.elapsed() < renew {
             return Ok(());
         }
         match self.write_lease(self.lease_version.clone()) {
-            Ok(()) => Ok(()),
             // Object storage unreachable: keep the lease we have, try again later.
-            Err(StoreError::Backup(m)) if !m.contains("took the lease") => {
+            Err(NotWritten::Failed(_)) => {
                 self.lease_renewed = Instant::now() - renew + BACKOFF_MAX.min(renew);
                 Ok(())
             }
-            Err(e) => Err(e),
+            outcome => outcome,
         }
     }
 }

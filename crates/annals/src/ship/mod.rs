@@ -470,8 +470,8 @@ impl Shipper {
                 if stopping {
                     break;
                 }
-                if let Err(e) = self.renew_lease() {
-                    return self.lease_lost(&e);
+                if self.renew_lease().is_err() {
+                    return self.lease_lost();
                 }
                 self.state.sleep(IDLE_POLL);
                 continue;
@@ -486,13 +486,7 @@ impl Shipper {
             }
             match self.ship_next(durable) {
                 Ok(()) => {
-                    if self.state.failing.swap(false, Ordering::Relaxed) {
-                        tracing::info!(
-                            url = self.url(),
-                            shipped = self.state.shipped(),
-                            "backup: object storage answers again; shipping resumed"
-                        );
-                    }
+                    self.note_answered();
                     backoff = BACKOFF_MIN;
                 }
                 Err(Failure::Fatal(reason)) => {
@@ -500,30 +494,44 @@ impl Shipper {
                     break;
                 }
                 Err(Failure::Retry(e)) => {
-                    let failures = self.state.failures.fetch_add(1, Ordering::Relaxed) + 1;
-                    let message = e.to_string();
-                    if !self.state.failing.swap(true, Ordering::Relaxed)
-                        || failures.is_multiple_of(20)
-                    {
-                        tracing::warn!(
-                            url = self.url(),
-                            failures,
-                            error = message.as_str(),
-                            "backup: object storage failed; retrying with backoff while the \
-                             store keeps serving"
-                        );
-                    }
-                    *self.state.last_error.lock() = Some(message);
+                    self.note_failure(&e.to_string());
                     self.state.answer();
                     self.state.sleep(backoff);
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
-            if let Err(e) = self.renew_lease() {
-                return self.lease_lost(&e);
+            if self.renew_lease().is_err() {
+                return self.lease_lost();
             }
         }
         false
+    }
+
+    /// Object storage failed a request: counted, kept as the last error, and logged the
+    /// first time and every twentieth; the caller tries again later.
+    fn note_failure(&self, message: &str) {
+        let failures = self.state.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.state.failing.swap(true, Ordering::Relaxed) || failures.is_multiple_of(20) {
+            tracing::warn!(
+                url = self.url(),
+                failures,
+                error = message,
+                "backup: object storage failed; trying again with backoff while the store \
+                 keeps serving"
+            );
+        }
+        *self.state.last_error.lock() = Some(message.to_string());
+    }
+
+    /// Object storage answered: logged once after failures.
+    fn note_answered(&self) {
+        if self.state.failing.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                url = self.url(),
+                shipped = self.state.shipped(),
+                "backup: object storage answers again"
+            );
+        }
     }
 
     fn stop_for_good(&self, reason: &str) {

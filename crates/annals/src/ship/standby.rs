@@ -114,22 +114,7 @@ impl Shipper {
         self.state
             .oldest_unshipped_us
             .store(oldest, Ordering::Relaxed);
-        if self.state.failing.swap(false, Ordering::Relaxed) {
-            tracing::info!(url = self.url(), "backup: object storage answers again");
-        }
+        self.note_answered();
         Ok(())
-    }
-
-    fn note_failure(&self, message: &str) {
-        let failures = self.state.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if !self.state.failing.swap(true, Ordering::Relaxed) || failures.is_multiple_of(20) {
-            tracing::warn!(
-                url = self.url(),
-                failures,
-                error = message,
-                "backup: object storage failed (standing by); trying again"
-            );
-        }
-        *self.state.last_error.lock() = Some(message.to_string());
     }
 }

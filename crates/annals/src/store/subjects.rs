@@ -183,20 +183,7 @@ impl Store {
         }
         let image = crate::keys::KeyStore::from_key_file(keys.options().clone(), key_file)?;
         let head = self.refresh()?;
-        if let Some(from) = image.covered().filter(|&c| c < head) {
-            for append in self.appends(from).map_err(store_error)? {
-                let append = append.map_err(store_error)?;
-                if let crate::keys::TakenIn::NewerWrap(id) =
-                    image.take_in(append.body(), append.event_count())?
-                {
-                    return Err(StoreError::Subjects(format!(
-                        "the log at {} carries a key under wrapping key {id}, newer than the \
-                         key file's: the key file is older than the log",
-                        append.first_position()
-                    )));
-                }
-            }
-        }
+        self.grants_into(&image, head)?;
         keys.import(&image)
     }
 
@@ -315,33 +302,37 @@ impl Store {
             return Ok(());
         }
         let head = self.head();
-        if let Some(from) = keys.covered().filter(|&c| c < head) {
-            let mut taken = 0;
-            for append in self.appends(from).map_err(store_error)? {
-                let append = append.map_err(store_error)?;
-                match keys.take_in(append.body(), append.event_count())? {
-                    crate::keys::TakenIn::Keys(n) => taken += n,
-                    crate::keys::TakenIn::NewerWrap(id) => {
-                        return Err(StoreError::Subjects(format!(
-                            "the log at {} carries a key under wrapping key {id}, newer than \
-                             the key file's: the key file is older than the log",
-                            append.first_position()
-                        )))
-                    }
-                }
-            }
-            if taken > 0 {
-                tracing::info!(
-                    keys = taken,
-                    after = from,
-                    "subjects: keys taken in from the log"
-                );
-            }
+        let taken = self.grants_into(keys, head)?;
+        if taken > 0 {
+            tracing::info!(keys = taken, "subjects: keys taken in from the log");
         }
         if self.shared.policy.backend == Backend::Files {
             keys.upgrade(head)?;
         }
         Ok(())
+    }
+
+    /// Takes into `keys` the keys this store's log carries as grants after the position
+    /// through which `keys`' file holds them, up to `head`; answers how many were new.
+    fn grants_into(&self, keys: &crate::keys::KeyStore, head: u64) -> Result<usize, StoreError> {
+        let Some(from) = keys.covered().filter(|&c| c < head) else {
+            return Ok(0);
+        };
+        let mut taken = 0;
+        for append in self.appends(from).map_err(store_error)? {
+            let append = append.map_err(store_error)?;
+            match keys.take_in(append.body(), append.event_count())? {
+                crate::keys::TakenIn::Keys(n) => taken += n,
+                crate::keys::TakenIn::NewerWrap(id) => {
+                    return Err(StoreError::Subjects(format!(
+                        "the log at {} carries a key under wrapping key {id}, newer than the \
+                         key file's: the key file is older than the log",
+                        append.first_position()
+                    )))
+                }
+            }
+        }
+        Ok(taken)
     }
 
     /// Appends the receipt of every erasure a crash cut short (key deleted, no receipt yet):
