@@ -204,29 +204,54 @@ fn erasures(dir: &Path, events: u64) -> Result<(f64, f64, u64), String> {
     Ok((big_s, small_s, big.events))
 }
 
-/// The cipher's own floor: AES-256-GCM (the store's library) opening the envelope of one
-/// 256-byte event, nanoseconds per event on one core (median of three rounds).
-fn cipher_floor() -> f64 {
-    use aes_gcm::aead::{AeadInOut, KeyInit};
-    let cipher = aes_gcm::Aes256Gcm::new(&[7u8; 32].into());
-    let nonce = [3u8; 12].into();
-    let aad = [1u8; 40];
+/// The cipher's own floor: AES-256-GCM opening the envelope of one 256-byte event,
+/// nanoseconds per event on one core (median of three rounds), from RustCrypto and from aws-lc;
+/// the store uses the one `annals::SUBJECT_CIPHER` names.
+fn cipher_floors() -> (f64, f64) {
     let mut sealed = vec![5u8; 4 + 256];
-    let tag = cipher
-        .encrypt_inout_detached(&nonce, &aad, sealed.as_mut_slice().into())
-        .expect("encryption of a small buffer");
-    let mut buf = sealed.clone();
-    let rounds = 200_000;
-    let mut times = Vec::new();
-    for _ in 0..3 {
-        let started = Instant::now();
-        for _ in 0..rounds {
+    let aad = [1u8; 40];
+    let rustcrypto = {
+        use aes_gcm::aead::{AeadInOut, KeyInit};
+        let cipher = aes_gcm::Aes256Gcm::new(&[7u8; 32].into());
+        let nonce = [3u8; 12].into();
+        let mut sealed = sealed.clone();
+        let tag = cipher
+            .encrypt_inout_detached(&nonce, &aad, sealed.as_mut_slice().into())
+            .expect("encryption of a small buffer");
+        let mut buf = sealed.clone();
+        rounds(|| {
             buf.copy_from_slice(&sealed);
             cipher
                 .decrypt_inout_detached(&nonce, &aad, buf.as_mut_slice().into(), &tag)
                 .expect("the buffer just sealed opens");
+        })
+    };
+    let aws_lc = {
+        use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+        let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[7u8; 32]).expect("a key"));
+        let nonce = || Nonce::assume_unique_for_key([3u8; 12]);
+        let tag = key
+            .seal_in_place_separate_tag(nonce(), Aad::from(&aad), &mut sealed)
+            .expect("encryption of a small buffer");
+        let mut buf = sealed.clone();
+        rounds(|| {
+            key.open_separate_gather(nonce(), Aad::from(&aad), &sealed, tag.as_ref(), &mut buf)
+                .expect("the buffer just sealed opens");
+        })
+    };
+    (rustcrypto, aws_lc)
+}
+
+/// Nanoseconds per call of `f`: the median of three rounds of 200,000 calls.
+fn rounds(mut f: impl FnMut()) -> f64 {
+    let calls = 200_000;
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        for _ in 0..calls {
+            f();
         }
-        times.push(started.elapsed().as_nanos() as f64 / rounds as f64);
+        times.push(started.elapsed().as_nanos() as f64 / calls as f64);
     }
     median(times)
 }
@@ -262,8 +287,16 @@ pub fn run(args: SubjectsArgs) -> Result<Value, String> {
     }
 
     if part("reads") {
-        let floor_ns = cipher_floor();
-        eprintln!("AES-256-GCM opens a 256-byte event in {floor_ns:.0} ns");
+        let (rustcrypto_ns, aws_lc_ns) = cipher_floors();
+        let floor_ns = match annals::SUBJECT_CIPHER.contains("aws-lc") {
+            true => aws_lc_ns,
+            false => rustcrypto_ns,
+        };
+        eprintln!(
+            "AES-256-GCM opens a 256-byte event in {rustcrypto_ns:.0} ns (RustCrypto), \
+             {aws_lc_ns:.0} ns (aws-lc); the store uses {}",
+            annals::SUBJECT_CIPHER
+        );
         let plain_store = entities(&args.dir.join("read-plain"), args.read_events, None)?;
         let sealed_store = entities(
             &args.dir.join("read-sealed"),
@@ -286,7 +319,10 @@ pub fn run(args: SubjectsArgs) -> Result<Value, String> {
         let selective_bound = p99(&plain_lat) + per_entity * floor_ns;
         out["reads"] = json!({
             "events": args.read_events,
+            "cipher": annals::SUBJECT_CIPHER,
             "cipher_floor_ns_per_event": floor_ns,
+            "cipher_floor_ns_rustcrypto": rustcrypto_ns,
+            "cipher_floor_ns_aws_lc": aws_lc_ns,
             "full_scan_events_per_sec_plain": plain_scan,
             "full_scan_events_per_sec_sealed": sealed_scan,
             "full_scan_ratio_sealed_to_plain": ratio(sealed_scan, plain_scan),

@@ -25,6 +25,7 @@
 //! assert_eq!(events[0].event_type(), "UserRegistered");
 //! ```
 
+mod aead;
 mod append;
 pub mod archive;
 #[cfg(feature = "object-store")]
@@ -78,6 +79,7 @@ mod subscription;
 mod verify;
 mod writer;
 
+pub use aead::CIPHER as SUBJECT_CIPHER;
 pub use append::Append;
 pub use append::{AppendOptions, Tracking};
 pub use batch::{EventBatch, EventWriter};

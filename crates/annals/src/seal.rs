@@ -1,5 +1,5 @@
 //! Sealing a data subject's events: the metadata and data of an entry that carries a subject's
-//! tag are encrypted (AES-256-GCM, RustCrypto) before the entry reaches any storage;
+//! tag are encrypted (AES-256-GCM: `aead.rs`) before the entry reaches any storage;
 //! type, tags, id and position stay in the clear. The keys themselves are wrapped under the
 //! master key the same way (`keys.rs` keeps them).
 //!
@@ -28,10 +28,9 @@
 //! log (of every subject) can no longer be opened, and the key file holds every key but the
 //! erased one.
 
-use aes_gcm::aead::inout::InOutBuf;
-use aes_gcm::aead::{Aead, AeadInOut, Generate, KeyInit, Payload};
-use aes_gcm::{Aes256Gcm, Nonce};
 use zeroize::Zeroize;
+
+use crate::aead::{Aes256, NONCE_BYTES, TAG_BYTES};
 
 use crate::error::InputError;
 use crate::record::{
@@ -44,34 +43,21 @@ const ENVELOPE_VERSION: u8 = 1;
 const ENVELOPE_GRANTS: u8 = 2;
 /// One grant: the subject's index, the wrapping key's id, the wrapped key.
 const GRANT_BYTES: usize = 1 + 8 + WRAPPED_KEY_BYTES;
-const NONCE_BYTES: usize = 12;
-const TAG_BYTES: usize = 16;
 /// The most subjects one event may name.
 pub(crate) const SUBJECTS_PER_EVENT_MAX: usize = 16;
 /// A wrapped key: nonce, then the 32-byte key encrypted, then its tag.
 pub(crate) const WRAPPED_KEY_BYTES: usize = NONCE_BYTES + 32 + TAG_BYTES;
 
-/// One data subject's key, with its cipher ready (its round keys expanded once, not per
-/// event). Wiped from memory when the last copy is dropped.
+/// One data subject's key: its 32 bytes alone, wiped from memory when dropped. The map of a
+/// store's keys holds it inline, so that looking one up costs no pointer chase beyond the map's
+/// own, and the map stays small with many subjects; its cipher is made where it is used
+/// ([`CipherMemo`]), once for a run of events under one key.
 #[derive(Clone)]
-pub(crate) struct SubjectKey(std::sync::Arc<KeyBytes>);
-
-/// A key's bytes and its cipher.
-pub(crate) struct KeyBytes {
-    bytes: [u8; 32],
-    cipher: Aes256Gcm,
-}
-
-impl Drop for KeyBytes {
-    fn drop(&mut self) {
-        self.bytes.zeroize();
-    }
-}
+pub(crate) struct SubjectKey(zeroize::Zeroizing<[u8; 32]>);
 
 impl SubjectKey {
     fn from_bytes(bytes: [u8; 32]) -> SubjectKey {
-        let cipher = Aes256Gcm::new((&bytes).into());
-        SubjectKey(std::sync::Arc::new(KeyBytes { bytes, cipher }))
+        SubjectKey(zeroize::Zeroizing::new(bytes))
     }
 
     pub(crate) fn generate() -> Result<SubjectKey, String> {
@@ -81,9 +67,36 @@ impl SubjectKey {
         Ok(key)
     }
 
+    fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Its cipher, round keys set up.
+    pub(crate) fn cipher(&self) -> Aes256 {
+        Aes256::new(self.bytes())
+    }
+
     #[cfg(test)]
     pub(crate) fn clone_bytes(&self) -> [u8; 32] {
-        self.0.bytes
+        *self.0
+    }
+}
+
+/// The cipher of the key used last, kept by one reader or one sealing pass: consecutive events
+/// under one key (a subject's events read by its tag, an append of one subject's events) set
+/// its round keys up once rather than per event. It decides nothing: whether a key may be used
+/// is asked of the store's keys for every event, so an erasure holds for the next event read.
+#[derive(Default)]
+pub(crate) struct CipherMemo(Option<(SubjectKey, Aes256)>);
+
+impl CipherMemo {
+    fn cipher(&mut self, key: SubjectKey) -> &Aes256 {
+        let same = matches!(&self.0, Some((held, _)) if held.bytes() == key.bytes());
+        if !same {
+            let cipher = Aes256::new(key.bytes());
+            self.0 = Some((key, cipher));
+        }
+        &self.0.as_ref().expect("set just above").1
     }
 }
 
@@ -100,7 +113,7 @@ pub(crate) struct WrapKey {
     /// The key file epoch it was made in.
     id: u64,
     bytes: [u8; 32],
-    cipher: Aes256Gcm,
+    cipher: Aes256,
 }
 
 impl Drop for WrapKey {
@@ -117,7 +130,7 @@ pub(crate) struct Grant {
 
 impl WrapKey {
     fn from_bytes(id: u64, bytes: [u8; 32]) -> WrapKey {
-        let cipher = Aes256Gcm::new((&bytes).into());
+        let cipher = Aes256::new(&bytes);
         WrapKey { id, bytes, cipher }
     }
 
@@ -155,7 +168,7 @@ impl WrapKey {
     pub(crate) fn grant(&self, tag: &str, key: &SubjectKey) -> Result<Grant, String> {
         Ok(Grant {
             wrap_id: self.id,
-            wrapped: wrap_bytes(&self.cipher, tag.as_bytes(), &key.0.bytes)?.into(),
+            wrapped: wrap_bytes(&self.cipher, tag.as_bytes(), key.bytes())?.into(),
         })
     }
 
@@ -174,42 +187,53 @@ impl std::fmt::Debug for WrapKey {
 
 /// A 96-bit nonce, at random: per subject key the chance of a repeat stays negligible up to
 /// billions of events (NIST SP 800-38D bounds random nonces at 2^32 messages per key).
-type AesNonce = Nonce<aes_gcm::aead::consts::U12>;
-
-fn nonce() -> Result<AesNonce, String> {
-    AesNonce::try_generate()
-        .map_err(|e| format!("the operating system's random generator failed: {e}"))
+fn nonce() -> Result<[u8; NONCE_BYTES], String> {
+    let mut nonce = [0u8; NONCE_BYTES];
+    getrandom::fill(&mut nonce)
+        .map_err(|e| format!("the operating system's random generator failed: {e}"))?;
+    Ok(nonce)
 }
 
 /// `plain` encrypted by `cipher` with `aad`: nonce ++ ciphertext ++ tag.
-fn encrypt(cipher: &Aes256Gcm, aad: &[u8], plain: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+fn encrypt(cipher: &Aes256, aad: &[u8], plain: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     let nonce = nonce()?;
-    let sealed = cipher
-        .encrypt(&nonce, Payload { msg: plain, aad })
-        .map_err(|_| "encryption failed".to_string())?;
-    out.extend_from_slice(nonce.as_slice());
-    out.extend_from_slice(&sealed);
+    out.extend_from_slice(&nonce);
+    let start = out.len();
+    out.extend_from_slice(plain);
+    let Ok(tag) = cipher.seal(&nonce, aad, &mut out[start..]) else {
+        out[start..].zeroize();
+        return Err("encryption failed".to_string());
+    };
+    out.extend_from_slice(&tag);
     Ok(())
 }
 
 /// The plaintext of `sealed` (nonce ++ ciphertext ++ tag), or None when it does not
 /// authenticate under `cipher` and `aad`.
-fn decrypt(cipher: &Aes256Gcm, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
-    if sealed.len() < NONCE_BYTES + TAG_BYTES {
-        return None;
-    }
-    let (nonce, body) = sealed.split_at(NONCE_BYTES);
-    let nonce = AesNonce::try_from(nonce).ok()?;
-    cipher.decrypt(&nonce, Payload { msg: body, aad }).ok()
+fn decrypt(cipher: &Aes256, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+    let body_len = sealed.len().checked_sub(NONCE_BYTES + TAG_BYTES)?;
+    let (nonce, rest) = sealed.split_at(NONCE_BYTES);
+    let (body, tag) = rest.split_at(body_len);
+    let mut out = vec![0; body_len];
+    cipher
+        .open(
+            nonce.try_into().ok()?,
+            aad,
+            body,
+            tag.try_into().ok()?,
+            &mut out,
+        )
+        .ok()?;
+    Some(out)
 }
 
-fn master_cipher(master: &MasterKey) -> Aes256Gcm {
-    Aes256Gcm::new(master.bytes().into())
+fn master_cipher(master: &MasterKey) -> Aes256 {
+    Aes256::new(master.bytes())
 }
 
 /// A subject's key wrapped under the master key, bound to its tag.
 pub(crate) fn wrap_key(master: &MasterKey, tag: &str, key: &SubjectKey) -> Result<Vec<u8>, String> {
-    wrap_bytes(&master_cipher(master), tag.as_bytes(), &key.0.bytes)
+    wrap_bytes(&master_cipher(master), tag.as_bytes(), key.bytes())
 }
 
 /// The key `wrap_key` wrapped, or None when `master` is not the key it was wrapped under (or
@@ -220,7 +244,7 @@ pub(crate) fn unwrap_key(master: &MasterKey, tag: &str, wrapped: &[u8]) -> Optio
 
 /// 32 bytes of a key wrapped under `cipher`, bound to `aad`: [`WRAPPED_KEY_BYTES`] of nonce,
 /// ciphertext and tag.
-fn wrap_bytes(cipher: &Aes256Gcm, aad: &[u8], bytes: &[u8; 32]) -> Result<Vec<u8>, String> {
+fn wrap_bytes(cipher: &Aes256, aad: &[u8], bytes: &[u8; 32]) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(WRAPPED_KEY_BYTES);
     encrypt(cipher, aad, bytes, &mut out)?;
     debug_assert_eq!(out.len(), WRAPPED_KEY_BYTES);
@@ -229,7 +253,7 @@ fn wrap_bytes(cipher: &Aes256Gcm, aad: &[u8], bytes: &[u8; 32]) -> Result<Vec<u8
 
 /// The 32 bytes `wrap_bytes` wrapped (the plaintext buffer wiped), or None when they do not
 /// authenticate under `cipher` and `aad`.
-fn unwrap_bytes(cipher: &Aes256Gcm, aad: &[u8], wrapped: &[u8]) -> Option<[u8; 32]> {
+fn unwrap_bytes(cipher: &Aes256, aad: &[u8], wrapped: &[u8]) -> Option<[u8; 32]> {
     let mut plain = decrypt(cipher, aad, wrapped)?;
     let bytes = <[u8; 32]>::try_from(plain.as_slice()).ok();
     plain.zeroize();
@@ -252,9 +276,9 @@ pub(crate) fn master_matches(master: &MasterKey, check: &[u8]) -> bool {
     decrypt(&master_cipher(master), b"annals master key", check).is_some_and(|p| p == [0; 16])
 }
 
-/// The cipher of an event naming `keys` (in the order of its tags): the subject's own, or for
-/// several, one under a key derived from all of theirs.
-fn event_cipher<'a>(keys: impl IntoIterator<Item = &'a SubjectKey>) -> SubjectKey {
+/// The key of an event naming `keys` (in the order of its tags): the subject's own, or for
+/// several, one derived from all of theirs.
+fn event_key<'a>(keys: impl IntoIterator<Item = &'a SubjectKey>) -> SubjectKey {
     let mut keys = keys.into_iter();
     let first = keys
         .next()
@@ -264,7 +288,7 @@ fn event_cipher<'a>(keys: impl IntoIterator<Item = &'a SubjectKey>) -> SubjectKe
     };
     let mut ikm = Vec::with_capacity(32 * SUBJECTS_PER_EVENT_MAX);
     for k in [first, second].into_iter().chain(keys) {
-        ikm.extend_from_slice(&k.0.bytes);
+        ikm.extend_from_slice(k.bytes());
     }
     let mut okm = [0u8; 32];
     hkdf::Hkdf::<sha2::Sha256>::new(None, &ikm)
@@ -377,6 +401,7 @@ pub(crate) fn seal_append(
     let mut nonces = nonces.chunks_exact(NONCE_BYTES);
     let mut body = Vec::with_capacity(append.body.len() + plan.len() * 64);
     let mut all_ids = true;
+    let mut memo = CipherMemo::default();
     for ((_, entry, layout), found) in Entries::new(append.entries(), append.event_count)
         .trusted()
         .zip(&plan)
@@ -393,23 +418,16 @@ pub(crate) fn seal_append(
             .iter()
             .map(|&i| key_of(event_tags[i as usize]))
             .collect();
-        let subject_keys: Vec<&SubjectKey> = given.iter().map(|(k, _)| k).collect();
+        let subject_keys = given.iter().map(|(k, _)| k);
         let grants: Vec<(u8, &Grant)> = given
             .iter()
             .enumerate()
             .filter_map(|(i, (_, g))| g.as_deref().map(|g| (i as u8, g)))
             .collect();
         let nonce = nonces.next().expect("a nonce for each sealed entry");
-        seal_entry(
-            &mut body,
-            entry,
-            &layout,
-            found,
-            &subject_keys,
-            &grants,
-            nonce,
-        )
-        .map_err(SealError::Keys)?;
+        let cipher = memo.cipher(event_key(subject_keys));
+        seal_entry(&mut body, entry, &layout, found, cipher, &grants, nonce)
+            .map_err(SealError::Keys)?;
     }
     let entries_len = body.len();
     body.extend_from_slice(&append.body[append.entries().len()..]);
@@ -429,15 +447,15 @@ fn set_record_offset(body: &mut [u8], start: usize) {
     body[start + 4..start + 8].copy_from_slice(&offset.to_le_bytes());
 }
 
-/// Appends `entry` to `body` sealed under `keys` with `nonce`: the clear part, the envelope's
-/// header (with `grants`, the keys the entry carries, by their index into `subjects`), the
-/// nonce, then the metadata and data encrypted in place with their tag.
+/// Appends `entry` to `body` sealed by `cipher` (its subjects' key) with `nonce`: the clear
+/// part, the envelope's header (with `grants`, the keys the entry carries, by their index into
+/// `subjects`), the nonce, then the metadata and data encrypted in place with their tag.
 fn seal_entry(
     body: &mut Vec<u8>,
     entry: &[u8],
     layout: &EntryLayout,
     subjects: &[u16],
-    keys: &[&SubjectKey],
+    cipher: &Aes256,
     grants: &[(u8, &Grant)],
     nonce: &[u8],
 ) -> Result<(), String> {
@@ -470,14 +488,9 @@ fn seal_entry(
     body.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
     body.extend_from_slice(metadata);
     body.extend_from_slice(&entry[layout.data_range()]);
-    let key = event_cipher(keys.iter().copied());
     let (head, plain) = body.split_at_mut(plain_start);
-    let nonce = AesNonce::try_from(nonce).expect("a 12-byte nonce");
-    let sealed = key.0.cipher.encrypt_inout_detached(
-        &nonce,
-        &head[start + ENTRY_FIXED_BYTES..aad_end],
-        plain.into(),
-    );
+    let nonce: &[u8; NONCE_BYTES] = nonce.try_into().expect("a 12-byte nonce");
+    let sealed = cipher.seal(nonce, &head[start + ENTRY_FIXED_BYTES..aad_end], plain);
     let Ok(tag) = sealed else {
         body[plain_start..].zeroize();
         body.truncate(start);
@@ -594,6 +607,41 @@ pub(crate) enum KeyState {
     Missing,
 }
 
+/// Why an event's subjects give no cipher.
+pub(crate) enum Unopenable {
+    /// One of them was erased.
+    Erased,
+    /// This one has neither a key nor an erasure.
+    Missing(String),
+}
+
+/// Where an opening pass gets the cipher of an event's subjects.
+pub(crate) trait Ciphers {
+    /// The cipher of the subjects `tags` (in the envelope's order): see [`cipher_key`].
+    fn cipher(&mut self, tags: &[&str]) -> Result<&Aes256, Unopenable>;
+}
+
+/// The key an event of the subjects `tags` is sealed under, from their states in that order:
+/// the subject's own, or for several, one derived from all of theirs. A subject without key
+/// or erasure makes the event damaged, whatever the others; an erased one makes it erased.
+pub(crate) fn cipher_key<'t>(
+    states: impl IntoIterator<Item = (&'t str, KeyState)>,
+) -> Result<SubjectKey, Unopenable> {
+    let mut keys: Vec<SubjectKey> = Vec::new();
+    let mut erased = false;
+    for (tag, state) in states {
+        match state {
+            KeyState::Live(k) => keys.push(k),
+            KeyState::Erased => erased = true,
+            KeyState::Missing => return Err(Unopenable::Missing(tag.to_string())),
+        }
+    }
+    match erased {
+        true => Err(Unopenable::Erased),
+        false => Ok(event_key(&keys)),
+    }
+}
+
 /// A sealed entry opened.
 pub(crate) enum Opened {
     /// The entry with its metadata and data back in the clear (not sealed).
@@ -604,38 +652,32 @@ pub(crate) enum Opened {
     Damaged(String),
 }
 
-/// Opens a sealed entry with the keys `key_of` gives for its subjects' tags. The opened entry
-/// is built in one buffer, decrypted straight into it.
-pub(crate) fn open_entry(
-    entry: &[u8],
-    layout: &EntryLayout,
-    key_of: &dyn Fn(&str) -> KeyState,
-) -> Opened {
+/// Opens a sealed entry with the cipher `ciphers` gives for its subjects' tags. The opened
+/// entry is built in one buffer, decrypted straight into it.
+pub(crate) fn open_entry(entry: &[u8], layout: &EntryLayout, ciphers: &mut dyn Ciphers) -> Opened {
     let envelope = &entry[layout.data_range()];
     let (n, header) = match EnvelopeHeader::parse(envelope) {
         Ok(h) => (h.subjects, h.len),
         Err(why) => return Opened::Damaged(why),
     };
-    let mut keys: [Option<SubjectKey>; SUBJECTS_PER_EVENT_MAX] = Default::default();
-    let mut erased = false;
-    for (i, slot) in keys.iter_mut().enumerate().take(n) {
+    let mut tags = [""; SUBJECTS_PER_EVENT_MAX];
+    for (i, slot) in tags.iter_mut().enumerate().take(n) {
         let index = EnvelopeHeader::tag_index(envelope, i);
         let Some(tag) = crate::event::Tags::of(entry, layout).nth(index) else {
             return Opened::Damaged(format!("a subject tag index {index} beyond the tags"));
         };
-        match key_of(tag) {
-            KeyState::Live(k) => *slot = Some(k),
-            KeyState::Erased => erased = true,
-            KeyState::Missing => {
-                return Opened::Damaged(format!("no key for the subject {tag}, and no erasure"))
-            }
-        }
+        *slot = tag;
     }
     let clear_end = layout.metadata_start as usize;
-    if erased {
-        return Opened::Erased(rebuild_lengths(entry[..clear_end].to_vec(), 0, 0));
-    }
-    let key = event_cipher(keys[..n].iter().flatten());
+    let cipher = match ciphers.cipher(&tags[..n]) {
+        Ok(cipher) => cipher,
+        Err(Unopenable::Erased) => {
+            return Opened::Erased(rebuild_lengths(entry[..clear_end].to_vec(), 0, 0))
+        }
+        Err(Unopenable::Missing(tag)) => {
+            return Opened::Damaged(format!("no key for the subject {tag}, and no erasure"))
+        }
+    };
     let nonce = &envelope[header..header + NONCE_BYTES];
     let (sealed, tag) = envelope[header + NONCE_BYTES..]
         .split_at(envelope.len() - header - NONCE_BYTES - TAG_BYTES);
@@ -643,14 +685,9 @@ pub(crate) fn open_entry(
     out.extend_from_slice(&entry[..clear_end]);
     out.resize(clear_end + sealed.len(), 0);
     let aad = &entry[ENTRY_FIXED_BYTES..clear_end + header];
-    let nonce = AesNonce::try_from(nonce).expect("12 bytes");
-    let tag = aes_gcm::Tag::try_from(tag).expect("16 bytes");
-    let opened = key.0.cipher.decrypt_inout_detached(
-        &nonce,
-        aad,
-        InOutBuf::new(sealed, &mut out[clear_end..]).expect("equal lengths"),
-        &tag,
-    );
+    let nonce: &[u8; NONCE_BYTES] = nonce.try_into().expect("12 bytes");
+    let tag: &[u8; TAG_BYTES] = tag.try_into().expect("16 bytes");
+    let opened = cipher.open(nonce, aad, sealed, tag, &mut out[clear_end..]);
     if opened.is_err() {
         return Opened::Damaged("the envelope does not authenticate under its keys".into());
     }
@@ -714,6 +751,20 @@ mod tests {
         }
     }
 
+    /// The ciphers of a test's keys (or of none), made for each event.
+    struct Open<'a>(Option<&'a Keys>, Option<Aes256>);
+
+    impl Ciphers for Open<'_> {
+        fn cipher(&mut self, tags: &[&str]) -> Result<&Aes256, Unopenable> {
+            let keys = self.0;
+            let key = cipher_key(
+                tags.iter()
+                    .map(|&t| (t, keys.map_or(KeyState::Missing, |k| k.state(t)))),
+            )?;
+            Ok(self.1.insert(key.cipher()))
+        }
+    }
+
     fn subjects() -> SubjectOptions {
         SubjectOptions::new(["customer:"], MasterKey::generate().unwrap())
     }
@@ -728,7 +779,7 @@ mod tests {
                         false,
                     );
                 }
-                match open_entry(entry, &layout, &|t| keys.state(t)) {
+                match open_entry(entry, &layout, &mut Open(Some(keys), None)) {
                     Opened::Clear(e) => {
                         let l = EntryLayout::parse(&e).unwrap();
                         assert!(!l.sealed);
@@ -799,11 +850,11 @@ mod tests {
         body[last] ^= 1;
         let (_, entry, layout) = Entries::new(&body, 1).next().unwrap();
         assert!(matches!(
-            open_entry(entry, &layout, &|t| keys.state(t)),
+            open_entry(entry, &layout, &mut Open(Some(&keys), None)),
             Opened::Damaged(_)
         ));
         assert!(matches!(
-            open_entry(entry, &layout, &|_| KeyState::Missing),
+            open_entry(entry, &layout, &mut Open(None, None)),
             Opened::Damaged(_)
         ));
     }

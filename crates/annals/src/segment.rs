@@ -192,16 +192,23 @@ impl Segment {
     /// Hands `f` the `len` bytes at `offset` (fewer at the end of the segment), borrowed from
     /// the map when there is one: for small fixed fields, without the reference counting of
     /// [`Segment::bytes`].
-    /// Asks the CPU to start loading the cache line at `offset` of the map (and the one before
-    /// it, where a record's header usually sits): an indexed read issues this a few events
-    /// ahead, so the cache misses of scattered events overlap instead of following each other.
+    /// Asks the CPU to start loading `lines` cache lines from `offset` of the map (and the one
+    /// before it, where a record's header usually sits): an indexed read issues this a few
+    /// events ahead, so the cache misses of scattered events overlap instead of following each
+    /// other.
     #[inline]
-    pub(crate) fn prefetch(&self, offset: u64) {
+    pub(crate) fn prefetch(&self, offset: u64, lines: usize) {
         if let Some(map) = &self.map {
             let offset = offset as usize;
             if offset < map.len() {
-                prefetch(map.as_ptr().wrapping_add(offset));
                 prefetch(map.as_ptr().wrapping_add(offset.saturating_sub(64)));
+                for line in 0..lines {
+                    let at = offset + line * 64;
+                    if at >= map.len() {
+                        break;
+                    }
+                    prefetch(map.as_ptr().wrapping_add(at));
+                }
             }
         }
     }

@@ -28,18 +28,20 @@ use crate::error::{InputError, StoreError};
 use crate::event::Event;
 use crate::io::{read_file, write_file_durably, Io, IoFile, OpenMode};
 use crate::seal::{
-    open_entry, wrap_key, GivenKey, Grant, KeySource, KeyState, Opened, SealError, SubjectKey,
-    WrapKey,
+    open_entry, wrap_key, GivenKey, Grant, KeySource, Opened, SealError, SubjectKey, WrapKey,
 };
 use crate::subject::{MasterKey, SubjectOptions};
 
 mod file;
 mod grants;
+mod held;
 mod image;
 mod table;
 use file::{encode_record, KIND_ERASED, KIND_KEY};
 pub(crate) use file::{key_tags, KEYS_FILE};
 pub(crate) use grants::TakenIn;
+use held::Held;
+pub(crate) use held::{OpenMemo, Opener};
 pub(crate) use table::KeyTable;
 #[cfg(feature = "postgres")]
 pub(crate) use table::{Rewrap, TableRow};
@@ -131,7 +133,7 @@ pub(crate) struct KeyStore {
     options: SubjectOptions,
     /// The master key the file's keys are wrapped under now (rotation replaces it).
     master: RwLock<MasterKey>,
-    keys: RwLock<KeyMap>,
+    keys: Held,
     pending: Mutex<Pending>,
     synced: Condvar,
     /// Where the keys live when not in the key file.
@@ -249,7 +251,7 @@ impl KeyStore {
             dir: dir.to_path_buf(),
             master: RwLock::new(options.master_key.clone()),
             options,
-            keys: RwLock::new(keys),
+            keys: Held::new(keys),
             pending: Mutex::new(Pending {
                 file,
                 len,
@@ -307,8 +309,10 @@ impl KeyStore {
         &self.options
     }
 
-    /// The key of `tag` as far as the store knows.
-    pub(crate) fn state(&self, tag: &str) -> KeyState {
+    /// The key of `tag` as far as the store knows (readers ask `state_remembered`).
+    #[cfg(test)]
+    pub(crate) fn state(&self, tag: &str) -> crate::seal::KeyState {
+        use crate::seal::KeyState;
         match self.keys.read().get(tag) {
             Some(Slot::Live(l)) => KeyState::Live(l.key.clone()),
             Some(Slot::Erased(_)) => KeyState::Erased,
@@ -562,12 +566,9 @@ pub(crate) fn open_sealed(
     appended_at_us: u64,
     entry: bytes::Bytes,
     layout: crate::record::EntryLayout,
+    memo: &mut OpenMemo,
 ) -> Result<Event, StoreError> {
-    let state = |tag: &str| match keys {
-        Some(keys) => keys.state(tag),
-        None => KeyState::Missing,
-    };
-    let (bytes, erased) = match open_entry(&entry, &layout, &state) {
+    let (bytes, erased) = match open_entry(&entry, &layout, &mut Opener { keys, memo }) {
         Opened::Clear(bytes) => (bytes, false),
         Opened::Erased(bytes) => (bytes, true),
         Opened::Damaged(why) => {
@@ -592,6 +593,7 @@ pub(crate) fn open_sealed(
 mod tests {
     use super::*;
     use crate::io::RealIo;
+    use crate::seal::KeyState;
 
     fn subjects(master: &MasterKey) -> SubjectOptions {
         SubjectOptions::new(["customer:"], master.clone())
