@@ -20,26 +20,41 @@ pub const CIPHER: &str = if cfg!(feature = "aws-lc") {
 /// A 256-bit key with its cipher ready (round keys and GHASH's tables computed once), from the
 /// implementation this build uses.
 #[cfg(feature = "aws-lc")]
-pub(crate) use aws_lc::Aes256;
+pub(crate) use aws_lc::AwsLcAes256 as Aes256;
 #[cfg(not(feature = "aws-lc"))]
-pub(crate) use rustcrypto::Aes256;
+pub(crate) use rustcrypto::RustCryptoAes256 as Aes256;
+
+/// The cipher of the key used last, kept by one sealing pass: consecutive events under one key
+/// (an append of one subject's events) set its round keys up once rather than per event.
+#[derive(Default)]
+pub(crate) struct CipherMemo(Option<(zeroize::Zeroizing<[u8; 32]>, Aes256)>);
+
+impl CipherMemo {
+    pub(crate) fn cipher(&mut self, key: &[u8; 32]) -> &Aes256 {
+        let same = matches!(&self.0, Some((held, _)) if **held == *key);
+        if !same {
+            self.0 = Some((zeroize::Zeroizing::new(*key), Aes256::new(key)));
+        }
+        &self.0.as_ref().expect("set just above").1
+    }
+}
 
 /// Sealing or opening failed: the bytes do not authenticate (or, sealing, the library refused
 /// the lengths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Failed;
+pub(crate) struct CipherFailed;
 
 #[cfg(feature = "aws-lc")]
 mod aws_lc {
-    use super::{Failed, NONCE_BYTES, TAG_BYTES};
+    use super::{CipherFailed, NONCE_BYTES, TAG_BYTES};
     use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 
-    pub(crate) struct Aes256(LessSafeKey);
+    pub(crate) struct AwsLcAes256(LessSafeKey);
 
-    impl Aes256 {
-        pub(crate) fn new(key: &[u8; 32]) -> Aes256 {
+    impl AwsLcAes256 {
+        pub(crate) fn new(key: &[u8; 32]) -> AwsLcAes256 {
             let key = UnboundKey::new(&AES_256_GCM, key).expect("32 bytes is an AES-256 key");
-            Aes256(LessSafeKey::new(key))
+            AwsLcAes256(LessSafeKey::new(key))
         }
 
         /// Encrypts `in_out` in place under `nonce`, authenticating `aad` too; answers the tag.
@@ -48,13 +63,13 @@ mod aws_lc {
             nonce: &[u8; NONCE_BYTES],
             aad: &[u8],
             in_out: &mut [u8],
-        ) -> Result<[u8; TAG_BYTES], Failed> {
+        ) -> Result<[u8; TAG_BYTES], CipherFailed> {
             let nonce = Nonce::assume_unique_for_key(*nonce);
             let tag = self
                 .0
                 .seal_in_place_separate_tag(nonce, Aad::from(aad), in_out)
-                .map_err(|_| Failed)?;
-            tag.as_ref().try_into().map_err(|_| Failed)
+                .map_err(|_| CipherFailed)?;
+            tag.as_ref().try_into().map_err(|_| CipherFailed)
         }
 
         /// Decrypts `sealed` into `out` (of the same length) when it and `aad` authenticate
@@ -66,17 +81,17 @@ mod aws_lc {
             sealed: &[u8],
             tag: &[u8; TAG_BYTES],
             out: &mut [u8],
-        ) -> Result<(), Failed> {
+        ) -> Result<(), CipherFailed> {
             let nonce = Nonce::assume_unique_for_key(*nonce);
             let opened = match sealed.len() == out.len() {
                 true => self
                     .0
                     .open_separate_gather(nonce, Aad::from(aad), sealed, tag, out),
-                false => return Err(Failed),
+                false => return Err(CipherFailed),
             };
             opened.map_err(|_| {
                 zeroize::Zeroize::zeroize(out);
-                Failed
+                CipherFailed
             })
         }
     }
@@ -86,15 +101,15 @@ mod aws_lc {
 /// that the tests hold the two to the same bytes.
 #[cfg_attr(feature = "aws-lc", allow(dead_code))]
 mod rustcrypto {
-    use super::{Failed, NONCE_BYTES, TAG_BYTES};
+    use super::{CipherFailed, NONCE_BYTES, TAG_BYTES};
     use aes_gcm::aead::inout::InOutBuf;
     use aes_gcm::aead::{AeadInOut, KeyInit};
 
-    pub(crate) struct Aes256(aes_gcm::Aes256Gcm);
+    pub(crate) struct RustCryptoAes256(aes_gcm::Aes256Gcm);
 
-    impl Aes256 {
-        pub(crate) fn new(key: &[u8; 32]) -> Aes256 {
-            Aes256(aes_gcm::Aes256Gcm::new(key.into()))
+    impl RustCryptoAes256 {
+        pub(crate) fn new(key: &[u8; 32]) -> RustCryptoAes256 {
+            RustCryptoAes256(aes_gcm::Aes256Gcm::new(key.into()))
         }
 
         /// Encrypts `in_out` in place under `nonce`, authenticating `aad` too; answers the tag.
@@ -103,11 +118,11 @@ mod rustcrypto {
             nonce: &[u8; NONCE_BYTES],
             aad: &[u8],
             in_out: &mut [u8],
-        ) -> Result<[u8; TAG_BYTES], Failed> {
+        ) -> Result<[u8; TAG_BYTES], CipherFailed> {
             let tag = self
                 .0
                 .encrypt_inout_detached(nonce.into(), aad, in_out.into())
-                .map_err(|_| Failed)?;
+                .map_err(|_| CipherFailed)?;
             Ok(tag.into())
         }
 
@@ -120,13 +135,13 @@ mod rustcrypto {
             sealed: &[u8],
             tag: &[u8; TAG_BYTES],
             out: &mut [u8],
-        ) -> Result<(), Failed> {
-            let buf = InOutBuf::new(sealed, out).map_err(|_| Failed)?;
+        ) -> Result<(), CipherFailed> {
+            let buf = InOutBuf::new(sealed, out).map_err(|_| CipherFailed)?;
             self.0
                 .decrypt_inout_detached(nonce.into(), aad, buf, tag.into())
                 .map_err(|_| {
                     zeroize::Zeroize::zeroize(out);
-                    Failed
+                    CipherFailed
                 })
         }
     }
@@ -161,7 +176,10 @@ mod tests {
             ([3; 12], &b"aad"[..], &sealed, bad_tag),
         ] {
             let mut out = vec![1; sealed.len()];
-            assert_eq!(cipher.open(&nonce, aad, bytes, &tag, &mut out), Err(Failed));
+            assert_eq!(
+                cipher.open(&nonce, aad, bytes, &tag, &mut out),
+                Err(CipherFailed)
+            );
             assert!(
                 out.iter().all(|&b| b == 0),
                 "nothing of a refused opening is left"
@@ -169,7 +187,7 @@ mod tests {
         }
         assert_eq!(
             Aes256::new(&[8; 32]).open(&[3; 12], b"aad", &sealed, &tag, &mut out),
-            Err(Failed)
+            Err(CipherFailed)
         );
     }
 
@@ -180,7 +198,7 @@ mod tests {
     #[test]
     fn aws_lc_and_rustcrypto_seal_the_same_bytes() {
         let key = [9u8; 32];
-        let (ours, theirs) = (Aes256::new(&key), rustcrypto::Aes256::new(&key));
+        let (ours, theirs) = (Aes256::new(&key), rustcrypto::RustCryptoAes256::new(&key));
         for len in [0usize, 1, 16, 255, 4096] {
             let plain: Vec<u8> = (0..len).map(|i| i as u8).collect();
             let (mut a, mut b) = (plain.clone(), plain.clone());

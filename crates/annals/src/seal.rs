@@ -30,7 +30,7 @@
 
 use zeroize::Zeroize;
 
-use crate::aead::{Aes256, NONCE_BYTES, TAG_BYTES};
+use crate::aead::{Aes256, CipherMemo, NONCE_BYTES, TAG_BYTES};
 
 use crate::error::InputError;
 use crate::record::{
@@ -51,7 +51,8 @@ pub(crate) const WRAPPED_KEY_BYTES: usize = NONCE_BYTES + 32 + TAG_BYTES;
 /// One data subject's key: its 32 bytes alone, wiped from memory when dropped. The map of a
 /// store's keys holds it inline, so that looking one up costs no pointer chase beyond the map's
 /// own, and the map stays small with many subjects; its cipher is made where it is used
-/// ([`CipherMemo`]), once for a run of events under one key.
+/// (`OpenMemo` for readers, [`CipherMemo`] for a sealing pass), once for a run of events
+/// under one key.
 #[derive(Clone)]
 pub(crate) struct SubjectKey(zeroize::Zeroizing<[u8; 32]>);
 
@@ -79,24 +80,6 @@ impl SubjectKey {
     #[cfg(test)]
     pub(crate) fn clone_bytes(&self) -> [u8; 32] {
         *self.0
-    }
-}
-
-/// The cipher of the key used last, kept by one reader or one sealing pass: consecutive events
-/// under one key (a subject's events read by its tag, an append of one subject's events) set
-/// its round keys up once rather than per event. It decides nothing: whether a key may be used
-/// is asked of the store's keys for every event, so an erasure holds for the next event read.
-#[derive(Default)]
-pub(crate) struct CipherMemo(Option<(SubjectKey, Aes256)>);
-
-impl CipherMemo {
-    fn cipher(&mut self, key: SubjectKey) -> &Aes256 {
-        let same = matches!(&self.0, Some((held, _)) if held.bytes() == key.bytes());
-        if !same {
-            let cipher = Aes256::new(key.bytes());
-            self.0 = Some((key, cipher));
-        }
-        &self.0.as_ref().expect("set just above").1
     }
 }
 
@@ -425,7 +408,7 @@ pub(crate) fn seal_append(
             .filter_map(|(i, (_, g))| g.as_deref().map(|g| (i as u8, g)))
             .collect();
         let nonce = nonces.next().expect("a nonce for each sealed entry");
-        let cipher = memo.cipher(event_key(subject_keys));
+        let cipher = memo.cipher(event_key(subject_keys).bytes());
         seal_entry(&mut body, entry, &layout, found, cipher, &grants, nonce)
             .map_err(SealError::Keys)?;
     }
@@ -681,23 +664,31 @@ pub(crate) fn open_entry(entry: &[u8], layout: &EntryLayout, ciphers: &mut dyn C
     let nonce = &envelope[header..header + NONCE_BYTES];
     let (sealed, tag) = envelope[header + NONCE_BYTES..]
         .split_at(envelope.len() - header - NONCE_BYTES - TAG_BYTES);
-    let mut out = Vec::with_capacity(clear_end + sealed.len());
+    // The plaintext begins with the metadata's 4-byte length, which the opened entry does
+    // not keep: it is decrypted over the clear part's last 4 bytes, which are put back, so
+    // that the buffer is allocated once at its final size (and becomes the event's bytes
+    // without another allocation).
+    debug_assert!(clear_end >= ENTRY_FIXED_BYTES && sealed.len() >= 4);
+    let len = clear_end + sealed.len() - 4;
+    let mut out = Vec::with_capacity(len);
     out.extend_from_slice(&entry[..clear_end]);
-    out.resize(clear_end + sealed.len(), 0);
+    out.resize(len, 0);
+    let kept: [u8; 4] = entry[clear_end - 4..clear_end].try_into().expect("4 bytes");
     let aad = &entry[ENTRY_FIXED_BYTES..clear_end + header];
     let nonce: &[u8; NONCE_BYTES] = nonce.try_into().expect("12 bytes");
     let tag: &[u8; TAG_BYTES] = tag.try_into().expect("16 bytes");
-    let opened = cipher.open(nonce, aad, sealed, tag, &mut out[clear_end..]);
+    let opened = cipher.open(nonce, aad, sealed, tag, &mut out[clear_end - 4..]);
     if opened.is_err() {
         return Opened::Damaged("the envelope does not authenticate under its keys".into());
     }
     let metadata_len =
-        u32::from_le_bytes(out[clear_end..clear_end + 4].try_into().expect("4 bytes")) as usize;
+        u32::from_le_bytes(out[clear_end - 4..clear_end].try_into().expect("4 bytes")) as usize;
+    out[clear_end - 4..clear_end].copy_from_slice(&kept);
     if metadata_len > sealed.len() - 4 {
         out.zeroize();
         return Opened::Damaged("a metadata length beyond the envelope".into());
     }
-    out.drain(clear_end..clear_end + 4);
+    debug_assert_eq!(out.len(), out.capacity());
     let data_len = out.len() - clear_end - metadata_len;
     Opened::Clear(rebuild_lengths(out, metadata_len, data_len))
 }
