@@ -90,3 +90,59 @@ impl Ciphers for Opener<'_> {
         Ok(memo.cipher.as_ref().expect("set above"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::event::NewEvent;
+    use crate::io::RealIo;
+    use crate::limits::Limits;
+    use crate::record::{encode_append_tracked, Entries};
+    use crate::seal::{open_entry, seal_append, Opened};
+    use crate::subject::{MasterKey, SubjectOptions};
+
+    /// Goal: a reader that remembered a subject's cipher does not open the subject's next
+    /// event once the subject is erased, and a reader's memo of one subject never opens
+    /// another's events.
+    #[test]
+    fn a_remembered_cipher_opens_nothing_after_an_erasure() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = SubjectOptions::new(["customer:"], MasterKey::generate().unwrap());
+        let store = KeyStore::open(Arc::new(RealIo), dir.path(), options.clone(), false).unwrap();
+        let events = [
+            NewEvent::new("Moved", "first address").tag("customer:1"),
+            NewEvent::new("Moved", "second address").tag("customer:1"),
+            NewEvent::new("Moved", "another's address").tag("customer:2"),
+        ];
+        let append = encode_append_tracked(&events, None, &Limits::default()).unwrap();
+        let sealed = seal_append(append, &options, &store, false).unwrap();
+        let entries: Vec<_> = Entries::new(sealed.entries(), 3).collect();
+        let mut memo = OpenMemo::default();
+        let open = |i: usize, memo: &mut OpenMemo| {
+            let (_, entry, layout) = &entries[i];
+            let mut opener = Opener {
+                keys: Some(&store),
+                memo,
+            };
+            match open_entry(entry, layout, &mut opener) {
+                Opened::Clear(_) => "clear",
+                Opened::Erased(_) => "erased",
+                Opened::Damaged(why) => panic!("{why}"),
+            }
+        };
+        assert_eq!(open(0, &mut memo), "clear");
+        assert_eq!(open(1, &mut memo), "clear");
+        assert_eq!(open(2, &mut memo), "clear");
+        assert_eq!(open(0, &mut memo), "clear");
+        store.erase("customer:1", 1, 3).unwrap();
+        assert_eq!(
+            open(1, &mut memo),
+            "erased",
+            "the memo held customer:1's cipher"
+        );
+        assert_eq!(open(2, &mut memo), "clear");
+        assert_eq!(open(0, &mut OpenMemo::default()), "erased");
+    }
+}
