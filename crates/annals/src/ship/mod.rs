@@ -710,9 +710,13 @@ impl Shipper {
     ) -> Result<(), Failure> {
         // The keys the records may be sealed under go first.
         self.ship_keys()?;
-        self.state
-            .oldest_unshipped_us
-            .store(frames[0].0.appended_at_us, Ordering::Relaxed);
+        // The lag is the age of what this put ships first; a sealed segment put again whole
+        // (its chunks shipped it already) leaves it as it was.
+        if first > self.state.shipped() {
+            self.state
+                .oldest_unshipped_us
+                .store(frames[0].0.appended_at_us, Ordering::Relaxed);
+        }
         let bytes: Vec<Bytes> = frames.iter().map(|(_, b)| b.clone()).collect();
         let header = encode_header(kind, segment, first, last, bytes.len() as u32, &bytes);
         let size: usize = bytes.iter().map(|b| b.len()).sum::<usize>() + header.len();
