@@ -47,21 +47,39 @@ impl S3Server {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let config = serde_free_config();
         std::fs::write(dir.path().join("s3.json"), config).expect("write the S3 identities");
-        let mut ports = [0u16; 10];
-        for p in &mut ports {
-            *p = free_port();
-        }
         let mut server = S3Server {
             dir,
             bin,
-            ports,
+            ports: free_ports(),
             child: None,
         };
-        server.run();
+        // A port found free may be taken before the server binds it (by a connection's own
+        // port, with other tests running beside): then the server exits at once, saying so,
+        // and starts again on other ports.
+        for attempt in 1.. {
+            match server.try_run() {
+                Ok(()) => break,
+                Err(log) if log.contains("address already in use") && attempt < 5 => {
+                    eprintln!("weed mini: a port was taken at start; trying other ports");
+                    let _ = std::fs::remove_dir_all(server.data_dir());
+                    let _ = std::fs::remove_file(server.dir.path().join("weed.log"));
+                    server.ports = free_ports();
+                }
+                Err(log) => panic!("weed mini exited at start:\n{log}"),
+            }
+        }
         Some(server)
     }
 
     fn run(&mut self) {
+        if let Err(log) = self.try_run() {
+            panic!("weed mini exited at start:\n{log}");
+        }
+    }
+
+    /// Starts the server and waits until it is ready; the tail of its log when it exited at
+    /// start.
+    fn try_run(&mut self) -> Result<(), String> {
         let p = self.ports;
         let data = self.dir.path().join("data");
         std::fs::create_dir_all(&data).expect("the server's data directory");
@@ -102,16 +120,18 @@ impl S3Server {
             .spawn()
             .expect("start weed mini");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    /// Waits until the S3 endpoint answers and the bucket exists.
-    fn wait_ready(&mut self) {
+    /// Waits until the S3 endpoint answers and the bucket exists; the tail of the server's log
+    /// when it exited meanwhile.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(child) = &mut self.child {
                 if let Ok(Some(status)) = child.try_wait() {
-                    panic!("weed mini exited ({status}) at start:\n{}", self.log_tail());
+                    self.child = None;
+                    return Err(format!("({status})\n{}", self.log_tail()));
                 }
             }
             // S3 answers (an unsigned request is refused, 403), and the bucket is made: the
@@ -126,7 +146,7 @@ impl S3Server {
                 && http_get(self.ports[0], "/dir/assign")
                     .is_some_and(|body| body.contains("\"fid\""));
             if writable {
-                return;
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,
@@ -192,6 +212,15 @@ impl S3Server {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// Ten ports found free, for the server's services.
+fn free_ports() -> [u16; 10] {
+    let mut ports = [0u16; 10];
+    for p in &mut ports {
+        *p = free_port();
+    }
+    ports
 }
 
 impl Drop for S3Server {
