@@ -82,17 +82,16 @@ mod aws_lc {
             tag: &[u8; TAG_BYTES],
             out: &mut [u8],
         ) -> Result<(), CipherFailed> {
+            if sealed.len() != out.len() {
+                return Err(CipherFailed);
+            }
             let nonce = Nonce::assume_unique_for_key(*nonce);
-            let opened = match sealed.len() == out.len() {
-                true => self
-                    .0
-                    .open_separate_gather(nonce, Aad::from(aad), sealed, tag, out),
-                false => return Err(CipherFailed),
-            };
-            opened.map_err(|_| {
-                zeroize::Zeroize::zeroize(out);
-                CipherFailed
-            })
+            self.0
+                .open_separate_gather(nonce, Aad::from(aad), sealed, tag, out)
+                .map_err(|_| {
+                    zeroize::Zeroize::zeroize(out);
+                    CipherFailed
+                })
         }
     }
 }

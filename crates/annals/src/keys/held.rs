@@ -38,6 +38,15 @@ impl Held {
     }
 }
 
+/// What the map says of a subject's key.
+pub(super) fn state_of(slot: Option<&Slot>) -> KeyState {
+    match slot {
+        Some(Slot::Live(l)) => KeyState::Live(l.key.clone()),
+        Some(Slot::Erased(_)) => KeyState::Erased,
+        None => KeyState::Missing,
+    }
+}
+
 /// What one reader keeps from one sealed event to the next: the subjects it opened last, the
 /// map's change count it looked their keys up at, and their cipher.
 #[derive(Default)]
@@ -72,18 +81,16 @@ impl Ciphers for Opener<'_> {
             let map = store.keys.read();
             // Read under the lock: the count that goes with the map as it is now.
             let changes = store.keys.changes.load(Ordering::SeqCst);
-            let key = cipher_key(tags.iter().map(|&t| {
-                let state = match map.get(t) {
-                    Some(Slot::Live(l)) => KeyState::Live(l.key.clone()),
-                    Some(Slot::Erased(_)) => KeyState::Erased,
-                    None => KeyState::Missing,
-                };
-                (t, state)
-            }));
+            let key = cipher_key(tags.iter().map(|&t| (t, state_of(map.get(t)))));
             drop(map);
             let key = key.inspect_err(|_| memo.cipher = None)?;
-            memo.tags.clear();
-            memo.tags.extend(tags.iter().map(|t| t.to_string()));
+            // The tags' buffers are kept from one subject to the next (a scan changes subject
+            // at nearly every event).
+            memo.tags.resize_with(tags.len(), String::new);
+            for (held, tag) in memo.tags.iter_mut().zip(tags) {
+                held.clear();
+                held.push_str(tag);
+            }
             memo.changes = changes;
             memo.cipher = Some(key.cipher());
         }

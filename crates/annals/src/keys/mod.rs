@@ -309,15 +309,10 @@ impl KeyStore {
         &self.options
     }
 
-    /// The key of `tag` as far as the store knows (readers ask `state_remembered`).
+    /// The key of `tag` as far as the store knows (readers ask through an `Opener`).
     #[cfg(test)]
     pub(crate) fn state(&self, tag: &str) -> crate::seal::KeyState {
-        use crate::seal::KeyState;
-        match self.keys.read().get(tag) {
-            Some(Slot::Live(l)) => KeyState::Live(l.key.clone()),
-            Some(Slot::Erased(_)) => KeyState::Erased,
-            None => KeyState::Missing,
-        }
+        held::state_of(self.keys.read().get(tag))
     }
 
     /// The subjects erased, with when.
