@@ -157,6 +157,10 @@ pub struct BackupOptions {
     /// server, may take the prefix over once this one is gone (at once after a clean close).
     /// Whole seconds, at least one.
     pub lease: Duration,
+    /// The most record bytes one object carries (a record larger than this goes alone). A
+    /// sealed segment goes out in objects of this size, and a put of one takes about as long
+    /// as a put of a full chunk, so that no D4 append waits behind a much longer one.
+    pub object_bytes_max: usize,
 }
 
 impl BackupOptions {
@@ -167,6 +171,7 @@ impl BackupOptions {
             interval: Duration::from_millis(100),
             off_machine_timeout: Duration::from_secs(10),
             lease: Duration::from_secs(30),
+            object_bytes_max: 8 << 20,
         }
     }
 
@@ -189,6 +194,7 @@ impl fmt::Debug for BackupOptions {
             .field("interval", &self.interval)
             .field("off_machine_timeout", &self.off_machine_timeout)
             .field("lease", &self.lease)
+            .field("object_bytes_max", &self.object_bytes_max)
             .finish()
     }
 }

@@ -158,6 +158,8 @@ pub struct BackupStats {
     pub lag_seconds: f64,
     pub bytes_shipped: u64,
     pub objects_shipped: u64,
+    /// Of those, objects of a sealed segment's records (`segments/`): a sealed segment's
+    /// pieces, and runs of small chunks put again as one.
     pub segments_shipped: u64,
     /// Puts that failed (each retried).
     pub failures: u64,

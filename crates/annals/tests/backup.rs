@@ -176,19 +176,113 @@ fn large_chunks_stand_for_their_sealed_segment() {
     });
     assert!(source.stats().segments >= 2);
     let head = source.head();
+    let shipped = source.stats().backup.unwrap().bytes_shipped;
     source.close().unwrap();
 
     let report = verify_backup(&BackupOptions::new(&url), &mut |_, _| {}).unwrap();
     assert_eq!(report.head, head, "{report:?}");
     assert_eq!(report.covered_chunks, 0, "{report:?}");
-    let segments = std::fs::read_dir(dir.path().join("backup/segments"))
-        .map(|d| d.count())
-        .unwrap_or(0);
+    // No byte shipped twice: what was put is what the backup holds.
+    assert_eq!(shipped, report.bytes, "{report:?}");
+    assert!(report.chunks >= 3, "{report:?}");
+
+    let source = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
+    let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();
+    let restored = restore(
+        &BackupOptions::new(&url),
+        &whole,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(restored.head, head);
     assert_eq!(
-        segments, 0,
-        "the first segment is not shipped again: {report:?}"
+        compare(&source, &whole, head, &mut |_| {}).unwrap(),
+        restored.appends
     );
-    assert!(report.chunks >= 4, "{report:?}");
+}
+
+/// The objects under `dir` of a backup, by name, with their sizes.
+fn listed(dir: &std::path::Path) -> Vec<(String, u64)> {
+    let mut found: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap())
+                .map(|e| {
+                    let size = e.metadata().unwrap().len();
+                    (e.file_name().to_string_lossy().into_owned(), size)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+#[test]
+fn small_chunks_are_put_again_in_pieces_and_no_object_is_large() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/backup", dir.path().display());
+    let mut opts = options(&url);
+    opts.segment_bytes = 1 << 20;
+    let piece = 64 << 10;
+    opts.backup.as_mut().unwrap().object_bytes_max = piece;
+    let source = Store::open(dir.path().join("source"), opts.clone()).unwrap();
+    // Appends each shipped alone: small chunks, consolidated once 64 KiB of them are put,
+    // while the segment is still written.
+    for i in 0..400 {
+        source.append(&events(i, 1), None).unwrap();
+        wait_for("the chunk is shipped", || {
+            source.stats().backup.unwrap().lag_positions == 0
+        });
+    }
+    let backup = source.stats().backup.unwrap();
+    assert!(backup.segments_shipped >= 2, "{backup:?}");
+    assert_eq!(source.stats().segments, 1, "still one segment");
+    source.close().unwrap();
+    let first_400 = |names: &[(String, u64)]| {
+        names
+            .iter()
+            .filter(|(n, _)| n.parse::<u64>().unwrap() <= 400)
+            .count()
+    };
+    let pieces = listed(&dir.path().join("backup/segments"));
+    let chunks = listed(&dir.path().join("backup/log"));
+    assert!(first_400(&pieces) >= 2, "{pieces:?}");
+    assert!(
+        first_400(&chunks) < 200,
+        "the runs' chunks are deleted: {chunks:?}"
+    );
+    // Then the store goes on without its backup across several segments, and the backup
+    // catches up with sealed segments: they go out in pieces.
+    let alone = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
+    fill(&alone, 6000);
+    alone.close().unwrap();
+    let source = Store::open(dir.path().join("source"), opts.clone()).unwrap();
+    wait_for("the backup ships everything", || {
+        source.stats().backup.unwrap().lag_positions == 0
+    });
+    let head = source.head();
+    let segments = source.stats().segments;
+    assert!(segments >= 3, "{segments}");
+    source.close().unwrap();
+
+    let report = verify_backup(&BackupOptions::new(&url), &mut |_, _| {}).unwrap();
+    assert_eq!(report.head, head, "{report:?}");
+    assert_eq!(report.covered_chunks, 0, "{report:?}");
+    let pieces = listed(&dir.path().join("backup/segments"));
+    let chunks = listed(&dir.path().join("backup/log"));
+    // A record of the test's events is under 1 KiB: an object ends with the record that
+    // crossed the limit.
+    for (name, size) in pieces.iter().chain(&chunks) {
+        assert!(*size < piece as u64 + 2048, "{name} is {size} bytes");
+    }
+    // The last run of the first appends was found again after the restart and put again.
+    assert!(first_400(&pieces) >= 3, "{pieces:?}");
+    assert_eq!(first_400(&chunks), 0, "{chunks:?}");
+    assert!(
+        pieces.len() > 3 + 8 * (segments - 2),
+        "sealed segments of 1 MiB in pieces of 64 KiB: {pieces:?}"
+    );
 
     let source = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
     let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();

@@ -4,13 +4,14 @@
 //! The shipper reads records from the segments exactly as they lie there, from the position
 //! after the last one shipped up to the durable position (on files the synced one: never a
 //! record a power loss could take back; on PostgreSQL the mirror's head, which the database
-//! committed). A sealed segment goes out once, whole, as `segments/<first>`; records of the
-//! active segment go out as `log/<first>` chunks, at most one put in flight, at most one every
-//! `interval` unless an append waits for it. Once the segment is sealed, chunks that average
-//! less than `CONSOLIDATE_BELOW` are replaced by the segment's object (and deleted); larger
-//! ones stay as its backup, so that a store under load does not ship its bytes twice. A put that fails is retried with backoff, for as long as it takes; the
-//! store keeps serving at the class it promises meanwhile, and D4 appends that wait longer
-//! than their timeout are answered `OutcomeUnknown`.
+//! committed). A sealed segment goes out once, as `segments/<first>` objects of at most
+//! `object_bytes_max` record bytes each; records of the active segment go out as `log/<first>`
+//! chunks of at most as many, at most one put in flight, at most one every `interval` unless
+//! an append waits for it. Runs of small chunks are put again as one object of the segment's
+//! kind and deleted (`run.rs`); larger chunks stay as its backup, so that a store under load
+//! does not ship its bytes twice. A put that fails is retried with backoff, for as long as it
+//! takes; the store keeps serving at the class it promises meanwhile, and D4 appends that
+//! wait longer than their timeout are answered `OutcomeUnknown`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,17 +38,13 @@ use crate::shared::Shared;
 
 mod keys;
 mod lease;
+mod run;
 mod standby;
 mod state;
 pub(crate) use state::now_us;
 pub(crate) use state::BackupState;
 use state::OffMachineWaiters;
 
-/// The most record bytes one chunk of the active segment carries.
-const CHUNK_BYTES_MAX: usize = 8 << 20;
-/// A sealed segment whose chunks average fewer bytes than this is shipped again whole, so
-/// that a slow store does not leave thousands of small objects for a restore to read.
-const CONSOLIDATE_BELOW: u64 = 1 << 20;
 /// How long the shipper sleeps when there is nothing to ship, at most.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -139,11 +136,10 @@ struct Shipper {
     /// Whether the manifest is written (a backup of an empty store writes it with the first
     /// record).
     manifest_written: bool,
-    /// The segment the last chunk came from: shipped whole once the log has moved past it.
-    chunked_segment: Option<u32>,
-    /// The chunks put for `chunked_segment` by this shipper, and their bytes; None after a
-    /// restart (unknown: the segment is then shipped whole).
-    chunked: Option<(u64, u64)>,
+    /// Small chunks not yet consolidated (`run.rs`).
+    run: Option<run::Run>,
+    /// Whether the last put consolidated a run: the next one ships records, if any wait.
+    consolidated_last: bool,
     /// The key file's epoch and length the backup holds (`keys.rs`).
     keys_shipped: Option<(u64, u64)>,
     /// Keys in a database's table: the image the backup holds, and one made and not yet put.
@@ -168,6 +164,11 @@ impl Shipper {
         if shared.options.durability == crate::Durability::Memory {
             return Err(StoreError::InvalidOption(
                 "a memory-only (D0) store has nothing durable to back up".into(),
+            ));
+        }
+        if options.object_bytes_max == 0 {
+            return Err(StoreError::InvalidOption(
+                "a backup's object_bytes_max must be at least 1".into(),
             ));
         }
         let objects =
@@ -209,8 +210,8 @@ impl Shipper {
             lease_version: None,
             lease_renewed: Instant::now(),
             manifest_written: false,
-            chunked_segment: None,
-            chunked: None,
+            run: None,
+            consolidated_last: false,
             keys_shipped: None,
             table_keys: None,
             table_image: None,
@@ -254,10 +255,8 @@ impl Shipper {
         let keys_shipped =
             keys::shipped_keys(&self.objects).map_err(|e| backup_error(self.url(), &e))?;
         self.state.shipped.store(shipped, Ordering::Release);
-        // Its segment may have been shipped in chunks only: once the log has moved past it,
-        // it is shipped whole (a put that finds it there already costs a comparison).
-        self.chunked_segment = self.segment_of(shipped);
-        self.chunked = None;
+        self.find_run(shipped)?;
+        self.consolidated_last = false;
         self.keys_shipped = keys_shipped;
         // A table's keys go out as a whole image first (another server may have shipped
         // since this one last did).
@@ -465,7 +464,8 @@ impl Shipper {
             }
             let durable = self.durable();
             let shipped = self.state.shipped();
-            if durable <= shipped {
+            let consolidating = self.segment_of(durable).is_some_and(|s| self.run_due(s));
+            if durable <= shipped && !consolidating {
                 self.state.oldest_unshipped_us.store(0, Ordering::Relaxed);
                 if stopping {
                     break;
@@ -553,8 +553,9 @@ impl Shipper {
         }
     }
 
-    /// Ships the records after the last shipped one: a sealed segment whole, or a chunk of
-    /// the active one.
+    /// Ships the records after the last shipped one (an object of a sealed segment, or a
+    /// chunk of the active one), or consolidates a run of small chunks that is due: never two
+    /// consolidations in a row while records wait.
     fn ship_next(&mut self, durable: u64) -> Result<(), Failure> {
         let next = self.state.shipped() + 1;
         if !self.manifest_written {
@@ -563,44 +564,31 @@ impl Shipper {
                 self.write_manifest(&first).map_err(Failure::fatal)?;
             }
         }
-        let (Some(segment), Some(last_segment)) = (self.segment_of(next), self.segment_of(durable))
-        else {
+        let Some(last_segment) = self.segment_of(durable) else {
             return Err(Failure::Fatal(format!(
-                "positions {next} or {durable} are not in the index"
+                "position {durable} is not in the index"
             )));
         };
-        // The segment the chunks came from is sealed now: small chunks are replaced by the
-        // segment's object; large ones stand for it.
-        if let Some(chunked) = self.chunked_segment.filter(|&c| c < segment) {
-            if !self.chunks_are_large(1) {
-                self.ship_segment(chunked, durable)?;
-            }
-            self.chunked_segment = None;
-            self.chunked = None;
+        let waiting = next <= durable;
+        if self.run_due(last_segment) && (!self.consolidated_last || !waiting) {
+            self.consolidate()?;
+            self.consolidated_last = true;
             return Ok(());
         }
-        // A sealed segment goes out whole, unless large chunks already hold its beginning:
-        // then its rest is one more chunk.
-        let continued = self.chunked_segment == Some(segment) && self.chunks_are_large(0);
-        if segment < last_segment && !continued {
-            self.ship_segment(segment, durable)
-        } else {
-            if self.chunked_segment != Some(segment) {
-                self.chunked_segment = Some(segment);
-                self.chunked = Some((0, 0));
-            }
-            self.ship_chunk(segment, next, durable)
+        self.consolidated_last = false;
+        if !waiting {
+            return Ok(());
         }
-    }
-
-    /// Whether the chunks put for the chunked segment (more than `beyond` of them) average at
-    /// least `CONSOLIDATE_BELOW` bytes; unknown after a restart, so not.
-    fn chunks_are_large(&self, beyond: u64) -> bool {
-        match self.chunked {
-            Some((count, bytes)) if count > beyond => bytes / count >= CONSOLIDATE_BELOW,
-            Some((count, _)) => count > 0,
-            None => false,
-        }
+        let Some(segment) = self.segment_of(next) else {
+            return Err(Failure::Fatal(format!(
+                "position {next} is not in the index"
+            )));
+        };
+        let kind = match segment < last_segment {
+            true => ObjectKind::Segment,
+            false => ObjectKind::Chunk,
+        };
+        self.ship_records(kind, segment, next, durable)
     }
 
     /// The segment holding `position`, from the index.
@@ -615,62 +603,20 @@ impl Shipper {
             .map(|l| split_location(l).0)
     }
 
-    fn ship_segment(&mut self, segment: u32, durable: u64) -> Result<(), Failure> {
-        let file = self
-            .shared
-            .segment(segment)
-            .ok_or_else(|| Failure::Fatal(format!("segment {segment} is not open")))?;
-        let first_bytes = file
-            .bytes(SEGMENT_HEADER_BYTES, HEADER_BYTES)
-            .map_err(Failure::fatal)?;
-        let Frame::Record(first) = decode_header(&first_bytes) else {
-            return Err(Failure::Fatal(format!(
-                "segment {segment} does not begin with a record"
-            )));
-        };
-        let mut iter = self
-            .reader(first.first_position, durable)
-            .map_err(Failure::fatal)?;
-        let mut frames = Vec::new();
-        let mut last = first.first_position;
-        while let Some((number, header, bytes)) = iter.next_frame().map_err(Failure::fatal)? {
-            if number != segment {
-                break;
-            }
-            last = header.last_position();
-            frames.push((header, bytes));
-        }
-        let first_position = first.first_position;
-        self.put(ObjectKind::Segment, segment, first_position, last, frames)?;
-        self.state.segments_shipped.fetch_add(1, Ordering::Relaxed);
-        // The chunks this segment covers are no longer needed.
-        let listed = self
-            .objects
-            .list(ObjectKind::Chunk.dir(), None)
-            .map_err(Failure::Retry)?;
-        for l in listed {
-            match parse_name(ObjectKind::Chunk, &l.name) {
-                Some(p) if p >= first_position && p <= last => {
-                    if let Err(e) = self.objects.delete(&l.name) {
-                        tracing::warn!(
-                            url = self.url(),
-                            error = %e,
-                            "backup: a covered chunk was not deleted (restore skips it)"
-                        );
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    fn ship_chunk(&mut self, segment: u32, next: u64, durable: u64) -> Result<(), Failure> {
+    /// Puts the records of `segment` from `next` on, up to `durable` and at most
+    /// `object_bytes_max` of them, as one object of `kind`.
+    fn ship_records(
+        &mut self,
+        kind: ObjectKind,
+        segment: u32,
+        next: u64,
+        durable: u64,
+    ) -> Result<(), Failure> {
         let mut iter = self.reader(next, durable).map_err(Failure::fatal)?;
         let mut frames = Vec::new();
         let mut bytes_total = 0;
         let mut last = next;
-        while bytes_total < CHUNK_BYTES_MAX {
+        while bytes_total < self.state.options.object_bytes_max {
             let Some((number, header, bytes)) = iter.next_frame().map_err(Failure::fatal)? else {
                 break;
             };
@@ -690,16 +636,17 @@ impl Shipper {
         if frames.is_empty() {
             return Ok(());
         }
-        self.put(ObjectKind::Chunk, segment, next, last, frames)?;
-        if let Some((count, bytes)) = &mut self.chunked {
-            *count += 1;
-            *bytes += bytes_total as u64;
+        self.put(kind, segment, next, last, frames)?;
+        match kind {
+            ObjectKind::Chunk => self.chunk_put(segment, next, last, bytes_total as u64),
+            ObjectKind::Segment => self.count_segment_object(),
         }
         Ok(())
     }
 
     /// Writes one object of `frames` (positions `first..=last`) and moves the shipped
-    /// position; a name already taken must hold the same records.
+    /// position; a name already taken must hold the same records. Answers the last position
+    /// the object holds.
     fn put(
         &mut self,
         kind: ObjectKind,
@@ -707,11 +654,11 @@ impl Shipper {
         first: u64,
         last: u64,
         frames: Vec<(RecordHeader, Bytes)>,
-    ) -> Result<(), Failure> {
+    ) -> Result<u64, Failure> {
         // The keys the records may be sealed under go first.
         self.ship_keys()?;
-        // The lag is the age of what this put ships first; a sealed segment put again whole
-        // (its chunks shipped it already) leaves it as it was.
+        // The lag is the age of what this put ships first; a run of chunks put again as one
+        // object (they shipped it already) leaves it as it was.
         if first > self.state.shipped() {
             self.state
                 .oldest_unshipped_us
@@ -739,10 +686,10 @@ impl Shipper {
             }
             Put::Existed => self.adopt(&name, first, &frames)?,
         };
-        // A segment shipped whole after its chunks moves nothing.
+        // A run of chunks put again as one object moves nothing.
         self.state.shipped.fetch_max(shipped_to, Ordering::AcqRel);
         self.state.answer();
-        Ok(())
+        Ok(shipped_to)
     }
 
     /// A name already taken: by an earlier put of this store whose answer was lost. Its
