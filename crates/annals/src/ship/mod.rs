@@ -138,8 +138,8 @@ struct Shipper {
     manifest_written: bool,
     /// Small chunks not yet consolidated (`run.rs`).
     run: Option<run::Run>,
-    /// Whether the last put consolidated a run: the next one ships records, if any wait.
-    consolidated_last: bool,
+    /// The thread that puts runs of small chunks again as one object (`run.rs`).
+    consolidator: Option<run::Consolidator>,
     /// The key file's epoch and length the backup holds (`keys.rs`).
     keys_shipped: Option<(u64, u64)>,
     /// Keys in a database's table: the image the backup holds, and one made and not yet put.
@@ -211,7 +211,7 @@ impl Shipper {
             lease_renewed: Instant::now(),
             manifest_written: false,
             run: None,
-            consolidated_last: false,
+            consolidator: None,
             keys_shipped: None,
             table_keys: None,
             table_image: None,
@@ -256,7 +256,6 @@ impl Shipper {
             keys::shipped_keys(&self.objects).map_err(|e| backup_error(self.url(), &e))?;
         self.state.shipped.store(shipped, Ordering::Release);
         self.find_run(shipped)?;
-        self.consolidated_last = false;
         self.keys_shipped = keys_shipped;
         // A table's keys go out as a whole image first (another server may have shipped
         // since this one last did).
@@ -427,6 +426,7 @@ impl Shipper {
         // (then standing by again).
         while !self.state.standing_by() || self.stand_by() {
             if !self.ship_while_leased() {
+                self.finish_consolidating();
                 self.state.answer();
                 let reason = match self.state.stopped.lock().clone() {
                     Some(r) => r,
@@ -439,6 +439,7 @@ impl Shipper {
                 return;
             }
         }
+        self.finish_consolidating();
         self.state.answer();
         let reason =
             self.state.stopped.lock().clone().unwrap_or_else(|| {
@@ -553,9 +554,8 @@ impl Shipper {
         }
     }
 
-    /// Ships the records after the last shipped one (an object of a sealed segment, or a
-    /// chunk of the active one), or consolidates a run of small chunks that is due: never two
-    /// consolidations in a row while records wait.
+    /// Hands a run of small chunks that is due to the consolidator, and ships the records
+    /// after the last shipped one: an object of a sealed segment, or a chunk of the active one.
     fn ship_next(&mut self, durable: u64) -> Result<(), Failure> {
         let next = self.state.shipped() + 1;
         if !self.manifest_written {
@@ -569,14 +569,10 @@ impl Shipper {
                 "position {durable} is not in the index"
             )));
         };
-        let waiting = next <= durable;
-        if self.run_due(last_segment) && (!self.consolidated_last || !waiting) {
+        if self.run_due(last_segment) {
             self.consolidate()?;
-            self.consolidated_last = true;
-            return Ok(());
         }
-        self.consolidated_last = false;
-        if !waiting {
+        if next > durable {
             return Ok(());
         }
         let Some(segment) = self.segment_of(next) else {
@@ -637,9 +633,8 @@ impl Shipper {
             return Ok(());
         }
         self.put(kind, segment, next, last, frames)?;
-        match kind {
-            ObjectKind::Chunk => self.chunk_put(segment, next, last, bytes_total as u64),
-            ObjectKind::Segment => self.count_segment_object(),
+        if kind == ObjectKind::Chunk {
+            self.chunk_put(segment, next, last, bytes_total as u64);
         }
         Ok(())
     }
@@ -664,64 +659,78 @@ impl Shipper {
                 .oldest_unshipped_us
                 .store(frames[0].0.appended_at_us, Ordering::Relaxed);
         }
-        let bytes: Vec<Bytes> = frames.iter().map(|(_, b)| b.clone()).collect();
-        let header = encode_header(kind, segment, first, last, bytes.len() as u32, &bytes);
-        let size: usize = bytes.iter().map(|b| b.len()).sum::<usize>() + header.len();
-        let mut payload = Vec::with_capacity(bytes.len() + 1);
-        payload.push(Bytes::copy_from_slice(&header));
-        payload.extend(bytes);
-        let name = kind.name(first);
         self.last_put = Instant::now();
-        let shipped_to = match self
-            .objects
-            .put_new(&name, payload)
-            .map_err(Failure::Retry)?
-        {
-            Put::Created => {
-                self.state
-                    .bytes_shipped
-                    .fetch_add(size as u64, Ordering::Relaxed);
-                self.state.objects_shipped.fetch_add(1, Ordering::Relaxed);
-                last
-            }
-            Put::Existed => self.adopt(&name, first, &frames)?,
-        };
+        let durable = self.durable();
+        let shipped_to = write_object(
+            &self.objects,
+            &self.state,
+            durable,
+            kind,
+            segment,
+            (first, last),
+            &frames,
+        )?;
         // A run of chunks put again as one object moves nothing.
         self.state.shipped.fetch_max(shipped_to, Ordering::AcqRel);
         self.state.answer();
         Ok(shipped_to)
     }
+}
 
-    /// A name already taken: by an earlier put of this store whose answer was lost. Its
-    /// records must be this store's; answers the last position it holds.
-    fn adopt(
-        &self,
-        name: &str,
-        first: u64,
-        ours: &[(RecordHeader, Bytes)],
-    ) -> Result<u64, Failure> {
-        let (bytes, _) = self
-            .objects
-            .get(name)
-            .map_err(Failure::Retry)?
-            .ok_or_else(|| Failure::Fatal(format!("{name} exists and vanished")))?;
-        let theirs = decode_object(bytes, Some(first))
-            .map_err(|e| Failure::Fatal(format!("{name}: {e}")))?;
-        for (i, (_, frame)) in ours.iter().enumerate().take(theirs.records.len()) {
-            if theirs.frame(i) != *frame {
+/// Writes one object of `frames` (positions `first..=last`), counted in the backup's
+/// figures. A name already taken (by an earlier put of this store whose answer was lost)
+/// must hold this store's records, through no further than `durable`. Answers the last
+/// position the object holds.
+fn write_object(
+    objects: &Objects,
+    state: &BackupState,
+    durable: u64,
+    kind: ObjectKind,
+    segment: u32,
+    (first, last): (u64, u64),
+    frames: &[(RecordHeader, Bytes)],
+) -> Result<u64, Failure> {
+    let bytes: Vec<Bytes> = frames.iter().map(|(_, b)| b.clone()).collect();
+    let header = encode_header(kind, segment, first, last, bytes.len() as u32, &bytes);
+    let size: usize = bytes.iter().map(|b| b.len()).sum::<usize>() + header.len();
+    let mut payload = Vec::with_capacity(bytes.len() + 1);
+    payload.push(Bytes::copy_from_slice(&header));
+    payload.extend(bytes);
+    let name = kind.name(first);
+    match objects.put_new(&name, payload).map_err(Failure::Retry)? {
+        Put::Created => {
+            state
+                .bytes_shipped
+                .fetch_add(size as u64, Ordering::Relaxed);
+            state.objects_shipped.fetch_add(1, Ordering::Relaxed);
+            if kind == ObjectKind::Segment {
+                state.segments_shipped.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(last)
+        }
+        Put::Existed => {
+            let (bytes, _) = objects
+                .get(&name)
+                .map_err(Failure::Retry)?
+                .ok_or_else(|| Failure::Fatal(format!("{name} exists and vanished")))?;
+            let theirs = decode_object(bytes, Some(first))
+                .map_err(|e| Failure::Fatal(format!("{name}: {e}")))?;
+            for (i, (_, frame)) in frames.iter().enumerate().take(theirs.records.len()) {
+                if theirs.frame(i) != *frame {
+                    return Err(Failure::Fatal(format!(
+                        "{name} holds another history than this store at position {}",
+                        theirs.records[i].0.first_position
+                    )));
+                }
+            }
+            if theirs.header.last > durable {
                 return Err(Failure::Fatal(format!(
-                    "{name} holds another history than this store at position {}",
-                    theirs.records[i].0.first_position
+                    "{name} holds positions through {}, beyond this store's log",
+                    theirs.header.last
                 )));
             }
+            Ok(theirs.header.last)
         }
-        if theirs.header.last > self.durable() {
-            return Err(Failure::Fatal(format!(
-                "{name} holds positions through {}, beyond this store's log",
-                theirs.header.last
-            )));
-        }
-        Ok(theirs.header.last)
     }
 }
 

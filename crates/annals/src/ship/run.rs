@@ -1,27 +1,41 @@
-//! Small chunks consolidated, a piece at a time.
+//! Small chunks consolidated, on a thread of their own.
 //!
 //! A store that ships often and little (a slow store, or D4 appends that each want their put)
 //! leaves many small chunks of its active segment. Kept, they would make a restore read
 //! thousands of objects. So the shipper keeps the run of small chunks it put one after
 //! another in one segment; once the run carries `object_bytes_max` bytes, or its segment is
-//! sealed, or a large chunk follows it, the run's records are put once more as one object of
-//! the segment's kind (`segments/<first>`) and its chunks are deleted. No object is larger
-//! than `object_bytes_max`, so no put holds a D4 append back for much longer than another;
-//! and the shipper never makes two consolidating puts in a row while records wait to ship.
+//! sealed, or a large chunk follows it, the run goes to the consolidator, which puts its
+//! records once more as one object of the segment's kind (`segments/<first>`) and deletes its
+//! chunks. It does so beside the shipper, with a client of its own, so that no D4 append
+//! waits behind a consolidating put: puts in line behind one another held D4 appends back
+//! for 0.5-0.6 s at every consolidation (DECISIONS R38).
 //!
 //! A consolidated object begins where the run's first chunk begins and ends where its last
 //! ends, so a reader that takes, at each position, the segment's object beginning there, else
-//! the chunk, never needs a chunk that begins inside one. After a restart the run is found
-//! again from the listing; chunks that a consolidated object covers (its chunks' delete was
-//! cut short) are deleted then.
+//! the chunk, never needs a chunk that begins inside one; chunks are deleted only once the
+//! object is in place. After a restart the last run is found again from the listing; chunks
+//! that the newest object of a segment's kind covers (a delete cut short) are deleted then.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use bytes::Bytes;
 
-use super::{decode_object_header, parse_name, Failure, ObjectKind, Shipper, OBJECT_HEADER_BYTES};
+use super::{
+    decode_object_header, parse_name, write_object, BackupState, Failure, ObjectKind, Shipper,
+    BACKOFF_MAX, BACKOFF_MIN, OBJECT_HEADER_BYTES,
+};
 use crate::error::StoreError;
-use crate::record::RecordHeader;
+use crate::objects::Objects;
+use crate::query::{Query, ReadOptions};
+use crate::read::ReadIter;
+use crate::record::{decode_header, Frame, RecordHeader, HEADER_BYTES};
+use crate::segment::SEGMENT_HEADER_BYTES;
+use crate::shared::Shared;
+
+/// Runs handed over and not yet taken up: the shipper waits for room beyond them.
+const RUNS_QUEUED_MAX: usize = 4;
 
 /// Chunks put one after another in one segment, each smaller than a run's `small` size.
 #[derive(Debug)]
@@ -94,63 +108,43 @@ impl Shipper {
         })
     }
 
-    /// Puts the run's records again as one object of the segment's kind and deletes its
-    /// chunks. A run of one chunk is left as it is.
+    /// Hands the run to the consolidator (started at the first). A run of one chunk is
+    /// left as it is.
     pub(super) fn consolidate(&mut self) -> Result<(), Failure> {
-        let Some(run) = self.run.as_ref() else {
+        let Some(run) = self.run.take() else {
             return Ok(());
         };
         if run.firsts.len() < 2 {
-            self.run = None;
             return Ok(());
         }
-        let (segment, first, last) = (run.segment, run.firsts[0], run.last);
-        let frames = self.records(segment, first, last)?;
-        let covered = self.put(ObjectKind::Segment, segment, first, last, frames)?;
-        self.count_segment_object();
-        let run = self.run.take().expect("the run is there");
-        for &chunk in run.firsts.iter().filter(|&&f| f <= covered) {
-            self.delete_covered(&ObjectKind::Chunk.name(chunk));
+        if self.consolidator.is_none() {
+            let objects = Objects::open_with(&self.state.options.url, &self.state.options.settings)
+                .map_err(Failure::Fatal)?;
+            self.consolidator = Some(Consolidator::start(
+                self.shared.clone(),
+                self.state.clone(),
+                objects,
+            )?);
+        }
+        let consolidator = self.consolidator.as_ref().expect("started");
+        if consolidator.runs.send(run).is_err() {
+            // Its thread ended (it logged why): the chunks stay as they are.
+            self.consolidator = None;
         }
         Ok(())
     }
 
-    /// The records `first..=last` of `segment`, read from the local log: they must begin
-    /// and end there.
-    pub(super) fn records(
-        &self,
-        segment: u32,
-        first: u64,
-        last: u64,
-    ) -> Result<Vec<(RecordHeader, Bytes)>, Failure> {
-        let mut iter = self.reader(first, last).map_err(Failure::fatal)?;
-        let mut frames = Vec::new();
-        while let Some((number, header, bytes)) = iter.next_frame().map_err(Failure::fatal)? {
-            if number != segment || header.first_position > last {
-                break;
-            }
-            frames.push((header, bytes));
-        }
-        match (frames.first(), frames.last()) {
-            (Some((f, _)), Some((l, _)))
-                if f.first_position == first && l.last_position() == last =>
-            {
-                Ok(frames)
-            }
-            _ => Err(Failure::Fatal(format!(
-                "positions {first}..={last} are not whole records of segment {segment}"
-            ))),
+    /// Lets the consolidator finish the runs handed to it (while object storage answers), and
+    /// waits for it.
+    pub(super) fn finish_consolidating(&mut self) {
+        if let Some(Consolidator { runs, thread }) = self.consolidator.take() {
+            drop(runs);
+            let _ = thread.join();
         }
     }
 
     pub(super) fn delete_covered(&self, name: &str) {
-        if let Err(e) = self.objects.delete(name) {
-            tracing::warn!(
-                url = self.url(),
-                error = %e,
-                "backup: a covered chunk was not deleted (reads skip it)"
-            );
-        }
+        delete_covered(&self.objects, name);
     }
 
     /// After a restart: the run of small chunks that ends at `shipped`, found from the
@@ -227,21 +221,141 @@ impl Shipper {
             .segment(segment)
             .ok_or_else(|| Failure::Fatal(format!("segment {segment} is not open")))?;
         let bytes = file
-            .bytes(
-                crate::segment::SEGMENT_HEADER_BYTES,
-                crate::record::HEADER_BYTES,
-            )
+            .bytes(SEGMENT_HEADER_BYTES, HEADER_BYTES)
             .map_err(Failure::fatal)?;
-        match crate::record::decode_header(&bytes) {
-            crate::record::Frame::Record(h) => Ok(h.first_position),
+        match decode_header(&bytes) {
+            Frame::Record(h) => Ok(h.first_position),
             _ => Err(Failure::Fatal(format!(
                 "segment {segment} does not begin with a record"
             ))),
         }
     }
+}
 
-    /// Counts an object of a sealed segment's records put.
-    pub(super) fn count_segment_object(&self) {
-        self.state.segments_shipped.fetch_add(1, Ordering::Relaxed);
+fn delete_covered(objects: &Objects, name: &str) {
+    if let Err(e) = objects.delete(name) {
+        tracing::warn!(
+            url = objects.url(),
+            error = %e,
+            "backup: a covered chunk was not deleted (reads skip it)"
+        );
+    }
+}
+
+/// The thread that puts runs of small chunks again as one object each, in the order given.
+pub(super) struct Consolidator {
+    runs: crossbeam_channel::Sender<Run>,
+    thread: JoinHandle<()>,
+}
+
+impl Consolidator {
+    fn start(
+        shared: Arc<Shared>,
+        state: Arc<BackupState>,
+        objects: Objects,
+    ) -> Result<Consolidator, Failure> {
+        let (runs, taken) = crossbeam_channel::bounded::<Run>(RUNS_QUEUED_MAX);
+        let thread = std::thread::Builder::new()
+            .name("annals-consolidate".into())
+            .spawn(move || {
+                for run in taken {
+                    if !consolidate_run(&shared, &state, &objects, &run) {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| Failure::Fatal(format!("start the consolidating thread: {e}")))?;
+        Ok(Consolidator { runs, thread })
+    }
+}
+
+/// Puts the run's records as one object and deletes its chunks, trying again with backoff
+/// while object storage fails (until the store closes). False when consolidating cannot go
+/// on: the run's chunks, and those of later runs, stay as they are (reads need nothing more).
+fn consolidate_run(
+    shared: &Arc<Shared>,
+    state: &BackupState,
+    objects: &Objects,
+    run: &Run,
+) -> bool {
+    let (first, last) = (run.firsts[0], run.last);
+    let mut backoff = BACKOFF_MIN;
+    let written = loop {
+        let written = records(shared, run.segment, first, last).and_then(|frames| {
+            let durable = shared.published.head();
+            write_object(
+                objects,
+                state,
+                durable,
+                ObjectKind::Segment,
+                run.segment,
+                (first, last),
+                &frames,
+            )
+        });
+        match written {
+            Ok(covered) => break covered,
+            Err(Failure::Retry(e)) if !state.stop.load(Ordering::Acquire) => {
+                tracing::warn!(
+                    url = objects.url(),
+                    error = %e,
+                    "backup: consolidating chunks failed; trying again"
+                );
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+            Err(Failure::Retry(e)) => {
+                tracing::warn!(
+                    url = objects.url(),
+                    error = %e,
+                    "backup: the store closed before chunks were consolidated; they stay"
+                );
+                return false;
+            }
+            Err(Failure::Fatal(reason)) => {
+                tracing::error!(
+                    url = objects.url(),
+                    reason,
+                    "backup: consolidating chunks stopped; they stay as they are"
+                );
+                return false;
+            }
+        }
+    };
+    for &chunk in run.firsts.iter().filter(|&&f| f <= written) {
+        delete_covered(objects, &ObjectKind::Chunk.name(chunk));
+    }
+    true
+}
+
+/// The records `first..=last` of `segment`, read from the local log: they must begin and end
+/// there.
+fn records(
+    shared: &Arc<Shared>,
+    segment: u32,
+    first: u64,
+    last: u64,
+) -> Result<Vec<(RecordHeader, Bytes)>, Failure> {
+    let mut iter = ReadIter::new(
+        shared.clone(),
+        &Query::all(),
+        ReadOptions::forwards().from(first),
+        last,
+    )
+    .map_err(|e| Failure::fatal(crate::shared::store_error(e)))?;
+    let mut frames = Vec::new();
+    while let Some((number, header, bytes)) = iter.next_frame().map_err(Failure::fatal)? {
+        if number != segment || header.first_position > last {
+            break;
+        }
+        frames.push((header, bytes));
+    }
+    match (frames.first(), frames.last()) {
+        (Some((f, _)), Some((l, _))) if f.first_position == first && l.last_position() == last => {
+            Ok(frames)
+        }
+        _ => Err(Failure::Fatal(format!(
+            "positions {first}..={last} are not whole records of segment {segment}"
+        ))),
     }
 }
