@@ -99,6 +99,11 @@ pub struct AppendArgs {
     pub(crate) conditional: bool,
     #[arg(long, default_value_t = 256)]
     pub(crate) event_bytes: usize,
+    /// What an event's data holds: `repeated` (one byte repeated, shared by every event) or
+    /// `json` (a JSON object of random ids, amounts and words, its own per event, as real
+    /// events are; it matters where bytes are compressed, as in a backup).
+    #[arg(long, value_enum, default_value = "repeated")]
+    pub(crate) data: Data,
     #[arg(long, default_value_t = 2)]
     pub(crate) tags: usize,
     #[arg(long, default_value = "d3")]
@@ -137,6 +142,7 @@ pub(crate) fn conditional_writers(dir: &Path, writers: usize, events: u64) -> Ap
         events,
         conditional: true,
         event_bytes: 256,
+        data: Data::Repeated,
         tags: 2,
         durability: "d3".into(),
         runs: 1,
@@ -146,6 +152,61 @@ pub(crate) fn conditional_writers(dir: &Path, writers: usize, events: u64) -> Ap
         backup: None,
         subjects: None,
     }
+}
+
+/// What the events' data holds (`AppendArgs::data`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Data {
+    Repeated,
+    Json,
+}
+
+/// `bytes` of JSON such as an application's event carries: an account, an amount, a currency,
+/// a random reference and a note of words from a small vocabulary.
+fn json_data(rng: &mut StdRng, bytes: usize) -> Bytes {
+    const WORDS: [&str; 24] = [
+        "order",
+        "payment",
+        "refund",
+        "monthly",
+        "invoice",
+        "transfer",
+        "card",
+        "cash",
+        "received",
+        "pending",
+        "settled",
+        "for",
+        "the",
+        "from",
+        "account",
+        "customer",
+        "service",
+        "fee",
+        "adjustment",
+        "manual",
+        "review",
+        "batch",
+        "salary",
+        "rent",
+    ];
+    let reference: String = (0..16)
+        .map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.gen_range(0..36)]))
+        .collect();
+    let mut s = format!(
+        r#"{{"account":"acc-{:08x}","amount_cents":{},"currency":"{}","reference":"{reference}","channel":"{}","note":""#,
+        rng.gen::<u32>(),
+        rng.gen_range(1..10_000_000u32),
+        ["EUR", "USD", "GBP", "CHF"][rng.gen_range(0..4)],
+        ["web", "mobile", "branch", "api"][rng.gen_range(0..4)],
+    );
+    while s.len() + 2 < bytes {
+        s.push_str(WORDS[rng.gen_range(0..WORDS.len())]);
+        s.push(' ');
+    }
+    s.truncate(bytes.saturating_sub(2));
+    s.push_str("\"}");
+    Bytes::from(s)
 }
 
 /// How a benchmark's clients run: as async tasks on a runtime of a few threads (as in an async
@@ -494,7 +555,8 @@ pub(crate) fn bench_options(durability: Durability) -> Options {
 }
 
 /// The events of one writer's append: 2+ tags (the writer's stream, and an entity among
-/// 100,000, then extra tags), `event_bytes` of data shared between events (not copied).
+/// 100,000, then extra tags), `event_bytes` of data: shared between events (not copied), or
+/// JSON of its own.
 fn make_batch(
     writer: usize,
     serial: u64,
@@ -514,10 +576,14 @@ fn make_batch(
             for t in 2..args.tags {
                 tags.push(format!("extra{t}:{}", serial % 1000));
             }
+            let data = match args.data {
+                Data::Repeated => payload.clone(),
+                Data::Json => json_data(rng, args.event_bytes),
+            };
             NewEvent {
                 event_type: "Deposited".to_owned(),
                 tags,
-                data: payload.clone(),
+                data,
                 metadata: Bytes::new(),
                 id: None,
             }

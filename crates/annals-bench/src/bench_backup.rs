@@ -2,12 +2,15 @@
 //! machine (scripts/setup installs it). In one run:
 //! - the object store's own floor: sequential single puts of 4 KiB, per second and p50/p99;
 //! - 64 writers, D3, without and with a backup, alternated, and the backup's lag during the
-//!   runs with it (sampled every 10 ms) beside the fdatasync floor;
+//!   runs with it (sampled every 10 ms) beside the fdatasync floor. The runs with a backup are
+//!   made twice: with the object store's data on the disk of the store measured, and with it
+//!   in memory (/dev/shm), as an object store on other machines keeps its writes off that
+//!   disk; the object store's CPU stays on this machine's two cores either way;
 //! - D4 over HTTP: 64 connections of conditional appends, and 1, beside the put floor;
 //! - restoring a store of `--restore-events` events from the backup;
 //! - a full scan on a read replica beside the same scan on the primary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +23,7 @@ use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::bench::{
-    append_run, conditional_writers, fsync_floor, latency_json, median, AppendArgs,
+    append_run, conditional_writers, fsync_floor, latency_json, median, AppendArgs, Data,
 };
 use crate::bench_http::{run_against, start_server, Workload};
 
@@ -43,9 +46,10 @@ pub struct BackupArgs {
     restore_events: u64,
 }
 
-fn writers_args(dir: &std::path::Path, events: u64, backup: Option<BackupOptions>) -> AppendArgs {
+fn writers_args(dir: &Path, events: u64, backup: Option<BackupOptions>) -> AppendArgs {
     AppendArgs {
         backup,
+        data: Data::Json,
         ..conditional_writers(dir, 64, events)
     }
 }
@@ -105,39 +109,58 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
     eprintln!("object store: {puts_per_sec:.0} sequential puts/s");
     let floor = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
 
-    // 64 writers, alternated without and with a backup.
+    // 64 writers, alternated without a backup, with one to the object store on this disk, and
+    // with one to an object store whose data is in memory.
+    let in_memory = Path::new("/dev/shm");
+    let s3_memory = match in_memory.is_dir() {
+        true => S3Server::start_in(in_memory),
+        false => None,
+    };
     let store_dir = args.dir.join("writers");
-    let (mut without, mut with) = (Vec::new(), Vec::new());
-    let mut lag = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
-    let mut drains = Vec::new();
+    let mut without = Vec::new();
+    let mut with = [Vec::new(), Vec::new()];
+    let mut lag = [
+        Histogram::<u64>::new(3).map_err(|e| e.to_string())?,
+        Histogram::<u64>::new(3).map_err(|e| e.to_string())?,
+    ];
+    let mut drains = [Vec::new(), Vec::new()];
     for run in 0..args.runs {
         let plain = append_run(
             &writers_args(&args.dir, args.events, None),
             Durability::Synced,
             &store_dir,
         )?;
-        let shipped = append_run(
-            &writers_args(
-                &args.dir,
-                args.events,
-                Some(backup(&format!("writers-{run}"))),
-            ),
-            Durability::Synced,
-            &store_dir,
-        )?;
-        eprintln!(
-            "run {}: {:.0} appends/s without a backup, {:.0} with",
-            run + 1,
-            plain.appends_per_sec,
-            shipped.appends_per_sec
-        );
         without.push(plain.appends_per_sec);
-        with.push(shipped.appends_per_sec);
-        if let Some(h) = &shipped.backup_lag_ms {
-            lag.add(h).map_err(|e| e.to_string())?;
+        let mut line = format!(
+            "run {}: {:.0} appends/s without a backup",
+            run + 1,
+            plain.appends_per_sec
+        );
+        for (i, server) in [Some(&s3), s3_memory.as_ref()].into_iter().enumerate() {
+            let Some(server) = server else { continue };
+            let shipped = append_run(
+                &writers_args(
+                    &args.dir,
+                    args.events,
+                    Some(s3_backup(server, &format!("writers-{run}"))),
+                ),
+                Durability::Synced,
+                &store_dir,
+            )?;
+            with[i].push(shipped.appends_per_sec);
+            if let Some(h) = &shipped.backup_lag_ms {
+                lag[i].add(h).map_err(|e| e.to_string())?;
+            }
+            drains[i].extend(shipped.backup_drain_ms);
+            let place = ["on this disk", "in memory"][i];
+            line += &format!(
+                ", {:.0} with its object store {place}",
+                shipped.appends_per_sec
+            );
         }
-        drains.extend(shipped.backup_drain_ms);
+        eprintln!("{line}");
     }
+    drop(s3_memory);
     let _ = std::fs::remove_dir_all(&store_dir);
     let floor_after = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
 
@@ -169,6 +192,20 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
         "built and shipped {} events at {:.0} events/s",
         args.restore_events, built.events_per_sec
     );
+    // What the backup holds, against the records it holds (compressed objects).
+    let stored_bytes: u64 = {
+        let objects = Objects::open_with(&big_backup.url, &big_backup.settings)?;
+        let mut total = 0;
+        for dir in ["segments", "log"] {
+            total += objects
+                .list(dir, None)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .map(|l| l.size)
+                .sum::<u64>();
+        }
+        total
+    };
     let restored_dir = args.dir.join("restored");
     let target = Store::open(&restored_dir, Options::default()).map_err(|e| e.to_string())?;
     let started = Instant::now();
@@ -214,7 +251,20 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
     drop(primary);
     let _ = std::fs::remove_dir_all(&big);
 
-    let (without_median, with_median) = (median(without.clone()), median(with.clone()));
+    let without_median = median(without.clone());
+    let with_json = |i: usize| -> Value {
+        if with[i].is_empty() {
+            return Value::Null;
+        }
+        let with_median = median(with[i].clone());
+        json!({
+            "with_backup_appends_per_sec": with_median.round(),
+            "runs_with": with[i].iter().map(|r| r.round()).collect::<Vec<_>>(),
+            "ratio_with_to_without": ((with_median / without_median) * 100.0).round() / 100.0,
+            "backup_lag_ms": latency_json(&lag[i]),
+            "backup_catch_up_after_run_ms": drains[i],
+        })
+    };
     Ok(json!({
         "bench": "backup",
         "object_store": "SeaweedFS 4.48 (weed mini) on this machine",
@@ -223,15 +273,12 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
         "fsync_floor_per_sec": ((floor + floor_after) / 2.0).round(),
         "fsync_floor_before_after": [floor.round(), floor_after.round()],
         "writers_64_d3": {
-            "workload": "conditional_append, 1 event of 256 bytes, 64 async writers, embedded",
+            "workload": "conditional_append, 1 event of 256 bytes of JSON, 64 async writers, embedded",
             "events": args.events,
             "without_backup_appends_per_sec": without_median.round(),
-            "with_backup_appends_per_sec": with_median.round(),
             "runs_without": without.iter().map(|r| r.round()).collect::<Vec<_>>(),
-            "runs_with": with.iter().map(|r| r.round()).collect::<Vec<_>>(),
-            "ratio_with_to_without": ((with_median / without_median) * 100.0).round() / 100.0,
-            "backup_lag_ms": latency_json(&lag),
-            "backup_catch_up_after_run_ms": drains,
+            "object_store_data_on_the_store_disk": with_json(0),
+            "object_store_data_in_memory": with_json(1),
         },
         "d4_http": {
             "workload": "conditional_append over HTTP/1.1, 1 event of 256 bytes, server --durability d4",
@@ -244,6 +291,8 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
             "appends": report.appends,
             "objects": report.objects,
             "bytes": report.bytes,
+            "stored_bytes": stored_bytes,
+            "records_to_stored_bytes": ((report.bytes as f64 / stored_bytes.max(1) as f64) * 100.0).round() / 100.0,
             "seconds": (restore_seconds * 100.0).round() / 100.0,
             "events_per_sec": (report.events as f64 / restore_seconds).round(),
             "built_events_per_sec_with_backup": built.events_per_sec.round(),

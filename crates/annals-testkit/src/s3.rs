@@ -37,6 +37,16 @@ impl S3Server {
     /// Starts a server with the bucket [`BUCKET`] and the key [`ACCESS_KEY`]; None (saying
     /// why) when SeaweedFS is not installed and the tests do not require it.
     pub fn start() -> Option<S3Server> {
+        Self::start_with(tempfile::tempdir().expect("a temporary directory"))
+    }
+
+    /// [`S3Server::start`] with its data in a directory made in `parent` (a memory file
+    /// system, say, to keep the object store's writes off the disk of the store measured).
+    pub fn start_in(parent: &Path) -> Option<S3Server> {
+        Self::start_with(tempfile::tempdir_in(parent).expect("a temporary directory"))
+    }
+
+    fn start_with(dir: tempfile::TempDir) -> Option<S3Server> {
         let Some(bin) = weed_bin() else {
             if s3_required() {
                 panic!("SeaweedFS's weed is required (ANNALS_REQUIRE_S3=1): run scripts/setup");
@@ -44,7 +54,6 @@ impl S3Server {
             eprintln!("skipped: SeaweedFS's weed is not installed (scripts/setup installs it)");
             return None;
         };
-        let dir = tempfile::tempdir().expect("a temporary directory");
         let config = serde_free_config();
         std::fs::write(dir.path().join("s3.json"), config).expect("write the S3 identities");
         let mut server = S3Server {

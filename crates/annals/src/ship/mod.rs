@@ -22,7 +22,7 @@ use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
 use crate::archive::{
-    decode_object, decode_object_header, encode_header, parse_name, Lease, Manifest, ObjectKind,
+    decode_object, decode_object_header, encode_object, parse_name, Lease, Manifest, ObjectKind,
     LEASE, MANIFEST, OBJECT_HEADER_BYTES,
 };
 use crate::error::StoreError;
@@ -691,11 +691,8 @@ fn write_object(
     frames: &[(RecordHeader, Bytes)],
 ) -> Result<u64, Failure> {
     let bytes: Vec<Bytes> = frames.iter().map(|(_, b)| b.clone()).collect();
-    let header = encode_header(kind, segment, first, last, bytes.len() as u32, &bytes);
-    let size: usize = bytes.iter().map(|b| b.len()).sum::<usize>() + header.len();
-    let mut payload = Vec::with_capacity(bytes.len() + 1);
-    payload.push(Bytes::copy_from_slice(&header));
-    payload.extend(bytes);
+    let payload = encode_object(kind, segment, first, last, &bytes);
+    let size: usize = payload.iter().map(|b| b.len()).sum();
     let name = kind.name(first);
     match objects.put_new(&name, payload).map_err(Failure::Retry)? {
         Put::Created => {
