@@ -504,9 +504,9 @@ mod tests {
         assert!(decoded.header.compressed);
         let raw = decode_object(object(&frames, 5, 10), Some(5)).unwrap();
         assert!(!raw.header.compressed);
-        for i in 0..3 {
-            assert_eq!(decoded.frame(i), frames[i]);
-            assert_eq!(raw.frame(i), frames[i]);
+        for (i, frame) in frames.iter().enumerate() {
+            assert_eq!(decoded.frame(i), *frame);
+            assert_eq!(raw.frame(i), *frame);
         }
         for at in [8, 40, 48, 64, 70, packed.len() - 1] {
             let mut damaged = packed.to_vec();
@@ -522,7 +522,7 @@ mod tests {
         let mut noise = vec![0u8; 4096];
         getrandom::fill(&mut noise).unwrap();
         let one = record_with(9, &noise);
-        let pieces = encode_object(ObjectKind::Segment, 3, 9, 9, &[one.clone()]);
+        let pieces = encode_object(ObjectKind::Segment, 3, 9, 9, std::slice::from_ref(&one));
         assert_eq!(pieces.len(), 2);
         assert_eq!(pieces[1], one, "stored as it is");
         let decoded = decode_object(Bytes::from(pieces.concat()), Some(9)).unwrap();
