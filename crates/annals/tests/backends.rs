@@ -747,7 +747,9 @@ fn stale_mirrors_are_removed() {
     let tmp = std::env::temp_dir();
     let stale = tmp.join(format!("annals-mirror-stale-{}", std::process::id()));
     let live = tmp.join(format!("annals-mirror-live-{}", std::process::id()));
-    for dir in [&stale, &live] {
+    // A mirror of a running process whose lock is not taken yet (it is being opened).
+    let opening = tmp.join(format!("annals-mirror-{}-999999", std::process::id()));
+    for dir in [&stale, &live, &opening] {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("LOCK"), b"").unwrap();
         std::fs::write(dir.join("0000000001.seg"), b"left behind").unwrap();
@@ -757,9 +759,11 @@ fn stale_mirrors_are_removed() {
     let store = Store::open_postgres(&url, small_options()).unwrap();
     assert!(!stale.exists(), "a stale mirror is removed");
     assert!(live.exists(), "a mirror in use is kept");
+    assert!(opening.exists(), "a mirror of a running process is kept");
     store.close().unwrap();
     drop(held);
     std::fs::remove_dir_all(&live).unwrap();
+    std::fs::remove_dir_all(&opening).unwrap();
 }
 
 /// Goal: a store opened on a log longer than one chunk of rows, and heavier than one chunk of

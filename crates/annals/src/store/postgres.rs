@@ -6,18 +6,24 @@ use crate::postgres::companions::InDatabase;
 use std::sync::atomic::AtomicU64;
 
 /// Removes the mirrors (see [`Store::open_postgres`]) that processes killed before closing
-/// their stores left in the temporary directory: those whose lock no process holds.
+/// their stores left in the temporary directory: those whose lock no process holds, of a
+/// process that is gone. A mirror being opened has its lock file a moment before its lock,
+/// so the lock alone would let a store opening beside another remove the other's mirror.
 fn remove_stale_mirrors() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
     };
     for entry in entries.flatten() {
-        let named = entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.starts_with("annals-mirror-"));
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("annals-mirror-")) else {
+            continue;
+        };
+        let owner = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+        if owner.is_some_and(process_lives) {
+            continue;
+        }
         let lock = entry.path().join(LOCK_FILE);
-        if !named || !lock.exists() {
+        if !lock.exists() {
             continue;
         }
         if let Ok(held) = RealIo.lock(&lock) {
@@ -25,6 +31,13 @@ fn remove_stale_mirrors() {
             drop(held);
         }
     }
+}
+
+/// Whether a process of that id runs (one of another user's counts: it may not be signalled).
+fn process_lives(pid: i32) -> bool {
+    // SAFETY: signal 0 sends nothing; kill only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 impl Store {
