@@ -51,6 +51,24 @@ fn fill(store: &Store, appends: u64) {
     }
 }
 
+/// Restores the whole backup at `url` into a new store in `into` and compares it with
+/// `source`: answers the appends compared.
+fn restores_whole(source: &Store, into: &std::path::Path, url: &str, opts: &Options) -> u64 {
+    let head = source.head();
+    let whole = Store::open(into, plain(opts)).unwrap();
+    let restored = restore(
+        &BackupOptions::new(url),
+        &whole,
+        RestoreLimit::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(restored.head, head);
+    let compared = compare(source, &whole, head, &mut |_| {}).unwrap();
+    assert_eq!(compared, restored.appends);
+    compared
+}
+
 #[test]
 fn a_shipped_store_restores_whole_to_a_position_and_to_a_time() {
     let dir = tempfile::tempdir().unwrap();
@@ -187,19 +205,8 @@ fn large_chunks_stand_for_their_sealed_segment() {
     assert!(report.chunks >= 3, "{report:?}");
 
     let source = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
-    let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();
-    let restored = restore(
-        &BackupOptions::new(&url),
-        &whole,
-        RestoreLimit::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
-    assert_eq!(restored.head, head);
-    assert_eq!(
-        compare(&source, &whole, head, &mut |_| {}).unwrap(),
-        restored.appends
-    );
+    assert_eq!(source.head(), head);
+    restores_whole(&source, &dir.path().join("whole"), &url, &opts);
 }
 
 /// The objects under `dir` of a backup, by name, with their sizes.
@@ -287,19 +294,8 @@ fn small_chunks_are_put_again_in_pieces_and_no_object_is_large() {
     );
 
     let source = Store::open(dir.path().join("source"), plain(&opts)).unwrap();
-    let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();
-    let restored = restore(
-        &BackupOptions::new(&url),
-        &whole,
-        RestoreLimit::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
-    assert_eq!(restored.head, head);
-    assert_eq!(
-        compare(&source, &whole, head, &mut |_| {}).unwrap(),
-        restored.appends
-    );
+    assert_eq!(source.head(), head);
+    restores_whole(&source, &dir.path().join("whole"), &url, &opts);
 }
 
 #[test]
@@ -888,17 +884,8 @@ fn a_second_server_of_a_database_stands_by_and_takes_over() {
         .unwrap();
     let head = second.head();
     assert_eq!(p, head);
-    let whole = Store::open(dir.path().join("whole"), plain(&opts)).unwrap();
-    let restored = restore(
-        &BackupOptions::new(&url),
-        &whole,
-        RestoreLimit::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
-    assert_eq!(restored.head, head);
     assert_eq!(
-        compare(&second, &whole, head, &mut |_| {}).unwrap(),
+        restores_whole(&second, &dir.path().join("whole"), &url, &opts),
         50 + 10 + 30 + 1
     );
     second.close().unwrap();
