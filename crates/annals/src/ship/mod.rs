@@ -570,7 +570,7 @@ impl Shipper {
             )));
         };
         if self.run_due(last_segment) {
-            self.consolidate()?;
+            self.consolidate();
         }
         if next > durable {
             return Ok(());

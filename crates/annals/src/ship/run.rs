@@ -34,7 +34,7 @@ use crate::record::{decode_header, Frame, RecordHeader, HEADER_BYTES};
 use crate::segment::SEGMENT_HEADER_BYTES;
 use crate::shared::Shared;
 
-/// Runs handed over and not yet taken up: the shipper waits for room beyond them.
+/// Runs handed over and not yet taken up; beyond them a run's chunks stay as they are.
 const RUNS_QUEUED_MAX: usize = 4;
 
 /// Chunks put one after another in one segment, each smaller than a run's `small` size.
@@ -110,28 +110,40 @@ impl Shipper {
 
     /// Hands the run to the consolidator (started at the first). A run of one chunk is
     /// left as it is.
-    pub(super) fn consolidate(&mut self) -> Result<(), Failure> {
+    pub(super) fn consolidate(&mut self) {
         let Some(run) = self.run.take() else {
-            return Ok(());
+            return;
         };
         if run.firsts.len() < 2 {
-            return Ok(());
+            return;
         }
         if self.consolidator.is_none() {
-            let objects = Objects::open_with(&self.state.options.url, &self.state.options.settings)
-                .map_err(Failure::Fatal)?;
-            self.consolidator = Some(Consolidator::start(
-                self.shared.clone(),
-                self.state.clone(),
-                objects,
-            )?);
+            let started = Objects::open_with(&self.state.options.url, &self.state.options.settings)
+                .and_then(|objects| {
+                    Consolidator::start(self.shared.clone(), self.state.clone(), objects)
+                });
+            match started {
+                Ok(consolidator) => self.consolidator = Some(consolidator),
+                Err(e) => {
+                    // Consolidating only spares a restore many small reads: the chunks stay.
+                    tracing::warn!(
+                        url = self.url(),
+                        error = e.as_str(),
+                        "backup: small chunks are not consolidated"
+                    );
+                    return;
+                }
+            }
         }
         let consolidator = self.consolidator.as_ref().expect("started");
-        if consolidator.runs.send(run).is_err() {
+        match consolidator.runs.try_send(run) {
+            Ok(()) => {}
+            // It is behind (object storage failing): the shipper does not wait for it, and
+            // these chunks stay as they are.
+            Err(crossbeam_channel::TrySendError::Full(_)) => {}
             // Its thread ended (it logged why): the chunks stay as they are.
-            self.consolidator = None;
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => self.consolidator = None,
         }
-        Ok(())
     }
 
     /// Lets the consolidator finish the runs handed to it (while object storage answers), and
@@ -253,7 +265,7 @@ impl Consolidator {
         shared: Arc<Shared>,
         state: Arc<BackupState>,
         objects: Objects,
-    ) -> Result<Consolidator, Failure> {
+    ) -> Result<Consolidator, String> {
         let (runs, taken) = crossbeam_channel::bounded::<Run>(RUNS_QUEUED_MAX);
         let thread = std::thread::Builder::new()
             .name("annals-consolidate".into())
@@ -264,7 +276,7 @@ impl Consolidator {
                     }
                 }
             })
-            .map_err(|e| Failure::Fatal(format!("start the consolidating thread: {e}")))?;
+            .map_err(|e| format!("start the consolidating thread: {e}"))?;
         Ok(Consolidator { runs, thread })
     }
 }
