@@ -235,6 +235,9 @@ async fn serve(config: Config) -> Result<(), String> {
         true => ("backup", "objects read from the backup"),
         false => ("database", "appends read from the database"),
     };
+    // The handler is in place before the server says it listens: a SIGTERM sent as soon as it
+    // answers stops it cleanly rather than by the signal's default action.
+    let stop = Stop::listen();
     let server = Server::start(config).await?;
     let report = server.store.open_report().clone();
     let scheme = if tls { "https" } else { "http" };
@@ -333,7 +336,7 @@ async fn serve(config: Config) -> Result<(), String> {
             .map_or_else(|| "off".to_string(), |a| a.to_string())
     );
     let watcher = tokio::spawn(watch_disk(server.store.clone()));
-    wait_for_signal().await;
+    stop.wait().await;
     watcher.abort();
     println!("annals: shutting down: finishing in-flight requests, then syncing and closing");
     server.shutdown().await?;
@@ -374,17 +377,37 @@ async fn watch_disk(store: std::sync::Arc<annals::Store>) {
     }
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
+/// SIGTERM or Ctrl-C (SIGINT), listened for from the start.
+struct Stop {
+    term: Option<tokio::signal::unix::Signal>,
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl Stop {
+    fn listen() -> Stop {
+        use tokio::signal::unix::{signal, SignalKind};
+        Stop {
+            term: signal(SignalKind::terminate()).ok(),
+            interrupt: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+
+    async fn wait(mut self) {
+        async fn on(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        if self.term.is_none() && self.interrupt.is_none() {
             let _ = tokio::signal::ctrl_c().await;
             return;
         }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        tokio::select! {
+            _ = on(&mut self.term) => {}
+            _ = on(&mut self.interrupt) => {}
+        }
     }
 }
