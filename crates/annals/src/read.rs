@@ -35,9 +35,6 @@ pub struct ReadIter {
     segment: Option<Arc<Segment>>,
     /// The cipher of the data subject's key this read opened last (sealed events only).
     memo: OpenMemo,
-    /// A read by one tag of a store with data subjects: the tag, whose key is looked up once
-    /// the first events' loads are started.
-    look_ahead: Option<String>,
 }
 
 enum Mode {
@@ -122,17 +119,9 @@ impl ReadIter {
             mode: Mode::Done,
             segment: None,
             memo: OpenMemo::default(),
-            look_ahead: None,
         };
         if empty {
             return Ok(iter);
-        }
-        if iter.shared.keys.is_some() {
-            if let [item] = &query.items[..] {
-                if let [tag] = &item.tags[..] {
-                    iter.look_ahead = Some(tag.clone());
-                }
-            }
         }
         let resolved = iter.shared.index.read().resolve_after(query, afters);
         iter.mode = match resolved {
@@ -374,9 +363,6 @@ impl ReadIter {
             }
             for &location in &ahead[..count] {
                 self.prefetch_entry(location);
-            }
-            if let Some(tag) = self.look_ahead.take() {
-                crate::keys::look_ahead(self.shared.keys.as_deref(), &mut self.memo, &tag);
             }
         }
     }

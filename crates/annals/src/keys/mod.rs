@@ -555,17 +555,6 @@ fn known(keys: &KeyMap, tags: &[&str]) -> Result<Option<Vec<GivenKey>>, SealErro
 }
 
 /// A sealed entry opened with the store's keys: its data back, or marked erased.
-/// Looks the key of the subject `tag` up ahead of the events (an indexed read by the
-/// subject's tag), so that the lookup's cache misses overlap the loads of the events' entries
-/// already started; the reader's memo then holds its cipher. Nothing when `tag` is no
-/// subject's, or is erased: the events say so when opened.
-pub(crate) fn look_ahead(keys: Option<&KeyStore>, memo: &mut OpenMemo, tag: &str) {
-    use crate::seal::Ciphers;
-    if keys.is_some_and(|k| k.options.is_subject(tag)) {
-        let _ = Opener { keys, memo }.cipher(&[tag]);
-    }
-}
-
 pub(crate) fn open_sealed(
     keys: Option<&KeyStore>,
     position: u64,
