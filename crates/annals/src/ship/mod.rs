@@ -126,6 +126,17 @@ impl Drop for Backup {
     }
 }
 
+/// What a start finds in the prefix.
+#[derive(Default)]
+struct Found {
+    /// The chunks, as listed.
+    chunks: Vec<crate::objects::Listed>,
+    /// The first and last positions of the newest object of the segments' kind.
+    newest_piece: Option<(u64, u64)>,
+    /// The object holding the backup's last position, and that position.
+    newest: Option<(String, u64)>,
+}
+
 struct Shipper {
     shared: Arc<Shared>,
     objects: Objects,
@@ -251,11 +262,12 @@ impl Shipper {
     /// shipping resumes.
     fn begin(&mut self) -> Result<(), StoreError> {
         self.check_manifest()?;
-        let shipped = self.resume_point()?;
+        let found = self.find_objects()?;
+        let shipped = self.resume_point(&found)?;
         let keys_shipped =
             keys::shipped_keys(&self.objects).map_err(|e| backup_error(self.url(), &e))?;
         self.state.shipped.store(shipped, Ordering::Release);
-        self.find_run(shipped)?;
+        self.find_run(shipped, &found);
         self.keys_shipped = keys_shipped;
         // A table's keys go out as a whole image first (another server may have shipped
         // since this one last did).
@@ -331,10 +343,10 @@ impl Shipper {
         Ok(())
     }
 
-    /// The last position the prefix holds, checked against this store's log.
-    fn resume_point(&self) -> Result<u64, StoreError> {
+    /// What the prefix holds of the log, listed once at a start.
+    fn find_objects(&self) -> Result<Found, StoreError> {
         let err = |e: ObjectError| backup_error(self.url(), &e);
-        let mut last: Option<(String, u64)> = None;
+        let mut found = Found::default();
         for kind in [ObjectKind::Segment, ObjectKind::Chunk] {
             let listed = self.objects.list(kind.dir(), None).map_err(err)?;
             if let Some(newest) = listed
@@ -349,12 +361,24 @@ impl Shipper {
                 let header = decode_object_header(&head).map_err(|e| {
                     StoreError::Backup(format!("{}: {}: {e}", self.url(), newest.name))
                 })?;
-                if last.as_ref().is_none_or(|(_, l)| header.last > *l) {
-                    last = Some((newest.name.clone(), header.last));
+                if kind == ObjectKind::Segment {
+                    found.newest_piece = Some((header.first, header.last));
+                }
+                if found.newest.as_ref().is_none_or(|(_, l)| header.last > *l) {
+                    found.newest = Some((newest.name.clone(), header.last));
                 }
             }
+            if kind == ObjectKind::Chunk {
+                found.chunks = listed;
+            }
         }
-        let Some((name, shipped)) = last else {
+        Ok(found)
+    }
+
+    /// The last position the prefix holds, checked against this store's log.
+    fn resume_point(&self, found: &Found) -> Result<u64, StoreError> {
+        let err = |e: ObjectError| backup_error(self.url(), &e);
+        let Some((name, shipped)) = found.newest.clone() else {
             return Ok(0);
         };
         let mut durable = self.durable();

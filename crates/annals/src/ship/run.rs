@@ -23,15 +23,13 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 
 use super::{
-    decode_object_header, parse_name, write_object, BackupState, Failure, ObjectKind, Shipper,
-    BACKOFF_MAX, BACKOFF_MIN, OBJECT_HEADER_BYTES,
+    parse_name, write_object, BackupState, Failure, Found, ObjectKind, Shipper, BACKOFF_MAX,
+    BACKOFF_MIN, OBJECT_HEADER_BYTES,
 };
-use crate::error::StoreError;
 use crate::objects::Objects;
 use crate::query::{Query, ReadOptions};
 use crate::read::ReadIter;
-use crate::record::{decode_header, Frame, RecordHeader, HEADER_BYTES};
-use crate::segment::SEGMENT_HEADER_BYTES;
+use crate::record::RecordHeader;
 use crate::shared::Shared;
 
 /// Runs handed over and not yet taken up; beyond them a run's chunks stay as they are.
@@ -155,91 +153,41 @@ impl Shipper {
         }
     }
 
-    pub(super) fn delete_covered(&self, name: &str) {
-        delete_covered(&self.objects, name);
-    }
-
-    /// After a restart: the run of small chunks that ends at `shipped`, found from the
-    /// listing, and chunks that the newest object of a segment's kind covers deleted.
-    pub(super) fn find_run(&mut self, shipped: u64) -> Result<(), StoreError> {
+    /// After a restart: the run of small chunks that ends at `shipped`, from what the start
+    /// found, and chunks that the newest object of a segment's kind covers deleted.
+    pub(super) fn find_run(&mut self, shipped: u64, found: &Found) {
         self.run = None;
         let Some(segment) = self.segment_of(shipped) else {
-            return Ok(());
+            return;
         };
-        let err = |e| super::backup_error(&self.state.url, &e);
         let mut covered_to = 0;
-        let pieces = self
-            .objects
-            .list(ObjectKind::Segment.dir(), None)
-            .map_err(err)?;
-        let newest = pieces
-            .iter()
-            .rev()
-            .find_map(|l| parse_name(ObjectKind::Segment, &l.name).map(|f| (f, &l.name)));
-        if let Some((first, name)) = newest {
-            let head = self
-                .objects
-                .get_range(name, 0..OBJECT_HEADER_BYTES as u64)
-                .map_err(err)?;
-            let header = decode_object_header(&head)
-                .map_err(|e| StoreError::Backup(format!("{}: {name}: {e}", self.url())))?;
-            covered_to = header.last;
-            let chunks = self
-                .objects
-                .list(ObjectKind::Chunk.dir(), None)
-                .map_err(err)?;
-            for l in &chunks {
-                if parse_name(ObjectKind::Chunk, &l.name)
-                    .is_some_and(|c| c >= first && c <= covered_to)
-                {
-                    self.delete_covered(&l.name);
+        if let Some((first, last)) = found.newest_piece {
+            covered_to = last;
+            for l in &found.chunks {
+                if parse_name(ObjectKind::Chunk, &l.name).is_some_and(|c| c >= first && c <= last) {
+                    delete_covered(&self.objects, &l.name);
                 }
             }
         }
-        let segment_first = self.first_of(segment).map_err(|e| match e {
-            Failure::Fatal(m) => StoreError::Backup(m),
-            Failure::Retry(e) => err(e),
-        })?;
-        let chunks = self
-            .objects
-            .list(ObjectKind::Chunk.dir(), None)
-            .map_err(err)?;
-        let mut found: Vec<(u64, u64)> = chunks
+        let mut chunks: Vec<(u64, u64)> = found
+            .chunks
             .iter()
             .filter_map(|l| parse_name(ObjectKind::Chunk, &l.name).map(|f| (f, l.size)))
-            .filter(|&(f, _)| f > covered_to && f >= segment_first && f <= shipped)
+            .filter(|&(f, _)| f > covered_to && f <= shipped && self.segment_of(f) == Some(segment))
             .collect();
-        found.sort_unstable();
+        chunks.sort_unstable();
         // The run begins after the last large chunk.
         let small = self.small_chunk() + OBJECT_HEADER_BYTES as u64;
-        if let Some(large) = found.iter().rposition(|&(_, size)| size >= small) {
-            found.drain(..=large);
+        if let Some(large) = chunks.iter().rposition(|&(_, size)| size >= small) {
+            chunks.drain(..=large);
         }
         let mut run = Run::new(segment);
-        for (i, &(first, size)) in found.iter().enumerate() {
-            let last = found.get(i + 1).map_or(shipped, |&(next, _)| next - 1);
+        for (i, &(first, size)) in chunks.iter().enumerate() {
+            let last = chunks.get(i + 1).map_or(shipped, |&(next, _)| next - 1);
             run.push(first, last, size);
         }
         if !run.firsts.is_empty() {
             self.run = Some(run);
-        }
-        Ok(())
-    }
-
-    /// The first position of `segment`, from its first record.
-    pub(super) fn first_of(&self, segment: u32) -> Result<u64, Failure> {
-        let file = self
-            .shared
-            .segment(segment)
-            .ok_or_else(|| Failure::Fatal(format!("segment {segment} is not open")))?;
-        let bytes = file
-            .bytes(SEGMENT_HEADER_BYTES, HEADER_BYTES)
-            .map_err(Failure::fatal)?;
-        match decode_header(&bytes) {
-            Frame::Record(h) => Ok(h.first_position),
-            _ => Err(Failure::Fatal(format!(
-                "segment {segment} does not begin with a record"
-            ))),
         }
     }
 }
