@@ -189,9 +189,6 @@ impl Segment {
         })
     }
 
-    /// Hands `f` the `len` bytes at `offset` (fewer at the end of the segment), borrowed from
-    /// the map when there is one: for small fixed fields, without the reference counting of
-    /// [`Segment::bytes`].
     /// Asks the CPU to start loading `lines` cache lines from `offset` of the map (and the one
     /// before it, where a record's header usually sits): an indexed read issues this a few
     /// events ahead, so the cache misses of scattered events overlap instead of following each
@@ -213,6 +210,9 @@ impl Segment {
         }
     }
 
+    /// Hands `f` the `len` bytes at `offset` (fewer at the end of the segment), borrowed from
+    /// the map when there is one: for small fixed fields, without the reference counting of
+    /// [`Segment::bytes`].
     pub(crate) fn peek<T>(
         &self,
         offset: u64,
