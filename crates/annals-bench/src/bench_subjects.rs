@@ -4,7 +4,8 @@
 //!   (every event sealed, keys made on first use) and without subjects, alternated, beside the
 //!   fdatasync floor;
 //! - a full scan and selective reads (one entity among 100,000, ten events each) of a store
-//!   whose events are sealed, beside the same store unsealed;
+//!   whose events are sealed, beside the same store unsealed, each counting the events and
+//!   again reading their data, with the cipher's floors (a key set up once, and per event);
 //! - erasing a subject with `--erase-events` events, beside erasing one with a single event.
 
 use std::path::{Path, PathBuf};
@@ -130,48 +131,86 @@ fn entities(dir: &Path, events: u64, subjects: Option<SubjectOptions>) -> Result
     })
 }
 
-/// Full scans (median of three, events/s) and selective reads (latency) of `store`.
-fn reads(store: &Store, reads: u64) -> Result<(f64, Histogram<u64>), String> {
+/// What `reads` measured of one store.
+struct Reads {
+    /// Full scans, events/s (median of three).
+    scan: f64,
+    /// The same, the data of every event summed by the reader.
+    scan_consuming: f64,
+    /// Selective reads of one entity's events, nanoseconds each.
+    selective: Histogram<u64>,
+    /// The same, the data of every event summed by the reader (other entities: seed 8).
+    selective_consuming: Histogram<u64>,
+}
+
+/// What a reader that uses an event's data does at the least: reads every byte of it once.
+fn consume(data: &[u8]) -> u64 {
+    std::hint::black_box(data.iter().fold(0u64, |a, &b| a.wrapping_add(u64::from(b))))
+}
+
+/// Full scans and selective reads of `store`, each twice: counting the events only, and
+/// reading every byte of their data as a consumer would (a plain store's reader otherwise
+/// never touches the data, while a sealed one's decryption must).
+fn reads(store: &Store, reads: u64) -> Result<Reads, String> {
     let head = store.head();
-    let mut scans = Vec::new();
-    for _ in 0..3 {
-        let started = Instant::now();
-        let mut bytes = 0usize;
-        for event in store
-            .read(&Query::all(), ReadOptions::forwards())
-            .map_err(|e| e.to_string())?
-        {
-            bytes += event.map_err(|e| e.to_string())?.data().len();
+    let scan = |consuming: bool| -> Result<f64, String> {
+        let mut scans = Vec::new();
+        for _ in 0..3 {
+            let started = Instant::now();
+            let mut bytes = 0usize;
+            for event in store
+                .read(&Query::all(), ReadOptions::forwards())
+                .map_err(|e| e.to_string())?
+            {
+                let event = event.map_err(|e| e.to_string())?;
+                if consuming {
+                    consume(event.data());
+                }
+                bytes += event.data().len();
+            }
+            if bytes != head as usize * 256 {
+                return Err(format!("a full scan read {bytes} bytes of data"));
+            }
+            scans.push(head as f64 / started.elapsed().as_secs_f64());
         }
-        if bytes != head as usize * 256 {
-            return Err(format!("a full scan read {bytes} bytes of data"));
+        Ok(median(scans))
+    };
+    let selective = |seed: u64, consuming: bool| -> Result<Histogram<u64>, String> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut latency = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+        let per_entity = head / ENTITIES;
+        for _ in 0..reads {
+            let query = Query::item(QueryItem::tags([format!(
+                "entity:{}",
+                rng.gen_range(0..ENTITIES)
+            )]));
+            let t = Instant::now();
+            let mut n = 0;
+            for event in store
+                .read(&query, ReadOptions::forwards())
+                .map_err(|e| e.to_string())?
+            {
+                let event = event.map_err(|e| e.to_string())?;
+                if consuming {
+                    consume(event.data());
+                }
+                n += event.data().len().min(1) as u64;
+            }
+            latency.record(t.elapsed().as_nanos() as u64).ok();
+            if n != per_entity {
+                return Err(format!(
+                    "a selective read found {n} events, expected {per_entity}"
+                ));
+            }
         }
-        scans.push(head as f64 / started.elapsed().as_secs_f64());
-    }
-    let mut rng = StdRng::seed_from_u64(7);
-    let mut latency = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
-    let per_entity = head / ENTITIES;
-    for _ in 0..reads {
-        let query = Query::item(QueryItem::tags([format!(
-            "entity:{}",
-            rng.gen_range(0..ENTITIES)
-        )]));
-        let t = Instant::now();
-        let mut n = 0;
-        for event in store
-            .read(&query, ReadOptions::forwards())
-            .map_err(|e| e.to_string())?
-        {
-            n += event.map_err(|e| e.to_string())?.data().len().min(1) as u64;
-        }
-        latency.record(t.elapsed().as_nanos() as u64).ok();
-        if n != per_entity {
-            return Err(format!(
-                "a selective read found {n} events, expected {per_entity}"
-            ));
-        }
-    }
-    Ok((median(scans), latency))
+        Ok(latency)
+    };
+    Ok(Reads {
+        scan: scan(false)?,
+        scan_consuming: scan(true)?,
+        selective: selective(7, false)?,
+        selective_consuming: selective(8, true)?,
+    })
 }
 
 /// Erases a subject with `events` events and one with a single event, in one store (with a
@@ -204,52 +243,105 @@ fn erasures(dir: &Path, events: u64) -> Result<(f64, f64, u64), String> {
     Ok((big_s, small_s, big.events))
 }
 
-/// The cipher's own floor: AES-256-GCM opening the envelope of one 256-byte event,
-/// nanoseconds per event on one core (median of three rounds), from RustCrypto and from aws-lc;
-/// the store uses the one `annals::SUBJECT_CIPHER` names.
-fn cipher_floors() -> (f64, f64) {
-    let mut sealed = vec![5u8; 4 + 256];
+/// The cipher's own floor, nanoseconds per 256-byte event on one core (median of three
+/// rounds), from RustCrypto and from aws-lc (the store uses the one `annals::SUBJECT_CIPHER`
+/// names): opening under one key set up once (a run of one subject's events), and opening
+/// under a key set up for the event (round keys and GHASH's tables), as a reader pays when
+/// the subject changes, which a full scan of interleaved subjects does at nearly every event.
+struct CipherFloors {
+    rustcrypto: f64,
+    aws_lc: f64,
+    rustcrypto_new_key: f64,
+    aws_lc_new_key: f64,
+}
+
+/// Keys the new-key floors cycle through, each event sealed under its own.
+const FLOOR_KEYS: usize = 1000;
+
+fn floor_key(i: usize) -> [u8; 32] {
+    let mut key = [7u8; 32];
+    key[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    key
+}
+
+fn cipher_floors() -> CipherFloors {
+    let plain = vec![5u8; 4 + 256];
     let aad = [1u8; 40];
-    let rustcrypto = {
+    let (rustcrypto, rustcrypto_new_key) = {
         use aes_gcm::aead::{AeadInOut, KeyInit};
-        let cipher = aes_gcm::Aes256Gcm::new(&[7u8; 32].into());
+        let cipher = |i: usize| aes_gcm::Aes256Gcm::new(&floor_key(i).into());
         let nonce = [3u8; 12].into();
-        let mut sealed = sealed.clone();
-        let tag = cipher
-            .encrypt_inout_detached(&nonce, &aad, sealed.as_mut_slice().into())
-            .expect("encryption of a small buffer");
-        let mut buf = sealed.clone();
-        rounds(|| {
-            buf.copy_from_slice(&sealed);
-            cipher
-                .decrypt_inout_detached(&nonce, &aad, buf.as_mut_slice().into(), &tag)
+        let sealed: Vec<(Vec<u8>, _)> = (0..FLOOR_KEYS)
+            .map(|i| {
+                let mut sealed = plain.clone();
+                let tag = cipher(i)
+                    .encrypt_inout_detached(&nonce, &aad, sealed.as_mut_slice().into())
+                    .expect("encryption of a small buffer");
+                (sealed, tag)
+            })
+            .collect();
+        let mut buf = plain.clone();
+        let one = cipher(0);
+        let same = rounds(|_| {
+            buf.copy_from_slice(&sealed[0].0);
+            one.decrypt_inout_detached(&nonce, &aad, buf.as_mut_slice().into(), &sealed[0].1)
                 .expect("the buffer just sealed opens");
-        })
+        });
+        let new_key = rounds(|n| {
+            let (bytes, tag) = &sealed[n % FLOOR_KEYS];
+            buf.copy_from_slice(bytes);
+            cipher(n % FLOOR_KEYS)
+                .decrypt_inout_detached(&nonce, &aad, buf.as_mut_slice().into(), tag)
+                .expect("the buffer just sealed opens");
+        });
+        (same, new_key)
     };
-    let aws_lc = {
+    let (aws_lc, aws_lc_new_key) = {
         use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
-        let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[7u8; 32]).expect("a key"));
+        let key = |i: usize| {
+            LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &floor_key(i)).expect("a key"))
+        };
         let nonce = || Nonce::assume_unique_for_key([3u8; 12]);
-        let tag = key
-            .seal_in_place_separate_tag(nonce(), Aad::from(&aad), &mut sealed)
-            .expect("encryption of a small buffer");
-        let mut buf = sealed.clone();
-        rounds(|| {
-            key.open_separate_gather(nonce(), Aad::from(&aad), &sealed, tag.as_ref(), &mut buf)
+        let sealed: Vec<(Vec<u8>, _)> = (0..FLOOR_KEYS)
+            .map(|i| {
+                let mut sealed = plain.clone();
+                let tag = key(i)
+                    .seal_in_place_separate_tag(nonce(), Aad::from(&aad), &mut sealed)
+                    .expect("encryption of a small buffer");
+                (sealed, tag)
+            })
+            .collect();
+        let mut buf = plain.clone();
+        let one = key(0);
+        let same = rounds(|_| {
+            let (bytes, tag) = &sealed[0];
+            one.open_separate_gather(nonce(), Aad::from(&aad), bytes, tag.as_ref(), &mut buf)
                 .expect("the buffer just sealed opens");
-        })
+        });
+        let new_key = rounds(|n| {
+            let (bytes, tag) = &sealed[n % FLOOR_KEYS];
+            key(n % FLOOR_KEYS)
+                .open_separate_gather(nonce(), Aad::from(&aad), bytes, tag.as_ref(), &mut buf)
+                .expect("the buffer just sealed opens");
+        });
+        (same, new_key)
     };
-    (rustcrypto, aws_lc)
+    CipherFloors {
+        rustcrypto,
+        aws_lc,
+        rustcrypto_new_key,
+        aws_lc_new_key,
+    }
 }
 
 /// Nanoseconds per call of `f`: the median of three rounds of 200,000 calls.
-fn rounds(mut f: impl FnMut()) -> f64 {
+fn rounds(mut f: impl FnMut(usize)) -> f64 {
     let calls = 200_000;
     let mut times = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();
-        for _ in 0..calls {
-            f();
+        for n in 0..calls {
+            f(n);
         }
         times.push(started.elapsed().as_nanos() as f64 / calls as f64);
     }
@@ -287,14 +379,18 @@ pub fn run(args: SubjectsArgs) -> Result<Value, String> {
     }
 
     if part("reads") {
-        let (rustcrypto_ns, aws_lc_ns) = cipher_floors();
-        let floor_ns = match annals::SUBJECT_CIPHER.contains("aws-lc") {
-            true => aws_lc_ns,
-            false => rustcrypto_ns,
+        let floors = cipher_floors();
+        let (floor_ns, new_key_ns) = match annals::SUBJECT_CIPHER.contains("aws-lc") {
+            true => (floors.aws_lc, floors.aws_lc_new_key),
+            false => (floors.rustcrypto, floors.rustcrypto_new_key),
         };
         eprintln!(
-            "AES-256-GCM opens a 256-byte event in {rustcrypto_ns:.0} ns (RustCrypto), \
-             {aws_lc_ns:.0} ns (aws-lc); the store uses {}",
+            "AES-256-GCM opens a 256-byte event in {:.0} ns (RustCrypto), {:.0} ns (aws-lc); \
+             {:.0} and {:.0} ns with the key set up for it; the store uses {}",
+            floors.rustcrypto,
+            floors.aws_lc,
+            floors.rustcrypto_new_key,
+            floors.aws_lc_new_key,
             annals::SUBJECT_CIPHER
         );
         let plain_store = entities(&args.dir.join("read-plain"), args.read_events, None)?;
@@ -303,8 +399,10 @@ pub fn run(args: SubjectsArgs) -> Result<Value, String> {
             args.read_events,
             Some(subjects()),
         )?;
-        let (plain_scan, plain_lat) = reads(&plain_store, args.reads)?;
-        let (sealed_scan, sealed_lat) = reads(&sealed_store, args.reads)?;
+        let plain = reads(&plain_store, args.reads)?;
+        let sealed = reads(&sealed_store, args.reads)?;
+        let (plain_scan, sealed_scan) = (plain.scan, sealed.scan);
+        let (plain_lat, sealed_lat) = (&plain.selective, &sealed.selective);
         eprintln!("full scan: {plain_scan:.0} events/s plain, {sealed_scan:.0} sealed");
         plain_store.close().map_err(|e| e.to_string())?;
         sealed_store.close().map_err(|e| e.to_string())?;
@@ -316,23 +414,44 @@ pub fn run(args: SubjectsArgs) -> Result<Value, String> {
         // Likewise for a selective read: the plain read's p99 plus the cipher's time for the
         // events it returns.
         let per_entity = (args.read_events / ENTITIES) as f64;
-        let selective_bound = p99(&plain_lat) + per_entity * floor_ns;
+        let selective_bound = p99(plain_lat) + per_entity * floor_ns;
+        // With the key set up as a reader must: for every event of a scan (its subjects
+        // interleave), once for a selective read (one subject's events).
+        let bound_new_key = 1e9 / (1e9 / plain_scan + new_key_ns);
+        let selective_bound_new_key =
+            p99(plain_lat) + new_key_ns + (per_entity - 1.0).max(0.0) * floor_ns;
         out["reads"] = json!({
             "events": args.read_events,
             "cipher": annals::SUBJECT_CIPHER,
             "cipher_floor_ns_per_event": floor_ns,
-            "cipher_floor_ns_rustcrypto": rustcrypto_ns,
-            "cipher_floor_ns_aws_lc": aws_lc_ns,
+            "cipher_floor_new_key_ns_per_event": new_key_ns,
+            "cipher_floor_ns_rustcrypto": floors.rustcrypto,
+            "cipher_floor_ns_aws_lc": floors.aws_lc,
+            "cipher_floor_new_key_ns_rustcrypto": floors.rustcrypto_new_key,
+            "cipher_floor_new_key_ns_aws_lc": floors.aws_lc_new_key,
             "full_scan_events_per_sec_plain": plain_scan,
             "full_scan_events_per_sec_sealed": sealed_scan,
             "full_scan_ratio_sealed_to_plain": ratio(sealed_scan, plain_scan),
             "full_scan_bound_plain_plus_cipher": bound,
             "full_scan_bound_ratio": ratio(bound, plain_scan),
-            "selective_latency_plain_ns": latency_json(&plain_lat),
-            "selective_latency_sealed_ns": latency_json(&sealed_lat),
-            "selective_p99_ratio_sealed_to_plain": ratio(p99(&sealed_lat), p99(&plain_lat)),
+            "full_scan_bound_plain_plus_cipher_with_key_setup": bound_new_key,
+            "full_scan_bound_with_key_setup_ratio": ratio(bound_new_key, plain_scan),
+            "selective_latency_plain_ns": latency_json(plain_lat),
+            "selective_latency_sealed_ns": latency_json(sealed_lat),
+            "selective_p99_ratio_sealed_to_plain": ratio(p99(sealed_lat), p99(plain_lat)),
             "selective_p99_bound_plain_plus_cipher_ns": selective_bound,
-            "selective_p99_bound_ratio": ratio(selective_bound, p99(&plain_lat)),
+            "selective_p99_bound_ratio": ratio(selective_bound, p99(plain_lat)),
+            "selective_p99_bound_with_key_setup_ns": selective_bound_new_key,
+            "selective_p99_bound_with_key_setup_ratio": ratio(selective_bound_new_key, p99(plain_lat)),
+            "data_consumed": {
+                "what": "the reader sums every byte of each event's data, as a consumer of the events (a server answering a read) does",
+                "full_scan_events_per_sec_plain": plain.scan_consuming,
+                "full_scan_events_per_sec_sealed": sealed.scan_consuming,
+                "full_scan_ratio_sealed_to_plain": ratio(sealed.scan_consuming, plain.scan_consuming),
+                "selective_latency_plain_ns": latency_json(&plain.selective_consuming),
+                "selective_latency_sealed_ns": latency_json(&sealed.selective_consuming),
+                "selective_p99_ratio_sealed_to_plain": ratio(p99(&sealed.selective_consuming), p99(&plain.selective_consuming)),
+            },
         });
     }
 

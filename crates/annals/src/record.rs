@@ -535,6 +535,21 @@ impl EntryLayout {
         })
     }
 
+    /// The layout of `opened`, this sealed entry as `seal::open_entry` rebuilt it: the same
+    /// clear part (id, type, tags), then the metadata and data whose lengths it set, no
+    /// longer sealed. Saves parsing the opened entry's tags again for every sealed event read.
+    pub(crate) fn opened(&self, opened: &[u8]) -> EntryLayout {
+        let len_at = |at: usize| u32_at(opened, at).expect("an opened entry's fixed part");
+        let metadata_len = len_at(16);
+        debug_assert_eq!(len_at(0) as usize, opened.len());
+        EntryLayout {
+            entry_len: opened.len() as u32,
+            sealed: false,
+            data_start: self.metadata_start + metadata_len,
+            ..*self
+        }
+    }
+
     pub fn event_type<'a>(&self, entry: &'a [u8]) -> &'a str {
         let start = self.type_start as usize;
         entry

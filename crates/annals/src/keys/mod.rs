@@ -572,9 +572,12 @@ pub(crate) fn open_sealed(
             )))
         }
     };
-    let layout = crate::record::EntryLayout::parse_checked(&bytes, false).ok_or_else(|| {
-        StoreError::Subjects(format!("the event at position {position} opened malformed"))
-    })?;
+    let layout = layout.opened(&bytes);
+    debug_assert_eq!(
+        Some(layout),
+        crate::record::EntryLayout::parse_checked(&bytes, false),
+        "the event at position {position} opened malformed"
+    );
     Ok(Event::opened(
         position,
         appended_at_us,
