@@ -523,6 +523,28 @@ pub(crate) fn latency_json(h: &Histogram<u64>) -> Value {
     })
 }
 
+/// Full scans of `store` from the start, `each` called on every event: the median of three,
+/// events/s, and the events the last scan read.
+pub(crate) fn full_scans(
+    store: &Store,
+    mut each: impl FnMut(&annals::Event),
+) -> Result<(f64, u64), String> {
+    let (mut rates, mut events) = (Vec::new(), 0);
+    for _ in 0..3 {
+        let started = Instant::now();
+        events = 0u64;
+        for event in store
+            .read(&Query::all(), ReadOptions::forwards())
+            .map_err(|e| e.to_string())?
+        {
+            each(&event.map_err(|e| e.to_string())?);
+            events += 1;
+        }
+        rates.push(events as f64 / started.elapsed().as_secs_f64());
+    }
+    Ok((median(rates), events))
+}
+
 pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     if values.is_empty() {

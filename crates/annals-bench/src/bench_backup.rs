@@ -16,14 +16,15 @@ use std::time::{Duration, Instant};
 
 use annals::backup::{restore, RestoreLimit};
 use annals::objects::Objects;
-use annals::{BackupOptions, Durability, Options, Query, ReadOptions, Store};
+use annals::{BackupOptions, Durability, Options, Store};
 use annals_testkit::s3::S3Server;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
 use crate::bench::{
-    append_run, conditional_writers, fsync_floor, latency_json, median, AppendArgs, Data,
+    append_run, conditional_writers, fsync_floor, full_scans, latency_json, median, AppendArgs,
+    Data,
 };
 use crate::bench_http::{run_against, start_server, Workload};
 
@@ -224,22 +225,7 @@ pub fn run(args: BackupArgs) -> Result<Value, String> {
     );
     let _ = std::fs::remove_dir_all(&restored_dir);
 
-    let scan = |store: &Store| -> Result<f64, String> {
-        let mut rates = Vec::new();
-        for _ in 0..3 {
-            let started = Instant::now();
-            let mut n = 0u64;
-            for e in store
-                .read(&Query::all(), ReadOptions::forwards())
-                .map_err(|e| e.to_string())?
-            {
-                e.map_err(|e| e.to_string())?;
-                n += 1;
-            }
-            rates.push(n as f64 / started.elapsed().as_secs_f64());
-        }
-        Ok(median(rates))
-    };
+    let scan = |store: &Store| full_scans(store, |_| {}).map(|(rate, _)| rate);
     let opened = Instant::now();
     let replica =
         Store::open_replica(&big_backup, Options::default()).map_err(|e| e.to_string())?;

@@ -21,7 +21,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::bench::{
-    append_run, bench_options, conditional_writers, fsync_floor, latency_json, median, AppendArgs,
+    append_run, bench_options, conditional_writers, fsync_floor, full_scans, latency_json, median,
+    AppendArgs,
 };
 
 #[derive(clap::Args)]
@@ -154,26 +155,19 @@ fn consume(data: &[u8]) -> u64 {
 fn reads(store: &Store, reads: u64) -> Result<Reads, String> {
     let head = store.head();
     let scan = |consuming: bool| -> Result<f64, String> {
-        let mut scans = Vec::new();
-        for _ in 0..3 {
-            let started = Instant::now();
-            let mut bytes = 0usize;
-            for event in store
-                .read(&Query::all(), ReadOptions::forwards())
-                .map_err(|e| e.to_string())?
-            {
-                let event = event.map_err(|e| e.to_string())?;
-                if consuming {
-                    consume(event.data());
-                }
-                bytes += event.data().len();
+        let mut bytes = 0usize;
+        let (rate, events) = full_scans(store, |event| {
+            if consuming {
+                consume(event.data());
             }
-            if bytes != head as usize * 256 {
-                return Err(format!("a full scan read {bytes} bytes of data"));
-            }
-            scans.push(head as f64 / started.elapsed().as_secs_f64());
+            bytes += event.data().len();
+        })?;
+        if events != head || bytes != 3 * head as usize * 256 {
+            return Err(format!(
+                "full scans read {events} events, {bytes} bytes of data"
+            ));
         }
-        Ok(median(scans))
+        Ok(rate)
     };
     let selective = |seed: u64, consuming: bool| -> Result<Histogram<u64>, String> {
         let mut rng = StdRng::seed_from_u64(seed);
@@ -264,67 +258,66 @@ fn floor_key(i: usize) -> [u8; 32] {
     key
 }
 
-fn cipher_floors() -> CipherFloors {
+/// One implementation's two floors (see [`CipherFloors`]): `key` sets up the cipher of key
+/// `i`, `seal` seals a buffer in place and answers its tag, `open` opens sealed bytes with
+/// their tag into the buffer.
+fn floors_of<C, T>(
+    key: impl Fn(usize) -> C,
+    seal: impl Fn(&C, &mut [u8]) -> T,
+    open: impl Fn(&C, &[u8], &T, &mut [u8]),
+) -> (f64, f64) {
     let plain = vec![5u8; 4 + 256];
+    let sealed: Vec<(Vec<u8>, T)> = (0..FLOOR_KEYS)
+        .map(|i| {
+            let mut bytes = plain.clone();
+            let tag = seal(&key(i), &mut bytes);
+            (bytes, tag)
+        })
+        .collect();
+    let mut buf = plain;
+    let one = key(0);
+    let same = rounds(|_| open(&one, &sealed[0].0, &sealed[0].1, &mut buf));
+    let new_key = rounds(|n| {
+        let (bytes, tag) = &sealed[n % FLOOR_KEYS];
+        open(&key(n % FLOOR_KEYS), bytes, tag, &mut buf)
+    });
+    (same, new_key)
+}
+
+fn cipher_floors() -> CipherFloors {
     let aad = [1u8; 40];
     let (rustcrypto, rustcrypto_new_key) = {
         use aes_gcm::aead::{AeadInOut, KeyInit};
-        let cipher = |i: usize| aes_gcm::Aes256Gcm::new(&floor_key(i).into());
         let nonce = [3u8; 12].into();
-        let sealed: Vec<(Vec<u8>, _)> = (0..FLOOR_KEYS)
-            .map(|i| {
-                let mut sealed = plain.clone();
-                let tag = cipher(i)
-                    .encrypt_inout_detached(&nonce, &aad, sealed.as_mut_slice().into())
-                    .expect("encryption of a small buffer");
-                (sealed, tag)
-            })
-            .collect();
-        let mut buf = plain.clone();
-        let one = cipher(0);
-        let same = rounds(|_| {
-            buf.copy_from_slice(&sealed[0].0);
-            one.decrypt_inout_detached(&nonce, &aad, buf.as_mut_slice().into(), &sealed[0].1)
-                .expect("the buffer just sealed opens");
-        });
-        let new_key = rounds(|n| {
-            let (bytes, tag) = &sealed[n % FLOOR_KEYS];
-            buf.copy_from_slice(bytes);
-            cipher(n % FLOOR_KEYS)
-                .decrypt_inout_detached(&nonce, &aad, buf.as_mut_slice().into(), tag)
-                .expect("the buffer just sealed opens");
-        });
-        (same, new_key)
+        floors_of(
+            |i| aes_gcm::Aes256Gcm::new(&floor_key(i).into()),
+            |cipher, buf| {
+                cipher
+                    .encrypt_inout_detached(&nonce, &aad, buf.into())
+                    .expect("encryption of a small buffer")
+            },
+            |cipher, bytes, tag, buf| {
+                buf.copy_from_slice(bytes);
+                cipher
+                    .decrypt_inout_detached(&nonce, &aad, buf.into(), tag)
+                    .expect("the buffer just sealed opens");
+            },
+        )
     };
     let (aws_lc, aws_lc_new_key) = {
         use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
-        let key = |i: usize| {
-            LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &floor_key(i)).expect("a key"))
-        };
         let nonce = || Nonce::assume_unique_for_key([3u8; 12]);
-        let sealed: Vec<(Vec<u8>, _)> = (0..FLOOR_KEYS)
-            .map(|i| {
-                let mut sealed = plain.clone();
-                let tag = key(i)
-                    .seal_in_place_separate_tag(nonce(), Aad::from(&aad), &mut sealed)
-                    .expect("encryption of a small buffer");
-                (sealed, tag)
-            })
-            .collect();
-        let mut buf = plain.clone();
-        let one = key(0);
-        let same = rounds(|_| {
-            let (bytes, tag) = &sealed[0];
-            one.open_separate_gather(nonce(), Aad::from(&aad), bytes, tag.as_ref(), &mut buf)
-                .expect("the buffer just sealed opens");
-        });
-        let new_key = rounds(|n| {
-            let (bytes, tag) = &sealed[n % FLOOR_KEYS];
-            key(n % FLOOR_KEYS)
-                .open_separate_gather(nonce(), Aad::from(&aad), bytes, tag.as_ref(), &mut buf)
-                .expect("the buffer just sealed opens");
-        });
-        (same, new_key)
+        floors_of(
+            |i| LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &floor_key(i)).expect("a key")),
+            |key, buf| {
+                key.seal_in_place_separate_tag(nonce(), Aad::from(&aad), buf)
+                    .expect("encryption of a small buffer")
+            },
+            |key, bytes, tag, buf| {
+                key.open_separate_gather(nonce(), Aad::from(&aad), bytes, tag.as_ref(), buf)
+                    .expect("the buffer just sealed opens");
+            },
+        )
     };
     CipherFloors {
         rustcrypto,
