@@ -26,14 +26,8 @@ pub struct RestoreArgs {
     /// 2026-11-27T08:00:00Z).
     #[arg(long, value_name = "RFC3339")]
     time: Option<String>,
-    /// For a backup of a store with data subjects: their tag prefixes, comma separated.
-    /// Env: ANNALS_SUBJECT_TAGS
-    #[arg(long, value_name = "PREFIXES")]
-    subject_tags: Option<String>,
-    /// For a backup of a store with data subjects: the store's master key file. Env:
-    /// ANNALS_MASTER_KEY_FILE
-    #[arg(long, value_name = "FILE")]
-    master_key_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    subjects: crate::subjects::SubjectArgs,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -77,6 +71,9 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
         position: args.position,
         time_us: args.time.as_deref().map(parse_time).transpose()?,
     };
+    // A location that holds no backup is refused before anything is made on either side.
+    annals::backup::require_backup(&annals::BackupOptions::new(&args.from))
+        .map_err(|e| e.to_string())?;
     let database = annals::is_database_url(&args.to);
     if !database && non_empty(Path::new(&args.to)) {
         return Err(format!(
@@ -84,13 +81,8 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
             args.to
         ));
     }
-    let subjects =
-        crate::subjects::subjects(args.subject_tags.as_deref(), args.master_key_file.clone())?;
+    let subjects = args.subjects.options()?;
     let backup = annals::BackupOptions::new(&args.from);
-    let subjects = match subjects {
-        Some(s) => Some(s),
-        None => crate::subjects::subjects(None, None)?,
-    };
     if subjects.is_none() && annals::backup::holds_keys(&backup).map_err(|e| e.to_string())? {
         return Err(format!(
             "{} holds data subjects' keys: give the store's subject tags and master key \
@@ -131,25 +123,33 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
     if tty {
         eprintln!();
     }
-    // Into a database, the subjects' keys go into its keys table (with those the log carries).
-    if database && subjects.is_some() {
-        if let Some(key_file) = annals::backup::key_file(&backup).map_err(|e| e.to_string())? {
-            let keys = store
-                .import_subject_keys(&key_file)
-                .map_err(|e| e.to_string())?;
-            eprintln!("restored the keys of {keys} data subjects into the database");
+    // The subjects' keys, as the backup holds them: into a database's keys table (with those
+    // the log carries), or on files written beside the log with the store closed. Either way
+    // the store is opened again, and that open appends the receipt of each erasure the
+    // restored log ends before (a restore to a position or a time before it): erasures
+    // survive a restore, as events after the positions restored, which stay the backup's.
+    let store = if subjects.is_none() {
+        store
+    } else if database {
+        match annals::backup::key_file(&backup).map_err(|e| e.to_string())? {
+            Some(key_file) => {
+                let keys = store
+                    .import_subject_keys(&key_file)
+                    .map_err(|e| e.to_string())?;
+                eprintln!("restored the keys of {keys} data subjects into the database");
+                store.close().map_err(|e| e.to_string())?;
+                open_store(&args.to, options)?
+            }
+            None => store,
         }
-    }
-    // The subjects' keys, as the backup holds them, installed with the store closed; opening
-    // it again appends the receipt of an erasure the restored log ends before.
-    let store = if !database
-        && annals::backup::restore_keys(&backup, Path::new(&args.to)).map_err(|e| e.to_string())?
-    {
+    } else if annals::backup::holds_keys(&backup).map_err(|e| e.to_string())? {
         store.close().map_err(|e| e.to_string())?;
+        annals::backup::restore_keys(&backup, Path::new(&args.to)).map_err(|e| e.to_string())?;
         open_store(&args.to, options)?
     } else {
         store
     };
+    let receipts = store.head().saturating_sub(report.head);
     // The same check as `annals verify`: every record, and the index against the log.
     let check = store
         .check(&mut |done, head| {
@@ -182,6 +182,8 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
         let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;
         value["seconds"] = secs.into();
         value["verified_events"] = check.events.into();
+        value["erasures_carried_over"] = receipts.into();
+        value["head_with_receipts"] = (report.head + receipts).into();
         if let Some(v) = &verified {
             value["verified_segments"] = v.segments.into();
         }
@@ -197,6 +199,17 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
             report.bytes,
             report.backup_head
         );
+        if receipts > 0 {
+            println!(
+                "{receipts} erasures made after position {} carried over: their receipts \
+                 (annals.SubjectErased) appended at positions {}..={} with this restore's \
+                 time; positions 1..={} are the backup's, unchanged",
+                report.head,
+                report.head + 1,
+                report.head + receipts,
+                report.head
+            );
+        }
         println!(
             "checked {} events: every record and the index agree",
             check.events
@@ -223,6 +236,10 @@ pub fn run(command: BackupCommand) -> Result<(), String> {
                 let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;
                 value["seconds"] = started.elapsed().as_secs_f64().into();
                 println!("{value}");
+            } else if report.objects == 0 {
+                println!(
+                    "{url}: a backup that holds no events yet (a store began shipping into it)"
+                );
             } else {
                 println!(
                     "{url}: positions 1..={} in {} objects ({} sealed segments, {} chunks), \

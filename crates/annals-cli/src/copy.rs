@@ -15,7 +15,12 @@ const KEYS: &str = "subjects.keys";
 /// master key) once both are closed: the source directory's key file, or `exported` from a
 /// source database's keys table. Opening it again appends the receipt of any erasure its log
 /// lacks.
-fn copy_keys(from: &str, to: &str, exported: Option<Vec<u8>>) -> Result<(), String> {
+fn copy_keys(
+    from: &str,
+    to: &str,
+    exported: Option<Vec<u8>>,
+    options: Options,
+) -> Result<(), String> {
     if annals::is_database_url(to) {
         return Ok(());
     }
@@ -27,9 +32,7 @@ fn copy_keys(from: &str, to: &str, exported: Option<Vec<u8>>) -> Result<(), Stri
     };
     annals::io::write_file_durably(&annals::io::RealIo, std::path::Path::new(to), KEYS, &bytes)
         .map_err(|e| format!("{to}: writing its key file: {e}"))?;
-    open_store(to, Options::default())?
-        .close()
-        .map_err(|e| e.to_string())
+    open_store(to, options)?.close().map_err(|e| e.to_string())
 }
 
 #[derive(clap::Args)]
@@ -41,6 +44,9 @@ pub struct CopyArgs {
     /// tables), or one a copy from the same source stopped in, which the copy resumes.
     #[arg(long, value_name = "DIR|URL")]
     to: String,
+    // The data subjects of both stores.
+    #[command(flatten)]
+    subjects: crate::subjects::SubjectArgs,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -52,15 +58,19 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
     }
     let keys = std::path::Path::new(&args.from).join(KEYS);
     let from_database = annals::is_database_url(&args.from);
-    let from = open_store(&args.from, Options::default())?;
-    let to = open_store(&args.to, Options::default())?;
+    let options = Options {
+        subjects: args.subjects.options()?,
+        ..Options::default()
+    };
+    let from = open_store(&args.from, options.clone())?;
+    let to = open_store(&args.to, options.clone())?;
     // Into a database, a source's data subjects' keys go into its keys table.
     let keys_into_table = annals::is_database_url(&args.to)
         && (from.has_subjects() || (!from_database && keys.exists()));
     if keys_into_table && !to.has_subjects() {
         return Err(format!(
             "{} keeps data subjects: give their tag prefixes and master key \
-             (ANNALS_SUBJECT_TAGS, ANNALS_MASTER_KEY_FILE) to copy their keys into the database",
+             (--subject-tags, --master-key-file) to copy their keys into the database",
             args.from
         ));
     }
@@ -100,7 +110,7 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
         to.import_subject_keys(&bytes).map_err(|e| e.to_string())?;
     }
     to.close().map_err(|e| e.to_string())?;
-    copy_keys(&args.from, &args.to, exported)?;
+    copy_keys(&args.from, &args.to, exported, options)?;
     let secs = started.elapsed().as_secs_f64();
     if args.json {
         let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;

@@ -25,6 +25,8 @@ pub struct Where {
     store: Option<String>,
     #[command(flatten)]
     server: RemoteArgs,
+    #[command(flatten)]
+    subjects: crate::subjects::SubjectArgs,
 }
 
 #[derive(clap::Args)]
@@ -77,7 +79,10 @@ pub struct AppendArgs {
     /// The event's data.
     #[arg(long, default_value = "", requires = "event_type")]
     data: String,
-    /// An id (UUID) that makes a retry idempotent.
+    /// The event's id (a UUID). An id is not a key: an append without a failing condition is
+    /// stored whatever ids it carries. Only under --condition is a retry recognised by ids:
+    /// when the condition fails and the first events matching it carry exactly these ids, the
+    /// append answers the position already stored instead of failing.
     #[arg(long, requires = "event_type")]
     id: Option<uuid::Uuid>,
     /// An append condition as JSON: '{"failIfEventsMatch":{"items":[...]},"after":n}'.
@@ -142,13 +147,28 @@ pub struct ExportArgs {
 pub struct ImportArgs {
     #[command(flatten)]
     at: Where,
-    /// NDJSON events (as `annals export` writes them); `-` for standard input. Positions in the
-    /// file are ignored: events get the next positions of the target store.
+    /// NDJSON events (as `annals export` writes them); `-` for standard input. An event keeps
+    /// the position its line gives: a line at or below the store's head must match the event
+    /// there and is skipped (so an interrupted import resumes without duplicates), and a file
+    /// that skips a position is refused. A line without a position is appended after the
+    /// store's events.
     #[arg(value_name = "FILE")]
     input: PathBuf,
     /// Events per append (each append is atomic).
     #[arg(long, default_value_t = 1000)]
     batch: usize,
+    /// Ignore the positions in the file: its events get the store's next positions (to add
+    /// an export of a query, or events from another store, after the events a store holds).
+    /// An interrupted import with this flag cannot resume: run again, it imports every line
+    /// again.
+    #[arg(long)]
+    new_positions: bool,
+    /// For a store without data subjects: import erased events as ordinary events with no
+    /// data (type, tags and id kept, so positions stay the same) and erasure receipts as
+    /// ordinary events. Without it, erased events are imported erased, which needs a store
+    /// with data subjects.
+    #[arg(long)]
+    erased_as_empty: bool,
 }
 
 /// Where the events are: a store opened here, or a server.
@@ -163,7 +183,13 @@ impl Target {
             return remote.map(Target::Url);
         }
         match &at.store {
-            Some(store) => open_store(store, Options::default()).map(|s| Target::Dir(Box::new(s))),
+            Some(store) => {
+                let options = Options {
+                    subjects: at.subjects.options()?,
+                    ..Options::default()
+                };
+                open_store(store, options).map(|s| Target::Dir(Box::new(s)))
+            }
             None => Err("say where the events are: --store DIR|postgres://... or --url URL".into()),
         }
     }
@@ -262,15 +288,47 @@ impl Target {
             }
         }
     }
+
+    /// Erases the data subject `tag` names (a server needs an admin key); answers the
+    /// position of the erasure's receipt.
+    fn erase(&mut self, tag: &str) -> Result<u64, String> {
+        match self {
+            Target::Dir(store) => store
+                .erase_subject(tag)
+                .map(|e| e.receipt)
+                .map_err(|e| e.to_string()),
+            Target::Url(remote) => {
+                let body = serde_json::json!({ "tag": tag }).to_string();
+                let answer = remote.call("POST", "/v1/admin/erase", body.into_bytes())?;
+                let v: serde_json::Value =
+                    serde_json::from_slice(&answer).map_err(|e| e.to_string())?;
+                v["receipt"]
+                    .as_u64()
+                    .ok_or_else(|| format!("unexpected answer {v}"))
+            }
+        }
+    }
+
+    /// The data subjects of a store opened here (None inside when it keeps none); None for a
+    /// server, which answers for its own when asked to erase.
+    fn subjects(&self) -> Option<Option<&annals::SubjectOptions>> {
+        match self {
+            Target::Dir(store) => Some(store.options().subjects.as_ref()),
+            Target::Url(_) => None,
+        }
+    }
+
+    fn close(self) -> Result<(), String> {
+        match self {
+            Target::Dir(store) => store.close().map_err(|e| e.to_string()),
+            Target::Url(_) => Ok(()),
+        }
+    }
 }
 
 /// Opens the store at a directory or PostgreSQL URL, naming it (without a password) in errors.
-/// The data subjects of `ANNALS_SUBJECT_TAGS` and `ANNALS_MASTER_KEY_FILE` apply unless the
-/// options name their own.
-pub(crate) fn open_store(location: &str, mut options: Options) -> Result<Store, String> {
-    if options.subjects.is_none() {
-        options.subjects = crate::subjects::subjects(None, None)?;
-    }
+/// Its data subjects are the options' (`SubjectArgs`, the same flags for every command).
+pub(crate) fn open_store(location: &str, options: Options) -> Result<Store, String> {
     Store::open_location(location, options).map_err(|e| {
         format!(
             "cannot open {}: {e}",
@@ -312,10 +370,9 @@ pub(crate) fn percent(s: &str) -> String {
     out
 }
 
-/// An event as the HTTP API takes it.
+/// An event as the HTTP API takes it: data that is not UTF-8 as base64 with its
+/// `dataEncoding`, as reads answer it.
 fn write_new_event(out: &mut Vec<u8>, event: &NewEvent) -> Result<(), String> {
-    let data = std::str::from_utf8(&event.data)
-        .map_err(|_| "event data that is not UTF-8 cannot travel over HTTP; use --dir")?;
     out.extend_from_slice(b"{\"type\":");
     wire::write_str(out, &event.event_type);
     out.extend_from_slice(b",\"tags\":[");
@@ -326,7 +383,14 @@ fn write_new_event(out: &mut Vec<u8>, event: &NewEvent) -> Result<(), String> {
         wire::write_str(out, tag);
     }
     out.extend_from_slice(b"],\"data\":");
-    wire::write_str(out, data);
+    match std::str::from_utf8(&event.data) {
+        Ok(data) => wire::write_str(out, data),
+        Err(_) => {
+            let data = base64::engine::general_purpose::STANDARD.encode(&event.data);
+            wire::write_str(out, &data);
+            out.extend_from_slice(b",\"dataEncoding\":\"base64\"");
+        }
+    }
     if let Some(id) = event.id {
         out.extend_from_slice(format!(",\"id\":\"{id}\"").as_bytes());
     }
@@ -342,7 +406,7 @@ fn write_new_event(out: &mut Vec<u8>, event: &NewEvent) -> Result<(), String> {
     Ok(())
 }
 
-/// One line of an import file: an event as `export` writes it (position and time ignored).
+/// One line of an import file: an event as `export` writes it (its time ignored).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ImportEvent {
@@ -360,14 +424,45 @@ struct ImportEvent {
     #[serde(default, rename = "dataEncoding")]
     data_encoding: Option<String>,
     #[serde(default)]
-    #[allow(dead_code)]
     position: Option<u64>,
+    /// An event whose data subject was erased: it has no data or metadata left.
+    #[serde(default)]
+    erased: bool,
     #[serde(default, rename = "appendedAt")]
     #[allow(dead_code)]
     appended_at: Option<u64>,
 }
 
+/// An event line parsed: the event to append, and what the line says of it.
+struct ImportLine {
+    number: usize,
+    event: NewEvent,
+    /// The position the line gives (an export's lines carry theirs).
+    position: Option<u64>,
+    erased: bool,
+}
+
+impl ImportLine {
+    /// Whether the line is the receipt of an erasure, which only a store's own erasure
+    /// appends.
+    fn is_receipt(&self) -> bool {
+        self.event.event_type == annals::SUBJECT_ERASED_TYPE
+    }
+}
+
+/// An event line for `append`, which takes no erased event (it has no data to append).
 fn parse_event(line: &[u8], number: usize) -> Result<NewEvent, String> {
+    let line = parse_line(line, number)?;
+    if line.erased {
+        return Err(format!(
+            "line {number}: an erased event has no data to append; `annals import` takes an \
+             export that holds erased events"
+        ));
+    }
+    Ok(line.event)
+}
+
+fn parse_line(line: &[u8], number: usize) -> Result<ImportLine, String> {
     let e: ImportEvent =
         serde_json::from_slice(line).map_err(|err| format!("line {number}: {err}"))?;
     let raw = e.data.get();
@@ -391,15 +486,26 @@ fn parse_event(line: &[u8], number: usize) -> Result<NewEvent, String> {
         }
         (Some(other), _) => return Err(format!("line {number}: unknown dataEncoding {other:?}")),
     };
-    Ok(NewEvent {
-        event_type: e.event_type,
-        tags: e.tags,
-        data,
-        metadata: e
-            .metadata
-            .map(|m| Bytes::copy_from_slice(m.get().as_bytes()))
-            .unwrap_or_default(),
-        id: e.id,
+    let metadata = e
+        .metadata
+        .map(|m| Bytes::copy_from_slice(m.get().as_bytes()))
+        .unwrap_or_default();
+    if e.erased && !(data.is_empty() && metadata.is_empty()) {
+        return Err(format!(
+            "line {number}: an erased event has no data or metadata, and this line gives some"
+        ));
+    }
+    Ok(ImportLine {
+        number,
+        event: NewEvent {
+            event_type: e.event_type,
+            tags: e.tags,
+            data,
+            metadata,
+            id: e.id,
+        },
+        position: e.position,
+        erased: e.erased,
     })
 }
 
@@ -556,13 +662,19 @@ fn print_line(out: &mut impl Write, line: &[u8], format: Format) -> Result<(), S
                 _ => text.as_bytes().to_vec(),
             };
             let width = terminal_width().saturating_sub(LEFT_COLUMNS).max(16);
+            // An erased event has no data left; an empty column would read as empty data.
+            let shown = if v["erased"] == true {
+                "(erased: its data subject was erased)".to_string()
+            } else {
+                cut(&shown_data(&data), width)
+            };
             writeln!(
                 out,
                 "{:>10}  {:<24}  {:<32}  {}",
                 v["position"].as_u64().unwrap_or(0),
                 v["type"].as_str().unwrap_or(""),
                 tags.join(","),
-                cut(&shown_data(&data), width)
+                shown
             )
         }
     };
@@ -727,50 +839,525 @@ pub fn import(args: ImportArgs) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", args.input.display()))?;
         Box::new(std::io::BufReader::with_capacity(1 << 20, file))
     };
-    let mut target = Target::open(&args.at)?;
-    let mut progress = Progress::new("imported");
-    let mut batch = Vec::with_capacity(args.batch.max(1));
-    let mut n = 0u64;
-    let mut appends = 0u64;
-    let mut first = None;
-    let mut last = 0;
-    let mut flush = |batch: &mut Vec<NewEvent>, n: &mut u64| -> Result<(), String> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let position = target
-            .append(batch, None)?
-            .map_err(|p| format!("unexpected conflict at {p}"))?;
-        first.get_or_insert(position + 1 - batch.len() as u64);
-        last = position;
-        appends += 1;
-        *n += batch.len() as u64;
-        batch.clear();
-        Ok(())
-    };
+    let mut import = Import::new(&args);
     for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| e.to_string())?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        batch.push(parse_event(line.as_bytes(), i + 1).map_err(|e| {
-            format!(
-                "{e} (events before line {} were imported)",
-                i + 1 - batch.len()
-            )
-        })?);
-        if batch.len() >= args.batch.max(1) {
-            flush(&mut batch, &mut n)?;
-            progress.update(n);
+        let taken = line
+            .map_err(|e| format!("line {}: {e}", i + 1))
+            .and_then(|line| {
+                if line.trim().is_empty() {
+                    return Ok(());
+                }
+                import.take(parse_line(line.as_bytes(), i + 1)?)
+            });
+        if let Err(e) = taken {
+            return Err(import.abandon(e, true));
         }
     }
-    flush(&mut batch, &mut n)?;
-    let detail = match first {
-        Some(f) => format!(" in {appends} appends, positions {f}..={last}"),
-        None => String::new(),
-    };
-    progress.finish(n, &detail);
-    Ok(())
+    import.finish()
+}
+
+/// What an import made to hold its store, judged before the store is opened. When the import
+/// fails with nothing imported it is removed again, so that a failed import leaves no empty
+/// store behind. A database is not judged (whether its tables were there before is not known
+/// here); the store is opened only once the first line has parsed.
+enum Made {
+    /// The directory did not exist.
+    Directory(PathBuf),
+    /// The directory existed, empty.
+    Contents(PathBuf),
+}
+
+impl Made {
+    fn of(at: &Where) -> Option<Made> {
+        if at.server.url.is_some() {
+            return None;
+        }
+        let location = at.store.as_deref()?;
+        if annals::is_database_url(location) {
+            return None;
+        }
+        let dir = PathBuf::from(location);
+        match std::fs::read_dir(&dir).map(|mut entries| entries.next().is_none()) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(Made::Directory(dir)),
+            Ok(true) => Some(Made::Contents(dir)),
+            _ => None,
+        }
+    }
+
+    fn remove(self) -> std::io::Result<()> {
+        match self {
+            Made::Directory(dir) => match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                removed => removed,
+            },
+            Made::Contents(dir) => {
+                for entry in std::fs::read_dir(&dir)? {
+                    let path = entry?.path();
+                    if path.is_dir() {
+                        std::fs::remove_dir_all(&path)?;
+                    } else {
+                        std::fs::remove_file(&path)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// An import under way. The file is read as a log from position 1: each line's event keeps
+/// the position the line gives; a line at or below the store's head is compared with the
+/// event there and skipped, the others are appended in atomic batches, each only while the
+/// store's head is the one the import knows. Unless `--erased-as-empty`, an erased event is
+/// appended with no data under its subject's tag, and the receipt of an erasure is not
+/// appended as it is (a store appends only its own) but done: the subject is erased in the
+/// store, whose receipt then takes the line's position.
+struct Import<'a> {
+    args: &'a ImportArgs,
+    /// Opened once the first line has parsed, so that a file that holds no events makes no
+    /// store.
+    target: Option<Target>,
+    made: Option<Made>,
+    /// The store's head: its events, this import's included.
+    head: u64,
+    /// The events of the next append, and the line of the last of them.
+    batch: Vec<NewEvent>,
+    batch_line: usize,
+    /// Lines at or below the head, to compare with the store's events at their positions.
+    held: Vec<ImportLine>,
+    /// The position of the previous line's event.
+    previous: u64,
+    /// The last line whose event is in the store (appended, found there, or erased).
+    through_line: usize,
+    found: u64,
+    appended: u64,
+    appends: u64,
+    first: Option<u64>,
+    last: u64,
+    /// Erased events whose subject the store has not erased yet: line, position, tags.
+    unerased: Vec<(usize, u64, Vec<String>)>,
+    /// The receipts of the erasures this import made, by position.
+    receipts: Vec<u64>,
+    progress: Progress,
+}
+
+impl<'a> Import<'a> {
+    fn new(args: &'a ImportArgs) -> Self {
+        Import {
+            args,
+            target: None,
+            made: None,
+            head: 0,
+            batch: Vec::with_capacity(args.batch.clamp(1, 1 << 16)),
+            batch_line: 0,
+            held: Vec::new(),
+            previous: 0,
+            through_line: 0,
+            found: 0,
+            appended: 0,
+            appends: 0,
+            first: None,
+            last: 0,
+            unerased: Vec::new(),
+            receipts: Vec::new(),
+            progress: Progress::new("imported"),
+        }
+    }
+
+    fn batch_max(&self) -> usize {
+        self.args.batch.max(1)
+    }
+
+    fn open(&mut self) -> Result<(), String> {
+        self.made = Made::of(&self.args.at);
+        let target = self.target.insert(Target::open(&self.args.at)?);
+        if self.args.erased_as_empty && matches!(target.subjects(), Some(Some(_))) {
+            return Err(
+                "--erased-as-empty is for a store without data subjects: this one keeps \
+                 them, and an import into it keeps erased events erased"
+                    .into(),
+            );
+        }
+        self.head = target.head()?;
+        Ok(())
+    }
+
+    fn take(&mut self, mut line: ImportLine) -> Result<(), String> {
+        if self.target.is_none() {
+            self.open()?;
+        }
+        let next = self.head + self.batch.len() as u64 + 1;
+        let position = match line.position.filter(|_| !self.args.new_positions) {
+            None => next,
+            Some(p) if p == self.previous + 1 => p,
+            Some(p) if p > self.previous + 1 => {
+                return Err(format!(
+                    "line {}: position {p} follows position {}: the file skips positions (an \
+                     export of a query?); give --new-positions to import its events at the \
+                     store's next positions",
+                    line.number, self.previous
+                ))
+            }
+            Some(p) => {
+                return Err(format!(
+                    "line {}: position {p} does not follow position {}: an export's positions \
+                     ascend one by one",
+                    line.number, self.previous
+                ))
+            }
+        };
+        self.previous = position;
+        if position <= self.head {
+            line.position = Some(position);
+            self.held.push(line);
+            if self.held.len() >= self.batch_max() {
+                self.compare()?;
+            }
+            return Ok(());
+        }
+        // Lines at or below the head come first (positions ascend), so none is held past here.
+        self.compare()?;
+        self.push(line, next)
+    }
+
+    fn push(&mut self, line: ImportLine, position: u64) -> Result<(), String> {
+        if !self.args.erased_as_empty && (line.erased || line.is_receipt()) {
+            self.check_erasable(&line)?;
+            if line.is_receipt() {
+                return self.erase(&line, position);
+            }
+            self.unerased
+                .push((line.number, position, line.event.tags.clone()));
+        }
+        self.batch.push(line.event);
+        self.batch_line = line.number;
+        if self.batch.len() >= self.batch_max() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Refuses an erased event or a receipt that the store opened here could not keep
+    /// erased; a server answers for itself when asked to erase.
+    fn check_erasable(&self, line: &ImportLine) -> Result<(), String> {
+        let Some(subjects) = self.target.as_ref().and_then(Target::subjects) else {
+            return Ok(());
+        };
+        let what = if line.is_receipt() {
+            "is the receipt of an erasure"
+        } else {
+            "is an erased event"
+        };
+        match subjects {
+            None => Err(format!(
+                "line {} {what}, and this store keeps no data subjects, in which an erasure \
+                 cannot hold: open it with the subject tags and master key it is to keep \
+                 (--subject-tags, --master-key-file), or give --erased-as-empty to import \
+                 erased events as ordinary events with no data",
+                line.number
+            )),
+            Some(s) if !line.event.tags.iter().any(|t| s.is_subject(t)) => Err(format!(
+                "line {} {what}, and none of its tags ({}) names a data subject of this store \
+                 (its subject tag prefixes: {})",
+                line.number,
+                line.event.tags.join(", "),
+                s.tag_prefixes.join(", ")
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Appends the batch. With positions kept, the append holds only while the store's head
+    /// is the one this import knows, so that no event lands at another position than its
+    /// line gives (another writer's append fails it instead).
+    fn flush(&mut self) -> Result<(), String> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let count = self.batch.len() as u64;
+        let head = self.head;
+        let condition =
+            (!self.args.new_positions).then(|| AppendCondition::new(Query::all(), Some(head)));
+        let Some(target) = self.target.as_mut() else {
+            return Err("the store is not open".into());
+        };
+        let last = match target.append(&self.batch, condition.as_ref())? {
+            Ok(last) => last,
+            Err(p) => {
+                return Err(format!(
+                    "another writer appended to the store during the import (its event at \
+                     position {p}), so the events of the lines through {} would not keep \
+                     their positions; nothing of them was appended",
+                    self.batch_line
+                ))
+            }
+        };
+        if !self.args.new_positions && last != head + count {
+            return Err(format!(
+                "the events of the lines through {} landed at positions {}..={last}, not \
+                 after the store's head {head}: another writer appended meanwhile",
+                self.batch_line,
+                last + 1 - count
+            ));
+        }
+        self.head = last;
+        self.appended += count;
+        self.appends += 1;
+        self.first.get_or_insert(last + 1 - count);
+        self.last = last;
+        self.through_line = self.batch_line;
+        self.batch.clear();
+        self.progress.update(self.appended + self.found);
+        Ok(())
+    }
+
+    /// Does the erasure a receipt line stands for: the events before it appended first, the
+    /// subject erased in the store, its receipt at the line's position.
+    fn erase(&mut self, line: &ImportLine, position: u64) -> Result<(), String> {
+        let [tag] = line.event.tags.as_slice() else {
+            return Err(format!(
+                "line {}: the receipt of an erasure carries its subject's tag alone; this one \
+                 has {} tags",
+                line.number,
+                line.event.tags.len()
+            ));
+        };
+        self.flush()?;
+        let Some(target) = self.target.as_mut() else {
+            return Err("the store is not open".into());
+        };
+        let hint = match target {
+            Target::Url(_) => {
+                " (a server erases for an admin key only; into a server without data subjects, \
+                 give --erased-as-empty)"
+            }
+            Target::Dir(_) => "",
+        };
+        let receipt = target.erase(tag).map_err(|e| {
+            format!(
+                "line {} is the receipt of {tag}'s erasure, and erasing {tag} in the store \
+                 failed: {e}{hint}",
+                line.number
+            )
+        })?;
+        if receipt != position {
+            return Err(format!(
+                "line {}: {tag} is erased in the store with its receipt at position {receipt}, \
+                 not at this line's position {position}",
+                line.number
+            ));
+        }
+        self.head = receipt;
+        self.through_line = line.number;
+        self.receipts.push(receipt);
+        self.unerased
+            .retain(|(_, _, tags)| !tags.iter().any(|t| t == tag));
+        Ok(())
+    }
+
+    /// Compares the held lines with the store's events at their positions: the same type,
+    /// tags and id, and the same data and metadata unless the event is erased (or the line is
+    /// a receipt, whose data holds the time of the erasure).
+    fn compare(&mut self) -> Result<(), String> {
+        let (Some(first), Some(last)) = (self.held.first(), self.held.last()) else {
+            return Ok(());
+        };
+        let from = first.position.unwrap_or(1);
+        let to = last.position.unwrap_or(from);
+        let mut options = ReadOptions::forwards();
+        options.from = Some(from);
+        options.limit = Some(to + 1 - from);
+        let mut stored = Vec::with_capacity(self.held.len());
+        let Some(target) = self.target.as_mut() else {
+            return Err("the store is not open".into());
+        };
+        target.read(&Query::all(), options, |bytes| {
+            stored.push(parse_line(bytes, 0).map_err(|e| format!("the store's event: {e}"))?);
+            Ok(true)
+        })?;
+        let held = std::mem::take(&mut self.held);
+        let erasing = !self.args.erased_as_empty;
+        for line in &held {
+            let position = line.position.unwrap_or(0);
+            let event = usize::try_from(position - from)
+                .ok()
+                .and_then(|i| stored.get(i))
+                .filter(|e| e.position == Some(position))
+                .ok_or_else(|| {
+                    format!(
+                        "line {}: the store holds no event at position {position}",
+                        line.number
+                    )
+                })?;
+            // Data is not compared where it is gone (an erased event, or one the store is to
+            // erase), nor in a receipt, whose data holds the time of its erasure.
+            let data_gone = line.is_receipt() || event.erased || (line.erased && erasing);
+            if let Some(difference) = difference(line, event, !data_gone) {
+                return Err(format!(
+                    "line {} is not the store's event at position {position} ({difference}): \
+                     the store holds other events than the file's; import into an empty \
+                     store, or give --new-positions to add the file's events after the \
+                     store's",
+                    line.number
+                ));
+            }
+            if erasing && line.is_receipt() {
+                // The store's own receipt is there: the subject is erased in it.
+                self.unerased
+                    .retain(|(_, _, tags)| !tags.iter().any(|t| line.event.tags.contains(t)));
+            } else if erasing && line.erased && !event.erased {
+                self.check_erasable(line)?;
+                self.unerased
+                    .push((line.number, position, line.event.tags.clone()));
+            }
+            self.found += 1;
+            self.through_line = line.number;
+        }
+        self.progress.update(self.appended + self.found);
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), String> {
+        if let Err(e) = self.compare().and_then(|()| self.flush()) {
+            return Err(self.abandon(e, true));
+        }
+        if !self.unerased.is_empty() {
+            let e = self.unerased_events();
+            return Err(self.abandon(e, false));
+        }
+        if let Some(target) = self.target.take() {
+            target
+                .close()
+                .map_err(|e| format!("closing the store: {e}"))?;
+        }
+        let mut detail = String::new();
+        if let Some(first) = self.first {
+            detail.push_str(&format!(
+                " in {} appends, positions {first}..={}",
+                self.appends, self.last
+            ));
+        }
+        if self.found > 0 {
+            detail.push_str(&format!(
+                "; {} lines found in the store already, skipped",
+                self.found
+            ));
+        }
+        if !self.receipts.is_empty() {
+            detail.push_str(&format!(
+                "; {} subjects erased, their receipts at positions {}",
+                self.receipts.len(),
+                listed(&self.receipts)
+            ));
+        }
+        self.progress.finish(self.appended, &detail);
+        Ok(())
+    }
+
+    /// Why erased events whose subject the file never erases were left readable.
+    fn unerased_events(&self) -> String {
+        let subjects = self.target.as_ref().and_then(Target::subjects).flatten();
+        let mut tags: Vec<&str> = self
+            .unerased
+            .iter()
+            .flat_map(|(_, _, tags)| tags)
+            .filter(|t| subjects.is_none_or(|s| s.is_subject(t)))
+            .map(String::as_str)
+            .collect();
+        tags.sort_unstable();
+        tags.dedup();
+        let positions: Vec<u64> = self.unerased.iter().map(|(_, p, _)| *p).collect();
+        format!(
+            "{} erased events (line {} first, positions {}) have no receipt of their erasure \
+             after them in the file (as an export of a query may leave out): they are in the \
+             store with no data, but not erased; erase their subject there (annals erase \
+             TAG; their tags: {})",
+            self.unerased.len(),
+            self.unerased[0].0,
+            listed(&positions),
+            tags.join(", ")
+        )
+    }
+
+    /// The message of a failed import: `error`, then what the store holds of the file.
+    /// `resumable`: whether running the same import again goes on where this one stopped.
+    fn abandon(mut self, error: String, resumable: bool) -> String {
+        let mut message = error;
+        if let Some(target) = self.target.take() {
+            if let Err(e) = target.close() {
+                message.push_str(&format!("; closing the store failed: {e}"));
+            }
+        }
+        if self.appended == 0 && self.found == 0 && self.receipts.is_empty() {
+            message.push_str("; nothing was imported");
+            if let Some(made) = self.made.take() {
+                if let Err(e) = made.remove() {
+                    message.push_str(&format!(
+                        " (the empty store it began could not be removed: {e})"
+                    ));
+                }
+            }
+            return message;
+        }
+        let mut done = Vec::new();
+        if self.found > 0 {
+            done.push(format!("{} found there already", self.found));
+        }
+        if let Some(first) = self.first {
+            done.push(format!(
+                "{} appended at positions {first}..={}",
+                self.appended, self.last
+            ));
+        }
+        if !self.receipts.is_empty() {
+            done.push(format!(
+                "{} subjects erased, receipts at positions {}",
+                self.receipts.len(),
+                listed(&self.receipts)
+            ));
+        }
+        message.push_str(&format!(
+            "; the store holds the file's lines through line {} ({})",
+            self.through_line,
+            done.join(", ")
+        ));
+        if self.args.new_positions {
+            message.push_str(
+                "; with --new-positions an import run again imports every line again: import \
+                 the lines after it only",
+            );
+        } else if resumable {
+            message.push_str("; run the same import again to resume after them");
+        }
+        message
+    }
+}
+
+/// What differs between a line and the store's event at its position, if anything.
+fn difference(line: &ImportLine, stored: &ImportLine, data_too: bool) -> Option<&'static str> {
+    if line.event.event_type != stored.event.event_type {
+        Some("another type")
+    } else if line.event.tags != stored.event.tags {
+        Some("other tags")
+    } else if line.event.id != stored.event.id {
+        Some("another id")
+    } else if data_too && line.event.data != stored.event.data {
+        Some("other data")
+    } else if data_too && line.event.metadata != stored.event.metadata {
+        Some("other metadata")
+    } else {
+        None
+    }
+}
+
+/// Positions for a message: the first few, then how many more.
+fn listed(positions: &[u64]) -> String {
+    const SHOWN: usize = 8;
+    let mut text: Vec<String> = positions.iter().take(SHOWN).map(u64::to_string).collect();
+    if positions.len() > SHOWN {
+        text.push(format!("and {} more", positions.len() - SHOWN));
+    }
+    text.join(", ")
 }
 
 #[cfg(test)]

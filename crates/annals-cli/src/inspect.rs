@@ -31,6 +31,10 @@ pub struct VerifyArgs {
     at: StoreLocation,
     #[command(flatten)]
     server: crate::remote::RemoteArgs,
+    // A data directory's records are checked without opening the store, so without the
+    // subjects' keys; a database is opened, with them.
+    #[command(flatten)]
+    subjects: crate::subjects::SubjectArgs,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -42,6 +46,8 @@ pub struct StatsArgs {
     at: StoreLocation,
     #[command(flatten)]
     server: crate::remote::RemoteArgs,
+    #[command(flatten)]
+    subjects: crate::subjects::SubjectArgs,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -81,7 +87,11 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
     }
     let store = args.at.location()?;
     if annals::is_database_url(&store) {
-        return verify_database(&store, args.json);
+        let options = Options {
+            subjects: args.subjects.options()?,
+            ..Options::default()
+        };
+        return verify_database(&store, options, args.json);
     }
     let dir = PathBuf::from(store);
     // SAFETY: isatty only inspects the descriptor.
@@ -135,7 +145,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
 
 /// `verify postgres://...`: opening loads every row of the log, each checked (well-formed,
 /// gapless); then the live check reads every event back and compares the index with the log.
-fn verify_database(url: &str, json: bool) -> Result<(), String> {
+fn verify_database(url: &str, options: Options, json: bool) -> Result<(), String> {
     // SAFETY: isatty only inspects the descriptor.
     let tty = unsafe { libc::isatty(2) } == 1;
     if tty {
@@ -144,7 +154,7 @@ fn verify_database(url: &str, json: bool) -> Result<(), String> {
             annals_server::config::redact_password(url)
         );
     }
-    let store = crate::data::open_store(url, Options::default())?;
+    let store = crate::data::open_store(url, options)?;
     let check = store
         .check(&mut |done, head| {
             if tty {
@@ -226,15 +236,57 @@ fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Res
                 "bytes_shipped": value("annals_backup_bytes_shipped_total") as u64,
                 "failures": value("annals_backup_failures_total") as u64,
             })),
+        "replica": text
+            .lines()
+            .any(|l| l.starts_with("annals_replica_lag_positions "))
+            .then(|| serde_json::json!({
+                "state": text
+                    .lines()
+                    .find(|l| l.starts_with("annals_replica_state{") && l.ends_with(" 1"))
+                    .and_then(|l| l.split('"').nth(1))
+                    .unwrap_or("unknown"),
+                "backup_position": value("annals_replica_backup_position") as u64,
+                "lag_positions": value("annals_replica_lag_positions") as u64,
+                "lag_seconds": value("annals_replica_lag_seconds"),
+                "last_poll_age_seconds": value("annals_replica_last_poll_age_seconds"),
+                "objects_read": value("annals_replica_objects_read_total") as u64,
+                "failures": value("annals_replica_failures_total") as u64,
+            })),
+        "ready": value("annals_ready") > 0.0,
     });
     if json {
         println!("{report}");
     } else {
-        for (k, v) in report.as_object().into_iter().flatten() {
-            println!("{:<18} {}", format!("{k}:"), v);
-        }
+        print_table(&report, 0);
     }
     Ok(())
+}
+
+/// Prints a JSON object as a table for people: one line per field, text without quotes,
+/// `none` for null, and a nested object's fields indented under its name.
+fn print_table(value: &serde_json::Value, indent: usize) {
+    for (k, v) in value.as_object().into_iter().flatten() {
+        let name = format!("{:indent$}{k}:", "");
+        match v {
+            serde_json::Value::Object(_) => {
+                println!("{name}");
+                print_table(v, indent + 2);
+            }
+            serde_json::Value::String(text) => println!("{name:<24} {text}"),
+            serde_json::Value::Null => println!("{name:<24} none"),
+            other => println!("{name:<24} {other}"),
+        }
+    }
+}
+
+/// How the opened store's index was had, in words.
+fn index_source(index: &annals::IndexSource) -> String {
+    match index {
+        annals::IndexSource::Checkpoint { scanned_events } => {
+            format!("index from its checkpoint, {scanned_events} events scanned after it")
+        }
+        annals::IndexSource::Rebuilt { reason } => format!("index rebuilt from the log: {reason}"),
+    }
 }
 
 pub fn stats(args: StatsArgs) -> Result<(), String> {
@@ -243,8 +295,13 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         return server_stats(remote?, &url, args.json);
     }
     let location = args.at.location()?;
+    let subjects = args.subjects.options()?;
     if annals::is_database_url(&location) {
-        let store = crate::data::open_store(&location, Options::default())?;
+        let options = Options {
+            subjects,
+            ..Options::default()
+        };
+        let store = crate::data::open_store(&location, options)?;
         return print_stats(&store, args.json);
     }
     let dir = PathBuf::from(location);
@@ -262,7 +319,7 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
     let options = Options {
         durability: Durability::Written,
         checkpoint_on_close: false,
-        subjects: crate::subjects::subjects(None, None)?,
+        subjects,
         ..Options::default()
     };
     let store = Store::open(&dir, options).map_err(|e| e.to_string())?;
@@ -274,8 +331,14 @@ fn print_stats(store: &Store, json: bool) -> Result<(), String> {
     let report = store.open_report().clone();
     if json {
         let mut value = serde_json::to_value(&stats).map_err(|e| e.to_string())?;
+        // The durability class is a running server's setting, not the store's: this command
+        // opened the store in a class of its own choosing, which says nothing about it.
+        if let Some(fields) = value.as_object_mut() {
+            fields.remove("durability");
+            fields.remove("durability_description");
+        }
         value["open_ms"] = report.open_ms.into();
-        value["index_source"] = format!("{:?}", report.index).into();
+        value["index_source"] = index_source(&report.index).into();
         println!("{value}");
     } else {
         println!("head:        {}", stats.head);
@@ -288,10 +351,14 @@ fn print_stats(store: &Store, json: bool) -> Result<(), String> {
         }
         println!("types/tags:  {} / {}", stats.types, stats.tags);
         println!(
-            "index:       {} bytes ({:.1} per event)",
+            "index:       {} bytes in memory; {:.1} bytes per event",
             stats.index_bytes, stats.index_bytes_per_event
         );
-        println!("opened in:   {:.1} ms ({:?})", report.open_ms, report.index);
+        println!(
+            "opened in:   {:.1} ms ({})",
+            report.open_ms,
+            index_source(&report.index)
+        );
         if let Some(free) = stats.disk_free_bytes {
             println!("disk free:   {free} bytes");
         }

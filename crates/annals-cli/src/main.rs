@@ -69,6 +69,8 @@ enum Command {
     ///
     /// Data may be any JSON value, as for `annals append`: a string is stored as it is (what
     /// export writes imports byte for byte), anything else as its compact JSON text.
+    /// Events keep their positions (run again, an interrupted import resumes); erased
+    /// events stay erased in a store with data subjects; appendedAt becomes the import's time.
     ///
     /// Example: annals import --store ./restored backup.ndjson
     #[command(verbatim_doc_comment)]
@@ -91,8 +93,9 @@ enum Command {
     ///   annals verify --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     #[command(verbatim_doc_comment)]
     Verify(inspect::VerifyArgs),
-    /// Print a store's head, segments, index size and durability class, or a running
-    /// server's (with --url).
+    /// Print a closed store's head, segments and index size, or a running server's head,
+    /// durability class and counters (with --url). A closed store has no class of its own:
+    /// the class is a setting of the server that serves it.
     ///
     /// Examples:
     ///   annals stats --store ./data --json  (or: annals stats ./data --json)
@@ -116,9 +119,11 @@ enum Command {
     Backup(backup::BackupCommand),
     /// Erase a data subject: its key is deleted, so that every event carrying its tag reads
     /// back without data, everywhere the store keeps it; a receipt (annals.SubjectErased)
-    /// is appended. Against a running server (admin key) or a closed store.
+    /// is appended. Against a running server (admin key) or a closed store. Erasure is
+    /// permanent: a tag no event carries is refused unless --force; --dry-run only counts.
     ///
     /// Examples:
+    ///   annals erase customer:42 --dry-run --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     ///   annals erase customer:42 --url http://127.0.0.1:7400 --api-key $ADMIN_KEY
     ///   annals erase customer:42 --store ./data --subject-tags customer: --master-key-file master.key
     #[command(verbatim_doc_comment)]

@@ -223,6 +223,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     runtime.block_on(serve(config))
 }
 
+const GIB: f64 = (1u64 << 30) as f64;
+
 async fn serve(config: Config) -> Result<(), String> {
     let keys = config.api_keys.len();
     let threads = config.runtime_threads();
@@ -231,6 +233,7 @@ async fn serve(config: Config) -> Result<(), String> {
     let durability = config.durability;
     let location = config.store_description();
     let exchange = config.exchange.clone();
+    let console = config.console;
     let (source, read) = match config.replica_of.is_some() {
         true => ("backup", "objects read from the backup"),
         false => ("database", "appends read from the database"),
@@ -241,10 +244,15 @@ async fn serve(config: Config) -> Result<(), String> {
     let server = Server::start(config).await?;
     let report = server.store.open_report().clone();
     let scheme = if tls { "https" } else { "http" };
+    // A replica acknowledges no appends: its class is what it serves, whatever the flag says.
+    let class = match server.store.backend() {
+        "replica" => server.store.stats().durability_description,
+        _ => durability.description(),
+    };
     println!(
         "annals: serving {} ({}), head {}, opened in {:.1} ms ({})",
         location,
-        durability.description(),
+        class,
         server.store.head(),
         report.open_ms,
         match (&report.index, &report.mirror) {
@@ -253,12 +261,36 @@ async fn serve(config: Config) -> Result<(), String> {
                 format!("index built from the {source}"),
             (annals::IndexSource::Checkpoint { scanned_events }, _) =>
                 format!("index from checkpoint, {scanned_events} events scanned after it"),
+            // A store made by this start has no checkpoint yet; nothing was lost.
+            (annals::IndexSource::Rebuilt { .. }, _) if server.store.head() == 0 =>
+                "new store".to_string(),
             (annals::IndexSource::Rebuilt { reason }, _) => format!("index rebuilt: {reason}"),
         }
     );
+    match (
+        server.store.subject_prefixes(),
+        server.store.subject_counts(),
+    ) {
+        (Some(prefixes), Some((live, erased))) => println!(
+            "annals: data subjects on: tags beginning {} are sealed under their subject's key \
+             ({live} subjects with a key, {erased} erased)",
+            prefixes.join(", ")
+        ),
+        _ => println!("annals: data subjects off: events are stored as given"),
+    }
     if let Some(mirror) = &report.mirror {
         let kept = match (&mirror.kept, mirror.resumed_at, &mirror.rebuilt) {
-            (None, _, _) => "in a temporary directory".to_string(),
+            // Named, with the room left there: the copy is as large as the log, and the
+            // file system of temporary files is often small.
+            (None, _, _) => format!(
+                "in the temporary directory {}{}, removed at stop (--mirror DIR keeps it \
+                 elsewhere, across restarts)",
+                server.store.dir().display(),
+                match server.store.io().available_bytes(server.store.dir()) {
+                    Ok(Some(free)) => format!(" ({:.1} GiB free there)", free as f64 / GIB),
+                    _ => String::new(),
+                }
+            ),
             (Some(dir), Some(at), _) => {
                 format!("kept in {}, used as closed at position {at}", dir.display())
             }
@@ -292,6 +324,9 @@ async fn serve(config: Config) -> Result<(), String> {
         "annals: http {scheme}://{}/v1 ({threads} network threads)",
         server.http_addr
     );
+    if console {
+        println!("annals: console {scheme}://{}/", server.http_addr);
+    }
     if let (Some(started), Some(exchange)) = (server.exchange_started(), &exchange) {
         println!(
             "annals: exchange {} ({}): {} commands in the journal, {} replayed{}, {} live \

@@ -24,12 +24,9 @@ pub enum MasterKeyCommand {
         /// The closed store's data directory, or a PostgreSQL URL.
         #[arg(long, visible_alias = "dir", value_name = "DIR")]
         store: String,
-        /// The store's subject tag prefixes, comma separated. Env: ANNALS_SUBJECT_TAGS
-        #[arg(long, value_name = "PREFIXES")]
-        subject_tags: Option<String>,
-        /// The master key file the store opens with now. Env: ANNALS_MASTER_KEY_FILE
-        #[arg(long, value_name = "FILE")]
-        master_key_file: Option<PathBuf>,
+        // The store's subject tag prefixes, and the master key file it opens with now.
+        #[command(flatten)]
+        subjects: SubjectArgs,
         /// The new master key file (`annals master-key new`).
         #[arg(long, value_name = "FILE")]
         new_master_key_file: PathBuf,
@@ -45,11 +42,11 @@ pub fn master_key(command: MasterKeyCommand) -> Result<(), String> {
         }
         MasterKeyCommand::Rotate {
             store,
-            subject_tags,
-            master_key_file,
+            subjects,
             new_master_key_file,
         } => {
-            let subjects = subjects(subject_tags.as_deref(), master_key_file)?
+            let subjects = subjects
+                .options()?
                 .ok_or("rotating needs the store's subject tags and its master key file")?;
             let text = std::fs::read_to_string(&new_master_key_file)
                 .map_err(|e| format!("cannot read {}: {e}", new_master_key_file.display()))?;
@@ -86,50 +83,118 @@ pub struct EraseArgs {
     store: Option<String>,
     #[command(flatten)]
     server: crate::remote::RemoteArgs,
-    /// With --store: the tag prefixes of data subjects, comma separated. Env:
-    /// ANNALS_SUBJECT_TAGS
-    #[arg(long, value_name = "PREFIXES")]
-    subject_tags: Option<String>,
-    /// With --store: the store's master key file. Env: ANNALS_MASTER_KEY_FILE
-    #[arg(long, value_name = "FILE")]
-    master_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    subjects: SubjectArgs,
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
+    /// Count the events the erasure would make unreadable, and erase nothing.
+    #[arg(long, conflicts_with = "force")]
+    dry_run: bool,
+    /// Erase the subject even when no event carries its tag (a mistyped tag, say). Erasure
+    /// is permanent: every later append naming the subject is refused.
+    #[arg(long)]
+    force: bool,
 }
 
-/// The data subjects set by `ANNALS_SUBJECT_TAGS` and `ANNALS_MASTER_KEY_FILE` (and the
-/// given flags over them), as `annals serve` reads them.
-pub fn subjects(
-    tags: Option<&str>,
-    key_file: Option<PathBuf>,
-) -> Result<Option<annals::SubjectOptions>, String> {
-    let mut config = annals_server::Config::default();
-    config.apply_env(
-        std::env::vars()
-            .filter(|(k, _)| k == "ANNALS_SUBJECT_TAGS" || k == "ANNALS_MASTER_KEY_FILE"),
-    )?;
-    if let Some(tags) = tags {
-        config.subject_tags = annals_server::config::split_list(tags);
+/// What a store holds of one data subject: the events carrying its tag (its erasure
+/// receipts aside), and whether a receipt says it was erased already.
+#[derive(Default)]
+struct Holding {
+    events: u64,
+    erased: bool,
+}
+
+impl Holding {
+    fn count(&mut self, event_type: &str) {
+        if event_type == annals::SUBJECT_ERASED_TYPE {
+            self.erased = true;
+        } else {
+            self.events += 1;
+        }
     }
-    if let Some(file) = key_file {
-        config.master_key_file = Some(file);
+
+    /// Refuses to erase a subject no event carries, unless forced: the erasure would make
+    /// nothing unreadable, yet refuse the subject for ever.
+    fn check(&self, tag: &str, force: bool) -> Result<(), String> {
+        if self.events == 0 && !self.erased && !force {
+            return Err(format!(
+                "no event carries {tag}: erasing it would make 0 events unreadable, yet it is \
+                 permanent (every later append naming {tag} is refused); check the tag, or \
+                 give --force to erase it anyway"
+            ));
+        }
+        Ok(())
     }
-    config.subjects()
+}
+
+/// The query of every event carrying `tag`.
+fn tagged(tag: &str) -> annals::Query {
+    annals::Query::item(annals::QueryItem::tags([tag]))
+}
+
+fn events(n: u64) -> String {
+    if n == 1 {
+        "1 event".to_string()
+    } else {
+        format!("{n} events")
+    }
+}
+
+/// The data subjects of a store a command opens itself (a closed store): the same flags and
+/// variables as `annals serve` takes, shared by every command that opens a store, so that
+/// the flag an error asks for is one the command takes.
+#[derive(clap::Args, Clone, Default)]
+pub struct SubjectArgs {
+    /// For a store with data subjects: their tag prefixes, comma separated (customer:,employee:),
+    /// as the store was served with. Env: ANNALS_SUBJECT_TAGS
+    #[arg(long, value_name = "PREFIXES", env = "ANNALS_SUBJECT_TAGS")]
+    pub subject_tags: Option<String>,
+    /// For a store with data subjects: the file holding its master key. Env:
+    /// ANNALS_MASTER_KEY_FILE
+    #[arg(long, value_name = "FILE", env = "ANNALS_MASTER_KEY_FILE")]
+    pub master_key_file: Option<PathBuf>,
+}
+
+impl SubjectArgs {
+    /// The store options' data subjects, read and checked as `annals serve` does (the master
+    /// key read from its file); none when neither is given.
+    pub fn options(&self) -> Result<Option<annals::SubjectOptions>, String> {
+        let mut config = annals_server::Config::default();
+        if let Some(tags) = &self.subject_tags {
+            config.subject_tags = annals_server::config::split_list(tags);
+        }
+        config.master_key_file = self.master_key_file.clone();
+        config.subjects()
+    }
 }
 
 pub fn erase(args: EraseArgs) -> Result<(), String> {
+    let mut holding = Holding::default();
     let answer: serde_json::Value = match args.server.connect() {
         Some(remote) => {
+            let mut remote = remote?;
+            let query = serde_json::to_string(&tagged(&args.tag)).map_err(|e| e.to_string())?;
+            let path = format!("/v1/read?query={}", crate::data::percent(&query));
+            remote.stream_lines(&path, |line| {
+                let event: serde_json::Value =
+                    serde_json::from_slice(line).map_err(|e| format!("bad event line: {e}"))?;
+                holding.count(event["type"].as_str().unwrap_or(""));
+                Ok(true)
+            })?;
+            if args.dry_run {
+                return dry_run(&args.tag, &holding, args.json);
+            }
+            holding.check(&args.tag, args.force)?;
             let body = serde_json::json!({ "tag": args.tag }).to_string();
-            let bytes = remote?.call("POST", "/v1/admin/erase", body.into_bytes())?;
+            let bytes = remote.call("POST", "/v1/admin/erase", body.into_bytes())?;
             serde_json::from_slice(&bytes).map_err(|e| format!("the server's answer: {e}"))?
         }
         None => {
             let dir = args
                 .store
                 .ok_or("say which store: --store DIR (closed) or --url URL (running)")?;
-            let subjects = subjects(args.subject_tags.as_deref(), args.master_key_file)?.ok_or(
+            let subjects = args.subjects.options()?.ok_or(
                 "erasing needs the store's subject tags and master key: --subject-tags \
                         and --master-key-file (or ANNALS_SUBJECT_TAGS, ANNALS_MASTER_KEY_FILE)",
             )?;
@@ -139,9 +204,28 @@ pub fn erase(args: EraseArgs) -> Result<(), String> {
                 ..Options::default()
             };
             let store = crate::data::open_store(&dir, options)?;
-            let e = store.erase_subject(&args.tag).map_err(|e| e.to_string())?;
+            // The store is closed whatever the outcome, before it is reported.
+            let erased = (|| {
+                let read = store
+                    .read(&tagged(&args.tag), annals::ReadOptions::forwards())
+                    .map_err(|e| e.to_string())?;
+                for event in read {
+                    holding.count(event.map_err(|e| e.to_string())?.event_type());
+                }
+                if args.dry_run {
+                    return Ok(None);
+                }
+                holding.check(&args.tag, args.force)?;
+                store
+                    .erase_subject(&args.tag)
+                    .map(Some)
+                    .map_err(|e| e.to_string())
+            })();
             store.close().map_err(|e| e.to_string())?;
-            annals_server::subjects::erasure_json(&e)
+            match erased? {
+                None => return dry_run(&args.tag, &holding, args.json),
+                Some(e) => annals_server::subjects::erasure_json(&e),
+            }
         }
     };
     if args.json {
@@ -153,8 +237,36 @@ pub fn erase(args: EraseArgs) -> Result<(), String> {
         );
     } else {
         println!(
-            "erased {}: {} events unreadable, receipt at position {}",
-            args.tag, answer["events"], answer["receipt"]
+            "erased {}: {} unreadable, receipt at position {}",
+            args.tag,
+            events(answer["events"].as_u64().unwrap_or(0)),
+            answer["receipt"]
+        );
+    }
+    Ok(())
+}
+
+/// `erase --dry-run`: what an erasure would do, nothing erased.
+fn dry_run(tag: &str, holding: &Holding, json: bool) -> Result<(), String> {
+    if json {
+        let answer = serde_json::json!({
+            "tag": tag,
+            "events": holding.events,
+            "already": holding.erased,
+            "dryRun": true,
+        });
+        println!("{answer}");
+    } else if holding.erased {
+        println!("{tag} was already erased; erasing it again changes nothing (dry run)");
+    } else {
+        println!(
+            "erasing {tag} would make {} unreadable; nothing was erased (dry run){}",
+            events(holding.events),
+            if holding.events == 0 {
+                "; erasing a subject no event carries needs --force"
+            } else {
+                ""
+            }
         );
     }
     Ok(())

@@ -358,6 +358,37 @@ fn bad_backup_input_is_refused_clearly() {
     let (ok, out) = serve(&dir("b"), &url, &env);
     assert!(!ok && out.contains("backs up another store"), "{out}");
 
+    // Verify and restore refuse a location without a backup, and put nothing there: a bucket
+    // that does not exist, an empty prefix, and a prefix above the backup.
+    let parent = url.trim_end_matches("/first").to_string();
+    for (location, says) in [
+        ("s3://no-such-bucket/x".to_string(), "no backup at"),
+        (s3.url("nothing-here"), "holds nothing"),
+        (parent.clone(), "backups are below it"),
+    ] {
+        let (ok, out) = annals(&["backup", "verify", &location], &env);
+        assert!(
+            !ok && out.contains("no backup at") && out.contains(says),
+            "{location}: {out}"
+        );
+        let (ok, out) = annals(
+            &["restore", "--from", &location, "--to", &dir("none")],
+            &env,
+        );
+        assert!(!ok && out.contains("no backup at"), "{location}: {out}");
+        assert!(!Path::new(&dir("none")).exists(), "restore made its store");
+    }
+    let mut options = BackupOptions::new(s3.url("nothing-here"));
+    for (k, v) in &env {
+        options = options.setting(*k, v);
+    }
+    let empty = annals::objects::Objects::open_with(&options.url, &options.settings).unwrap();
+    let (objects, folders) = empty.list_top(10).unwrap();
+    assert!(
+        objects.is_empty() && folders.is_empty(),
+        "objects were made"
+    );
+
     std::fs::create_dir_all(dir("full")).unwrap();
     std::fs::write(work.path().join("full/file"), b"x").unwrap();
     let (ok, out) = annals(&["restore", "--from", &url, "--to", &dir("full")], &env);

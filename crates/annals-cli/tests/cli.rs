@@ -65,7 +65,9 @@ fn verify_reports_clean_and_damaged_stores() {
     );
 }
 
-/// Goal: `stats --json` reports the head, the durability class and index bytes per event.
+/// Goal: `stats --json` reports the head, where the index came from in words, and index
+/// bytes per event, and no durability class (a closed store has none; the command's own open
+/// is no store's class).
 #[test]
 fn stats_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -76,13 +78,41 @@ fn stats_json() {
     assert!(stats["index_source"]
         .as_str()
         .unwrap()
-        .starts_with("Checkpoint"));
+        .starts_with("index from its checkpoint"));
+    // The class is a running server's setting; a closed store's stats do not invent one.
+    assert!(stats.get("durability").is_none(), "{stats}");
     let missing = annals()
         .arg("stats")
         .arg(dir.path().join("nothing"))
         .output()
         .unwrap();
     assert!(!missing.status.success());
+}
+
+/// Goal: `verify` and `stats` report the same index bytes per event for the same log.
+/// Regression: `stats` divided the bytes its index held (read from the checkpoint, its
+/// vectors sized exactly) and `verify` those of the index it rebuilt (its vectors grown by
+/// doubling), so the two disagreed on every store. Method: a store compared with its
+/// checkpoint, then again with the checkpoint removed (stats then rebuilds its index too).
+#[test]
+fn verify_and_stats_agree_on_index_bytes_per_event() {
+    let dir = tempfile::tempdir().unwrap();
+    small_store(dir.path(), 300);
+    for checkpoint in [true, false] {
+        if !checkpoint {
+            std::fs::remove_file(dir.path().join(annals::files::CHECKPOINT)).unwrap();
+        }
+        let verified = json_of("verify", dir.path())["index_bytes_per_event"]
+            .as_f64()
+            .unwrap();
+        let stats = json_of("stats", dir.path());
+        assert!(verified > 0.0);
+        assert_eq!(
+            stats["index_bytes_per_event"].as_f64().unwrap(),
+            verified,
+            "checkpoint {checkpoint}: {stats}"
+        );
+    }
 }
 
 /// `ANNALS_LOG` names the server log's level; a value it does not know is refused at start.

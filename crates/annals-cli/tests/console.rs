@@ -2,8 +2,10 @@
 //! (tests/console/console.test.mjs, installed by scripts/setup), against servers started on
 //! temporary stores: one open, one with API keys, one hosting the exchange. The script builds
 //! queries and checks the rows against the API's own answer, opens events, follows a query
-//! while it appends, shows a bad query's error, shows the store's state and its backup, asks
-//! for a key and refuses a wrong one, and shows an order book. `ANNALS_CONSOLE_SCREENSHOTS=DIR` keeps a screenshot of each page.
+//! while it appends, shows a bad query's error, shows the store's state and its backup (and a
+//! replica's of that backup: following, lag, last poll) with charts that draw a rate soon
+//! after the page opens, asks for a key before showing any error and refuses a wrong one,
+//! offers the Exchange tab only on the server hosting one, and shows an order book. `ANNALS_CONSOLE_SCREENSHOTS=DIR` keeps a screenshot of each page.
 
 mod common;
 
@@ -139,6 +141,20 @@ fn the_console_in_a_browser() {
             json!({ "account": account, "symbol": 0, "side": side, "price": price, "qty": qty }),
         );
     }
+    // A read replica of the open server's backup, once that holds what was appended.
+    let shipped = |server: &ServerProcess| {
+        let text = server.get("/metrics").text();
+        text.lines().any(|l| l == "annals_backup_lag_positions 0")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !shipped(&open) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the open server ships its backup"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut replica = ServerProcess::launch_with(&["--replica-of", &backup], &[]);
     let output = Command::new("node")
         .arg(script_dir.join("console.test.mjs"))
         .env("CHROMIUM", &chromium)
@@ -146,9 +162,12 @@ fn the_console_in_a_browser() {
         .env("KEYED_URL", format!("http://{}", keyed.http))
         .env("API_KEY", key)
         .env("EXCHANGE_URL", format!("http://{}", exchange.http))
+        .env("REPLICA_URL", format!("http://{}", replica.http))
         .current_dir(&script_dir)
         .output()
         .expect("run node");
+    // Stopped cleanly, so that its copy of the log in the temporary directory goes too.
+    assert!(replica.terminate().success());
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{stdout}");

@@ -222,6 +222,98 @@ fn listening_beyond_loopback_needs_keys_or_the_flag() {
     ));
 }
 
+/// Goal: a start that fails leaves no store behind that it made. Regression: a start refused
+/// for a port in use, or for a backup prefix that backs up another store, left a new store
+/// (its first segment preallocated) in the data directory it made. Method: with the HTTP
+/// port, then the gRPC port, held by another socket, `annals serve` on a data directory that
+/// does not exist (nor its parent) exits non-zero naming the port, and neither directory
+/// exists afterwards; on an empty directory, it stays empty; on a directory holding a store,
+/// its files are kept. A fresh start whose backup prefix holds another store's backup is
+/// refused once the store is open, and the directory it made is removed again.
+#[test]
+fn a_failed_start_leaves_no_store_behind() {
+    let work = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let serve = |dir: &Path, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir)
+            .args(args)
+            .env_remove("ANNALS_BACKUP")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{dir:?} {args:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let names = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let parent = work.path().join("parent");
+    let fresh = parent.join("data");
+    let empty = work.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    for (listener, args) in [
+        ("http", ["--http", port.as_str(), "--grpc", "off"]),
+        ("grpc", ["--http", "127.0.0.1:0", "--grpc", port.as_str()]),
+    ] {
+        let err = serve(&fresh, &args);
+        assert!(
+            err.contains(&format!("cannot listen on {port} ({listener})")),
+            "{err}"
+        );
+        assert!(
+            !parent.exists(),
+            "{listener}: {} was made",
+            parent.display()
+        );
+        serve(&empty, &args);
+        assert!(names(&empty).is_empty(), "{:?}", names(&empty));
+    }
+
+    // A store of its own, backed up: a port in use leaves its files as they were.
+    let backup = format!("file://{}", work.path().join("backup").display());
+    let held = work.path().join("held");
+    let options = annals::Options {
+        backup: Some(annals::BackupOptions::new(&backup)),
+        ..annals::Options::default()
+    };
+    let store = annals::Store::open(&held, options).unwrap();
+    store
+        .append(&[annals::NewEvent::new("Opened", "{}").tag("k:1")], None)
+        .unwrap();
+    store.close().unwrap();
+    let before = names(&held);
+    serve(&held, &["--http", &port, "--grpc", "off"]);
+    assert_eq!(names(&held), before);
+
+    // A new store on that backup's prefix is refused once it is open; the directory this
+    // start made is removed again, and an empty one given is left empty.
+    for dir in [&fresh, &empty] {
+        let err = serve(
+            dir,
+            &[
+                "--http",
+                "127.0.0.1:0",
+                "--grpc",
+                "off",
+                "--backup",
+                &backup,
+            ],
+        );
+        assert!(err.contains("prefix"), "{err}");
+    }
+    assert!(!parent.exists(), "{} was made", parent.display());
+    assert!(names(&empty).is_empty(), "{:?}", names(&empty));
+    drop(taken);
+}
+
 /// Goal: metadata nested deeper than the limit is refused (a client's JSON parser would fail
 /// on every read that served it); every refusal carries the JSON error body, 414 and 431
 /// included; a 401 names its scheme. Method: metadata 100,000 and 33 levels deep (refused)
@@ -591,4 +683,64 @@ fn stalled_streams_together_hold_the_servers_budget() {
         assert!(Instant::now() < deadline, "reservations not returned");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Goal: every refusal is a 4xx with the JSON error body, including those made before any
+/// handler runs. Regression: the unencoded read URL docs/SERVER.md showed got hyper's bare 400,
+/// and a path segment that is not UTF-8 got axum's plain-text rejection. Method: one request
+/// for each way in (a query value with bad percent-encoding; JSON unencoded in the URI; a path
+/// segment that decodes to no UTF-8; an unknown route; a method a route does not take; a body
+/// that is not JSON; a body over `body_bytes_max`), each required to be a 4xx whose body
+/// parses as `{"error": text, "kind": text}`; the head stays 0 throughout. A browser's icon
+/// request is answered with no content rather than refused.
+#[test]
+fn every_refusal_is_json_before_any_handler_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_with(dir.path(), "body_bytes_max = 1024", &[]);
+    let big = format!(
+        r#"{{"events":[{{"type":"T","data":"{}"}}]}}"#,
+        "x".repeat(2048)
+    );
+    /// A request (method, path, headers, body) and the status that must refuse it.
+    type Refusal<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a [u8], u16);
+    let refusals: [Refusal; 7] = [
+        ("GET", "/v1/read?query=%ZZ%7B", &[], b"", 400),
+        (
+            "GET",
+            r#"/v1/read?query={"items":[{"tags":["order:1"]}]}"#,
+            &[],
+            b"",
+            400,
+        ),
+        ("GET", "/v1/readmodels/%FF%FE", &[], b"", 400),
+        ("GET", "/v1/no-such-endpoint", &[], b"", 404),
+        ("DELETE", "/v1/append", &[], b"", 405),
+        (
+            "POST",
+            "/v1/append",
+            &[("content-type", "text/plain")],
+            br#"{"events":[]}"#,
+            415,
+        ),
+        ("POST", "/v1/append", &[], big.as_bytes(), 413),
+    ];
+    for (method, path, headers, body, status) in refusals {
+        let r = request(server.http, method, path, headers, body);
+        assert_eq!(r.status, status, "{method} {path}: {}", r.text());
+        assert!(
+            r.header("content-type")
+                .is_some_and(|t| t.starts_with("application/json")),
+            "{method} {path}: {:?}",
+            r.headers
+        );
+        let answer = r.json();
+        assert!(
+            answer["error"].as_str().is_some_and(|e| !e.is_empty())
+                && answer["kind"].as_str().is_some_and(|k| !k.is_empty()),
+            "{method} {path}: {answer}"
+        );
+    }
+    assert_eq!(server.head(), 0);
+    let icon = request(server.http, "GET", "/favicon.ico", &[], b"");
+    assert_eq!(icon.status, 204);
 }

@@ -367,6 +367,66 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(server.head(), 2);
 }
 
+/// Goal: what a client reads it can append again, binary data included. Regression: reads
+/// answered data that is not UTF-8 as base64 with `"dataEncoding":"base64"`, but appends
+/// refused `dataEncoding` as an unknown field, so such an event could be read over HTTP and
+/// never written back. Method: append bytes that are not UTF-8 as base64; read them back
+/// (base64 with dataEncoding); append the event as read (position and time dropped); both
+/// read back byte-identical. Bad base64 is a 400 naming the event's index and changes
+/// nothing; "utf8" stores the string as it is.
+#[test]
+fn binary_data_read_over_http_appends_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    // 0xff 0x00 0x01 0xfe: not UTF-8.
+    let binary = "/wAB/g==";
+    server.append(&format!(
+        r#"{{"events":[{{"type":"Blob","tags":["blob:1"],"data":"{binary}","dataEncoding":"base64","metadata":{{"k":"v"}}}}]}}"#
+    ));
+    let first = server.read("{}", "{}");
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0]["data"], binary);
+    assert_eq!(first[0]["dataEncoding"], "base64");
+    assert_eq!(first[0]["metadata"], serde_json::json!({ "k": "v" }));
+
+    // The event as read, appended again.
+    let mut event = first[0].clone();
+    let object = event.as_object_mut().unwrap();
+    object.remove("position");
+    object.remove("appendedAt");
+    server.append(&serde_json::json!({ "events": [event] }).to_string());
+    let both = server.read("{}", "{}");
+    assert_eq!(positions(&both), vec![1, 2]);
+    for field in ["type", "tags", "data", "dataEncoding", "metadata"] {
+        assert_eq!(both[1][field], both[0][field], "{field}");
+    }
+
+    // Bad base64 in the second event: refused, naming it; the first is not appended either.
+    let before = server.get("/v1/read").text();
+    let r = server.post(
+        "/v1/append",
+        r#"{"events":[{"type":"Ok","data":"aGk=","dataEncoding":"base64"},{"type":"Bad","data":"not base64!","dataEncoding":"base64"}]}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.kind(), "invalid_body");
+    let message = r.json()["error"].as_str().unwrap().to_string();
+    assert!(message.contains("event 1"), "{message}");
+    assert!(message.contains("base64"), "{message}");
+    let r = server.post(
+        "/v1/append",
+        r#"{"events":[{"type":"Bad","data":"","dataEncoding":"hex"}]}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(server.get("/v1/read").text(), before);
+
+    // "utf8" is the default said out loud: the string itself is stored.
+    server.append(r#"{"events":[{"type":"Text","data":"aGk=","dataEncoding":"utf8"}]}"#);
+    let text = server.read("{}", "{}");
+    assert_eq!(text[2]["data"], "aGk=");
+    assert!(text[2].get("dataEncoding").is_none());
+}
+
 /// Goal: with keys configured, every endpoint refuses a missing or wrong key (401) and a key
 /// without its scope (403), and serves the right one; /health stays open.
 #[test]
@@ -459,6 +519,7 @@ fn api_keys_and_scopes_on_every_endpoint() {
     );
     assert_eq!(ok.status, 200);
     assert_eq!(server.get("/health").status, 200, "health is open");
+    assert_eq!(server.get("/ready").status, 200, "readiness is open");
     // Two appends went through (the writer's and the admin's).
     let r = server.get_with(
         "/v1/head",
@@ -498,6 +559,7 @@ fn openapi_describes_every_endpoint() {
         [
             "/health",
             "/metrics",
+            "/ready",
             "/v1/admin/check",
             "/v1/admin/erase",
             "/v1/admin/exchange/symbols",
@@ -774,4 +836,235 @@ fn sigterm_drains_and_exits_cleanly() {
     for a in &acked {
         assert!(stored.contains(a), "acknowledged append {a} lost");
     }
+}
+
+/// A sample of a server's /metrics, named with its labels as written (`name{label="v"}`).
+fn sample(server: &ServerProcess, name: &str) -> Option<f64> {
+    server
+        .get("/metrics")
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits up to 30 s for `done`, failing with `what`.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An append of one small event.
+fn one_event(n: u64) -> String {
+    append_body(&[("E", &["k:1"], &n.to_string())], None)
+}
+
+/// Goal: a read replica's freshness and failures show where an operator looks. Story: with
+/// its backup unreadable, a replica's /health said ok, /metrics had no replica series and
+/// counted nothing on the `replicated` route, `annals stats` and the console showed nothing,
+/// and its start said neither where its copy lives nor that it acknowledges no appends.
+/// Method: a primary server ships to a local directory and a replica server follows it; its
+/// start names its copy's directory and its class; /ready is ok and /metrics says following,
+/// with no lag, and counts what it took in as replicated; the backup's directory swapped for
+/// a plain file while the primary appends: /ready answers 503 naming `replica_failing`,
+/// /metrics and `annals stats --url` say failing with a lag in seconds that grows, /health
+/// still answers 200 (the process serves, from its copy) with the replica's state; swapped
+/// back: the replica takes in what the primary appended meanwhile and is ready again.
+#[test]
+fn a_replica_reports_its_lag_and_readiness() {
+    let dir = tempfile::tempdir().unwrap();
+    let location = dir.path().join("backup");
+    let url = format!("file://{}", location.display());
+    let mut primary = ServerProcess::start(&dir.path().join("primary"), &["--backup", &url]);
+    for n in 0..10 {
+        primary.append(&one_event(n));
+    }
+    eventually("the backup ships everything", || {
+        sample(&primary, "annals_backup_lag_positions") == Some(0.0)
+    });
+    let mut replica = ServerProcess::launch_with(&["--replica-of", &url], &[]);
+    let started = replica.startup.join("\n");
+    assert!(
+        started.contains("acknowledges no appends")
+            && started.contains("temporary directory")
+            && started.contains(&std::env::temp_dir().display().to_string()),
+        "{started}"
+    );
+    assert_eq!(replica.head(), 10);
+    let ready = replica.get("/ready");
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    assert_eq!(ready.json(), serde_json::json!({ "status": "ok" }));
+    assert_eq!(
+        sample(&replica, "annals_replica_state{state=\"following\"}"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&replica, "annals_replica_lag_positions"), Some(0.0));
+    assert_eq!(sample(&replica, "annals_ready"), Some(1.0));
+    assert_eq!(
+        sample(&replica, "annals_commits_total{route=\"replicated\"}"),
+        Some(10.0)
+    );
+
+    // The backup becomes unreadable; the primary goes on appending.
+    let blocked = dir.path().join("blocked");
+    std::fs::write(&blocked, "not a backup").unwrap();
+    annals_testkit::exchange(&location, &blocked);
+    for n in 10..15 {
+        primary.append(&one_event(n));
+    }
+    eventually("the replica is not ready", || {
+        replica.get("/ready").status == 503
+    });
+    let ready = replica.get("/ready").json();
+    let reasons = ready["reasons"].as_array().unwrap();
+    assert!(
+        ready["status"] == "unavailable"
+            && reasons.len() == 1
+            && reasons[0].as_str().unwrap().starts_with("replica_failing:"),
+        "{ready}"
+    );
+    assert_eq!(
+        sample(&replica, "annals_replica_state{state=\"failing\"}"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&replica, "annals_ready"), Some(0.0));
+    assert!(sample(&replica, "annals_replica_failures_total").unwrap() >= 1.0);
+    let lag = sample(&replica, "annals_replica_lag_seconds").unwrap();
+    eventually("the lag in seconds grows", || {
+        sample(&replica, "annals_replica_lag_seconds").unwrap() > lag + 0.5
+    });
+    let health = replica.get("/health");
+    assert_eq!(health.status, 200, "the process serves: {}", health.text());
+    assert!(
+        health.json()["replica"]["state"] == "failing" && health.json()["durability"] == "replica",
+        "{}",
+        health.text()
+    );
+    assert_eq!(replica.head(), 10, "reads go on from the copy");
+    let stats = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
+        .args([
+            "stats",
+            "--json",
+            "--url",
+            &format!("http://{}", replica.http),
+        ])
+        .output()
+        .unwrap();
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert!(
+        stats["replica"]["state"] == "failing"
+            && stats["replica"]["lag_seconds"].as_f64().unwrap() > 0.5
+            && stats["ready"] == false,
+        "{stats}"
+    );
+
+    // The backup is back: the replica takes in what the primary appended meanwhile.
+    annals_testkit::exchange(&location, &blocked);
+    eventually("the replica catches up", || replica.head() == 15);
+    eventually("the replica is ready again", || {
+        replica.get("/ready").status == 200
+    });
+    eventually("no lag", || {
+        sample(&replica, "annals_replica_lag_positions") == Some(0.0)
+    });
+    assert_eq!(
+        sample(&replica, "annals_replica_state{state=\"following\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&replica, "annals_commits_total{route=\"replicated\"}"),
+        Some(15.0)
+    );
+    assert!(replica.terminate().success());
+    assert!(primary.terminate().success());
+}
+
+/// Goal: readiness says when a promised class cannot be kept, while liveness stays up. Story:
+/// /health said ok while the backup of a D4 server failed, so nothing told a load balancer
+/// that no append could be acknowledged. Method: a server in D4 shipping to a local directory
+/// is ready; the directory swapped for a plain file and an append sent (it waits for object
+/// storage): /ready answers 503 naming `backup_failing`, /health still answers 200 with the
+/// backup failing; swapped back: the waiting append is answered (acknowledged, or
+/// outcome_unknown if it waited past its time), /ready is ok again, and a new append is
+/// acknowledged.
+#[test]
+fn ready_is_unavailable_while_a_d4_backup_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let location = dir.path().join("backup");
+    let url = format!("file://{}", location.display());
+    let mut server = ServerProcess::start(
+        &dir.path().join("data"),
+        &["--backup", &url, "--durability", "d4"],
+    );
+    server.append(&one_event(0));
+    let ready = server.get("/ready");
+    assert_eq!(ready.status, 200, "{}", ready.text());
+
+    let blocked = dir.path().join("blocked");
+    std::fs::write(&blocked, "not a backup").unwrap();
+    annals_testkit::exchange(&location, &blocked);
+    let addr = server.http;
+    let waiting = std::thread::spawn(move || {
+        request(addr, "POST", "/v1/append", &[], one_event(1).as_bytes())
+    });
+    eventually("the server is not ready", || {
+        server.get("/ready").status == 503
+    });
+    let ready = server.get("/ready").json();
+    let reasons = ready["reasons"].as_array().unwrap();
+    assert!(
+        ready["status"] == "unavailable"
+            && reasons.len() == 1
+            && reasons[0].as_str().unwrap().starts_with("backup_failing:"),
+        "{ready}"
+    );
+    let health = server.get("/health");
+    assert_eq!(health.status, 200, "the process serves: {}", health.text());
+    assert_eq!(
+        health.json()["backup"]["state"],
+        "failing",
+        "{}",
+        health.text()
+    );
+    assert_eq!(sample(&server, "annals_ready"), Some(0.0));
+
+    annals_testkit::exchange(&location, &blocked);
+    let answered = waiting.join().unwrap();
+    assert!(
+        answered.status == 200 || answered.kind() == "outcome_unknown",
+        "{} {}",
+        answered.status,
+        answered.text()
+    );
+    eventually("the server is ready again", || {
+        server.get("/ready").status == 200
+    });
+    server.append(&one_event(2));
+    assert!(server.terminate().success());
+}
+
+/// Goal: the start lines speak plainly. Regression: a new, empty store's start said "index
+/// rebuilt: checkpoint missing", which reads like damage, and the console's address was
+/// never printed. Method: a start on a new directory must say "new store" and print the
+/// console's URL; after one append and a clean stop, a start with `--no-console` reads its
+/// index from the checkpoint and prints no console line.
+#[test]
+fn the_start_lines_name_a_new_store_and_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = ServerProcess::start(&data, &[]);
+    let lines = server.startup.join("\n");
+    assert!(lines.contains("(new store)"), "{lines}");
+    assert!(!lines.contains("rebuilt"), "{lines}");
+    let console = format!("annals: console http://{}/", server.http);
+    assert!(server.startup.contains(&console), "{lines}");
+    server.append(&append_body(&[("Opened", &["k:1"], "{}")], None));
+    assert!(server.terminate().success());
+    let mut again = ServerProcess::start(&data, &["--no-console"]);
+    let lines = again.startup.join("\n");
+    assert!(lines.contains("index from checkpoint"), "{lines}");
+    assert!(!lines.contains("annals: console"), "{lines}");
+    assert!(again.terminate().success());
 }

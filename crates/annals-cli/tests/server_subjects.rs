@@ -466,3 +466,358 @@ fn an_erasure_on_one_postgres_server_holds_on_the_other() {
     let text = cluster.dump();
     assert!(!text.contains(MARKER) && !text.contains(&hex));
 }
+
+/// Goal: every command that opens a store takes the data subjects' flags, and each
+/// closed-store command works on a store with data subjects given them (no environment).
+/// Regression: `read`, `export`, `import`, `append`, `stats` and `verify` refused
+/// `--subject-tags` and `--master-key-file` as unknown arguments while the error on such a
+/// store asked for its master key; only ANNALS_SUBJECT_TAGS and ANNALS_MASTER_KEY_FILE
+/// worked. Method: with those variables removed, append makes a store with data subjects
+/// from the flags; read without them is refused; read, export, import (into a second store),
+/// append, stats and verify succeed with them; the subject's data is in no file of either
+/// store; every store-opening command's help names both flags.
+#[test]
+fn closed_store_commands_take_the_subject_flags() {
+    let keys = tempfile::tempdir().unwrap();
+    let master = new_master_key(keys.path(), "master.key");
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("store");
+    let copy = data.path().join("imported");
+    let export = data.path().join("export.ndjson");
+    let subjects = ["--subject-tags", "customer:", "--master-key-file", &master];
+    // The command, without the variables that would stand in for the flags.
+    let command = |args: &[&str]| {
+        let mut command = annals();
+        command
+            .args(args)
+            .env_remove("ANNALS_SUBJECT_TAGS")
+            .env_remove("ANNALS_MASTER_KEY_FILE")
+            .env_remove("ANNALS_URL");
+        command
+    };
+    // The command given the subjects' flags.
+    let with_subjects = |args: &[&str]| {
+        let mut command = command(args);
+        command.args(subjects);
+        command
+    };
+    let store = dir.to_str().unwrap();
+
+    let data_arg = format!("{MARKER} 1 Main St");
+    succeeds(&mut with_subjects(&[
+        "append",
+        "--store",
+        store,
+        "--type",
+        "AddressChanged",
+        "--tag",
+        "customer:42",
+        "--data",
+        &data_arg,
+    ]));
+    let refused = command(&["read", "--store", store]).output().unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("master key"), "{err}");
+
+    let read = |store: &str| -> Vec<serde_json::Value> {
+        let out = succeeds(&mut with_subjects(&[
+            "read", "--format", "ndjson", "--store", store,
+        ]));
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    assert_eq!(read(store)[0]["data"], data_arg);
+
+    succeeds(&mut with_subjects(&[
+        "export",
+        "--store",
+        store,
+        "-o",
+        export.to_str().unwrap(),
+    ]));
+    succeeds(&mut with_subjects(&[
+        "import",
+        "--store",
+        copy.to_str().unwrap(),
+        export.to_str().unwrap(),
+    ]));
+    let imported = read(copy.to_str().unwrap());
+    assert_eq!(imported.len(), 1);
+    assert_eq!(imported[0]["data"], data_arg);
+
+    let out = succeeds(&mut with_subjects(&[
+        "append",
+        "--store",
+        store,
+        "--type",
+        "Moved",
+        "--tag",
+        "customer:42",
+        "--data",
+        MARKER,
+    ]));
+    assert!(String::from_utf8_lossy(&out).contains("\"position\":2"));
+    assert_eq!(read(store)[1]["data"], MARKER);
+
+    let out = succeeds(&mut with_subjects(&["stats", "--store", store, "--json"]));
+    let stats: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(stats["head"], 2);
+    let out = succeeds(&mut with_subjects(&["verify", "--store", store, "--json"]));
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(report["events"], 2);
+    assert_eq!(report["sealed_events"], 2);
+
+    for sealed in [&dir, &copy] {
+        assert_eq!(
+            annals_testkit::files_holding(sealed, MARKER.as_bytes()),
+            Vec::<std::path::PathBuf>::new(),
+            "{}",
+            sealed.display()
+        );
+    }
+
+    for path in [
+        &["append"][..],
+        &["read"],
+        &["tail"],
+        &["export"],
+        &["import"],
+        &["verify"],
+        &["stats"],
+        &["copy"],
+        &["restore"],
+        &["erase"],
+        &["master-key", "rotate"],
+    ] {
+        let out = succeeds(&mut command(&[path, &["--help"][..]].concat()));
+        let help = String::from_utf8_lossy(&out);
+        for flag in ["--subject-tags", "--master-key-file"] {
+            assert!(help.contains(flag), "annals {path:?} --help lacks {flag}");
+        }
+    }
+}
+
+/// Goal: a restore to a position keeps the erasures made after it, and says so: positions
+/// 1..=5 of the restored store are the source's (type, tags, data, erased or not), the
+/// erasures' receipts follow at 6..=8 with the restore's time, and the command's output (and
+/// its JSON) names them. Regression (issue 60): the receipts were appended after the
+/// position asked for without a word, so a restore to position 5 gave 8 events. Method: a
+/// store with data subjects shipping to a `file://` backup, three subjects erased after
+/// position 10; `annals restore --position 5`; the two stores read side by side.
+#[test]
+fn a_restore_to_a_position_carries_the_later_erasures_and_says_so() {
+    use annals::{BackupOptions, MasterKey, NewEvent, Options, Query, ReadOptions, Store};
+    let work = tempfile::tempdir().unwrap();
+    let master = new_master_key(work.path(), "master.key");
+    let subjects = || {
+        let key = MasterKey::from_hex(&std::fs::read_to_string(&master).unwrap()).unwrap();
+        Some(annals::SubjectOptions::new(["customer:"], key))
+    };
+    let url = format!("file://{}", work.path().join("backup").display());
+    let source_dir = work.path().join("source");
+    let source = Store::open(
+        &source_dir,
+        Options {
+            backup: Some(BackupOptions::new(&url)),
+            subjects: subjects(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    for i in 1..=10u64 {
+        let event =
+            NewEvent::new("Moved", format!("{MARKER} {i}")).tag(format!("customer:{}", i % 4));
+        source.append(&[event], None).unwrap();
+    }
+    for tag in ["customer:1", "customer:2", "customer:3"] {
+        assert_eq!(source.erase_subject(tag).unwrap().in_backup, Some(true));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while source.stats().backup.unwrap().lag_positions != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the backup never caught up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    source.close().unwrap();
+
+    let restore = |to: &str, extra: &[&str]| -> String {
+        let out = succeeds(
+            annals()
+                .args(["restore", "--from", &url, "--to", to, "--position", "5"])
+                .args(["--subject-tags", "customer:", "--master-key-file", &master])
+                .args(extra),
+        );
+        String::from_utf8(out).unwrap()
+    };
+    let restored_dir = work.path().join("restored");
+    let started_us = now_us();
+    let out = restore(restored_dir.to_str().unwrap(), &[]);
+    assert!(out.contains("positions 1..=5)"), "{out}");
+    assert!(
+        out.contains("3 erasures made after position 5 carried over")
+            && out.contains("appended at positions 6..=8")
+            && out.contains("positions 1..=5 are the backup's, unchanged"),
+        "{out}"
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        restore(work.path().join("as-json").to_str().unwrap(), &["--json"]).trim(),
+    )
+    .unwrap();
+    assert_eq!(json["head"], 5);
+    assert_eq!(json["erasures_carried_over"], 3);
+    assert_eq!(json["head_with_receipts"], 8);
+
+    let open = |dir: &Path| {
+        Store::open(
+            dir,
+            Options {
+                subjects: subjects(),
+                ..Options::default()
+            },
+        )
+        .unwrap()
+    };
+    let all = |store: &Store| -> Vec<annals::Event> {
+        store
+            .read(&Query::all(), ReadOptions::forwards())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .collect()
+    };
+    let (source, restored) = (open(&source_dir), open(&restored_dir));
+    let (before, after) = (all(&source), all(&restored));
+    assert_eq!(after.len(), 8);
+    for (s, r) in before.iter().zip(&after).take(5) {
+        assert_eq!(r.position(), s.position());
+        assert_eq!(r.event_type(), s.event_type());
+        assert_eq!(r.tags().collect::<Vec<_>>(), s.tags().collect::<Vec<_>>());
+        assert_eq!(r.data(), s.data());
+        assert_eq!(r.is_erased(), s.is_erased(), "{}", r.position());
+        assert_eq!(r.appended_at_us(), s.appended_at_us());
+    }
+    assert!(after[0].is_erased() && !after[3].is_erased());
+    for (r, tag) in after[5..]
+        .iter()
+        .zip(["customer:1", "customer:2", "customer:3"])
+    {
+        assert_eq!(r.event_type(), annals::SUBJECT_ERASED_TYPE);
+        assert_eq!(r.tags().collect::<Vec<_>>(), [tag]);
+        assert!(r.appended_at_us() >= started_us, "the restore's time");
+    }
+    let refused = restored.append(&[NewEvent::new("Moved", "x").tag("customer:2")], None);
+    assert!(refused.is_err(), "the erasure holds in the restored store");
+    source.close().unwrap();
+    restored.close().unwrap();
+
+    // Into a database: the keys go into its table, and the receipts follow within the
+    // restore too.
+    let Some(cluster) = annals_testkit::Cluster::start() else {
+        return;
+    };
+    let database = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let out = restore(&database, &[]);
+    assert!(
+        out.contains("3 erasures made after position 5 carried over")
+            && out.contains("appended at positions 6..=8"),
+        "{out}"
+    );
+    let on_postgres = Store::open_location(
+        &database,
+        Options {
+            subjects: subjects(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let events = all(&on_postgres);
+    assert_eq!(events.len(), 8);
+    for (r, a) in events.iter().zip(&after) {
+        assert_eq!(r.event_type(), a.event_type());
+        assert_eq!(r.tags().collect::<Vec<_>>(), a.tags().collect::<Vec<_>>());
+        assert_eq!(r.data(), a.data());
+    }
+    on_postgres.close().unwrap();
+}
+
+/// Microseconds since the Unix epoch, as the store stamps appends.
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Goal: erasing a tag no event carries is not done silently. Regression: `annals erase` of
+/// a mistyped tag erased it for ever (every later append naming it refused) and said nothing
+/// of it. Method: a closed store with one event of customer:1; `--dry-run` counts 1 event
+/// for it and 0 for customer:9 and erases neither; erasing customer:9 is refused without
+/// `--force` and done with it ("0 events"); customer:1's erasure says "1 event"; the read
+/// table then marks its event erased.
+#[test]
+fn erasing_a_subject_no_event_carries_needs_force_and_a_dry_run_counts() {
+    let keys = tempfile::tempdir().unwrap();
+    let master = new_master_key(keys.path(), "master.key");
+    let data = tempfile::tempdir().unwrap();
+    let store = data.path().join("store");
+    let run = |args: &[&str]| {
+        annals()
+            .args(args)
+            .arg("--store")
+            .arg(&store)
+            .env("ANNALS_SUBJECT_TAGS", "customer:")
+            .env("ANNALS_MASTER_KEY_FILE", &master)
+            .output()
+            .unwrap()
+    };
+    let stdout = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    stdout(&run(&[
+        "append",
+        "--type",
+        "Moved",
+        "--tag",
+        "customer:1",
+        "--data",
+        MARKER,
+    ]));
+    let counted = stdout(&run(&["erase", "customer:1", "--dry-run", "--json"]));
+    let counted: serde_json::Value = serde_json::from_str(counted.trim()).unwrap();
+    assert_eq!(counted["events"], 1);
+    assert_eq!(counted["dryRun"], true);
+    let unknown = stdout(&run(&["erase", "customer:9", "--dry-run"]));
+    assert!(
+        unknown.contains("0 events") && unknown.contains("--force"),
+        "{unknown}"
+    );
+    let refused = run(&["erase", "customer:9"]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("0 events") && why.contains("--force"), "{why}");
+    // Nothing was erased by the dry runs or the refusal: the head is still the one event.
+    let table = stdout(&run(&["read"]));
+    assert_eq!(table.lines().count(), 2, "{table}");
+    assert!(table.contains(MARKER), "{table}");
+
+    let forced = stdout(&run(&["erase", "customer:9", "--force"]));
+    assert!(forced.contains("0 events unreadable"), "{forced}");
+    let erased = stdout(&run(&["erase", "customer:1"]));
+    assert!(erased.contains("1 event unreadable"), "{erased}");
+    let table = stdout(&run(&["read", "--type", "Moved"]));
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.contains("customer:1") && row.contains("erased") && !row.contains(MARKER),
+        "{table}"
+    );
+}

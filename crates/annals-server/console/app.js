@@ -9,6 +9,7 @@ const errorBox = document.getElementById('error');
 const keyForm = document.getElementById('key-form');
 const keyInput = document.getElementById('key-input');
 const headBadge = document.getElementById('head-badge');
+const exchangeTab = document.querySelector('nav a[data-page="exchange"]');
 
 // What the current page runs in the background; stopped when the page changes.
 let stops = [];
@@ -67,9 +68,13 @@ keyForm.addEventListener('submit', (e) => {
   keyInput.value = '';
   keyForm.hidden = true;
   route();
+  findExchange();
 });
 
 function showError(e) {
+  // A missing or refused key is asked for in the key form, which says why; a red banner
+  // beside it would greet a keyed server with an error before the key was even asked for.
+  if (e instanceof ApiError && e.status === 401 && !keyForm.hidden) return;
   errorBox.hidden = false;
   errorBox.textContent = e instanceof ApiError && e.status
     ? 'The server answered ' + e.status + (e.kind ? ' (' + e.kind + ')' : '') + ': ' + e.message
@@ -468,6 +473,12 @@ function chart(title, series) {
     const max = Math.max(1, ...series.map((s) => s[1]));
     ctx.fillStyle = '#57606a';
     ctx.font = '12px sans-serif';
+    if (!series.length) {
+      // A rate needs two samples of the counters; the second is taken shortly.
+      ctx.fillText('collecting: the first rate appears with the next sample', 4, h / 2);
+      canvas.setAttribute('aria-label', title + ': collecting');
+      return;
+    }
     ctx.fillText(fmt(max) + '/s', 4, 12);
     ctx.strokeStyle = '#0b5cad';
     ctx.lineWidth = 2;
@@ -515,6 +526,7 @@ async function storePage() {
     }
     const poisoned = metric(m, 'annals_poisoned') === 1;
     const diskFull = metric(m, 'annals_disk_full') === 1;
+    const unready = metric(m, 'annals_ready') === 0;
     const diskFree = metric(m, 'annals_disk_free_bytes');
     const fsyncs = metric(m, 'annals_fsyncs_total');
     const groups = metric(m, 'annals_groups_total');
@@ -524,8 +536,9 @@ async function storePage() {
     cards.replaceChildren(
       card('Head position', fmt(metric(m, 'annals_head_position'))),
       card('State', poisoned ? 'POISONED: appends refused until reopened'
-        : diskFull ? 'DISK FULL: appends refused until there is room; reads go on' : 'healthy',
-        poisoned || diskFull),
+        : diskFull ? 'DISK FULL: appends refused until there is room; reads go on'
+        : unready ? 'NOT READY: see /ready for why' : 'healthy',
+        poisoned || diskFull || unready),
       card('Disk free', diskFree === null ? '-' : bytes(diskFree), diskFull),
       card('Durability', durability),
       card('Segments', fmt(metric(m, 'annals_segments')) + ' (' + bytes(metric(m, 'annals_segment_bytes')) + ')'),
@@ -548,6 +561,21 @@ async function storePage() {
         card('Backup lag', fmt(lag) + ' positions, ' + (lagSeconds === null ? '-' : lagSeconds.toFixed(1) + ' s'), lagSeconds !== null && lagSeconds > 5),
         card('Backup shipped', bytes(metric(m, 'annals_backup_bytes_shipped_total')) + ', ' + fmt(metric(m, 'annals_backup_failures_total')) + ' failures'));
     }
+    // A read replica: whether it can read the backup it follows, and how far behind it is.
+    if (metric(m, 'annals_replica_lag_positions') !== null) {
+      let replicaState = 'following';
+      for (const k of m.keys()) {
+        const match = k.match(/^annals_replica_state\{state="([^"]+)"\}$/);
+        if (match && m.get(k) === 1) replicaState = match[1];
+      }
+      const failing = replicaState !== 'following';
+      const lagSeconds = metric(m, 'annals_replica_lag_seconds');
+      const pollAge = metric(m, 'annals_replica_last_poll_age_seconds');
+      cards.append(
+        card('Replica', failing ? 'FAILING: its backup cannot be read; retrying (see /ready)' : 'following its backup', failing),
+        card('Replica lag', fmt(metric(m, 'annals_replica_lag_positions')) + ' positions, ' + lagSeconds.toFixed(1) + ' s', failing || lagSeconds > 5),
+        card('Replica last poll', pollAge.toFixed(1) + ' s ago, ' + fmt(metric(m, 'annals_replica_failures_total')) + ' failures', pollAge > 30));
+    }
     if (metric(m, 'annals_scrub_damaged_segments') > 0) {
       cards.append(card('Scrub', fmt(metric(m, 'annals_scrub_damaged_segments')) + ' damaged segments (see /health)', true));
     }
@@ -560,8 +588,10 @@ async function storePage() {
     readChart.redraw();
   }
   await refresh();
+  // The charts need a second sample for their first rate: it is taken soon after the first.
+  const soon = rateSamples.length < 2 ? setTimeout(() => refresh().catch(showError), 500) : null;
   const timer = setInterval(() => refresh().catch(showError), 2000);
-  onLeave(() => clearInterval(timer));
+  onLeave(() => { clearTimeout(soon); clearInterval(timer); });
 }
 
 // ---- Read models -------------------------------------------------------------------------
@@ -662,7 +692,20 @@ async function route() {
     await pages[name]();
   } catch (e) {
     showError(e);
-    if (main.textContent === 'Loading...') main.replaceChildren(el('p', { class: 'muted', text: 'Nothing to show: see the message above.' }));
+    const text = e instanceof ApiError && e.status === 401
+      ? 'This server asks for an API key: give it above.'
+      : 'Nothing to show: see the message above.';
+    if (main.textContent === 'Loading...') main.replaceChildren(el('p', { class: 'muted', text }));
+  }
+}
+
+// The Exchange tab is shown only when the server hosts an exchange and answers for it.
+async function findExchange() {
+  try {
+    await apiJson('/v1/exchange');
+    exchangeTab.hidden = false;
+  } catch (_) {
+    exchangeTab.hidden = true;
   }
 }
 
@@ -675,5 +718,6 @@ async function headLoop() {
 
 window.addEventListener('hashchange', route);
 route();
+findExchange();
 headLoop();
 setInterval(headLoop, 3000);

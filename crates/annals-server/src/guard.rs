@@ -1,9 +1,11 @@
 //! A connection's I/O, guarded at the edge before hyper sees it:
 //! - its first bytes must arrive within a deadline: a peer that opens a connection and sends
 //!   nothing loses it (hyper's own timers start with the first request);
-//! - the two refusals hyper writes itself, with an empty body, before any handler runs (414 for
-//!   a request line too long, 431 for a head too large) are replaced by the same answer with
-//!   the JSON error body every other refusal carries. hyper closes the connection after them.
+//! - the three refusals hyper writes itself, with an empty body, before any handler runs (400
+//!   for a request it cannot parse, such as a URI holding characters that must be
+//!   percent-encoded; 414 for a request line too long; 431 for a head too large) are replaced
+//!   by the same answer with the JSON error body every other refusal carries. hyper closes the
+//!   connection after them.
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -30,10 +32,12 @@ impl<I> Guarded<I> {
     }
 }
 
-/// Whether `bytes` begin an answer hyper may have written bodyless (414 or 431): only those
-/// are looked at closer.
+/// Whether `bytes` begin an answer hyper may have written bodyless (400, 414 or 431): only
+/// those are looked at closer.
 fn is_refusal_head(bytes: &[u8]) -> bool {
-    bytes.starts_with(b"HTTP/1.1 431 ") || bytes.starts_with(b"HTTP/1.1 414 ")
+    bytes.starts_with(b"HTTP/1.1 431 ")
+        || bytes.starts_with(b"HTTP/1.1 414 ")
+        || bytes.starts_with(b"HTTP/1.1 400 ")
 }
 
 /// The JSON answer replacing hyper's bodyless `status` refusal, if `head` is one.
@@ -51,6 +55,17 @@ fn replacement(head: &[u8]) -> Option<Vec<u8>> {
             "URI Too Long",
             "uri_too_long",
             "the request's URI is longer than the server accepts",
+        )
+    } else if head.starts_with(b"HTTP/1.1 400 ") {
+        // Every 400 of ours carries a JSON body, so a bodyless one is hyper's: a request line
+        // or header it could not parse. The usual cause is a URI with characters a URI may
+        // not hold as they are, such as a query's JSON sent unencoded.
+        (
+            400,
+            "Bad Request",
+            "malformed_request",
+            "the request is not valid HTTP: its method, URI or a header could not be parsed; \
+             percent-encode the query string's values (curl -G --data-urlencode 'query=...')",
         )
     } else {
         return None;
@@ -193,8 +208,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Guarded<I> {
 mod tests {
     use super::replacement;
 
-    /// Goal: only hyper's bodyless 414 and 431 are replaced, by the same status with a JSON
-    /// body; an answer of ours with a body, and other statuses, pass untouched.
+    /// Goal: only hyper's bodyless 400, 414 and 431 are replaced, by the same status with a
+    /// JSON body; an answer of ours with a body, and other statuses, pass untouched.
     #[test]
     fn bodyless_refusals_get_a_json_body() {
         let hyper_431 =
@@ -211,6 +226,12 @@ mod tests {
             .contains("uri_too_long"));
         let ours = b"HTTP/1.1 414 URI Too Long\r\ncontent-type: application/json\r\ncontent-length: 57\r\n\r\n";
         assert!(replacement(ours).is_none());
+        let hyper_400 = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+        assert!(String::from_utf8(replacement(hyper_400).unwrap())
+            .unwrap()
+            .contains("malformed_request"));
+        let ours_400 = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 40\r\n\r\n";
+        assert!(replacement(ours_400).is_none());
         assert!(replacement(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").is_none());
     }
 }

@@ -1,4 +1,4 @@
-//! The HTTP API, base path `/v1` (docs/SERVER.md), plus `/health` and `/metrics`.
+//! The HTTP API, base path `/v1` (docs/SERVER.md), plus `/health`, `/ready` and `/metrics`.
 //!
 //! Every answer that is not a success carries `{"error": message, "kind": machine-readable
 //! kind}`. Reads answer a JSON array, or NDJSON when the client accepts
@@ -63,44 +63,112 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/openapi.json", get(openapi))
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/favicon.ico", get(favicon))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            refuse_other_origins,
-        ))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), edge))
         .with_state(state)
+}
+
+/// What every request passes through on its way in and out: a browser page of another
+/// origin is refused, and every refusal leaves with a JSON body, whoever made it.
+async fn edge(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(refusal) = other_origin(&state, &request) {
+        return refusal.into_response();
+    }
+    json_refusal(next.run(request).await).await
 }
 
 /// Refuses a browser's request sent by a page of another origin (its `Origin` header names
 /// neither this server nor a configured origin): with no API keys configured, any page open
 /// in a local browser could otherwise append events or read them.
-async fn refuse_other_origins(
-    State(state): State<Arc<AppState>>,
-    request: Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if let Some(origin) = request.headers().get(http::header::ORIGIN) {
-        let allowed = origin.to_str().ok().is_some_and(|origin| {
-            let origin = origin.trim_end_matches('/').to_ascii_lowercase();
-            same_origin(&origin, request.headers())
-                || state.config.allowed_origins.contains(&origin)
-        });
-        if !allowed {
-            return ApiError::new(
-                StatusCode::FORBIDDEN,
-                "origin_not_allowed",
-                format!(
-                    "requests from pages of {} are not allowed; allow an origin with \
-                     --allow-origin",
-                    String::from_utf8_lossy(origin.as_bytes())
-                ),
-            )
-            .into_response();
+fn other_origin(state: &AppState, request: &Request) -> Option<ApiError> {
+    let origin = request.headers().get(http::header::ORIGIN)?;
+    let allowed = origin.to_str().ok().is_some_and(|origin| {
+        let origin = origin.trim_end_matches('/').to_ascii_lowercase();
+        same_origin(&origin, request.headers()) || state.config.allowed_origins.contains(&origin)
+    });
+    (!allowed).then(|| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "origin_not_allowed",
+            format!(
+                "requests from pages of {} are not allowed; allow an origin with \
+                 --allow-origin",
+                String::from_utf8_lossy(origin.as_bytes())
+            ),
+        )
+    })
+}
+
+/// The most bytes of a refusal's text kept when it is wrapped in a JSON body: rejections say
+/// what was wrong in a line.
+const REFUSAL_TEXT_BYTES_MAX: usize = 4096;
+
+/// Gives a refusal made before any handler of ours ran (an extractor's rejection, such as a
+/// path segment that does not decode to UTF-8) the JSON error body every refusal of ours
+/// carries, keeping its status, its text as the message, and its other headers. Every answer
+/// of ours that is not a success is JSON already, so only those without a JSON content type
+/// are rewritten.
+async fn json_refusal(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let json = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(JSON.as_bytes()));
+    if json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, REFUSAL_TEXT_BYTES_MAX)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("refused").to_string()
+    } else {
+        text
+    };
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "invalid_request",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UNPROCESSABLE_ENTITY => "invalid_body",
+        status if status.is_server_error() => "internal_error",
+        _ => "refused",
+    };
+    let mut answer = ApiError::new(status, kind, message).into_response();
+    for (name, value) in &parts.headers {
+        if name != CONTENT_TYPE && name != CONTENT_LENGTH {
+            answer
+                .headers_mut()
+                .entry(name)
+                .or_insert_with(|| value.clone());
         }
     }
-    next.run(request).await
+    answer
+}
+
+/// Browsers ask every server for an icon; the answer is that there is none, rather than a
+/// refusal in their console.
+async fn favicon() -> Response {
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("max-age=86400"),
+    );
+    response
 }
 
 /// Whether `origin` (lower case) is this server as the request addressed it (`Host`).
@@ -511,11 +579,16 @@ async fn append_inner(
             }
         }
     }
+    // Every event is decoded before any is appended, so that a bad one changes nothing.
     let events: Vec<NewEvent> = parsed
         .events
         .into_iter()
-        .map(|e| e.into_new_event(&body))
-        .collect();
+        .enumerate()
+        .map(|(index, e)| {
+            e.into_new_event(&body)
+                .map_err(|e| ApiError::bad_request("invalid_body", format!("event {index}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
     state
         .check_reserved(&events)
         .map_err(|e| ApiError::bad_request("reserved_type", e))?;
@@ -970,8 +1043,10 @@ async fn openapi(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     json_response(StatusCode::OK, crate::openapi::document())
 }
 
-/// Liveness and readiness. Open without a key, so load balancers can probe it; it reveals
-/// only the head, the durability class and whether the store is poisoned.
+/// Liveness: the process serves. 503 only while the store is poisoned, which a restart (a
+/// reopen) cures; every other state is told in the body with 200, and readiness is `/ready`.
+/// Open without a key, so load balancers can probe it; it reveals only the head, the
+/// durability class, and the states of the store, its backup and its replication.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let stats = state.store.stats();
     // A full disk refuses appends but serves everything else: the server is still ready.
@@ -997,6 +1072,12 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
             "lagPositions": b.lag_positions,
             "lagSeconds": b.lag_seconds,
         })),
+        "replica": stats.replica.as_ref().map(|r| serde_json::json!({
+            "state": r.state,
+            "lagPositions": r.lag_positions,
+            "lagSeconds": r.lag_seconds,
+            "lastPollAgeSeconds": r.last_poll_age_seconds,
+        })),
     });
     let status = if stats.poisoned.is_some() {
         StatusCode::SERVICE_UNAVAILABLE
@@ -1004,6 +1085,21 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         StatusCode::OK
     };
     json_response(status, body.to_string())
+}
+
+/// Readiness: whether the server can now keep what it promises, for a load balancer to send
+/// it traffic or not. 503 with the reasons while it cannot (`Stats::unready_reasons`, and a
+/// server shutting down). Open without a key, as `/health` is, and for the same probes.
+async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let mut reasons = state.store.stats().unready_reasons();
+    if *state.shutdown.borrow() {
+        reasons.push("shutting_down: the server finishes its requests and stops".into());
+    }
+    if reasons.is_empty() {
+        return json_response(StatusCode::OK, r#"{"status":"ok"}"#.to_string());
+    }
+    let body = serde_json::json!({ "status": "unavailable", "reasons": reasons });
+    json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string())
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {

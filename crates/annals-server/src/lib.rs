@@ -124,13 +124,18 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens the store and binds the listeners. Call from within a Tokio runtime.
+    /// Binds the listeners, then opens the store. Call from within a Tokio runtime. A start
+    /// that fails leaves no store behind that it made: what can fail before the store is
+    /// opened is checked first, and a data directory this start made (or found empty) is
+    /// removed again when the start fails after opening it.
     pub async fn start(config: Config) -> Result<Server, String> {
         // Refused before the store is opened (and its directory locked);
         // `start_with_store` checks again for callers that open the store themselves.
         if let Some(refusal) = config.refusal() {
             return Err(refusal);
         }
+        // A port in use or unreadable TLS files are refused before the store is made.
+        let bound = Bound::bind(&config).await?;
         let mut options = Options {
             durability: config.durability,
             ..Options::default()
@@ -147,20 +152,43 @@ impl Server {
         let dir = config.data_dir.clone();
         let postgres = config.postgres.clone();
         let replica_of = config.replica_of.clone();
-        let store = tokio::task::spawn_blocking(move || match (replica_of, postgres) {
+        // What the backup's checks refuse (a prefix holding another store, say) is known only
+        // once the store is open: a directory made by this start is removed if it fails.
+        let made = match (&replica_of, &postgres) {
+            (None, None) => Made::before_open(&dir),
+            _ => Made::Nothing,
+        };
+        let opened = tokio::task::spawn_blocking(move || match (replica_of, postgres) {
             (Some(url), _) => Store::open_replica(&annals::BackupOptions::new(url), options),
             (None, Some(url)) => Store::open_postgres(&url, options),
             (None, None) => Store::open(&dir, options),
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| {
-            format!(
-                "cannot open the store in {}: {e}",
-                config.store_description()
-            )
-        })?;
-        Self::start_with_store(config, Arc::new(store)).await
+        .map_err(|e| e.to_string())
+        .and_then(|opened| {
+            opened.map_err(|e| {
+                format!(
+                    "cannot open the store in {}: {e}",
+                    config.store_description()
+                )
+            })
+        });
+        let store = match opened {
+            Ok(store) => Arc::new(store),
+            Err(e) => return Err(made.remove_after(e)),
+        };
+        match Self::serve_store(config, store.clone(), bound).await {
+            Ok(server) => Ok(server),
+            Err(e) => {
+                // The store is closed before its directory goes; one still in use after the
+                // wait keeps its directory.
+                let closed = close_when_unused(store).await;
+                Err(match closed {
+                    Ok(()) => made.remove_after(e),
+                    Err(why) => format!("{e} (the store was left in place: {why})"),
+                })
+            }
+        }
     }
 
     /// Serves an already opened store.
@@ -168,10 +196,22 @@ impl Server {
         if let Some(refusal) = config.refusal() {
             return Err(refusal);
         }
-        let tls = match &config.tls {
-            Some(files) => Some(serve::load_tls(files)?),
-            None => None,
-        };
+        let bound = Bound::bind(&config).await?;
+        Self::serve_store(config, store, bound).await
+    }
+
+    /// Serves `store` on listeners already bound. Every step that can fail comes before the
+    /// first task is spawned, so that a failure leaves the store with no other user.
+    async fn serve_store(
+        config: Config,
+        store: Arc<Store>,
+        bound: Bound,
+    ) -> Result<Server, String> {
+        let Bound {
+            http: http_listener,
+            grpc: grpc_listener,
+            tls,
+        } = bound;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let metrics = Arc::new(Metrics::default());
         let read_models = {
@@ -185,9 +225,15 @@ impl Server {
             .map_err(|e| e.to_string())??
         };
         let exchange = match &config.exchange {
-            Some(exchange) => Some(Arc::new(
-                exchange::Hosted::start(exchange, store.clone()).await?,
-            )),
+            Some(exchange) => match exchange::Hosted::start(exchange, store.clone()).await {
+                Ok(hosted) => Some(Arc::new(hosted)),
+                Err(e) => {
+                    // The read models let go of the store, so that the caller can close it.
+                    let models = read_models.clone();
+                    let _ = tokio::task::spawn_blocking(move || models.stop()).await;
+                    return Err(e);
+                }
+            },
             None => None,
         };
         let state = Arc::new(AppState {
@@ -199,10 +245,11 @@ impl Server {
             shutdown: shutdown_rx.clone(),
             stream_bytes: budget::Budget::new(config.limits.stream_bytes_max),
         });
-        let http_listener = tokio::net::TcpListener::bind(config.http_listen)
-            .await
-            .map_err(|e| format!("cannot listen on {} (http): {e}", config.http_listen))?;
         let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+        let grpc_addr = match &grpc_listener {
+            Some(listener) => Some(listener.local_addr().map_err(|e| e.to_string())?),
+            None => None,
+        };
         let mut tasks = Vec::new();
         let router = http::router(state.clone());
         tasks.push(tokio::spawn(serve::serve_http(
@@ -212,12 +259,7 @@ impl Server {
             state.clone(),
             serve::Protocols::Both,
         )));
-        let mut grpc_addr = None;
-        if let Some(addr) = config.grpc_listen {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| format!("cannot listen on {addr} (grpc): {e}"))?;
-            grpc_addr = Some(listener.local_addr().map_err(|e| e.to_string())?);
+        if let Some(listener) = grpc_listener {
             tasks.push(tokio::spawn(grpc::serve(
                 listener,
                 tls.as_ref().map(|t| t.acceptor.clone()),
@@ -302,6 +344,126 @@ impl Server {
                     )
                 }
             }
+        }
+    }
+}
+
+/// The listeners and TLS material of a server, made before its store is opened so that a
+/// port in use or an unreadable certificate is refused before anything is written.
+struct Bound {
+    http: tokio::net::TcpListener,
+    grpc: Option<tokio::net::TcpListener>,
+    tls: Option<serve::Tls>,
+}
+
+impl Bound {
+    async fn bind(config: &Config) -> Result<Bound, String> {
+        let tls = match &config.tls {
+            Some(files) => Some(serve::load_tls(files)?),
+            None => None,
+        };
+        let http = tokio::net::TcpListener::bind(config.http_listen)
+            .await
+            .map_err(|e| format!("cannot listen on {} (http): {e}", config.http_listen))?;
+        let grpc = match config.grpc_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| format!("cannot listen on {addr} (grpc): {e}"))?,
+            ),
+            None => None,
+        };
+        Ok(Bound { http, grpc, tls })
+    }
+}
+
+/// What opening a store on files is about to make, so that a start that then fails can
+/// remove it: only a directory that did not exist or was empty, never one that held anything.
+enum Made {
+    /// The directory held something (or could not be looked at): nothing is removed.
+    Nothing,
+    /// The first missing directory on the way to the data directory (so that no empty parent
+    /// made by `create_dir_all` is left either).
+    Tree(std::path::PathBuf),
+    /// An empty data directory: what it will hold is removed, the directory stays.
+    Contents(std::path::PathBuf),
+}
+
+impl Made {
+    fn before_open(dir: &std::path::Path) -> Made {
+        match std::fs::read_dir(dir) {
+            Ok(mut entries) => match entries.next() {
+                None => Made::Contents(dir.to_path_buf()),
+                Some(_) => Made::Nothing,
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Anything at a path (a dangling link included) counts as there.
+                let there = |p: &std::path::Path| {
+                    p.as_os_str().is_empty() || std::fs::symlink_metadata(p).is_ok()
+                };
+                let mut top = dir;
+                for parent in dir.ancestors().skip(1) {
+                    if there(parent) {
+                        break;
+                    }
+                    top = parent;
+                }
+                Made::Tree(top.to_path_buf())
+            }
+            Err(_) => Made::Nothing,
+        }
+    }
+
+    /// Removes what the failed start made; answers the start's error, with a word on what
+    /// could not be removed.
+    fn remove_after(&self, error: String) -> String {
+        let removed = match self {
+            Made::Nothing => Ok(()),
+            Made::Tree(top) => match std::fs::remove_dir_all(top) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err((top, e)),
+                _ => Ok(()),
+            },
+            Made::Contents(dir) => std::fs::read_dir(dir)
+                .and_then(|entries| {
+                    for entry in entries {
+                        let path = entry?.path();
+                        if std::fs::symlink_metadata(&path)?.is_dir() {
+                            std::fs::remove_dir_all(&path)?;
+                        } else {
+                            std::fs::remove_file(&path)?;
+                        }
+                    }
+                    Ok(())
+                })
+                .map_err(|e| (dir, e)),
+        };
+        match removed {
+            Ok(()) => error,
+            Err((path, e)) => format!(
+                "{error} (what this start made in {} could not be removed: {e})",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// Closes a store once nothing else holds it (a failed start's), waiting a little for other
+/// holders to let go.
+async fn close_when_unused(mut store: Arc<Store>) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match Arc::try_unwrap(store) {
+            Ok(owned) => {
+                return tokio::task::spawn_blocking(move || owned.close())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("closing the store: {e}"));
+            }
+            Err(shared) if Instant::now() < deadline => {
+                store = shared;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(_) => return Err("the store is still in use".into()),
         }
     }
 }

@@ -419,11 +419,24 @@ impl Metrics {
             "annals_durability_info{{class=\"{}\"}} 1",
             stats.durability
         );
+        gauge(
+            &mut out,
+            "annals_ready",
+            "1 while the store can keep what it promises (GET /ready's reasons list what not).",
+            if stats.unready_reasons().is_empty() {
+                1.0
+            } else {
+                0.0
+            },
+        );
         if let Some(backup) = &stats.backup {
             render_backup(&mut out, backup);
         }
         if let Some(scrub) = &stats.scrub {
             render_scrub(&mut out, scrub);
+        }
+        if let Some(replica) = &stats.replica {
+            render_replica(&mut out, replica);
         }
         out
     }
@@ -519,6 +532,63 @@ fn render_backup(out: &mut String, b: &annals::BackupStats) {
     for state in ["shipping", "failing", "standby", "stopped"] {
         let on = u8::from(b.state == state);
         let _ = writeln!(out, "annals_backup_state{{state=\"{state}\"}} {on}");
+    }
+}
+
+/// A read replica's lines: how far behind its backup it is, and whether it can read it.
+fn render_replica(out: &mut String, r: &annals::ReplicaStats) {
+    gauge(
+        out,
+        "annals_replica_backup_position",
+        "The last position the replica saw its backup hold.",
+        r.backup_head as f64,
+    );
+    gauge(
+        out,
+        "annals_replica_lag_positions",
+        "Positions the backup was seen to hold beyond the replica's copy.",
+        r.lag_positions as f64,
+    );
+    gauge(
+        out,
+        "annals_replica_lag_seconds",
+        "How long since the replica's copy last held everything its backup held.",
+        r.lag_seconds,
+    );
+    gauge(
+        out,
+        "annals_replica_last_poll_timestamp_seconds",
+        "When the last successful poll of the backup ended (Unix time).",
+        r.last_poll_at_us as f64 / 1e6,
+    );
+    gauge(
+        out,
+        "annals_replica_last_poll_age_seconds",
+        "How long ago the last successful poll of the backup ended.",
+        r.last_poll_age_seconds,
+    );
+    counter(
+        out,
+        "annals_replica_objects_read_total",
+        "Objects of the backup taken into the replica's copy.",
+        r.objects_read as f64,
+    );
+    counter(
+        out,
+        "annals_replica_failures_total",
+        "Polls of the backup that failed (each retried with backoff).",
+        r.failures as f64,
+    );
+    header(
+        out,
+        "annals_replica_state",
+        "gauge",
+        "The replica's state (label): following (its last poll of the backup succeeded) or \
+         failing (the backup cannot be read; retrying).",
+    );
+    for state in ["following", "failing"] {
+        let on = u8::from(r.state == state);
+        let _ = writeln!(out, "annals_replica_state{{state=\"{state}\"}} {on}");
     }
 }
 

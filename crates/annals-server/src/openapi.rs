@@ -62,7 +62,11 @@ pub(crate) fn document() -> String {
     let health = json!({ "type": "object",
         "properties": { "status": { "enum": ["ok", "disk_full", "damaged"] }, "head": { "type": "integer" }, "durability": { "type": "string" },
             "reason": { "type": ["string", "null"] }, "diskFreeBytes": { "type": ["integer", "null"] },
-            "backup": { "type": ["object", "null"], "properties": { "state": { "type": "string" }, "lagPositions": { "type": "integer" }, "lagSeconds": { "type": "number" } } } } });
+            "backup": { "type": ["object", "null"], "properties": { "state": { "type": "string" }, "lagPositions": { "type": "integer" }, "lagSeconds": { "type": "number" } } },
+            "replica": { "type": ["object", "null"], "description": "A read replica's following of its backup.", "properties": { "state": { "enum": ["following", "failing"] }, "lagPositions": { "type": "integer" }, "lagSeconds": { "type": "number" }, "lastPollAgeSeconds": { "type": "number" } } } } });
+    let ready = json!({ "type": "object", "required": ["status"],
+        "properties": { "status": { "enum": ["ok", "unavailable"] },
+            "reasons": { "type": "array", "items": { "type": "string" }, "description": "Why not ready, each beginning with its kind: poisoned, disk_full, backup_failing (the class is D4 and the backup fails), replica_failing, replica_stale (no successful poll of the backup for 30 s), shutting_down." } } });
     let doc = json!({
         "openapi": "3.1.0",
         "info": {
@@ -114,7 +118,7 @@ pub(crate) fn document() -> String {
                         "tags": { "type": "array", "items": { "type": "string" } },
                         "data": { "type": "string", "description": "The stored bytes as a UTF-8 string (base64 when dataEncoding says so)." },
                         "position": { "type": "integer", "minimum": 1 },
-                        "dataEncoding": { "type": "string", "enum": ["base64"], "description": "Present only when the data is not UTF-8." },
+                        "dataEncoding": { "type": "string", "enum": ["base64"], "description": "Present only when the data is not UTF-8. An append takes the event's data and dataEncoding as they are read." },
                         "erased": { "type": "boolean", "description": "Present (true) only when the event's data subject was erased: its data and metadata are gone (data is empty)." },
                         "id": { "type": "string", "format": "uuid" },
                         "metadata": { "description": "The metadata given at append, when any." },
@@ -159,7 +163,7 @@ pub(crate) fn document() -> String {
                 "responses": merge(json!({
                     "200": { "description": "Appended (durable in D3), or the condition failed.",
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendResponse" } } } },
-                    "400": error_response("Malformed JSON, unknown fields, wrong types, or a limit broken (events, tags, sizes)."),
+                    "400": error_response("Malformed JSON, unknown fields, wrong types, data that is not base64 although its dataEncoding says so (the message names the event's index), or a limit broken (events, tags, sizes)."),
                     "408": error_response("The body did not arrive within the body timeout."),
                     "409": error_response("A tracking position not above the one recorded for its source, or d4 asked of a server without a backup (off_machine_unavailable), or an event naming an erased data subject (subject_erased)."),
                     "413": error_response("The body exceeds the configured limit."),
@@ -260,11 +264,19 @@ pub(crate) fn document() -> String {
                 "responses": merge(json!({ "200": { "description": "OpenAPI 3.1.", "content": { "application/json": {} } } }), auth_errors())
             } },
             "/health": { "get": {
-                "summary": "Liveness and readiness; open without a key.",
+                "summary": "Liveness: the process serves (readiness is /ready); open without a key.",
                 "security": [],
                 "responses": {
-                    "200": { "description": "Serving.", "content": { "application/json": { "schema": health } } },
-                    "503": { "description": "The store is poisoned by a failed write or fsync; it acknowledges nothing until reopened." }
+                    "200": { "description": "Serving; the body tells the store's, its backup's and its replication's states.", "content": { "application/json": { "schema": health } } },
+                    "503": { "description": "The store is poisoned by a failed write or fsync; it acknowledges nothing until reopened (restarted)." }
+                }
+            } },
+            "/ready": { "get": {
+                "summary": "Readiness: whether the server can now keep what it promises; open without a key.",
+                "security": [],
+                "responses": {
+                    "200": { "description": "Ready: {\"status\":\"ok\"}.", "content": { "application/json": { "schema": ready } } },
+                    "503": { "description": "Not ready: {\"status\":\"unavailable\",\"reasons\":[...]}.", "content": { "application/json": { "schema": ready } } }
                 }
             } },
             "/metrics": { "get": {
@@ -558,6 +570,7 @@ mod tests {
         assert_eq!(new_event["additionalProperties"], false);
         assert!(new_event["properties"].get("type").is_some());
         assert!(new_event["properties"].get("event_type").is_none());
+        assert!(new_event["properties"].get("dataEncoding").is_some());
         assert_eq!(
             schemas["AppendCondition"]["required"][0],
             "failIfEventsMatch"

@@ -54,6 +54,14 @@ pub struct WireTracking {
 /// One event in an append body.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "NewEvent")]
+// With "dataEncoding": "base64", data is standard base64 with padding (what the server checks).
+#[schemars(extend(
+    "if" = { "required": ["dataEncoding"], "properties": { "dataEncoding": { "const": "base64" } } },
+    "then" = { "properties": { "data": {
+        "contentEncoding": "base64",
+        "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+    } } }
+))]
 #[serde(deny_unknown_fields)]
 pub struct WireEvent<'a> {
     #[serde(rename = "type", borrow)]
@@ -62,9 +70,14 @@ pub struct WireEvent<'a> {
     #[serde(default)]
     #[schemars(schema_with = "annals::schema::names")]
     pub tags: Vec<String>,
-    /// Stored as its UTF-8 bytes.
+    /// Stored as its UTF-8 bytes, or as the bytes it decodes to when `dataEncoding` is
+    /// "base64".
     #[serde(borrow)]
     pub data: Cow<'a, str>,
+    /// How `data` stands for the bytes stored: "utf8" (the default) or "base64", as reads
+    /// send data that is not UTF-8, so that what a client reads it can append again.
+    #[serde(default, rename = "dataEncoding")]
+    pub data_encoding: Option<DataEncoding>,
     /// Not a key: events with the same id may be stored. When a conditional append fails and
     /// the first events matching its condition after `after` carry exactly the append's ids in
     /// order, the append is a retry and answers their last position. The nil UUID means no id.
@@ -76,20 +89,46 @@ pub struct WireEvent<'a> {
     pub metadata: Option<&'a RawValue>,
 }
 
+/// Standard base64 with padding, as reads write it; unused bits of the last symbol are
+/// ignored rather than refused, as the document's pattern for the field allows them.
+const BASE64_IN: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
+/// How an event's `data` string stands for its bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DataEncoding {
+    /// The string's UTF-8 bytes.
+    Utf8,
+    /// The bytes the string decodes to as standard base64 (with padding).
+    Base64,
+}
+
 impl WireEvent<'_> {
     /// The event to append; `body` is the request body the strings were parsed from, so data
-    /// without escapes is shared rather than copied.
-    pub fn into_new_event(self, body: &Bytes) -> NewEvent {
-        NewEvent {
+    /// without escapes is shared rather than copied. Data that does not decode under its
+    /// `dataEncoding` is refused with a message for people.
+    pub fn into_new_event(self, body: &Bytes) -> Result<NewEvent, String> {
+        let data = match self.data_encoding {
+            None | Some(DataEncoding::Utf8) => share_or_own(self.data, body),
+            Some(DataEncoding::Base64) => Bytes::from(
+                BASE64_IN
+                    .decode(self.data.as_bytes())
+                    .map_err(|e| format!("data is not base64, as its dataEncoding says: {e}"))?,
+            ),
+        };
+        Ok(NewEvent {
             event_type: self.event_type.into_owned(),
             tags: self.tags,
-            data: share_or_own(self.data, body),
+            data,
             metadata: self
                 .metadata
                 .map(|m| body.slice_ref(m.get().as_bytes()))
                 .unwrap_or_default(),
             id: self.id,
-        }
+        })
     }
 }
 
@@ -533,7 +572,10 @@ mod tests {
             br#"{"events":[{"type":"T","tags":["a:1"],"data":"hello","metadata":{"k":"v"}},{"type":"U","data":"esc\"aped"}]}"#,
         );
         let parsed: AppendBody = serde_json::from_slice(&body).unwrap();
-        let mut events = parsed.events.into_iter().map(|e| e.into_new_event(&body));
+        let mut events = parsed
+            .events
+            .into_iter()
+            .map(|e| e.into_new_event(&body).unwrap());
         let first = events.next().unwrap();
         assert_eq!(&first.data[..], b"hello");
         assert_eq!(&first.metadata[..], br#"{"k":"v"}"#);
@@ -548,5 +590,31 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("invalid type"), "{err}");
+    }
+
+    /// Goal: an event's dataEncoding says how its data string stands for its bytes, as reads
+    /// write it. Method: base64 data decodes to bytes that are not UTF-8, "utf8" and no
+    /// encoding keep the string, bad base64 is refused, an unknown encoding does not parse.
+    #[test]
+    fn append_body_decodes_base64_data() {
+        let body = Bytes::from_static(
+            br#"{"events":[{"type":"T","data":"/wAB","dataEncoding":"base64"},{"type":"T","data":"/wAB","dataEncoding":"utf8"},{"type":"T","data":"not base64!","dataEncoding":"base64"}]}"#,
+        );
+        let parsed: AppendBody = serde_json::from_slice(&body).unwrap();
+        let events: Vec<_> = parsed
+            .events
+            .into_iter()
+            .map(|e| e.into_new_event(&body))
+            .collect();
+        assert_eq!(&events[0].as_ref().unwrap().data[..], b"\xff\x00\x01");
+        assert_eq!(&events[1].as_ref().unwrap().data[..], b"/wAB");
+        let refused = events[2].as_ref().err().unwrap();
+        assert!(refused.contains("base64"), "{refused}");
+        let err = serde_json::from_slice::<AppendBody>(
+            br#"{"events":[{"type":"T","data":"","dataEncoding":"hex"}]}"#,
+        )
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("unknown variant"), "{err}");
     }
 }

@@ -734,3 +734,31 @@ pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
     }
     found
 }
+
+/// Swaps the paths `a` and `b` in one step (`renameat2` with `RENAME_EXCHANGE`): a backup's
+/// directory and a plain file, say, which makes the backup unreadable and unwritable to every
+/// process at once (root included, whom permissions do not stop) and whole again on the next
+/// swap, with no moment between in which a writer could make a new directory in its place.
+pub fn exchange(a: &Path, b: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let a_c = std::ffi::CString::new(a.as_os_str().as_bytes()).expect("a path without NUL");
+    let b_c = std::ffi::CString::new(b.as_os_str().as_bytes()).expect("a path without NUL");
+    // SAFETY: both are NUL-terminated paths that live across the call.
+    let done = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a_c.as_ptr(),
+            libc::AT_FDCWD,
+            b_c.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(
+        done,
+        0,
+        "swap {} and {}: {}",
+        a.display(),
+        b.display(),
+        std::io::Error::last_os_error()
+    );
+}

@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::archive::{decode_object, parse_name, Decoded, Manifest, ObjectKind, MANIFEST};
+use crate::archive::{
+    decode_object, parse_name, Decoded, Manifest, ObjectKind, KEYS_DIR, LEASE, LOG_DIR, MANIFEST,
+    SEGMENTS_DIR,
+};
 use crate::copy::append_all;
 use crate::error::StoreError;
 use crate::objects::{ObjectError, ObjectFault, Objects};
@@ -164,14 +167,73 @@ impl<'a> Walk<'a> {
     }
 }
 
-fn check_manifest(objects: &Objects) -> Result<Option<Manifest>, StoreError> {
-    let url = objects.url();
-    match objects.get(MANIFEST).map_err(|e| object_error(url, e))? {
-        None => Ok(None),
-        Some((bytes, _)) => Manifest::decode(&bytes)
-            .map(Some)
-            .map_err(|e| StoreError::Backup(format!("{url}: {e}"))),
+/// Opens the backup at `from` for reading, refusing a location that holds none: neither its
+/// manifest nor a lease (a store that began shipping into it), nor any of its objects. So a
+/// mistyped location, a bucket that does not exist, or a prefix above or beside a backup is
+/// an error that names what the location holds, never an empty backup. Creates nothing.
+fn open_backup(from: &BackupOptions) -> Result<(Objects, Option<Manifest>), StoreError> {
+    let objects = Objects::open_existing(&from.url, &from.settings).map_err(StoreError::Backup)?;
+    let url = objects.url().to_string();
+    let no_backup = |what: String| StoreError::Backup(format!("no backup at {url}: {what}"));
+    let manifest = match objects.get(MANIFEST) {
+        Ok(found) => found,
+        Err(e) if e.fault == ObjectFault::NotFound => {
+            return Err(no_backup(format!("{e} (a bucket that does not exist?)")))
+        }
+        Err(e) => return Err(object_error(&url, e)),
+    };
+    let manifest = match manifest {
+        Some((bytes, _)) => {
+            Some(Manifest::decode(&bytes).map_err(|e| StoreError::Backup(format!("{url}: {e}")))?)
+        }
+        None => None,
+    };
+    if manifest.is_some() {
+        return Ok((objects, manifest));
     }
+    let (top, folders) = match objects.list_top(8) {
+        Ok(listed) => listed,
+        Err(e) if e.fault == ObjectFault::NotFound => {
+            return Err(no_backup(format!("{e} (a bucket that does not exist?)")))
+        }
+        Err(e) => return Err(object_error(&url, e)),
+    };
+    let ours = [LEASE, SEGMENTS_DIR, LOG_DIR, KEYS_DIR];
+    let is_ours = |name: &str| ours.contains(&name.trim_end_matches('/'));
+    if top.iter().chain(&folders).any(|n| is_ours(n)) {
+        // A store shipping into it has not put its first records yet, or the manifest is
+        // missing (which the readers below report).
+        return Ok((objects, None));
+    }
+    if top.is_empty() && folders.is_empty() {
+        return Err(no_backup(
+            "it holds nothing (a mistyped location, or a bucket that does not exist?)".into(),
+        ));
+    }
+    // A backup one folder below, as when the location names its bucket or parent.
+    let mut below = Vec::new();
+    for folder in &folders {
+        let name = format!("{folder}{MANIFEST}");
+        if let Ok(Some(_)) = objects.get(&name) {
+            below.push(format!(
+                "{}/{}",
+                url.trim_end_matches('/'),
+                folder.trim_end_matches('/')
+            ));
+        }
+    }
+    let mut held: Vec<&str> = top.iter().chain(&folders).map(String::as_str).collect();
+    held.truncate(8);
+    Err(no_backup(match below.is_empty() {
+        true => format!("it holds other objects ({})", held.join(", ")),
+        false => format!("backups are below it, at {}", below.join(", ")),
+    }))
+}
+
+/// Refuses a backup location that holds no backup, creating nothing there (see
+/// [`restore`]): for a caller that checks before it makes the store to restore into.
+pub fn require_backup(from: &BackupOptions) -> Result<(), StoreError> {
+    open_backup(from).map(|_| ())
 }
 
 /// Writes the data subjects' key file the backup at `from` holds (its newest epoch) into
@@ -191,16 +253,18 @@ pub fn restore_keys(from: &BackupOptions, dir: &std::path::Path) -> Result<bool,
 
 /// The data subjects' key file the backup at `from` holds (its newest epoch), if any: for a
 /// store on a database that [`restore`] filled, [`Store::import_subject_keys`] puts it into
-/// the store's keys table (a store on files takes it with [`restore_keys`]).
+/// the store's keys table (a store on files takes it with [`restore_keys`]). Opened again
+/// afterwards, that store too appends the receipt of any erasure the restored log does not
+/// hold yet, after the positions restored.
 pub fn key_file(from: &BackupOptions) -> Result<Option<Vec<u8>>, StoreError> {
-    let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
+    let (objects, _) = open_backup(from)?;
     crate::archive::read_keys(&objects).map_err(StoreError::Backup)
 }
 
 /// Whether the backup at `from` holds data subjects' keys (a restore then needs the master
 /// key).
 pub fn holds_keys(from: &BackupOptions) -> Result<bool, StoreError> {
-    let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
+    let (objects, _) = open_backup(from)?;
     has_keys(&objects)
 }
 
@@ -218,7 +282,7 @@ pub fn restore(
     limit: RestoreLimit,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RestoreReport, StoreError> {
-    let objects = Objects::open_with(&from.url, &from.settings).map_err(StoreError::Backup)?;
+    let (objects, manifest) = open_backup(from)?;
     let url = objects.url().to_string();
     if to.head() != 0 {
         return Err(StoreError::Backup(format!(
@@ -226,7 +290,6 @@ pub fn restore(
             to.head()
         )));
     }
-    let manifest = check_manifest(&objects)?;
     if !to.has_subjects() && has_keys(&objects)? {
         return Err(StoreError::Backup(format!(
             "{url} holds data subjects' keys: open the store to restore into with its master \
@@ -330,9 +393,8 @@ pub fn verify_backup(
     backup: &BackupOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<BackupReport, StoreError> {
-    let objects = Objects::open_with(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
+    let (objects, manifest) = open_backup(backup)?;
     let url = objects.url().to_string();
-    let manifest = check_manifest(&objects)?;
     let mut walk = Walk::new(&objects)?;
     if manifest.is_none() && (!walk.segments.is_empty() || !walk.chunks.is_empty()) {
         return Err(StoreError::Backup(format!(

@@ -98,7 +98,7 @@ pub use record::StoredAppend;
 pub use store::subjects::Erasure;
 pub use store::{
     is_database_url, BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport,
-    ScrubStats, Stats, Store,
+    ReplicaStats, ScrubStats, Stats, Store,
 };
 pub use subject::{MasterKey, SubjectOptions, SUBJECT_ERASED_TYPE};
 pub use subscription::Subscription;

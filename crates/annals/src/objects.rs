@@ -96,8 +96,23 @@ impl Objects {
     }
 
     /// [`Objects::open`] with provider settings named as their environment variables
-    /// (`AWS_ENDPOINT_URL`, ...), which override the environment.
+    /// (`AWS_ENDPOINT_URL`, ...), which override the environment. A local directory is made
+    /// when missing: this is how a backup's writer opens its location.
     pub fn open_with(url: &str, settings: &[(String, String)]) -> Result<Objects, String> {
+        Self::open_mode(url, settings, true)
+    }
+
+    /// [`Objects::open_with`] for a reader of what is there (verifying, restoring, following
+    /// a backup): a local directory that does not exist is refused, never made.
+    pub fn open_existing(url: &str, settings: &[(String, String)]) -> Result<Objects, String> {
+        Self::open_mode(url, settings, false)
+    }
+
+    fn open_mode(
+        url: &str,
+        settings: &[(String, String)],
+        create: bool,
+    ) -> Result<Objects, String> {
         let parsed = url::Url::parse(url).map_err(|e| {
             format!(
                 "{url:?} is not a backup URL ({e}); give s3://bucket/prefix, gs://bucket/prefix, \
@@ -176,8 +191,15 @@ impl Objects {
                 let dir = parsed
                     .to_file_path()
                     .map_err(|()| format!("backup URL {url:?}: not an absolute local directory"))?;
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| format!("backup directory {}: {e}", dir.display()))?;
+                if create {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| format!("backup directory {}: {e}", dir.display()))?;
+                } else if !dir.is_dir() {
+                    return Err(format!(
+                        "no backup at {url}: the directory {} does not exist",
+                        dir.display()
+                    ));
+                }
                 (
                     Arc::new(
                         object_store::local::LocalFileSystem::new_with_prefix(&dir)
@@ -352,6 +374,39 @@ impl Objects {
             listed.sort_by(|a, b| a.name.cmp(&b.name));
             Ok(listed)
         })
+    }
+
+    /// What the prefix holds at its top: the names of its objects and of the folders below
+    /// it (without the prefix; a folder's name ends in '/'), at most `most` of each.
+    pub fn list_top(&self, most: usize) -> Result<(Vec<String>, Vec<String>), ObjectError> {
+        let skip = self.prefix.parts().count();
+        let name_of = |p: &Path| {
+            p.parts()
+                .skip(skip)
+                .map(|p| p.as_ref().to_string())
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        let prefix = (skip > 0).then_some(&self.prefix);
+        let listed = self
+            .runtime
+            .block_on(self.store.list_with_delimiter(prefix))
+            .map_err(|e| Self::error("list", "", e))?;
+        let mut objects: Vec<String> = listed
+            .objects
+            .iter()
+            .map(|m| name_of(&m.location))
+            .collect();
+        let mut folders: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .map(|p| format!("{}/", name_of(p)))
+            .collect();
+        objects.sort();
+        folders.sort();
+        objects.truncate(most);
+        folders.truncate(most);
+        Ok((objects, folders))
     }
 
     /// Removes `name`; one that is not there is no error.

@@ -7,12 +7,15 @@
 //! primary (the backup's lease holder).
 //!
 //! What it serves is in object storage, so at most as fresh as the primary's backup: the
-//! backup's lag plus one poll.
+//! backup's lag plus one poll. How far behind the backup the copy is, and whether the backup
+//! can be read at all, is in [`ReplicaStats`]: a backup that fails, vanishes or is replaced
+//! by another store's is a state the replica reports and polls again, never one it serves
+//! through as if the backup had stopped growing.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::TrySendError;
 use parking_lot::{Condvar, Mutex};
@@ -35,6 +38,9 @@ use crate::writer::{Reply, ReplyTo, Request, WriterRole};
 /// How often a replica asks for new objects when it has caught up.
 const POLL: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often, while it takes objects in, a replica lists the backup for its newest object:
+/// the lag in positions, at the cost of a listing now and then rather than one per object.
+const SURVEY: Duration = Duration::from_secs(10);
 
 /// What the follower and the store share.
 #[derive(Default)]
@@ -45,8 +51,17 @@ struct ReplicaState {
     objects_read: AtomicU64,
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
-    /// The last position the backup held when last asked.
+    /// The last position the backup was seen to hold: the end of the newest object found
+    /// (taken in, or listed by a survey), or the copy's head when a poll found nothing newer.
     backup_head: AtomicU64,
+    /// The last poll failed (see `last_error`).
+    failing: AtomicBool,
+    /// When the last successful poll ended: its instant, and its time in microseconds since
+    /// the Unix epoch.
+    last_poll: Mutex<Option<(Instant, u64)>>,
+    /// When a poll last found nothing newer than the copy: the copy then held everything the
+    /// backup held.
+    caught_up: Mutex<Option<Instant>>,
     /// The last append taken into the copy, as the backup holds it.
     last_append: Mutex<AppendStamp>,
     /// Polls finished (refresh waits for the next).
@@ -79,7 +94,7 @@ impl Replica {
             "the copy ends with its last append"
         );
         let objects =
-            Objects::open_with(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
+            Objects::open_existing(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
         let url = objects.url().to_string();
         let manifest = objects
             .get(MANIFEST)
@@ -106,6 +121,7 @@ impl Replica {
             segment_after: None,
             primary_read: None,
             keys_seen: None,
+            surveyed: None,
         };
         // Caught up before the store is handed out: a replica starts where its backup is.
         while follower.poll()? {}
@@ -137,11 +153,24 @@ impl Replica {
     }
 
     pub(crate) fn stats(&self) -> ReplicaStats {
+        let head = self.shared.head();
+        let backup_head = self.state.backup_head.load(Ordering::Relaxed);
+        let last_poll = *self.state.last_poll.lock();
+        // Both instants are set by the polls that fill the copy before the store opens.
+        let seconds = |at: Option<Instant>| at.map_or(0.0, |at| at.elapsed().as_secs_f64());
         ReplicaStats {
             url: self.state.url.clone(),
             primary: self.state.primary.lock().clone(),
-            head: self.shared.head(),
-            backup_head: self.state.backup_head.load(Ordering::Relaxed),
+            state: match self.state.failing.load(Ordering::Relaxed) {
+                true => "failing",
+                false => "following",
+            },
+            head,
+            backup_head,
+            lag_positions: backup_head.saturating_sub(head),
+            lag_seconds: seconds(*self.state.caught_up.lock()),
+            last_poll_at_us: last_poll.map_or(0, |(_, us)| us),
+            last_poll_age_seconds: seconds(last_poll.map(|(at, _)| at)),
             objects_read: self.state.objects_read.load(Ordering::Relaxed),
             failures: self.state.failures.load(Ordering::Relaxed),
             last_error: self.state.last_error.lock().clone(),
@@ -227,6 +256,13 @@ impl Log for Replica {
     }
 }
 
+/// Now, in microseconds since the Unix epoch (0 before it).
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// What identifies a record of the backup, as a kept copy records its last.
 fn stamp(header: &crate::record::RecordHeader) -> AppendStamp {
     AppendStamp {
@@ -246,7 +282,8 @@ pub(crate) fn backup_holds(
     if last.last == 0 {
         return Ok(None);
     }
-    let objects = Objects::open_with(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
+    let objects =
+        Objects::open_existing(&backup.url, &backup.settings).map_err(StoreError::Backup)?;
     let url = objects.url().to_string();
     let err = |e: crate::objects::ObjectError| StoreError::Backup(format!("{url}: {e}"));
     // The object holding the append: the one that begins nearest before it.
@@ -302,6 +339,8 @@ struct Follower {
     primary_read: Option<Instant>,
     /// The primary's key file as last taken in (epoch, length).
     keys_seen: Option<(u64, u64)>,
+    /// When the backup was last listed for its newest object (see [`SURVEY`]).
+    surveyed: Option<Instant>,
 }
 
 impl Follower {
@@ -314,19 +353,7 @@ impl Follower {
                     continue;
                 }
                 Ok(false) => backoff = POLL,
-                Err(e) => {
-                    self.state.failures.fetch_add(1, Ordering::Relaxed);
-                    let message = e.to_string();
-                    if self.state.last_error.lock().as_deref() != Some(message.as_str()) {
-                        tracing::warn!(
-                            url = self.state.url.as_str(),
-                            error = message.as_str(),
-                            "replica: the backup cannot be read; retrying"
-                        );
-                    }
-                    *self.state.last_error.lock() = Some(message);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
+                Err(_) => backoff = (backoff * 2).min(BACKOFF_MAX),
             }
             self.finish_poll();
             let mut guard = self.state.kick_lock.lock();
@@ -362,8 +389,48 @@ impl Follower {
         Ok(())
     }
 
-    /// Takes in the object after the head, if there is one; true when it did.
+    /// Polls the backup once (see [`Follower::take_next`]) and records what the poll found:
+    /// the replica's state and lag in [`ReplicaStats`], a failure in the log once per error.
     fn poll(&mut self) -> Result<bool, StoreError> {
+        let polled = self.take_next();
+        let now = Instant::now();
+        match &polled {
+            Ok(taken) => {
+                *self.state.last_poll.lock() = Some((now, unix_us()));
+                if !taken {
+                    *self.state.caught_up.lock() = Some(now);
+                    self.state
+                        .backup_head
+                        .fetch_max(self.shared.head(), Ordering::Relaxed);
+                }
+                if self.state.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!(
+                        url = self.state.url.as_str(),
+                        "replica: the backup can be read again"
+                    );
+                }
+                *self.state.last_error.lock() = None;
+            }
+            Err(e) => {
+                self.state.failures.fetch_add(1, Ordering::Relaxed);
+                self.state.failing.store(true, Ordering::Relaxed);
+                let message = e.to_string();
+                let mut last_error = self.state.last_error.lock();
+                if last_error.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(
+                        url = self.state.url.as_str(),
+                        error = message.as_str(),
+                        "replica: the backup cannot be read; retrying"
+                    );
+                }
+                *last_error = Some(message);
+            }
+        }
+        polled
+    }
+
+    /// Takes in the object after the head, if there is one; true when it did.
+    fn take_next(&mut self) -> Result<bool, StoreError> {
         let url = self.state.url.clone();
         let err = |e: crate::objects::ObjectError| StoreError::Backup(format!("{url}: {e}"));
         self.read_primary();
@@ -381,6 +448,7 @@ impl Follower {
             object = self.covering(next)?;
         }
         let Some((name, bytes)) = object else {
+            self.check_manifest()?;
             return Ok(false);
         };
         let first =
@@ -395,8 +463,79 @@ impl Follower {
             .fetch_max(decoded.header.last, Ordering::Relaxed);
         self.apply(&name, &decoded, next)?;
         self.state.objects_read.fetch_add(1, Ordering::Relaxed);
-        *self.state.last_error.lock() = None;
+        self.survey()?;
         Ok(true)
+    }
+
+    /// Fails unless the backup still holds the manifest it held at open. Asked when a poll
+    /// finds nothing newer: a prefix moved away, emptied or unreadable answers no object
+    /// rather than an error, and would otherwise pass for a backup that stopped growing; one
+    /// that now holds another store's backup would be followed into another history.
+    fn check_manifest(&self) -> Result<(), StoreError> {
+        let url = &self.state.url;
+        let found = self
+            .objects
+            .get(MANIFEST)
+            .map_err(|e| StoreError::Backup(format!("{url}: {e}")))?;
+        let Some((bytes, _)) = found else {
+            return Err(StoreError::Backup(format!(
+                "{url} holds no backup any more (no {MANIFEST}): moved, deleted or unreadable"
+            )));
+        };
+        match Manifest::decode(&bytes) {
+            Ok(manifest) if manifest == self.manifest => Ok(()),
+            Ok(_) => Err(StoreError::Backup(format!(
+                "{url} now holds another store's backup (its {MANIFEST} names another first \
+                 record): the replica follows the one it opened"
+            ))),
+            Err(e) => Err(StoreError::Backup(format!("{url}: {e}"))),
+        }
+    }
+
+    /// Learns how far the backup reaches beyond the copy while objects are being taken in:
+    /// the end of the newest object listed after the head, read from its header. At most
+    /// every [`SURVEY`]; a caught-up poll tells the rest (the backup then ends at the head).
+    fn survey(&mut self) -> Result<(), StoreError> {
+        if self.surveyed.is_some_and(|at| at.elapsed() < SURVEY) {
+            return Ok(());
+        }
+        self.surveyed = Some(Instant::now());
+        let url = self.state.url.clone();
+        let err = |e: crate::objects::ObjectError| StoreError::Backup(format!("{url}: {e}"));
+        let next = self.shared.head() + 1;
+        let mut newest: Option<(u64, String)> = None;
+        for kind in [ObjectKind::Segment, ObjectKind::Chunk] {
+            let listed = self
+                .objects
+                .list(kind.dir(), Some(&kind.name(next)))
+                .map_err(err)?;
+            // Listed in name order, and names order by first position.
+            let last = listed
+                .into_iter()
+                .rev()
+                .find_map(|l| parse_name(kind, &l.name).map(|first| (first, l.name)));
+            if let Some((first, name)) = last {
+                if newest.as_ref().is_none_or(|(f, _)| first > *f) {
+                    newest = Some((first, name));
+                }
+            }
+        }
+        let Some((_, name)) = newest else {
+            return Ok(());
+        };
+        let head = match self.objects.get_range(&name, 0..OBJECT_HEADER_BYTES as u64) {
+            Ok(head) => head,
+            // A chunk removed since the listing, its segment's object now covering it: the
+            // next survey finds that one.
+            Err(e) if e.fault == crate::objects::ObjectFault::NotFound => return Ok(()),
+            Err(e) => return Err(err(e)),
+        };
+        let header = decode_object_header(&head)
+            .map_err(|e| StoreError::Backup(format!("{url}: {name}: {e}")))?;
+        self.state
+            .backup_head
+            .fetch_max(header.last, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The segment object holding `next`, found by listing after the last one seen.

@@ -327,7 +327,7 @@ fn first_position(segment: &Segment) -> Option<u64> {
 #[cfg(feature = "object-store")]
 fn repair(backup: &BackupOptions, segment: &Segment, damage: &Damage) -> Result<String, String> {
     use crate::archive::{decode_object, decode_object_header, parse_name, ObjectKind};
-    let objects = crate::objects::Objects::open_with(&backup.url, &backup.settings)?;
+    let objects = crate::objects::Objects::open_existing(&backup.url, &backup.settings)?;
     let mut found = None;
     for kind in [ObjectKind::Segment, ObjectKind::Chunk] {
         let listed = objects.list(kind.dir(), None).map_err(|e| e.to_string())?;

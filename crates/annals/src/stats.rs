@@ -51,13 +51,18 @@ pub struct Stats {
     pub backend: &'static str,
     /// The database backend's counters (None on files).
     pub database: Option<DatabaseStats>,
+    /// The class's label (d0 to d4), or "replica" on a read replica, which acknowledges no
+    /// appends (see `durability_description`).
     pub durability: &'static str,
     pub durability_description: &'static str,
     pub segments: usize,
     pub segment_bytes: u64,
     pub types: usize,
     pub tags: usize,
+    /// Bytes the in-memory index holds (its capacity).
     pub index_bytes: usize,
+    /// Bytes per event of what the index holds, counted by length: the same figure for the
+    /// same log however its index was built, and the one `annals verify` reports.
     pub index_bytes_per_event: f64,
     pub appends: u64,
     pub events_appended: u64,
@@ -120,12 +125,86 @@ pub struct ReplicaStats {
     pub url: String,
     /// The primary that writes the backup, from its lease.
     pub primary: String,
+    /// "following" (the last poll of the backup succeeded) or "failing" (it failed: the
+    /// backup is unreachable, gone, damaged or another store's; polled again with backoff,
+    /// see `last_error`).
+    pub state: &'static str,
     pub head: u64,
-    /// The last position the backup held when last read.
+    /// The last position the backup was seen to hold.
     pub backup_head: u64,
+    /// Positions the backup was seen to hold beyond the copy (`backup_head - head`). What
+    /// the backup took in since it was last read is not known: while failing, watch
+    /// `lag_seconds`.
+    pub lag_positions: u64,
+    /// How long since the copy last held everything the backup held: up to a poll's
+    /// interval while the replica keeps up; it grows while it catches up and while it fails.
+    pub lag_seconds: f64,
+    /// When the last successful poll ended, in microseconds since the Unix epoch, and how
+    /// long ago.
+    pub last_poll_at_us: u64,
+    pub last_poll_age_seconds: f64,
     pub objects_read: u64,
     pub failures: u64,
     pub last_error: Option<String>,
+}
+
+/// A read replica's class, as [`Stats::durability_description`] gives it.
+pub(crate) const REPLICA_CLASS: &str = "read replica: acknowledges no appends (the primary \
+    takes them); serves what the primary's backup holds, which is in object storage";
+
+/// How long a replica may go without a successful poll of its backup before it counts as
+/// not following it ([`Stats::unready_reasons`]): polls end every fraction of a second while
+/// it follows, and a request to object storage that hangs fails within this.
+pub(crate) const REPLICA_POLL_AGE_MAX_SECONDS: f64 = 30.0;
+
+impl Stats {
+    /// Why the store cannot now keep what it promises, one reason per line, each beginning
+    /// with a stable kind (`poisoned:`, `disk_full:`, `backup_failing:`, `replica_failing:`,
+    /// `replica_stale:`); empty when it can. A server is ready when this is empty
+    /// (docs/SERVER.md, "Liveness and readiness").
+    ///
+    /// A backup that fails under a class below D4 is no reason: appends keep their class
+    /// and the backup catches up when object storage returns; only appends that ask for D4
+    /// on their own wait for it, and they are answered one by one. Damage the scrub could
+    /// not repair is none either: reads that cross it fail, everything else is served.
+    pub fn unready_reasons(&self) -> Vec<String> {
+        let mut reasons = Vec::new();
+        if let Some(why) = &self.poisoned {
+            reasons.push(format!(
+                "poisoned: appends are refused until the store is reopened: {why}"
+            ));
+        }
+        if let Some(why) = &self.disk_full {
+            reasons.push(format!(
+                "disk_full: appends that need a new segment are refused: {why}"
+            ));
+        }
+        if let Some(backup) = self.backup.as_ref().filter(|_| self.durability == "d4") {
+            if backup.state == "failing" || backup.state == "stopped" {
+                reasons.push(format!(
+                    "backup_failing: every append is D4, and the backup at {} is {}: {}",
+                    backup.url,
+                    backup.state,
+                    backup.last_error.as_deref().unwrap_or("no reason given")
+                ));
+            }
+        }
+        if let Some(replica) = &self.replica {
+            if replica.state == "failing" {
+                reasons.push(format!(
+                    "replica_failing: the backup at {} cannot be followed: {}",
+                    replica.url,
+                    replica.last_error.as_deref().unwrap_or("no reason given")
+                ));
+            } else if replica.last_poll_age_seconds > REPLICA_POLL_AGE_MAX_SECONDS {
+                reasons.push(format!(
+                    "replica_stale: no poll of the backup at {} has succeeded for {:.0} s",
+                    replica.url, replica.last_poll_age_seconds
+                ));
+            }
+        }
+        reasons
+    }
 }
 
 /// What the background scrub found (see `Options::scrub`).

@@ -21,6 +21,7 @@ pub struct VerifyReport {
     pub torn_tail: Option<String>,
     /// "matches", "absent", or why it does not agree with the log.
     pub checkpoint: String,
+    /// As `Stats::index_bytes_per_event` counts it, so the two agree.
     pub index_bytes_per_event: f64,
     /// Events sealed for data subjects (`Options::subjects`).
     pub sealed_events: u64,
@@ -97,11 +98,7 @@ pub(crate) fn verify_with_io(
         tags: index.tag_count(),
         torn_tail: torn,
         checkpoint,
-        index_bytes_per_event: if index.len() == 0 {
-            0.0
-        } else {
-            index.bytes_used() as f64 / index.len() as f64
-        },
+        index_bytes_per_event: index.bytes_per_event(),
         sealed_events,
         subject_problem,
     })

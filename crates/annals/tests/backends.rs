@@ -1574,6 +1574,87 @@ fn subjects_on_postgres_hold_on_every_server() {
     f.close().unwrap();
 }
 
+/// Goal: every server of a database keeps the subjects the database sealed events for and
+/// erased, whatever prefixes it is started with. Regression: a server started with other
+/// subject tag prefixes than the store was used with stored a subject's data in clear and
+/// took appends naming an erased subject. Method: a server erases customer:42; a server
+/// started with `employee:` alone is refused, naming it, and writes nothing to the keys
+/// table; one started with both prefixes runs, and a server still running with `customer:`
+/// alone, once it takes in that server's first employee event, appends nothing more (it
+/// would store employee data in clear) and says why, while it reads on.
+#[test]
+fn a_server_with_fewer_subject_prefixes_than_the_database_never_stores_in_clear() {
+    use annals::{MasterKey, SubjectOptions};
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let master = MasterKey::generate().unwrap();
+    let with = |prefixes: &[&str]| Options {
+        subjects: Some(SubjectOptions::new(
+            prefixes.iter().copied(),
+            master.clone(),
+        )),
+        ..small_options()
+    };
+    let a = Store::open_postgres(&cluster.url(), with(&["customer:"])).unwrap();
+    a.append(&[NewEvent::new("Moved", "street").tag("customer:42")], None)
+        .unwrap();
+    a.erase_subject("customer:42").unwrap();
+    let rows = cluster.sql_value("SELECT count(*) FROM annals_subject_keys");
+
+    let e = Store::open_postgres(&cluster.url(), with(&["employee:"]))
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("customer:42 (erased)")
+            && e.to_string().contains("--subject-tags employee:,customer:"),
+        "{e}"
+    );
+    assert_eq!(
+        cluster.sql_value("SELECT count(*) FROM annals_subject_keys"),
+        rows
+    );
+
+    let both = Store::open_postgres(&cluster.url(), with(&["customer:", "employee:"])).unwrap();
+    let refused = both
+        .append(&[NewEvent::new("Moved", "again").tag("customer:42")], None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            AppendError::Input(InputError::SubjectErased { .. })
+        ),
+        "{refused:?}"
+    );
+    both.append(
+        &[NewEvent::new("Hired", "MARKER-e7").tag("employee:7")],
+        None,
+    )
+    .unwrap();
+    // `a` learns of a subject under a prefix it was not given: it stops appending.
+    a.refresh().unwrap();
+    let stopped = a
+        .append(
+            &[NewEvent::new("Hired", "MARKER-e8").tag("employee:8")],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        stopped.to_string().contains("employee:7")
+            && stopped.to_string().contains("--subject-tags"),
+        "{stopped}"
+    );
+    let last = read_all(&a, &Query::all(), ReadOptions::backwards()).unwrap();
+    assert_eq!(last[0].data(), b"MARKER-e7");
+    a.close().unwrap();
+    both.close().unwrap();
+    let hex: String = b"MARKER-e".iter().map(|b| format!("{b:02x}")).collect();
+    assert!(
+        !cluster.dump().contains(&hex),
+        "employee data in clear in the database"
+    );
+}
+
 /// Goal: a store on files with data subjects copied into PostgreSQL takes its keys along:
 /// those of its key file, and those only its log carries (here all of them: the store kept
 /// no key file up to date, as after a crash), and its erasures; the database's servers then

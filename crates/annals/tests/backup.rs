@@ -587,6 +587,101 @@ fn a_replica_follows_the_primary_through_its_backup() {
     primary.close().unwrap();
 }
 
+/// Goal: a read replica tells how far behind its backup it is, and when it cannot read it.
+/// Story: a replica whose backup became unreadable said nothing: its stats read as those of a
+/// backup that had stopped growing, nothing made it not ready, and what it took in was
+/// counted on no commit route. Method: a primary ships to a local directory and a replica
+/// follows it; the directory is swapped for a plain file while the primary goes on appending:
+/// the replica's stats say failing with the reason, its lag in seconds grows, and its
+/// readiness names it; swapped back, the replica follows again, catches up with the primary,
+/// is ready, and has counted every append it took in on the `replicated` route.
+#[test]
+fn a_replica_reports_its_lag_and_a_backup_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let location = dir.path().join("backup");
+    let url = format!("file://{}", location.display());
+    let opts = options(&url);
+    let primary = Store::open(dir.path().join("primary"), opts.clone()).unwrap();
+    fill(&primary, 50);
+    wait_for("the backup ships everything", || {
+        primary.stats().backup.unwrap().lag_positions == 0
+    });
+    let shipped = primary.head();
+    let replica = Store::open_replica(opts.backup.as_ref().unwrap(), plain(&opts)).unwrap();
+    let stats = replica.stats();
+    let following = stats.replica.clone().unwrap();
+    assert_eq!(following.state, "following", "{following:?}");
+    assert_eq!(
+        (
+            following.head,
+            following.backup_head,
+            following.lag_positions
+        ),
+        (shipped, shipped, 0),
+        "{following:?}"
+    );
+    assert!(following.last_poll_at_us > 0, "{following:?}");
+    assert!(stats.unready_reasons().is_empty(), "{stats:?}");
+    assert_eq!(stats.commits["replicated"], 50, "{:?}", stats.commits);
+    assert_eq!(stats.durability, "replica");
+    assert!(
+        stats
+            .durability_description
+            .contains("acknowledges no appends"),
+        "{}",
+        stats.durability_description
+    );
+
+    // The backup becomes unreadable, to the primary too, which goes on appending.
+    let blocked = dir.path().join("blocked");
+    std::fs::write(&blocked, "not a backup").unwrap();
+    annals_testkit::exchange(&location, &blocked);
+    fill(&primary, 20);
+    wait_for("the replica fails", || {
+        replica.stats().replica.unwrap().state == "failing"
+    });
+    let lag = replica.stats().replica.unwrap().lag_seconds;
+    wait_for("its lag grows", || {
+        replica.stats().replica.unwrap().lag_seconds > lag + 0.5
+    });
+    let stats = replica.stats();
+    let failing = stats.replica.clone().unwrap();
+    assert!(
+        failing.failures > 0
+            && failing
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains(&url))
+            && failing.last_poll_age_seconds > 0.5,
+        "{failing:?}"
+    );
+    assert_eq!(replica.head(), shipped, "nothing new could be read");
+    let reasons = stats.unready_reasons();
+    assert!(
+        reasons.len() == 1 && reasons[0].starts_with("replica_failing:"),
+        "{reasons:?}"
+    );
+
+    // The backup is back: the primary ships what it held, the replica takes it in.
+    annals_testkit::exchange(&location, &blocked);
+    wait_for("the backup ships everything", || {
+        primary.stats().backup.unwrap().lag_positions == 0
+    });
+    wait_for("the replica catches up", || {
+        let r = replica.stats().replica.unwrap();
+        r.head == primary.head() && r.backup_head == r.head && r.state == "following"
+    });
+    let stats = replica.stats();
+    let caught_up = stats.replica.clone().unwrap();
+    assert_eq!(caught_up.lag_positions, 0, "{caught_up:?}");
+    assert!(caught_up.last_error.is_none(), "{caught_up:?}");
+    assert!(stats.unready_reasons().is_empty(), "{stats:?}");
+    assert_eq!(stats.commits["replicated"], 70, "{:?}", stats.commits);
+    assert_eq!(all_data(&replica).unwrap(), all_data(&primary).unwrap());
+    replica.close().unwrap();
+    primary.close().unwrap();
+}
+
 /// Goal: a store with data subjects ships their keys with its records, so that a restore reads
 /// them back; an erasure replaces the backup's keys before it answers, so that the erased
 /// subject's key is in no object, and the restored store has the subject erased too.

@@ -226,6 +226,80 @@ fn a_wrong_or_missing_master_key_is_refused_and_writes_nothing() {
     }
 }
 
+fn files_of(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    walk(dir)
+        .into_iter()
+        .filter(|p| !p.display().to_string().ends_with("LOCK"))
+        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+        .collect()
+}
+
+/// Goal: a store remembers the subjects it sealed events for and erased, whatever a later
+/// opening is told. Regression: a store made with the prefix `customer:`, with customer:42
+/// erased, was opened again with `employee:` alone: it opened without a word, stored a new
+/// customer:50 event's data in clear, and took an append naming the erased customer:42,
+/// which read back in clear after a reopening with `customer:` again. Method: that sequence;
+/// the opening that leaves `customer:` out is now refused, names the subjects and the
+/// prefixes to give, and changes no file; an opening with the store's prefix and another
+/// goes on sealing and refusing as before.
+#[test]
+fn an_opening_that_leaves_out_a_used_prefix_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterKey::generate().unwrap();
+    let only = |prefix: &str| Options {
+        subjects: Some(SubjectOptions::new([prefix], master.clone())),
+        ..Options::default()
+    };
+    let store = Store::open(dir.path(), only("customer:")).unwrap();
+    store
+        .append(&[NewEvent::new("Moved", MARKER).tag("customer:42")], None)
+        .unwrap();
+    store
+        .append(
+            &[NewEvent::new("Moved", "elsewhere").tag("customer:43")],
+            None,
+        )
+        .unwrap();
+    store.erase_subject("customer:42").unwrap();
+    store.close().unwrap();
+    let before = files_of(dir.path());
+
+    let e = Store::open(dir.path(), only("employee:")).err().unwrap();
+    assert!(matches!(e, StoreError::Subjects(_)), "{e}");
+    let message = e.to_string();
+    for needle in [
+        "customer:42 (erased)",
+        "customer:43",
+        "--subject-tags employee:,customer:",
+    ] {
+        assert!(message.contains(needle), "{needle} not in: {message}");
+    }
+    assert_eq!(
+        files_of(dir.path()),
+        before,
+        "a refused opening changed files"
+    );
+
+    // With the store's prefix (and a new one): sealed and refused as ever.
+    let store = Store::open(dir.path(), options(&master)).unwrap();
+    let e = store
+        .append(&[NewEvent::new("Moved", "again").tag("customer:42")], None)
+        .unwrap_err();
+    assert!(
+        matches!(e, AppendError::Input(InputError::SubjectErased { .. })),
+        "{e}"
+    );
+    let marker = format!("{MARKER}-50");
+    store
+        .append(
+            &[NewEvent::new("Moved", marker.clone().into_bytes()).tag("customer:50")],
+            None,
+        )
+        .unwrap();
+    store.close().unwrap();
+    assert!(raw_files_hold(dir.path(), marker.as_bytes()).is_empty());
+}
+
 #[test]
 fn a_store_without_subjects_stores_data_as_given() {
     let dir = tempfile::tempdir().unwrap();

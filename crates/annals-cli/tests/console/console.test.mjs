@@ -5,7 +5,7 @@ import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 
-const { CHROMIUM, OPEN_URL, KEYED_URL, API_KEY, EXCHANGE_URL } = process.env;
+const { CHROMIUM, OPEN_URL, KEYED_URL, API_KEY, EXCHANGE_URL, REPLICA_URL } = process.env;
 const SHOTS = process.env.ANNALS_CONSOLE_SCREENSHOTS;
 if (SHOTS) mkdirSync(SHOTS, { recursive: true });
 
@@ -141,6 +141,12 @@ try {
   // Store: the head and the charts from the server's metrics.
   await page.goto(OPEN_URL + '/#/store');
   await page.waitForFunction(() => document.querySelectorAll('.card').length > 5);
+  // The charts draw a rate within moments of the page opening (a second sample is taken
+  // soon after the first), not only after the page's regular interval.
+  await page.waitForSelector('canvas[aria-label*="per second now"]', { timeout: 1800 });
+  check(true, 'the store page\'s charts show a rate soon after it opens');
+  // This server hosts no exchange: its tab is not offered.
+  check(await page.isHidden('nav a[data-page="exchange"]'), 'a server without an exchange shows no Exchange tab');
   const cards = await page.textContent('.cards');
   const head = (await (await fetch(OPEN_URL + '/v1/head')).json()).head;
   check(cards.includes('Head position') && cards.includes(String(head)) && cards.includes('healthy') && cards.includes('KiB'),
@@ -160,6 +166,16 @@ try {
     await page.waitForTimeout(200);
   }
   await shot(page, 'console-store');
+
+  // A read replica of that backup: whether it follows it, its lag and its last poll.
+  await page.goto(REPLICA_URL + '/#/store');
+  await page.waitForFunction(() => document.querySelector('.cards') &&
+    /Replica\s*following its backup/.test(document.querySelector('.cards').textContent), null, { timeout: 10000 });
+  const replicaCards = await page.textContent('.cards');
+  check(/Replica lag\s*[0-9,]+ positions, [0-9.]+ s/.test(replicaCards) &&
+    /Replica last poll\s*[0-9.]+ s ago, 0 failures/.test(replicaCards) && replicaCards.includes('healthy'),
+    'a replica\'s store page shows it following its backup, its lag and its last poll: ' + replicaCards);
+  await shot(page, 'console-replica');
 
   await page.goto(OPEN_URL + '/#/readmodels');
   await page.waitForFunction(() => document.querySelector('main tbody') && document.querySelector('main tbody').textContent.includes('up to date'));
@@ -189,6 +205,10 @@ try {
   await page.goto(KEYED_URL + '/#/events');
   await page.waitForSelector('#key-form:not([hidden])');
   check(true, 'with keys configured the page asks for one');
+  // Asked for first, not greeted with an error: the refusal of the keyless first request is
+  // the reason for the form, not a failure to show in red.
+  await page.waitForTimeout(300);
+  check(await page.isHidden('#error'), 'a keyed server asks for the key without an error banner: ' + await page.textContent('#error'));
   await shot(page, 'console-key');
   await page.fill('#key-input', 'not-the-key-00000000');
   await page.click('#key-form button');
@@ -213,6 +233,8 @@ try {
   // Exchange: the book after orders were placed.
   await page.goto(EXCHANGE_URL + '/#/exchange');
   await page.waitForSelector('.ladder td.bid');
+  await page.waitForSelector('nav a[data-page="exchange"]:not([hidden])');
+  check(true, 'a server hosting the exchange shows the Exchange tab');
   const ladder = await page.textContent('.ladder');
   check(ladder.includes('99') && ladder.includes('98') && ladder.includes('103'), 'the exchange page shows the book');
   await page.waitForSelector('text=Recent trades');

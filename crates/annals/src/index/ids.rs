@@ -36,8 +36,14 @@ impl IdColumn {
             .zip(self.ids[..end].iter().copied())
     }
 
-    pub(super) fn bytes_used(&self) -> usize {
-        self.positions.capacity() * 8 + self.ids.capacity() * 16
+    /// The columns' bytes: their capacity when `held`, their length otherwise.
+    pub(super) fn bytes(&self, held: bool) -> usize {
+        let (positions, ids) = if held {
+            (self.positions.capacity(), self.ids.capacity())
+        } else {
+            (self.positions.len(), self.ids.len())
+        };
+        positions * 8 + ids * 16
     }
 }
 

@@ -413,6 +413,23 @@ impl Index {
 
     /// Bytes held by the index structures (capacity, not just length).
     pub(crate) fn bytes_used(&self) -> usize {
+        self.bytes(true)
+    }
+
+    /// Bytes per event of what the index holds, counted by length rather than capacity: the
+    /// same log gives the same figure whether its index was read from a checkpoint or rebuilt
+    /// from the log, whose vectors grow differently. `Stats` and `annals verify` both report
+    /// this one.
+    pub(crate) fn bytes_per_event(&self) -> f64 {
+        match self.len() {
+            0 => 0.0,
+            events => self.bytes(false) as f64 / events as f64,
+        }
+    }
+
+    /// The index structures' bytes: their capacity when `held`, their length otherwise.
+    fn bytes(&self, held: bool) -> usize {
+        let size = |len: usize, capacity: usize| if held { capacity } else { len };
         let names = |names: &Vec<NameKey>| -> usize {
             let heap = |n: &NameKey| match n {
                 NameKey::Heap(b) => b.len(),
@@ -420,19 +437,22 @@ impl Index {
             };
             // Each name is in the vector and in the map (key, id and a control byte).
             names.iter().map(|n| 2 * heap(n)).sum::<usize>()
-                + names.capacity() * size_of::<NameKey>()
+                + size(names.len(), names.capacity()) * size_of::<NameKey>()
                 + names.len() * (size_of::<NameKey>() + 4 + 1) * 8 / 7
         };
         let postings = |lists: &Vec<Vec<u64>>| -> usize {
-            lists.iter().map(|l| l.capacity() * 8 + 24).sum::<usize>()
+            lists
+                .iter()
+                .map(|l| size(l.len(), l.capacity()) * 8 + 24)
+                .sum::<usize>()
         };
         names(&self.type_names)
             + names(&self.tag_names)
             + postings(&self.type_postings)
             + postings(&self.tag_postings)
-            + self.event_types.capacity() * 4
-            + self.locations.capacity() * 8
-            + self.ids.bytes_used()
+            + size(self.event_types.len(), self.event_types.capacity()) * 4
+            + size(self.locations.len(), self.locations.capacity()) * 8
+            + self.ids.bytes(held)
     }
 
     /// How many events through `head` carry `tag` (a binary search in its postings).

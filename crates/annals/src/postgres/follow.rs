@@ -5,23 +5,34 @@ use super::*;
 
 /// Takes in what another server's append tells about subjects before the mirror holds it:
 /// the keys of its sealed events that this server does not hold (learned from the table),
-/// and the erasures its receipts record (their keys dropped).
+/// and the erasures its receipts record (their keys dropped). Answers a subject that the
+/// other server treats as one and this server's tag prefixes do not name, if any.
 fn subjects_of(
     keys: &crate::keys::KeyStore,
     append: &EncodedAppend,
     at: u64,
-) -> Result<(), StoreError> {
+) -> Result<Option<String>, StoreError> {
     let mut sealed = Vec::new();
+    let mut unnamed = None;
     for (_, entry, layout) in Entries::new(append.entries(), append.event_count).trusted() {
         if layout.sealed {
             sealed.extend(crate::seal::sealed_subjects(entry, &layout).unwrap_or_default());
         } else if layout.event_type(entry) == crate::subject::SUBJECT_ERASED_TYPE {
-            for tag in Tags::of(entry, &layout).filter(|t| keys.options().is_subject(t)) {
+            // A receipt carries its subject's tag alone; whatever this server's prefixes say,
+            // the subject is erased for every server of the database.
+            for tag in Tags::of(entry, &layout) {
                 keys.mark_erased(tag, at);
+                if !keys.options().is_subject(tag) {
+                    unnamed.get_or_insert_with(|| tag.to_string());
+                }
             }
         }
     }
-    keys.learn(&sealed)
+    if let Some(tag) = sealed.iter().find(|t| !keys.options().is_subject(t)) {
+        unnamed.get_or_insert_with(|| tag.to_string());
+    }
+    keys.learn(&sealed)?;
+    Ok(unnamed)
 }
 
 impl Committer {
@@ -135,9 +146,23 @@ impl Committer {
                 }
             };
             if let Some(keys) = &self.inner.keys {
-                if let Err(e) = subjects_of(keys, &append, at) {
-                    keys_failed = Some(e);
-                    break;
+                match subjects_of(keys, &append, at) {
+                    Ok(None) => {}
+                    // Another server seals for subjects under a prefix this one was not
+                    // given: this one would store their data in clear. It takes the append
+                    // in (it can read it) and appends nothing more until it is restarted
+                    // with the database's prefixes.
+                    Ok(Some(tag)) => keys.refuse_appends(format!(
+                        "another server of this database treats {tag} as a data subject, \
+                         which this server's subject tag prefixes ({}) do not name: it would \
+                         store such subjects' data in clear; restart it with the same \
+                         --subject-tags as the others",
+                        keys.options().tag_prefixes.join(",")
+                    )),
+                    Err(e) => {
+                        keys_failed = Some(e);
+                        break;
+                    }
                 }
             }
             self.last_append = AppendStamp::of(first, last, at, &append);

@@ -603,28 +603,37 @@ impl Store {
 
     pub fn stats(&self) -> Stats {
         let c = &self.shared.counters;
-        let (index_bytes, types, tags) = {
+        let (index_bytes, index_bytes_per_event, types, tags) = {
             let index = self.shared.index.read();
-            (index.bytes_used(), index.type_count(), index.tag_count())
+            (
+                index.bytes_used(),
+                index.bytes_per_event(),
+                index.type_count(),
+                index.tag_count(),
+            )
         };
         let head = self.head();
         let fsyncs = c.fsyncs.load(Ordering::Relaxed);
+        let replica = self.replica_stats();
         Stats {
             head,
             backend: self.backend(),
             database: self.log().and_then(|log| log.database_stats()),
-            durability: self.durability().label(),
-            durability_description: self.durability().description(),
+            // A replica acknowledges no appends, so it has no append class of its own.
+            durability: match replica {
+                Some(_) => "replica",
+                None => self.durability().label(),
+            },
+            durability_description: match replica {
+                Some(_) => crate::stats::REPLICA_CLASS,
+                None => self.durability().description(),
+            },
             segments: self.shared.segments.read().len(),
             segment_bytes: self.shared.options.segment_bytes,
             types,
             tags,
             index_bytes,
-            index_bytes_per_event: if head == 0 {
-                0.0
-            } else {
-                index_bytes as f64 / head as f64
-            },
+            index_bytes_per_event,
             appends: c.appends.load(Ordering::Relaxed),
             events_appended: c.events.load(Ordering::Relaxed),
             conditions_failed: c.conditions_failed.load(Ordering::Relaxed),
@@ -653,7 +662,7 @@ impl Store {
             disk_full_refusals: c.disk_full_refusals.load(Ordering::Relaxed),
             backup: self.backup_stats(),
             scrub: self.scrub.as_ref().map(|s| s.state.stats()),
-            replica: self.replica_stats(),
+            replica,
             disk_free_bytes: match self.log().is_none_or(|log| log.on_local_disk()) {
                 false => None,
                 true => self

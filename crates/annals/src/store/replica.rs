@@ -42,7 +42,17 @@ impl Store {
             let _ = std::fs::remove_dir_all(&dir);
             let opened = subjects::replica_keys(backup, &options, &dir)
                 .and_then(|()| Self::open_log(io, &dir, copy, Backend::Replica, None))
-                .and_then(|store| store.follow_backup(backup, None, Some(dir.clone())));
+                .and_then(|store| store.follow_backup(backup, None, Some(dir.clone())))
+                .map(|mut store| {
+                    // Said at start, as for a kept copy: where the copy lives, filled whole.
+                    store.report.mirror = Some(MirrorKind {
+                        kept: None,
+                        resumed_at: None,
+                        rebuilt: None,
+                        followed: store.replica_stats().map_or(0, |r| r.objects_read),
+                    });
+                    store
+                });
             if opened.is_err() {
                 let _ = std::fs::remove_dir_all(&dir);
             }

@@ -31,7 +31,7 @@ pub(super) fn replica_keys(
     options: &Options,
     dir: &Path,
 ) -> Result<(), StoreError> {
-    let objects = crate::objects::Objects::open_with(&backup.url, &backup.settings)
+    let objects = crate::objects::Objects::open_existing(&backup.url, &backup.settings)
         .map_err(StoreError::Backup)?;
     let keys = crate::archive::read_keys(&objects).map_err(StoreError::Backup)?;
     match (&options.subjects, keys) {
@@ -46,6 +46,50 @@ pub(super) fn replica_keys(
         }
         _ => Ok(()),
     }
+}
+
+/// Refuses an opening whose subject tag prefixes leave out subjects the store holds keys or
+/// erasures for. The keys are the store's memory of the prefixes it sealed events under and
+/// of the subjects it erased (they travel with the log into backups, replicas, copies and
+/// every server of a database); an opening that left one out would store that subject's
+/// later events in clear and take appends naming it after its erasure.
+fn refuse_uncovered(keys: &crate::keys::KeyStore) -> Result<(), StoreError> {
+    const NAMED: usize = 5;
+    let (count, tags) = keys.uncovered(NAMED);
+    if count == 0 {
+        return Ok(());
+    }
+    let given = &keys.options().tag_prefixes;
+    let mut prefixes = given.clone();
+    for (tag, _) in &tags {
+        // A tag's prefix as far as it can be told: up to and including its first colon.
+        if let Some(end) = tag.find(':').filter(|&i| i + 1 < tag.len()) {
+            let prefix = &tag[..=end];
+            if !prefixes.iter().any(|p| p == prefix) {
+                prefixes.push(prefix.to_string());
+            }
+        }
+    }
+    let named: Vec<String> = tags
+        .iter()
+        .map(|(tag, erased)| match erased {
+            true => format!("{tag} (erased)"),
+            false => tag.clone(),
+        })
+        .collect();
+    let more = match count - tags.len() {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Err(StoreError::Subjects(format!(
+        "the subject tag prefixes given ({}) leave out data subjects this store holds keys \
+         or erasures for: {}{more}. Opened so, it would store their events' data in clear \
+         and accept appends naming erased subjects. Open it with every prefix it was used \
+         with (such as --subject-tags {}, or Options::subjects); nothing was changed",
+        given.join(","),
+        named.join(", "),
+        prefixes.join(","),
+    )))
 }
 
 fn now_us() -> u64 {
@@ -77,21 +121,29 @@ impl Store {
             ))),
             (None, _) => Ok(None),
             // A replica's copy directory holds the primary's key file (`open_replica`).
+            // The keys held so far are checked against the prefixes before anything is
+            // written (those the log carries as grants, once they are taken in).
             (Some(subjects), Backend::Files | Backend::Replica) => {
-                Ok(Some(Arc::new(crate::keys::KeyStore::open(
+                let keys = crate::keys::KeyStore::open(
                     io.clone(),
                     dir,
                     subjects.clone(),
                     backend == Backend::Replica,
-                )?)))
+                )?;
+                refuse_uncovered(&keys)?;
+                Ok(Some(Arc::new(keys)))
             }
             (Some(subjects), Backend::Postgres) => match table {
-                Some(table) => Ok(Some(Arc::new(crate::keys::KeyStore::open_table(
-                    io.clone(),
-                    dir,
-                    subjects.clone(),
-                    table,
-                )?))),
+                Some(table) => {
+                    let keys = crate::keys::KeyStore::open_table(
+                        io.clone(),
+                        dir,
+                        subjects.clone(),
+                        table,
+                    )?;
+                    refuse_uncovered(&keys)?;
+                    Ok(Some(Arc::new(keys)))
+                }
                 None => Err(StoreError::InvalidOption(
                     "a store on PostgreSQL keeps its subjects' keys in its database".into(),
                 )),
@@ -102,6 +154,14 @@ impl Store {
     /// Whether this store keeps data subjects (`Options::subjects`).
     pub fn has_subjects(&self) -> bool {
         self.shared.keys.is_some()
+    }
+
+    /// The tag prefixes that name data subjects in this store (None without subjects).
+    pub fn subject_prefixes(&self) -> Option<&[String]> {
+        self.shared
+            .keys
+            .as_ref()
+            .map(|k| k.options().tag_prefixes.as_slice())
     }
 
     /// How many data subjects have a key, and how many were erased (None without subjects).
@@ -306,6 +366,8 @@ impl Store {
         if taken > 0 {
             tracing::info!(keys = taken, "subjects: keys taken in from the log");
         }
+        // Before anything is written: a refused opening changes nothing.
+        refuse_uncovered(keys)?;
         if self.shared.policy.backend == Backend::Files {
             keys.upgrade(head)?;
         }

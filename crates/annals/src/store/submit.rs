@@ -228,6 +228,9 @@ impl Store {
         if let (Some((replica, _)), Some(_)) = (&self.replica, &self.shared.keys) {
             return Err(replica.refusal().into());
         }
+        if let Some(reason) = self.shared.keys.as_ref().and_then(|k| k.refusing()) {
+            return Err(StoreError::Subjects(reason.to_string()).into());
+        }
         let append = match &self.shared.keys {
             None => append,
             Some(keys) => crate::seal::seal_append(append, keys.options(), keys.as_ref(), receipt)

@@ -402,7 +402,8 @@ impl Writer {
             && is_small(&group[0].append)
             && self.receiver.is_empty();
         // On a database the committer counts its appends; its mirror's writer does not again.
-        if policy.backend == Backend::Files {
+        // A replica's copy counts here what it takes in from its backup, as `replicated`.
+        if policy.backend != Backend::Postgres {
             let appended = staged
                 .iter()
                 .filter(|s| matches!(s, Staged::Appended(_)))
