@@ -190,11 +190,14 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
         println!("{value}");
     } else {
         println!(
-            "restored {} appends ({} events, positions 1..={}) from {} objects ({} bytes) in \
-             {secs:.2} s; the backup holds positions through {}",
+            "restored {} appends ({} events, {}) from {} objects ({} bytes) in {secs:.2} s; \
+             the backup holds positions through {}",
             report.appends,
             report.events,
-            report.head,
+            match report.head {
+                0 => "no positions".to_string(),
+                head => format!("positions 1..={head}"),
+            },
             report.objects,
             report.bytes,
             report.backup_head

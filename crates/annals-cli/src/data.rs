@@ -396,11 +396,7 @@ fn write_new_event(out: &mut Vec<u8>, event: &NewEvent) -> Result<(), String> {
     }
     if !event.metadata.is_empty() {
         out.extend_from_slice(b",\"metadata\":");
-        if serde_json::from_slice::<serde::de::IgnoredAny>(&event.metadata).is_ok() {
-            out.extend_from_slice(&event.metadata);
-        } else {
-            wire::write_str(out, &String::from_utf8_lossy(&event.metadata));
-        }
+        wire::write_metadata(out, &event.metadata);
     }
     out.push(b'}');
     Ok(())
@@ -423,6 +419,8 @@ struct ImportEvent {
     metadata: Option<Box<RawValue>>,
     #[serde(default, rename = "dataEncoding")]
     data_encoding: Option<String>,
+    #[serde(default, rename = "metadataEncoding")]
+    metadata_encoding: Option<String>,
     #[serde(default)]
     position: Option<u64>,
     /// An event whose data subject was erased: it has no data or metadata left.
@@ -472,8 +470,8 @@ fn parse_line(line: &[u8], number: usize) -> Result<ImportLine, String> {
         None
     };
     let data = match (e.data_encoding.as_deref(), text) {
-        (None, Some(text)) => Bytes::from(text.into_bytes()),
-        (None, None) => Bytes::from(compact_json(raw).into_bytes()),
+        (None | Some("utf8"), Some(text)) => Bytes::from(text.into_bytes()),
+        (None | Some("utf8"), None) => Bytes::from(compact_json(raw).into_bytes()),
         (Some("base64"), Some(text)) => Bytes::from(
             base64::engine::general_purpose::STANDARD
                 .decode(text)
@@ -486,10 +484,23 @@ fn parse_line(line: &[u8], number: usize) -> Result<ImportLine, String> {
         }
         (Some(other), _) => return Err(format!("line {number}: unknown dataEncoding {other:?}")),
     };
-    let metadata = e
-        .metadata
-        .map(|m| Bytes::copy_from_slice(m.get().as_bytes()))
-        .unwrap_or_default();
+    let metadata = match (e.metadata, e.metadata_encoding.as_deref()) {
+        (None, _) => Bytes::new(),
+        (Some(m), None | Some("utf8")) => Bytes::copy_from_slice(m.get().as_bytes()),
+        (Some(m), Some("base64")) => {
+            let text: String = serde_json::from_str(m.get()).map_err(|_| {
+                format!("line {number}: metadata with metadataEncoding base64 must be a string")
+            })?;
+            Bytes::from(
+                base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .map_err(|err| format!("line {number}: metadata: {err}"))?,
+            )
+        }
+        (Some(_), Some(other)) => {
+            return Err(format!("line {number}: unknown metadataEncoding {other:?}"))
+        }
+    };
     if e.erased && !(data.is_empty() && metadata.is_empty()) {
         return Err(format!(
             "line {number}: an erased event has no data or metadata, and this line gives some"
@@ -969,8 +980,11 @@ impl<'a> Import<'a> {
     }
 
     fn open(&mut self) -> Result<(), String> {
-        self.made = Made::of(&self.args.at);
+        // Judged before the open, kept only once it succeeded: a store another process holds
+        // (locked) is its own, never removed.
+        let made = Made::of(&self.args.at);
         let target = self.target.insert(Target::open(&self.args.at)?);
+        self.made = made;
         if self.args.erased_as_empty && matches!(target.subjects(), Some(Some(_))) {
             return Err(
                 "--erased-as-empty is for a store without data subjects: this one keeps \

@@ -286,6 +286,7 @@ fn index_source(index: &annals::IndexSource) -> String {
             format!("index from its checkpoint, {scanned_events} events scanned after it")
         }
         annals::IndexSource::Rebuilt { reason } => format!("index rebuilt from the log: {reason}"),
+        annals::IndexSource::New => "a new store: no log yet".to_string(),
     }
 }
 

@@ -261,9 +261,7 @@ async fn serve(config: Config) -> Result<(), String> {
                 format!("index built from the {source}"),
             (annals::IndexSource::Checkpoint { scanned_events }, _) =>
                 format!("index from checkpoint, {scanned_events} events scanned after it"),
-            // A store made by this start has no checkpoint yet; nothing was lost.
-            (annals::IndexSource::Rebuilt { .. }, _) if server.store.head() == 0 =>
-                "new store".to_string(),
+            (annals::IndexSource::New, _) => "new store".to_string(),
             (annals::IndexSource::Rebuilt { reason }, _) => format!("index rebuilt: {reason}"),
         }
     );

@@ -694,7 +694,7 @@ fn export_imports_back_with_erased_events_binary_data_metadata_and_ids() {
         "\n",
         r#"{"type":"Blob","tags":["customer:2"],"data":"/wBhgA==","dataEncoding":"base64","metadata":{"k":"v"}}"#,
         "\n",
-        r#"{"type":"Blob","data":"AP8=","dataEncoding":"base64"}"#,
+        r#"{"type":"Blob","data":"AP8=","dataEncoding":"base64","metadata":"AAH/","metadataEncoding":"base64"}"#,
         "\n",
         r#"{"type":"Noted","data":"plain","metadata":"just text"}"#,
         "\n",
@@ -725,6 +725,9 @@ fn export_imports_back_with_erased_events_binary_data_metadata_and_ids() {
     assert_eq!(source[1]["erased"], true);
     assert_eq!(source[3]["dataEncoding"], "base64");
     assert_eq!(source[4]["data"], "AP8=");
+    // Metadata that is not JSON (bytes 00 01 ff) travels as base64 too.
+    assert_eq!(source[4]["metadata"], "AAH/");
+    assert_eq!(source[4]["metadataEncoding"], "base64");
     let file = dir.path().join("events.ndjson");
     std::fs::write(&file, &exported).unwrap();
     let file = file.to_str().unwrap();

@@ -1057,6 +1057,7 @@ fn the_start_lines_name_a_new_store_and_the_console() {
     let mut server = ServerProcess::start(&data, &[]);
     let lines = server.startup.join("\n");
     assert!(lines.contains("(new store)"), "{lines}");
+    assert!(lines.contains("annals: data subjects off"), "{lines}");
     assert!(!lines.contains("rebuilt"), "{lines}");
     let console = format!("annals: console http://{}/", server.http);
     assert!(server.startup.contains(&console), "{lines}");

@@ -63,6 +63,11 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
         &config,
     ];
     let mut server = ServerProcess::start(&dir, &flags);
+    let lines = server.startup.join("\n");
+    assert!(
+        lines.contains("data subjects on: tags beginning customer:, employee: are sealed"),
+        "{lines}"
+    );
     let body = append_body(
         &[
             (
@@ -161,6 +166,23 @@ fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() 
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--master-key-file"));
+    // The right master key with a prefix left out (the store sealed customer:42's events):
+    // refused, naming the subject and the prefixes to give, nothing written.
+    let out = annals()
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["--http", "127.0.0.1:0", "--grpc", "off"])
+        .args(["--subject-tags", "employee:", "--master-key-file", &master])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("customer:42") && err.contains("--subject-tags employee:,customer:"),
+        "{err}"
+    );
+    assert_eq!(annals_testkit::files_holding(&dir, b"ANNKEYS1"), before);
 
     // The command line on the closed store: erase, then read with the key from the
     // environment.
@@ -566,6 +588,8 @@ fn closed_store_commands_take_the_subject_flags() {
     let out = succeeds(&mut with_subjects(&["stats", "--store", store, "--json"]));
     let stats: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(stats["head"], 2);
+    // On a directory, verify reads the records and the key file's tags without opening any
+    // key (the flags are taken, and used for a database): it counts the sealed events.
     let out = succeeds(&mut with_subjects(&["verify", "--store", store, "--json"]));
     let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(report["events"], 2);

@@ -1049,7 +1049,8 @@ async fn openapi(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
 /// durability class, and the states of the store, its backup and its replication.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let stats = state.store.stats();
-    // A full disk refuses appends but serves everything else: the server is still ready.
+    // A full disk refuses appends but serves everything else: the process is live (readiness,
+    // which a full disk does fail, is `/ready`).
     // Damage the scrub found and could not repair: reads that cross it fail, the rest serves.
     let damaged = stats
         .scrub

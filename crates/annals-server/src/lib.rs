@@ -164,18 +164,23 @@ impl Server {
             (None, None) => Store::open(&dir, options),
         })
         .await
-        .map_err(|e| e.to_string())
-        .and_then(|opened| {
-            opened.map_err(|e| {
-                format!(
-                    "cannot open the store in {}: {e}",
-                    config.store_description()
-                )
-            })
-        });
+        .map_err(|e| e.to_string())?;
         let store = match opened {
             Ok(store) => Arc::new(store),
-            Err(e) => return Err(made.remove_after(e)),
+            // Another process holds the directory (it may have made it a moment ago): what
+            // is there is its own.
+            Err(e @ annals::StoreError::Locked { .. }) => {
+                return Err(format!(
+                    "cannot open the store in {}: {e}",
+                    config.store_description()
+                ))
+            }
+            Err(e) => {
+                return Err(made.remove_after(format!(
+                    "cannot open the store in {}: {e}",
+                    config.store_description()
+                )))
+            }
         };
         match Self::serve_store(config, store.clone(), bound).await {
             Ok(server) => Ok(server),
@@ -321,30 +326,8 @@ impl Server {
                 }
             }
         }
-        let mut store = self.store;
         // Handlers still holding the store drop it as they finish.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match Arc::try_unwrap(store) {
-                Ok(owned) => {
-                    return tokio::task::spawn_blocking(move || owned.close())
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| format!("closing the store: {e}"));
-                }
-                Err(shared) if Instant::now() < deadline => {
-                    store = shared;
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Err(_) => {
-                    return Err(
-                        "the store is still in use after shutdown; it closes (drains, \
-                                syncs, checkpoints) when its last user drops it"
-                            .into(),
-                    )
-                }
-            }
-        }
+        close_when_unused(self.store).await
     }
 }
 
@@ -463,7 +446,13 @@ async fn close_when_unused(mut store: Arc<Store>) -> Result<(), String> {
                 store = shared;
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            Err(_) => return Err("the store is still in use".into()),
+            Err(_) => {
+                return Err(
+                    "the store is still in use; it closes (drains, syncs, checkpoints) \
+                            when its last user drops it"
+                        .into(),
+                )
+            }
         }
     }
 }

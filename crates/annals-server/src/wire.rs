@@ -55,13 +55,24 @@ pub struct WireTracking {
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "NewEvent")]
 // With "dataEncoding": "base64", data is standard base64 with padding (what the server checks).
-#[schemars(extend(
-    "if" = { "required": ["dataEncoding"], "properties": { "dataEncoding": { "const": "base64" } } },
-    "then" = { "properties": { "data": {
-        "contentEncoding": "base64",
-        "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-    } } }
-))]
+// With "metadataEncoding": "base64", metadata is such a string.
+#[schemars(extend("allOf" = [
+    {
+        "if": { "required": ["dataEncoding"], "properties": { "dataEncoding": { "const": "base64" } } },
+        "then": { "properties": { "data": {
+            "contentEncoding": "base64",
+            "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+        } } }
+    },
+    {
+        "if": { "required": ["metadataEncoding"], "properties": { "metadataEncoding": { "const": "base64" } } },
+        "then": { "properties": { "metadata": {
+            "type": "string",
+            "contentEncoding": "base64",
+            "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+        } } }
+    }
+]))]
 #[serde(deny_unknown_fields)]
 pub struct WireEvent<'a> {
     #[serde(rename = "type", borrow)]
@@ -78,6 +89,11 @@ pub struct WireEvent<'a> {
     /// send data that is not UTF-8, so that what a client reads it can append again.
     #[serde(default, rename = "dataEncoding")]
     pub data_encoding: Option<DataEncoding>,
+    /// How `metadata` stands for the bytes stored: as its JSON text (the default, "utf8"), or,
+    /// with "base64", as the bytes its string decodes to (reads send metadata that is not
+    /// JSON so).
+    #[serde(default, rename = "metadataEncoding")]
+    pub metadata_encoding: Option<DataEncoding>,
     /// Not a key: events with the same id may be stored. When a conditional append fails and
     /// the first events matching its condition after `after` carry exactly the append's ids in
     /// order, the append is a retry and answers their last position. The nil UUID means no id.
@@ -119,14 +135,23 @@ impl WireEvent<'_> {
                     .map_err(|e| format!("data is not base64, as its dataEncoding says: {e}"))?,
             ),
         };
+        let metadata = match (self.metadata, self.metadata_encoding) {
+            (None, _) => Bytes::new(),
+            (Some(m), None | Some(DataEncoding::Utf8)) => body.slice_ref(m.get().as_bytes()),
+            (Some(m), Some(DataEncoding::Base64)) => {
+                let text: Cow<'_, str> = serde_json::from_str(m.get()).map_err(|_| {
+                    "metadata with metadataEncoding base64 must be a string".to_string()
+                })?;
+                Bytes::from(BASE64_IN.decode(text.as_bytes()).map_err(|e| {
+                    format!("metadata is not base64, as its metadataEncoding says: {e}")
+                })?)
+            }
+        };
         Ok(NewEvent {
             event_type: self.event_type.into_owned(),
             tags: self.tags,
             data,
-            metadata: self
-                .metadata
-                .map(|m| body.slice_ref(m.get().as_bytes()))
-                .unwrap_or_default(),
+            metadata,
             id: self.id,
         })
     }
@@ -262,13 +287,16 @@ pub fn write_event(out: &mut Vec<u8>, event: &Event) {
     out.push(b'}');
 }
 
-/// Metadata is stored as JSON text by the HTTP and gRPC APIs; anything else (from the embedded
-/// API) is sent as a string.
-fn write_metadata(out: &mut Vec<u8>, metadata: &[u8]) {
+/// Metadata is stored as JSON text by the HTTP and gRPC APIs, and sent as it is; anything else
+/// (possible through the embedded API) is sent as a base64 string followed by
+/// `"metadataEncoding":"base64"`, so that an append of what was read stores the same bytes.
+pub fn write_metadata(out: &mut Vec<u8>, metadata: &[u8]) {
     if serde_json::from_slice::<serde::de::IgnoredAny>(metadata).is_ok() {
         out.extend_from_slice(metadata);
     } else {
-        write_str(out, &String::from_utf8_lossy(metadata));
+        out.push(b'"');
+        out.extend_from_slice(BASE64_IN.encode(metadata).as_bytes());
+        out.extend_from_slice(b"\",\"metadataEncoding\":\"base64\"");
     }
 }
 
@@ -590,6 +618,26 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("invalid type"), "{err}");
+    }
+
+    /// Goal: metadata that is not JSON is read as base64 with metadataEncoding, and appended
+    /// back as the same bytes. Method: write such metadata, then parse an append of it.
+    #[test]
+    fn metadata_that_is_not_json_travels_as_base64() {
+        let mut out = Vec::new();
+        write_metadata(&mut out, b"\x00\x01\xff");
+        assert_eq!(out, br#""AAH/","metadataEncoding":"base64""#);
+        let body = Bytes::from_static(
+            br#"{"events":[{"type":"T","data":"","metadata":"AAH/","metadataEncoding":"base64"},{"type":"T","data":"","metadata":{"a":1},"metadataEncoding":"base64"}]}"#,
+        );
+        let parsed: AppendBody = serde_json::from_slice(&body).unwrap();
+        let events: Vec<_> = parsed
+            .events
+            .into_iter()
+            .map(|e| e.into_new_event(&body))
+            .collect();
+        assert_eq!(&events[0].as_ref().unwrap().metadata[..], b"\x00\x01\xff");
+        assert!(events[1].is_err());
     }
 
     /// Goal: an event's dataEncoding says how its data string stands for its bytes, as reads

@@ -18,6 +18,10 @@ pub(crate) struct Health {
     /// Why the last segment could not be had for lack of space, until one could.
     disk_full: Mutex<Option<String>>,
     full: AtomicBool,
+    /// Set once a server of a database finds another sealing for data subjects that its own
+    /// tag prefixes do not name: why it takes no more appends (it would store their data in
+    /// clear) until it is started again with the database's prefixes. Reads go on.
+    refusing: std::sync::OnceLock<String>,
 }
 
 impl Health {
@@ -28,6 +32,22 @@ impl Health {
             *kept = Some(reason);
         }
         self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// From now on, appends are refused for `reason` (the first reason given is kept).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn refuse_appends(&self, reason: String) {
+        if self.refusing.set(reason).is_ok() {
+            tracing::error!(
+                reason = %self.refusing.get().map_or("", String::as_str),
+                "appends refused until this server is started again"
+            );
+        }
+    }
+
+    /// Why appends are refused, when they are ([`Health::refuse_appends`]).
+    pub(crate) fn appends_refused(&self) -> Option<&str> {
+        self.refusing.get().map(String::as_str)
     }
 
     /// The error every append answers once the store is poisoned.

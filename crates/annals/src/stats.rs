@@ -13,6 +13,8 @@ pub enum IndexSource {
     Checkpoint { scanned_events: u64 },
     /// Rebuilt by scanning the whole log, because the checkpoint was missing, damaged or stale.
     Rebuilt { reason: String },
+    /// A new store: the directory held no log, so there was no index to load.
+    New,
 }
 
 /// What opening the store found.
@@ -103,6 +105,9 @@ pub struct Stats {
     /// Callers blocked on or awaiting an append's outcome.
     pub waiting: usize,
     pub poisoned: Option<String>,
+    /// Why this server of a database takes no appends: another seals for data subjects its
+    /// own tag prefixes do not name (None otherwise). Reads go on.
+    pub appends_refused: Option<String>,
     /// Why appends that need a new segment are refused, while the file system has no room
     /// for one (None otherwise). Reads go on; appends resume by themselves once there is room.
     pub disk_full: Option<String>,
@@ -154,13 +159,14 @@ pub(crate) const REPLICA_CLASS: &str = "read replica: acknowledges no appends (t
 
 /// How long a replica may go without a successful poll of its backup before it counts as
 /// not following it ([`Stats::unready_reasons`]): polls end every fraction of a second while
-/// it follows, and a request to object storage that hangs fails within this.
+/// it follows, so a replica without one for this long is stuck (a request to object storage
+/// that hangs is given up only after its timeout and the client's retries).
 pub(crate) const REPLICA_POLL_AGE_MAX_SECONDS: f64 = 30.0;
 
 impl Stats {
     /// Why the store cannot now keep what it promises, one reason per line, each beginning
-    /// with a stable kind (`poisoned:`, `disk_full:`, `backup_failing:`, `replica_failing:`,
-    /// `replica_stale:`); empty when it can. A server is ready when this is empty
+    /// with a stable kind (`poisoned:`, `subjects_differ:`, `disk_full:`, `backup_failing:`,
+    /// `replica_failing:`, `replica_stale:`); empty when it can. A server is ready when this is empty
     /// (docs/SERVER.md, "Liveness and readiness").
     ///
     /// A backup that fails under a class below D4 is no reason: appends keep their class
@@ -173,6 +179,9 @@ impl Stats {
             reasons.push(format!(
                 "poisoned: appends are refused until the store is reopened: {why}"
             ));
+        }
+        if let Some(why) = &self.appends_refused {
+            reasons.push(format!("subjects_differ: appends are refused: {why}"));
         }
         if let Some(why) = &self.disk_full {
             reasons.push(format!(

@@ -146,10 +146,6 @@ pub(crate) struct KeyStore {
     /// image, and the generation an erasure or a rotation ends.
     journal: Mutex<image::Journal>,
     generation: image::Generation,
-    /// Set once another server of the database is found sealing for subjects that this
-    /// store's prefixes do not name: why this store takes no more appends (it would store
-    /// their data in clear) until it is opened again with the database's prefixes.
-    refusing: std::sync::OnceLock<String>,
 }
 
 fn subjects_error(path: &Path, what: impl std::fmt::Display) -> StoreError {
@@ -276,7 +272,6 @@ impl KeyStore {
             fresh_since: Mutex::new(None),
             journal: Mutex::new(image::Journal::default()),
             generation: image::Generation::default(),
-            refusing: std::sync::OnceLock::new(),
         }
     }
 
@@ -288,21 +283,6 @@ impl KeyStore {
             keys.insert(tag.into(), Slot::Erased(at_us));
             self.generation.next();
         }
-    }
-
-    /// From now on, appends are refused for `reason` (the first reason given is kept).
-    pub(crate) fn refuse_appends(&self, reason: String) {
-        if self.refusing.set(reason).is_ok() {
-            tracing::error!(
-                reason = %self.refusing.get().map_or("", String::as_str),
-                "subjects: appends refused until this store is opened again"
-            );
-        }
-    }
-
-    /// Why appends are refused, when they are ([`KeyStore::refuse_appends`]).
-    pub(crate) fn refusing(&self) -> Option<&str> {
-        self.refusing.get().map(String::as_str)
     }
 
     /// Whether the keys live in a database's table (several servers share them).
@@ -351,23 +331,29 @@ impl KeyStore {
     }
 
     /// The subjects this store holds a key or an erasure for whose tags none of the prefixes
-    /// in force names, sorted (at most `most` of them), and how many there are in all. Each
-    /// is a subject that events were sealed for: an opening without its prefix would store
-    /// its later events' data in clear and take appends naming it after its erasure.
-    pub(crate) fn uncovered(&self, most: usize) -> (usize, Vec<(String, bool)>) {
+    /// in force names, sorted (at most `most` of them, each with whether it was erased), how
+    /// many there are in all, and the prefixes they show (each tag up to and including its
+    /// first colon, where it has one). Each is a subject that events were sealed for: an
+    /// opening without its prefix would store its later events' data in clear and take
+    /// appends naming it after its erasure.
+    pub(crate) fn uncovered(&self, most: usize) -> (usize, Vec<(String, bool)>, Vec<String>) {
         let keys = self.keys.read();
         let mut found: Vec<(String, bool)> = Vec::new();
+        let mut prefixes = std::collections::BTreeSet::new();
         let mut count = 0;
         for (tag, slot) in keys.iter() {
             if self.options.is_subject(tag) {
                 continue;
             }
             count += 1;
+            if let Some(end) = tag.find(':').filter(|&i| i + 1 < tag.len()) {
+                prefixes.insert(tag[..=end].to_string());
+            }
             found.push((tag.to_string(), matches!(slot, Slot::Erased(_))));
         }
         found.sort();
         found.truncate(most);
-        (count, found)
+        (count, found, prefixes.into_iter().collect())
     }
 
     /// How many subjects have a key, and how many were erased.

@@ -619,6 +619,14 @@ pub(super) fn check(inner: &Shared, head: u64, pending: &mut Vec<Request>) -> Ve
             request.reply.send(outcome);
             continue;
         }
+        // This server learned, while following, that it would store subjects' data in clear.
+        if let Some(reason) = inner.health.appends_refused() {
+            request.reply.send(Err(StoreError::Unavailable {
+                reason: reason.to_string(),
+            }
+            .into()));
+            continue;
+        }
         // Sealed for a subject that another server erased since (its receipt is in now).
         if let Some(tag) = inner
             .keys

@@ -35,6 +35,24 @@ fn subjects_of(
     Ok(unnamed)
 }
 
+/// A subject an append of another server names, for a server without data subjects: the
+/// first tag of a sealed event, or of an erasure's receipt.
+fn any_subject(append: &EncodedAppend) -> Option<String> {
+    for (_, entry, layout) in Entries::new(append.entries(), append.event_count).trusted() {
+        if layout.sealed {
+            let tags = crate::seal::sealed_subjects(entry, &layout).unwrap_or_default();
+            if let Some(tag) = tags.first() {
+                return Some(tag.to_string());
+            }
+        } else if layout.event_type(entry) == crate::subject::SUBJECT_ERASED_TYPE {
+            if let Some(tag) = Tags::of(entry, &layout).next() {
+                return Some(tag.to_string());
+            }
+        }
+    }
+    None
+}
+
 impl Committer {
     /// Takes into the mirror what the database holds beyond it.
     pub(super) fn follow(&mut self) -> Result<(), StoreError> {
@@ -145,25 +163,33 @@ impl Committer {
                     break;
                 }
             };
-            if let Some(keys) = &self.inner.keys {
-                match subjects_of(keys, &append, at) {
-                    Ok(None) => {}
-                    // Another server seals for subjects under a prefix this one was not
-                    // given: this one would store their data in clear. It takes the append
-                    // in (it can read it) and appends nothing more until it is restarted
-                    // with the database's prefixes.
-                    Ok(Some(tag)) => keys.refuse_appends(format!(
-                        "another server of this database treats {tag} as a data subject, \
-                         which this server's subject tag prefixes ({}) do not name: it would \
-                         store such subjects' data in clear; restart it with the same \
-                         --subject-tags as the others",
-                        keys.options().tag_prefixes.join(",")
-                    )),
+            let unnamed = match &self.inner.keys {
+                Some(keys) => match subjects_of(keys, &append, at) {
+                    Ok(unnamed) => unnamed,
                     Err(e) => {
                         keys_failed = Some(e);
                         break;
                     }
-                }
+                },
+                None => any_subject(&append),
+            };
+            // Another server seals for subjects this one does not treat as such: this one
+            // would store their data in clear. It takes the append in (it can read what it
+            // holds the keys for) and takes no more appends until it is started again with
+            // the database's prefixes.
+            if let Some(tag) = unnamed {
+                let given = match &self.inner.keys {
+                    Some(keys) => format!(
+                        "this server's subject tag prefixes ({}) do not name",
+                        keys.options().tag_prefixes.join(",")
+                    ),
+                    None => "this server was started without data subjects for".into(),
+                };
+                self.inner.health.refuse_appends(format!(
+                    "another server of this database treats {tag} as a data subject, which \
+                     {given}: it would store such subjects' data in clear; start it again \
+                     with the same --subject-tags and --master-key-file as the others"
+                ));
             }
             self.last_append = AppendStamp::of(first, last, at, &append);
             applied.expect(1);

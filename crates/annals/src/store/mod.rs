@@ -257,6 +257,13 @@ impl Store {
         let keys = Self::open_keys(&io, dir, &options, backend, table)?;
         let mut segments = recovery::open_segments(io.as_ref(), dir, true)?;
         let counters = Counters::default();
+        // No log and no checkpoint: a new store (a checkpoint without segments is a lost log).
+        let new = segments.is_empty()
+            && !io
+                .list(dir)
+                .map_err(|e| StoreError::io("list data directory", dir, 0, e))?
+                .iter()
+                .any(|n| n == checkpoint::FILE_NAME);
         if segments.is_empty() {
             let zero_fill = options.preallocation.zero_fill(None);
             let segment = Segment::create(io.as_ref(), dir, 1, options.segment_bytes, zero_fill)?;
@@ -383,6 +390,7 @@ impl Store {
         .map_err(|e| StoreError::io("spawn writer thread", dir, 0, e))?;
         let report = OpenReport {
             index: match rebuild_reason {
+                Some(_) if new => IndexSource::New,
                 None => IndexSource::Checkpoint {
                     scanned_events: tail.head - start_tail.head,
                 },
@@ -658,6 +666,7 @@ impl Store {
             queue_depth: self.log().map_or(0, |log| log.queue_depth()),
             waiting: self.shared.waiting.load(Ordering::Relaxed),
             poisoned: self.shared.poison_error().map(|e| e.to_string()),
+            appends_refused: self.shared.health.appends_refused().map(str::to_string),
             disk_full: self.disk_full(),
             disk_full_refusals: c.disk_full_refusals.load(Ordering::Relaxed),
             backup: self.backup_stats(),

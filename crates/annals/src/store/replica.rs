@@ -44,7 +44,9 @@ impl Store {
                 .and_then(|()| Self::open_log(io, &dir, copy, Backend::Replica, None))
                 .and_then(|store| store.follow_backup(backup, None, Some(dir.clone())))
                 .map(|mut store| {
-                    // Said at start, as for a kept copy: where the copy lives, filled whole.
+                    // A copy in a temporary directory is reported as a kept one is (the start
+                    // line says where it lives, and that it was filled whole from the backup);
+                    // what it took in is the objects read from the backup.
                     store.report.mirror = Some(MirrorKind {
                         kept: None,
                         resumed_at: None,

@@ -55,19 +55,15 @@ pub(super) fn replica_keys(
 /// later events in clear and take appends naming it after its erasure.
 fn refuse_uncovered(keys: &crate::keys::KeyStore) -> Result<(), StoreError> {
     const NAMED: usize = 5;
-    let (count, tags) = keys.uncovered(NAMED);
+    let (count, tags, shown) = keys.uncovered(NAMED);
     if count == 0 {
         return Ok(());
     }
     let given = &keys.options().tag_prefixes;
     let mut prefixes = given.clone();
-    for (tag, _) in &tags {
-        // A tag's prefix as far as it can be told: up to and including its first colon.
-        if let Some(end) = tag.find(':').filter(|&i| i + 1 < tag.len()) {
-            let prefix = &tag[..=end];
-            if !prefixes.iter().any(|p| p == prefix) {
-                prefixes.push(prefix.to_string());
-            }
+    for prefix in shown {
+        if !prefixes.contains(&prefix) {
+            prefixes.push(prefix);
         }
     }
     let named: Vec<String> = tags
@@ -366,7 +362,9 @@ impl Store {
         if taken > 0 {
             tracing::info!(keys = taken, "subjects: keys taken in from the log");
         }
-        // Before anything is written: a refused opening changes nothing.
+        // The keys only the log carries (made within a second or so of a crash), checked
+        // before the key file is written; the key file's own were checked before the log was
+        // opened, so that such a refusal writes nothing (this one may have cut a torn tail).
         refuse_uncovered(keys)?;
         if self.shared.policy.backend == Backend::Files {
             keys.upgrade(head)?;

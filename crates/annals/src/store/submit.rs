@@ -228,8 +228,11 @@ impl Store {
         if let (Some((replica, _)), Some(_)) = (&self.replica, &self.shared.keys) {
             return Err(replica.refusal().into());
         }
-        if let Some(reason) = self.shared.keys.as_ref().and_then(|k| k.refusing()) {
-            return Err(StoreError::Subjects(reason.to_string()).into());
+        if let Some(reason) = self.shared.health.appends_refused() {
+            return Err(StoreError::Unavailable {
+                reason: reason.to_string(),
+            }
+            .into());
         }
         let append = match &self.shared.keys {
             None => append,
