@@ -1,6 +1,8 @@
-//! The store's benchmarks (append, read, recover, fsync) and the command list. Each benchmark
-//! prints one JSON object as its last line, with every figure labelled by its durability class
-//! and measured beside the raw fdatasync rate of the same directory, in the same run.
+//! The store's benchmarks (append, read, recover, fsync) and what the other benchmarks share
+//! (the fsync floor, CPU and thread times). Each benchmark prints one JSON object as its last
+//! line, with every figure labelled by its durability class and measured beside the raw
+//! fdatasync rate of the same directory, in the same run. The command list is the crate root's,
+//! so that every benchmark imports this module and this module imports none of them.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -17,69 +19,6 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-
-#[derive(clap::Subcommand)]
-pub enum BenchCommand {
-    /// Appends from N writers (async tasks or threads); reports throughput, latency and fsyncs
-    /// per batch.
-    ///
-    /// Example: annals-bench append --dir /tmp/a --writers 64 --batch 1 --events 200000 --conditional
-    Append(AppendArgs),
-    /// Full scans and selective reads (one tag among 100,000, ten events each).
-    ///
-    /// Example: annals-bench read --dir /tmp/r --events 1000000
-    Read(ReadArgs),
-    /// Open time with the checkpoint and when rebuilding, and index bytes per event.
-    ///
-    /// Example: annals-bench recover --dir /tmp/c --events 10000000
-    Recover(RecoverArgs),
-    /// Load over HTTP or gRPC from concurrent connections against a server (its own, started
-    /// on --dir, unless --url is given): append, conditional append, read or mixed workloads.
-    ///
-    /// Example: annals-bench http --connections 64 --workload conditional --seconds 10
-    Http(crate::bench_http::HttpArgs),
-    /// The course-subscription decision (two projections, one read, one conditional append)
-    /// from N clients, embedded; decisions per second beside the fsync floor.
-    ///
-    /// Example: annals-bench decide --clients 64 --courses 1000 --seconds 5
-    Decide(crate::bench_decide::DecideArgs),
-    /// The raw fdatasync rate of a directory (small write + fdatasync in a loop), on a
-    /// preallocated and on a growing file, and per CPU with the looping thread held on each.
-    ///
-    /// Example: annals-bench fsync --dir /tmp/f
-    Fsync(FsyncArgs),
-    /// The PostgreSQL backend beside the database's own commit rate in the same run: one
-    /// client, 64 writers x 512 events, 64 HTTP connections on one server and on two, selective
-    /// reads beside files (a throwaway cluster unless --url is given).
-    ///
-    /// Example: annals-bench postgres --seconds 5 --runs 3
-    Postgres(crate::bench_postgres::PostgresArgs),
-    /// The matching engine on a deterministic scenario, through its journal: throughput,
-    /// trades, the matcher's latency, the acknowledgement latency of durable modes, fsyncs and
-    /// the state hash.
-    ///
-    /// Example: annals-bench exchange --scenario normal --messages 5000000 --durability d3-pipelined
-    Exchange(crate::exchange::BenchArgs),
-    /// UmaDB's own Rust client against Annals and against UmaDB's server, in the same run:
-    /// conditional appends from tasks sharing one channel, beside the fsync floor.
-    ///
-    /// Example: annals-bench umadb --writers 64 --seconds 10 --umadb-bin "$ANNALS_UMADB_BIN"
-    Umadb(crate::bench_umadb::UmadbArgs),
-    /// The backup to object storage on a throwaway SeaweedFS: 64 writers with and without a
-    /// backup (alternated) and the backup's lag, D4 over HTTP beside the object store's own
-    /// rate of sequential puts, restoring a large store, and a replica's full scan beside
-    /// the primary's.
-    ///
-    /// Example: annals-bench backup --runs 3 --restore-events 10000000
-    Backup(crate::bench_backup::BackupArgs),
-    /// Data subjects (crypto-shredding): 64 writers and 1, each event tagged with one of
-    /// 100,000 subjects, with and without subjects configured (alternated); a full scan and
-    /// selective reads of sealed events beside plain ones; erasing a subject of 100,000 events
-    /// beside one of a single event.
-    ///
-    /// Example: annals-bench subjects --runs 3
-    Subjects(crate::bench_subjects::SubjectsArgs),
-}
 
 #[derive(clap::Args, Clone)]
 pub struct AppendArgs {
@@ -371,32 +310,17 @@ pub struct FsyncArgs {
     seconds: f64,
 }
 
-pub fn run(command: BenchCommand) -> Result<(), String> {
-    let result = match command {
-        BenchCommand::Append(args) => append(args)?,
-        BenchCommand::Read(args) => read(args)?,
-        BenchCommand::Recover(args) => recover(args)?,
-        BenchCommand::Http(args) => crate::bench_http::run(args)?,
-        BenchCommand::Decide(args) => crate::bench_decide::run(args)?,
-        BenchCommand::Exchange(args) => crate::exchange::run(args)?,
-        BenchCommand::Umadb(args) => crate::bench_umadb::run(args)?,
-        BenchCommand::Postgres(args) => crate::bench_postgres::run(args)?,
-        BenchCommand::Backup(args) => crate::bench_backup::run(args)?,
-        BenchCommand::Subjects(args) => crate::bench_subjects::run(args)?,
-        BenchCommand::Fsync(args) => {
-            std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
-            let seconds = Duration::from_secs_f64(args.seconds);
-            let per_cpu = fsync_floor_per_cpu(&args.dir, seconds / 2)?;
-            json!({
-                "workload": "fsync_floor",
-                "fsync_floor_per_sec": fsync_floor(&args.dir, true, seconds)?,
-                "fsync_floor_growing_per_sec": fsync_floor(&args.dir, false, seconds)?,
-                "fsync_floor_per_cpu": per_cpu,
-            })
-        }
-    };
-    println!("{result}");
-    Ok(())
+/// The raw fdatasync rate of a directory: on a preallocated and on a growing file, and per CPU.
+pub(crate) fn fsync(args: FsyncArgs) -> Result<Value, String> {
+    std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let seconds = Duration::from_secs_f64(args.seconds);
+    let per_cpu = fsync_floor_per_cpu(&args.dir, seconds / 2)?;
+    Ok(json!({
+        "workload": "fsync_floor",
+        "fsync_floor_per_sec": fsync_floor(&args.dir, true, seconds)?,
+        "fsync_floor_growing_per_sec": fsync_floor(&args.dir, false, seconds)?,
+        "fsync_floor_per_cpu": per_cpu,
+    }))
 }
 
 /// A new empty file `name` in `dir`, fallocated to `allocate` bytes (and synced) if given.
@@ -795,7 +719,7 @@ pub(crate) fn append_run(
     })
 }
 
-fn append(args: AppendArgs) -> Result<Value, String> {
+pub(crate) fn append(args: AppendArgs) -> Result<Value, String> {
     let durability: Durability = args.durability.parse()?;
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
     let floor = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
@@ -897,7 +821,7 @@ fn build_store(dir: &Path, events: u64, selective_tags: u64) -> Result<(), Strin
     store.close().map_err(|e| e.to_string())
 }
 
-fn read(args: ReadArgs) -> Result<Value, String> {
+pub(crate) fn read(args: ReadArgs) -> Result<Value, String> {
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
     let store_dir = args.dir.join("read-store");
     build_store(&store_dir, args.events, args.selective_tags)?;
@@ -975,7 +899,7 @@ fn read(args: ReadArgs) -> Result<Value, String> {
     }))
 }
 
-fn recover(args: RecoverArgs) -> Result<Value, String> {
+pub(crate) fn recover(args: RecoverArgs) -> Result<Value, String> {
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
     let store_dir = args.dir.join("recover-store");
     build_store(&store_dir, args.events, 100_000)?;

@@ -26,7 +26,8 @@ pub enum Workload {
     Conditional,
     /// Selective reads: the events of one tag among 10,000 (about ten each).
     Read,
-    /// Half reads, a quarter appends, a quarter conditional appends (the seed's k6 mix).
+    /// Half reads, a quarter appends, a quarter conditional appends (the mix of the k6 load
+    /// an earlier event store on PostgreSQL was measured with, so the two compare).
     Mixed,
     /// Limit orders placed on the hosted exchange (HTTP only; the benchmark's own server runs
     /// `--exchange d3-pipelined` with one symbol): 2,000 accounts, prices within ten ticks of

@@ -49,7 +49,8 @@ pub struct BenchArgs {
     #[arg(long)]
     rate: Option<f64>,
     /// Runs the four modes on the same scenario (seed50k unless --scenario is given) and
-    /// prints them beside the seed documents' own figures.
+    /// prints them beside the published figures of the seed engine, an earlier exchange engine
+    /// whose modes answer ours one for one.
     #[arg(long)]
     compare_seed: bool,
     /// How the journal's segments are preallocated: `zeros`, `fallocate` or `adaptive` (the
@@ -520,24 +521,25 @@ fn bench(args: &BenchArgs) -> Result<Value, String> {
     Ok(report(&scenario, mode, args, &median, &rates, floor))
 }
 
-/// The seed documents' own figures for the mode each of ours answers, with their source.
+/// The seed engine's published figures for the mode each of ours answers, with what each was
+/// measured on.
 fn seed_figure(mode: Mode) -> Value {
     match mode {
         Mode::Memory => json!({
             "seed_mode": "event_sourcing", "orders_per_sec": 418_800, "p99_us": 3.08,
-            "source": "seeds/000: 50,000 orders, in-memory event log",
+            "source": "50,000 orders, in-memory event log",
         }),
         Mode::PerOrder => json!({
             "seed_mode": "production_safe", "orders_per_sec": 9_780, "p99_us": 397.0,
-            "source": "seeds/000: 50,000 orders, WAL fsync on the order path",
+            "source": "50,000 orders, WAL fsync on the order path",
         }),
         Mode::Critical { .. } => json!({
             "seed_mode": "production_safe_optimized", "orders_per_sec": 1_113_640, "p99_us": 3.04,
-            "source": "seeds/003: macOS, async WAL (10 ms / 1,000-entry groups), acknowledged before durable",
+            "source": "macOS, async WAL (10 ms / 1,000-entry groups), acknowledged before durable",
         }),
         Mode::Pipelined => json!({
             "seed_mode": "zero-loss mode (no figure published)", "orders_per_sec": null,
-            "p99_us": null, "source": "seeds/003 describes it without measuring it",
+            "p99_us": null, "source": "described without a measurement",
         }),
     }
 }
@@ -589,7 +591,7 @@ fn compare_seed(args: &BenchArgs) -> Result<Value, String> {
         "messages": scenario.messages.len(),
         "fsync_floor_per_sec": floor.round(),
         "note": "p99 us is the matcher's (journal encoding included); ack p99 is from a \
-                 command's start to its release (durable in D3); the seed's p99 is its \
+                 command's start to its release (durable in D3); the seed engine's p99 is its \
                  per-order latency",
         "rows": rows,
     }))

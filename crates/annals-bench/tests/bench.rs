@@ -247,7 +247,7 @@ fn exchange_bench_json_contract() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("unknown exchange durability"));
-    // The four modes side by side with the seed documents' figures.
+    // The four modes side by side with the seed engine's published figures.
     let stdout = stdout_of(
         bench()
             .args(["exchange", "--compare-seed", "--messages", "2000"])

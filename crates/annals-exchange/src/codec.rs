@@ -394,7 +394,7 @@ mod tests {
             put_command(&mut batch, 100 + i as u64, command, Some(2)).unwrap();
         }
         put_symbol(&mut batch, 4, SymbolSpec { tick: 5, lot: 100 }).unwrap();
-        store.append_batch(batch, None).unwrap();
+        store.appending_batch(batch).wait().unwrap();
         let events: Vec<_> = store
             .read(&Query::all(), ReadOptions::default())
             .unwrap()
@@ -466,7 +466,7 @@ mod tests {
         let store = Store::open_in_memory(Options::default()).unwrap();
         let mut batch = store.batch();
         put_trade(&mut batch, &trades[0]).unwrap();
-        store.append_batch(batch, None).unwrap();
+        store.appending_batch(batch).wait().unwrap();
         let event = store
             .read(
                 &Query::item(QueryItem::tags(["account:10"])),

@@ -29,15 +29,16 @@ use crate::types::*;
 /// (the README's durability table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// D0: nothing is journaled; the books live in memory only (the seed's event_sourcing).
+    /// D0: nothing is journaled; the books live in memory only (the exchange benchmark's
+    /// `--compare-seed` sets it beside an earlier engine's `event_sourcing` mode).
     Memory,
-    /// D3, one append and one fdatasync per command; the matcher waits for each (the seed's
-    /// production_safe).
+    /// D3, one append and one fdatasync per command; the matcher waits for each (beside the
+    /// earlier engine's `production_safe`).
     PerOrder,
     /// D2: a command is acknowledged once its batch is written, before the fdatasync, which
     /// background group commit issues later; a batch holding a critical command (one that
-    /// trades, or of at least `critical_qty`) waits for the fdatasync (the seed's optimized
-    /// mode).
+    /// trades, or of at least `critical_qty`) waits for the fdatasync (beside the earlier
+    /// engine's `production_safe_optimized`).
     Critical { critical_qty: Qty },
     /// D3 pipelined (the default): the matcher runs ahead, the journal syncs batches behind it,
     /// and each acknowledgement is released once the batch holding its command is durable.
@@ -538,13 +539,14 @@ impl Sequencer {
         if self.mode == Mode::PerOrder {
             // The matcher waits for each command anyway: the store's own blocking append
             // wakes it with the least hand-over.
-            let outcome = store.append_batch(batch, None);
+            let outcome = store.appending_batch(batch).wait();
             self.releases.complete(seq, outcome);
         } else {
             let releases = self.releases.clone();
-            let submitted = store.append_batch_then(batch, None, options, move |outcome| {
-                releases.complete(seq, outcome)
-            });
+            let submitted = store
+                .appending_batch(batch)
+                .options(options)
+                .then(move |outcome| releases.complete(seq, outcome));
             if let Err(e) = submitted {
                 self.releases.complete(seq, Err(e));
             }

@@ -63,8 +63,9 @@ pub fn generate(name: &str, messages: usize, seed: u64) -> Result<Scenario, Unkn
     }
 }
 
-/// The seed documents' benchmark: limit orders on both sides of a mid price that do not
-/// cross, so almost nothing trades and the book only grows.
+/// The benchmark an earlier exchange engine (the seed engine) published its figures on, which
+/// `annals-bench exchange --compare-seed` runs: limit orders on both sides of a mid price that
+/// do not cross, so almost nothing trades and the book only grows.
 fn seed50k(messages: usize, seed: u64) -> Scenario {
     let mut rng = Rng::new(seed);
     let mid = 100_000;

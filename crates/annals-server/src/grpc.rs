@@ -100,24 +100,26 @@ fn invalid(message: impl Into<String>) -> Status {
     status(Code::InvalidArgument, ErrorType::InvalidArgument, message)
 }
 
+/// How the table of kinds answers a fault of the store (`kinds.rs`).
 fn store_status(e: &StoreError) -> Status {
-    match e {
-        StoreError::Poisoned { .. } | StoreError::Closed | StoreError::Unavailable { .. } => {
-            status(Code::Unavailable, ErrorType::Io, e.to_string())
-        }
-        StoreError::DiskFull { .. } => {
-            status(Code::ResourceExhausted, ErrorType::Io, e.to_string())
-        }
-        // Not UNAVAILABLE, which gRPC clients may retry by themselves: the append may be
-        // stored, and a blind retry would store it twice.
-        StoreError::OutcomeUnknown { .. } => status(Code::Unknown, ErrorType::Io, e.to_string()),
-        _ => status(Code::Internal, ErrorType::Internal, e.to_string()),
-    }
+    let answer = crate::kinds::answer(e.kind());
+    status(answer.grpc, answer.error_type, e.to_string())
+}
+
+/// How the table of kinds answers a request the store refused (`kinds.rs`). An erased
+/// subject's refusal names its kind first, as UmaDB's clients show only the message.
+fn input_status(e: &annals::InputError) -> Status {
+    let answer = crate::kinds::answer(e.kind());
+    let message = match e {
+        annals::InputError::SubjectErased { .. } => format!("subject_erased: {e}"),
+        _ => e.to_string(),
+    };
+    status(answer.grpc, answer.error_type, message)
 }
 
 fn read_status(e: &ReadError) -> Status {
     match e {
-        ReadError::Input(e) => invalid(e.to_string()),
+        ReadError::Input(e) => input_status(e),
         ReadError::Store(e) => store_status(e),
     }
 }
@@ -461,16 +463,10 @@ impl Service {
             .enumerate()
             .map(|(i, e)| to_new_event(i, e))
             .collect::<Result<Vec<_>, _>>()?;
-        self.state.check_reserved(&events).map_err(invalid)?;
         let condition = request.condition.map(|c| AppendCondition {
             fail_if_events_match: to_query(c.fail_if_events_match),
             after: c.after,
         });
-        if let Some(tracking) = &request.tracking_info {
-            if tracking.source.is_empty() {
-                return Err(invalid("tracking info needs a source name"));
-            }
-        }
         let options = annals::AppendOptions {
             tracking: request
                 .tracking_info
@@ -487,21 +483,15 @@ impl Service {
             Err(
                 e @ (AppendError::ConditionFailed { .. }
                 | AppendError::TrackingNotIncreasing { .. }),
-            ) => Err(status(
-                Code::FailedPrecondition,
-                ErrorType::Integrity,
-                format!("Integrity error: {e}"),
-            )),
-            Err(AppendError::Input(e)) => {
-                if matches!(e, annals::InputError::QueueFull { .. }) {
-                    Err(status(Code::Unavailable, ErrorType::Io, e.to_string()))
-                } else if matches!(e, annals::InputError::SubjectErased { .. }) {
-                    // Not FAILED_PRECONDITION: UmaDB's clients read that as a failed condition.
-                    Err(invalid(format!("subject_erased: {e}")))
-                } else {
-                    Err(invalid(e.to_string()))
-                }
+            ) => {
+                let answer = crate::kinds::answer(e.kind());
+                Err(status(
+                    answer.grpc,
+                    answer.error_type,
+                    format!("Integrity error: {e}"),
+                ))
             }
+            Err(AppendError::Input(e)) => Err(input_status(&e)),
             Err(AppendError::Store(e)) => Err(store_status(&e)),
         }
     }

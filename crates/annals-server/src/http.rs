@@ -43,12 +43,11 @@ const JSON: &str = "application/json";
 const NDJSON: &str = "application/x-ndjson";
 pub(crate) const SSE: &str = "text/event-stream";
 
-pub(crate) fn router(state: Arc<AppState>) -> Router {
-    let mut router = Router::new();
-    if state.config.console {
-        router = crate::console::routes(router);
-    }
-    crate::subjects::routes(crate::exchange::routes(router))
+/// The HTTP API's routes added to `routes`, the ones other modules own (the exchange, data
+/// subjects, the OpenAPI document, the console). The crate root gathers those: they use this
+/// module's helpers, so this module names none of them. Every route passes `edge`.
+pub(crate) fn router(state: Arc<AppState>, routes: Router<Arc<AppState>>) -> Router {
+    routes
         .route("/v1/read", get(read))
         .route("/v1/append", post(append))
         .route("/v1/head", get(head))
@@ -61,7 +60,6 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
             "/v1/admin/readmodels/{name}/rebuild",
             post(rebuild_read_model),
         )
-        .route("/v1/openapi.json", get(openapi))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -265,88 +263,20 @@ pub(crate) fn grant(
         })
 }
 
+/// How the table of kinds answers a request the store refused (`kinds.rs`).
 pub(crate) fn input_error(e: &InputError) -> ApiError {
-    let kind = match e {
-        InputError::NoEvents => "no_events",
-        InputError::TooManyEvents { .. } => "too_many_events",
-        InputError::EventTooLarge { .. } => "event_too_large",
-        InputError::AppendTooLarge { .. } => "append_too_large",
-        InputError::EmptyType { .. } | InputError::TypeTooLong { .. } => "invalid_type",
-        InputError::TooManyTags { .. } => "too_many_tags",
-        InputError::EmptyTag { .. }
-        | InputError::InvalidQueryTag { .. }
-        | InputError::TagTooLong { .. }
-        | InputError::DuplicateTag { .. }
-        | InputError::ControlCharacter { .. } => "invalid_tag",
-        InputError::TooManyQueryItems { .. } | InputError::QueryItemTooLarge { .. } => {
-            "query_too_large"
-        }
-        InputError::QueueFull { .. } => {
-            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", e.to_string())
-        }
-        InputError::InvalidReadOptions(_) => "invalid_read_options",
-        InputError::InvalidTrackingSource { .. } | InputError::TrackingInBatch => {
-            "invalid_tracking"
-        }
-        InputError::SyncUnavailable => "sync_unavailable",
-        // The request is well formed; this server has no backup to make it D4.
-        InputError::OffMachineUnavailable => {
-            return ApiError::new(
-                StatusCode::CONFLICT,
-                "off_machine_unavailable",
-                e.to_string(),
-            )
-        }
-        InputError::ReadOnlyReplica { .. } => {
-            return ApiError::new(StatusCode::FORBIDDEN, "read_only_replica", e.to_string())
-        }
-        // Well-formed requests this store refuses: an erased subject, no subjects at all.
-        InputError::SubjectErased { .. } => {
-            return ApiError::new(StatusCode::CONFLICT, "subject_erased", e.to_string())
-        }
-        InputError::NoSubjects => {
-            return ApiError::new(StatusCode::CONFLICT, "no_subjects", e.to_string())
-        }
-        InputError::NotASubject { .. } => "not_a_subject",
-        InputError::ReservedType { .. } => "reserved_type",
-        _ => "invalid_input",
-    };
-    ApiError::new(StatusCode::BAD_REQUEST, kind, e.to_string())
+    let answer = crate::kinds::answer(e.kind());
+    ApiError::new(answer.http, answer.http_kind, e.to_string())
 }
 
+/// How the table of kinds answers a fault of the store (`kinds.rs`).
 pub(crate) fn store_error(e: &StoreError) -> ApiError {
-    match e {
-        StoreError::Poisoned { .. } => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_poisoned",
-            e.to_string(),
-        ),
-        StoreError::Closed => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
-            "the store is closing; retry against the restarted server",
-        ),
-        StoreError::Unavailable { .. } => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database_unavailable",
-            e.to_string(),
-        ),
-        // Nothing was appended; the store goes on and takes appends again once there is room.
-        StoreError::DiskFull { .. } => {
-            ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", e.to_string())
-        }
-        // Neither success nor failure: the client must find out (read, or retry with ids).
-        StoreError::OutcomeUnknown { .. } => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "outcome_unknown",
-            e.to_string(),
-        ),
-        _ => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "store_error",
-            e.to_string(),
-        ),
-    }
+    let answer = crate::kinds::answer(e.kind());
+    let message = match e {
+        StoreError::Closed => "the store is closing; retry against the restarted server".into(),
+        _ => e.to_string(),
+    };
+    ApiError::new(answer.http, answer.http_kind, message)
 }
 
 pub(crate) fn read_error(e: &ReadError) -> ApiError {
@@ -565,20 +495,6 @@ async fn append_inner(
         };
         ApiError::bad_request(kind, format!("append body: {e}"))
     })?;
-    for (index, event) in parsed.events.iter().enumerate() {
-        if let Some(metadata) = event.metadata {
-            let depth = wire::json_depth(metadata.get().as_bytes());
-            if depth > wire::METADATA_DEPTH_MAX {
-                return Err(ApiError::bad_request(
-                    "metadata_too_deep",
-                    format!(
-                        "event {index}: metadata nests {depth} levels deep (the limit is {})",
-                        wire::METADATA_DEPTH_MAX
-                    ),
-                ));
-            }
-        }
-    }
     // Every event is decoded before any is appended, so that a bad one changes nothing.
     let events: Vec<NewEvent> = parsed
         .events
@@ -589,9 +505,6 @@ async fn append_inner(
                 .map_err(|e| ApiError::bad_request("invalid_body", format!("event {index}: {e}")))
         })
         .collect::<Result<_, _>>()?;
-    state
-        .check_reserved(&events)
-        .map_err(|e| ApiError::bad_request("reserved_type", e))?;
     let tracking = parsed
         .tracking
         .map(|t| annals::Tracking::new(t.source, t.position));
@@ -1034,13 +947,6 @@ async fn rebuild_read_model(
         }
     });
     finish(&state, Op::ReadModel, started, result)
-}
-
-async fn openapi(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers, Scopes::READ) {
-        return e.into_response();
-    }
-    json_response(StatusCode::OK, crate::openapi::document())
 }
 
 /// Liveness: the process serves. 503 only while the store is poisoned, which a restart (a

@@ -3,8 +3,8 @@
 //! Prometheus metrics.
 //!
 //! The HTTP and gRPC layers translate requests into store calls and answers back; they never
-//! see a file or an offset. Appends go through the store's callback API, so no runtime thread
-//! ever blocks on the writer or an fsync.
+//! see a file or an offset. Appends from both go through `AppState::append`, which awaits
+//! [`annals::Store::append_async`], so no runtime thread ever blocks on the writer or an fsync.
 
 pub mod alloc;
 pub mod auth;
@@ -15,6 +15,7 @@ mod exchange;
 mod grpc;
 mod guard;
 mod http;
+mod kinds;
 pub mod metrics;
 mod openapi;
 mod peers;
@@ -27,6 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use annals::admission::Refusal;
 use annals::{AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Store};
 use tokio::sync::watch;
 
@@ -49,23 +51,54 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    /// Refuses events of the exchange journal's types while the server hosts an exchange:
-    /// only the exchange writes them, so that its replay never meets a foreign one.
-    pub fn check_reserved(&self, events: &[NewEvent]) -> Result<(), String> {
-        if self.exchange.is_none() {
-            return Ok(());
+    /// The server's admission step: every check a client's append must pass here, for HTTP
+    /// and gRPC alike, before it reaches the store (which runs its own, and the library's
+    /// admission check, after): events of the exchange journal's types while the server hosts
+    /// an exchange (only the exchange writes them, so that its replay never meets a foreign
+    /// one), metadata nested deeper than clients parse safely, a tracking position without a
+    /// source. The front ends decode and answer; they do not judge.
+    pub fn admit(&self, events: &[NewEvent], options: &AppendOptions) -> Result<(), Refusal> {
+        for (index, event) in events.iter().enumerate() {
+            if self.exchange.is_some()
+                && annals_exchange::codec::RESERVED_TYPES.contains(&event.event_type.as_str())
+            {
+                return Err(Refusal::event(
+                    index,
+                    "reserved_type",
+                    format!(
+                        "event type {:?} is reserved for the exchange this server hosts; place \
+                         orders through /v1/exchange",
+                        event.event_type
+                    ),
+                ));
+            }
+            let depth = wire::json_depth(&event.metadata);
+            // Metadata that is not JSON (base64 on the wire) is served as a string: it does
+            // not nest, whatever its bytes look like.
+            if depth > wire::METADATA_DEPTH_MAX
+                && serde_json::from_slice::<serde::de::IgnoredAny>(&event.metadata).is_ok()
+            {
+                return Err(Refusal::event(
+                    index,
+                    "metadata_too_deep",
+                    format!(
+                        "metadata nests {depth} levels deep (the limit is {})",
+                        wire::METADATA_DEPTH_MAX
+                    ),
+                ));
+            }
         }
-        match events
-            .iter()
-            .find(|e| annals_exchange::codec::RESERVED_TYPES.contains(&e.event_type.as_str()))
+        if options
+            .tracking
+            .as_ref()
+            .is_some_and(|t| t.source.is_empty())
         {
-            Some(e) => Err(format!(
-                "event type {:?} is reserved for the exchange this server hosts; place \
-                 orders through /v1/exchange",
-                e.event_type
-            )),
-            None => Ok(()),
+            return Err(Refusal::append(
+                "invalid_tracking",
+                "tracking info needs a source name",
+            ));
         }
+        Ok(())
     }
 
     /// Appends without blocking the calling task's thread ([`Store::append_async`]). A full
@@ -78,6 +111,8 @@ impl AppState {
         condition: Option<&AppendCondition>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
+        self.admit(events, &options)
+            .map_err(InputError::NotAdmitted)?;
         // No events: nothing to append and no condition to evaluate; the answer is position 0, as
         // UmaDB's store answers it (the embedded API refuses it as a likely mistake). A
         // tracking position needs an event to travel with.
@@ -256,7 +291,13 @@ impl Server {
             None => None,
         };
         let mut tasks = Vec::new();
-        let router = http::router(state.clone());
+        // The routes other modules own join the HTTP API's here, at the root: they use
+        // `http`'s helpers, so `http` names none of them.
+        let mut routes = openapi::routes(subjects::routes(exchange::routes(axum::Router::new())));
+        if state.config.console {
+            routes = console::routes(routes);
+        }
+        let router = http::router(state.clone(), routes);
         tasks.push(tokio::spawn(serve::serve_http(
             http_listener,
             router,

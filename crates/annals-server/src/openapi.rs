@@ -1,7 +1,28 @@
 //! The OpenAPI 3.1 document served at `/v1/openapi.json`. It describes what `http.rs` does;
 //! a test walks every path here against the running server.
 
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
+
+use crate::auth::Scopes;
+use crate::http::{authorize, json_response};
+use crate::AppState;
+
+/// The document's route, `GET /v1/openapi.json` (read scope).
+pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<AppState>> {
+    router.route("/v1/openapi.json", axum::routing::get(serve))
+}
+
+async fn serve(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers, Scopes::READ) {
+        return e.into_response();
+    }
+    json_response(StatusCode::OK, document())
+}
 
 fn error_response(description: &str) -> Value {
     json!({
@@ -51,7 +72,7 @@ fn request_schemas() -> Value {
     schemas
 }
 
-pub(crate) fn document() -> String {
+fn document() -> String {
     let query_param = json!({
         "name": "query", "in": "query", "required": false,
         "description": "URL-encoded JSON Query. Absent, empty or {\"items\":[]} matches every event.",

@@ -5,7 +5,11 @@
 //!   cited beside docs/EXCHANGE.md (`M8`) one of its rules, and no two documents define records
 //!   of one series;
 //! - every format version constant in the code is the version docs/internals/data-directory.md
-//!   gives.
+//!   gives;
+//! - the README's durability table has one whole row per class;
+//! - nothing cites a document outside the repository;
+//! - every public function of the library is called or tested;
+//! - no crate's modules import each other in a circle of more than two files.
 //!
 //! Each check collects every finding before it fails, so one run lists all the drift.
 
@@ -605,6 +609,386 @@ fn storage_files_are_short_and_type_names_unique() {
     assert!(
         problems.is_empty(),
         "storage crate:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The cells of a Markdown table row: the text between its `|`s, a `|` inside a code span or
+/// escaped (`\|`) not counting as a border.
+fn table_cells(row: &str) -> Vec<String> {
+    let mut cells = Vec::new();
+    let mut cell = String::new();
+    let (mut code, mut escaped) = (false, false);
+    for c in row.trim().trim_start_matches('|').chars() {
+        match c {
+            '|' if !code && !escaped => cells.push(std::mem::take(&mut cell)),
+            _ => cell.push(c),
+        }
+        code ^= c == '`';
+        escaped = c == '\\';
+    }
+    if !cell.trim().is_empty() {
+        cells.push(cell);
+    }
+    cells.into_iter().map(|c| c.trim().to_string()).collect()
+}
+
+/// Goal: the README's durability table promises each class once and whole. Method: read the
+/// first table under "## Durability" and require one row per class D0 to D4, each with as many
+/// cells as the header (a row glued onto another, or a cell lost, changes both).
+#[test]
+fn the_durability_table_has_one_whole_row_per_class() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let section = readme
+        .split("\n## Durability\n")
+        .nth(1)
+        .expect("README.md has a section \"## Durability\"");
+    let section = section.split("\n## ").next().unwrap();
+    let rows: Vec<&str> = section
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert!(rows.len() > 2, "the durability section has no table");
+    let header = table_cells(rows[0]).len();
+    let mut problems = Vec::new();
+    let mut classes: BTreeMap<String, usize> = BTreeMap::new();
+    for row in &rows[2..] {
+        let cells = table_cells(row);
+        if cells.len() != header {
+            problems.push(format!(
+                "a row has {} cells under a header of {header}: {row}",
+                cells.len()
+            ));
+        }
+        let class: String = cells
+            .first()
+            .map(|c| {
+                c.chars()
+                    .take_while(|ch| ch.is_ascii_alphanumeric())
+                    .collect()
+            })
+            .unwrap_or_default();
+        *classes.entry(class).or_default() += 1;
+    }
+    let expected: BTreeMap<String, usize> = (0..=4).map(|n| (format!("D{n}"), 1)).collect();
+    if classes != expected {
+        problems.push(format!(
+            "the rows' classes are {classes:?}, not D0 to D4 once each"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "README.md's durability table:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// Goal: the repository explains itself: no document or comment cites a document a reader of
+/// the repository cannot open, such as the starting documents the project was seeded from or
+/// notes kept beside the checkout. Method: look for the phrases such citations take, and for
+/// relative paths that climb out of the repository.
+#[test]
+fn nothing_cites_a_document_outside_the_repository() {
+    // How the starting documents get cited. A random seed is not one of them: tests speak of
+    // "the seed" they print, so only the documents' own names are refused.
+    let phrases = ["the seed's", "seed document", "seeds/"];
+    let mut problems = Vec::new();
+    for (path, text) in tracked_text() {
+        // This file names the phrases it looks for.
+        if path == "crates/annals-testkit/tests/tidy.rs" {
+            continue;
+        }
+        let dir = Path::new(&path).parent().unwrap_or(Path::new(""));
+        for (n, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase();
+            for phrase in phrases.iter().filter(|p| lower.contains(*p)) {
+                problems.push(format!("{path}:{}: cites {phrase:?}", n + 1));
+            }
+            for token in tokens(line).filter(|t| t.starts_with("../")) {
+                if normalize(&dir.join(token)).is_none() {
+                    problems.push(format!("{path}:{}: {token} is outside", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "citations of documents outside the repository (say the fact in the project's own \
+         words):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// A line of Rust without its comment (pragmatic: a `//` inside a string ends it too).
+fn code_of(line: &str) -> &str {
+    line.split("//").next().unwrap()
+}
+
+/// The identifiers a line of Rust calls or names as a path: `name(`, `name::<`, `.name` and
+/// `::name`.
+fn called(line: &str) -> BTreeSet<&str> {
+    let code = code_of(line);
+    let bytes = code.as_bytes();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut found = BTreeSet::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        if !word(bytes[at]) || (at > 0 && word(bytes[at - 1])) {
+            at += 1;
+            continue;
+        }
+        let end = at + bytes[at..].iter().take_while(|b| word(**b)).count();
+        let before = &code[..at];
+        let after = code[end..].trim_start();
+        if before.ends_with('.')
+            || before.ends_with("::")
+            || after.starts_with('(')
+            || after.starts_with("::<")
+        {
+            found.insert(&code[at..end]);
+        }
+        at = end;
+    }
+    found
+}
+
+/// Public functions of the library with no caller in the workspace, kept on purpose for its
+/// users; each must be shown to them in README.md or docs/GUIDE.md. Prefer a test that calls
+/// a function to an entry here.
+const KEPT_FOR_USERS: [&str; 0] = [];
+
+/// Goal: the library carries no dead public functions: every `pub fn` of crates/annals/src is
+/// called or tested somewhere in the workspace besides its definition. Method: a textual
+/// search of the tracked Rust sources, comments aside, for `name(`, `.name` or `::name` on any
+/// line but a definition of that name; a function that has gone is simply not looked for.
+#[test]
+fn every_public_function_of_the_library_is_used() {
+    let sources: Vec<(String, String)> = tracked_text()
+        .into_iter()
+        .filter(|(path, _)| path.ends_with(".rs"))
+        .collect();
+    let mut defined: BTreeMap<String, BTreeSet<(String, usize)>> = BTreeMap::new();
+    for (path, text) in sources
+        .iter()
+        .filter(|(p, _)| p.starts_with("crates/annals/src/"))
+    {
+        for (n, line) in text.lines().enumerate() {
+            let Some(mut rest) = line.trim_start().strip_prefix("pub ") else {
+                continue;
+            };
+            for qualifier in ["const ", "async ", "unsafe "] {
+                rest = rest.strip_prefix(qualifier).unwrap_or(rest);
+            }
+            let Some(rest) = rest.strip_prefix("fn ") else {
+                continue;
+            };
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            defined.entry(name).or_default().insert((path.clone(), n));
+        }
+    }
+    let mut used: BTreeSet<&str> = BTreeSet::new();
+    for (path, text) in &sources {
+        for (n, line) in text.lines().enumerate() {
+            for name in called(line) {
+                let definition = defined
+                    .get(name)
+                    .is_some_and(|at| at.contains(&(path.clone(), n)));
+                if !definition {
+                    used.insert(name);
+                }
+            }
+        }
+    }
+    let documented = ["README.md", "docs/GUIDE.md"]
+        .map(|doc| std::fs::read_to_string(root().join(doc)).unwrap())
+        .concat();
+    let mut problems = Vec::new();
+    for (name, places) in &defined {
+        if KEPT_FOR_USERS.contains(&name.as_str()) {
+            if !documented.contains(&format!("{name}(")) {
+                problems.push(format!(
+                    "{name} is kept for users but neither README.md nor docs/GUIDE.md shows it"
+                ));
+            }
+        } else if !used.contains(name.as_str()) {
+            let (path, n) = places.first().unwrap();
+            problems.push(format!(
+                "{path}:{}: {name} is neither called nor tested",
+                n + 1
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "public functions of the library:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// Each crate's source files (relative to its src/, binaries under src/bin/ aside) and, for
+/// each, the files it names through `crate::` and `super::` paths. A path resolves to the
+/// deepest module file it names (`crate::store::submit::Append` to `store/submit.rs`); a path
+/// to the crate root (`crate::Store`) names no file, since the root declares every module and
+/// re-exports their items. A parent's paths to its own children (`child::x`) are how Rust
+/// declares them and are not counted. Comments and the test module at a file's end aside.
+fn module_graphs() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut graphs = BTreeMap::new();
+    let mut by_crate: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for (path, text) in tracked_text() {
+        let Some((krate, relative)) = path.split_once("/src/") else {
+            continue;
+        };
+        if krate.starts_with("crates/") && path.ends_with(".rs") && !relative.starts_with("bin/") {
+            by_crate
+                .entry(krate.to_string())
+                .or_default()
+                .push((relative.to_string(), text));
+        }
+    }
+    for (krate, files) in by_crate {
+        // Each file's module path: a directory's `mod.rs` is the directory's module.
+        let module_of = |relative: &str| -> Vec<String> {
+            let mut parts: Vec<String> = relative
+                .trim_end_matches(".rs")
+                .split('/')
+                .map(str::to_string)
+                .collect();
+            if parts.last().is_some_and(|p| p == "mod") || parts == ["lib"] || parts == ["main"] {
+                parts.pop();
+            }
+            parts
+        };
+        let files_by_module: BTreeMap<Vec<String>, String> = files
+            .iter()
+            .map(|(relative, _)| (module_of(relative), relative.clone()))
+            .collect();
+        let resolve = |path: &[String]| -> Option<&String> {
+            (1..=path.len())
+                .take_while(|n| files_by_module.contains_key(&path[..*n]))
+                .last()
+                .map(|n| &files_by_module[&path[..n]])
+        };
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (relative, text) in &files {
+            let module = module_of(relative);
+            if module.is_empty() {
+                continue;
+            }
+            let code = text
+                .split("#[cfg(test)]\nmod tests")
+                .next()
+                .unwrap()
+                .lines()
+                .map(code_of)
+                .collect::<Vec<_>>()
+                .join("\n");
+            let named = graph.entry(relative.clone()).or_default();
+            for start in ["crate::", "super::"] {
+                for (at, _) in code.match_indices(start) {
+                    // `super::super::` is found once, at its first `super`.
+                    if code[..at].ends_with("super::") || code[..at].ends_with("crate::") {
+                        continue;
+                    }
+                    let mut base: Vec<String> = if start == "crate::" {
+                        Vec::new()
+                    } else {
+                        module[..module.len() - 1].to_vec()
+                    };
+                    let mut rest = &code[at + start.len()..];
+                    while let Some(after) = rest.strip_prefix("super::") {
+                        base.pop();
+                        rest = after;
+                    }
+                    // `a::b::{c, d::e}`: the prefix, then each path of its group.
+                    let prefix_len = rest
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                        .unwrap_or(rest.len());
+                    let (prefix, after) = rest.split_at(prefix_len);
+                    let paths: Vec<String> = match after.strip_prefix('{') {
+                        Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                            .split(',')
+                            .map(|item| format!("{prefix}{}", item.trim()))
+                            .collect(),
+                        None => vec![prefix.to_string()],
+                    };
+                    for path in paths {
+                        let segments: Vec<String> = path
+                            .split("::")
+                            .map(|s| {
+                                s.chars()
+                                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                                    .collect::<String>()
+                            })
+                            .take_while(|s| !s.is_empty())
+                            .collect();
+                        let full: Vec<String> = base.iter().cloned().chain(segments).collect();
+                        if let Some(file) = resolve(&full).filter(|f| *f != relative) {
+                            named.insert(file.clone());
+                        }
+                    }
+                }
+            }
+        }
+        graphs.insert(krate, graph);
+    }
+    graphs
+}
+
+/// The import circles of a graph of more than two files: each file with the files it reaches
+/// that reach it back.
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<BTreeSet<String>> {
+    let reach = |from: &String| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(file) = todo.pop() {
+            for next in graph.get(&file).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|file| (file, reach(file))).collect();
+    reached
+        .iter()
+        .map(|(file, from_it)| {
+            from_it
+                .iter()
+                .filter(|other| reached.get(other).is_some_and(|back| back.contains(*file)))
+                .cloned()
+                .chain([(*file).clone()])
+                .collect::<BTreeSet<String>>()
+        })
+        .filter(|circle| circle.len() > 2)
+        .collect()
+}
+
+/// Goal: no crate's modules import each other in a circle of more than two files, so that each
+/// crate reads as layers from its root down. Method: each crate's graph of `crate::` and
+/// `super::` paths between its source files, and the files that reach each other in it.
+#[test]
+fn no_import_circle_joins_more_than_two_files() {
+    let graphs = module_graphs();
+    let storage = &graphs["crates/annals"];
+    assert!(
+        storage["append.rs"].contains("store/mod.rs"),
+        "the storage crate's graph was read: the append builder names the store"
+    );
+    let mut problems = Vec::new();
+    for (krate, graph) in graphs {
+        for circle in circles(&graph) {
+            problems.push(format!("{krate}/src: {circle:?} import each other"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "import circles (move what they share into a module below them):\n{}",
         problems.join("\n")
     );
 }

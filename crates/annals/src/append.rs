@@ -2,7 +2,8 @@
 //! condition and options, and is then sent the way its caller waits for the outcome:
 //! [`Append::wait`] blocks the calling thread, [`Append::submit`] is a future for async
 //! callers, [`Append::then`] calls back on one of the store's threads. [`Store::append`] and
-//! the other `append_*` methods are shorthands for one of these.
+//! [`Store::append_async`] are shorthands for the two commonest appends; every other append is
+//! written with the builder, so that each option has one spelling.
 //!
 //! ```
 //! # let dir = tempfile::tempdir().unwrap();
@@ -113,8 +114,8 @@ impl<'a> Append<'a> {
         self
     }
 
-    /// The condition given, lent or none (the shorthands' and a decision's, which hands over
-    /// its own and saves a copy of its query).
+    /// The condition given, lent or none (the two shorthands' and a decision's, which hands
+    /// over its own and saves a copy of its query).
     pub(crate) fn condition_given(mut self, condition: Option<Cow<'a, AppendCondition>>) -> Self {
         self.condition = condition;
         self

@@ -17,7 +17,7 @@
 //!     event.tag("symbol:ABC").unwrap();
 //!     event.finish(&order.to_le_bytes()).unwrap();
 //! }
-//! assert_eq!(store.append_batch(batch, None).unwrap(), 3);
+//! assert_eq!(store.appending_batch(batch).wait().unwrap(), 3);
 //! ```
 
 use std::fmt::{self, Write as _};

@@ -92,6 +92,28 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// A stable word for what went wrong, which front ends answer as the error's kind (the
+    /// server maps each to an HTTP status and a gRPC code in one table).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Io { .. } => "io",
+            StoreError::Corrupt { .. } => "corrupt",
+            StoreError::Locked { .. } => "locked",
+            StoreError::Poisoned { .. } => "store_poisoned",
+            StoreError::Closed => "closed",
+            StoreError::InvalidOption(_) => "invalid_option",
+            StoreError::Unavailable { .. } => "database_unavailable",
+            StoreError::OutcomeUnknown { .. } => "outcome_unknown",
+            StoreError::DiskFull { .. } => "disk_full",
+            StoreError::Database(_) => "database",
+            StoreError::Copy(_) => "copy",
+            StoreError::Backup(_) => "backup",
+            StoreError::Subjects(_) => "subjects",
+        }
+    }
+}
+
 /// A request that breaks a limit or is malformed. Nothing was appended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -186,7 +208,86 @@ pub enum InputError {
     /// An event of the type erasures use for their receipts, appended by a client.
     #[error("event {index}: the type {event_type} is the store's own (erasure receipts)")]
     ReservedType { index: usize, event_type: String },
+    /// Refused by the store's admission check ([`crate::Options::admission`]).
+    #[error("{0}")]
+    NotAdmitted(crate::admission::Refusal),
 }
+
+impl InputError {
+    /// A stable word for what is wrong with the request (see [`StoreError::kind`]); an
+    /// admission check's refusal has its own.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            InputError::NoEvents => "no_events",
+            InputError::TooManyEvents { .. } => "too_many_events",
+            InputError::EventTooLarge { .. } => "event_too_large",
+            InputError::AppendTooLarge { .. } => "append_too_large",
+            InputError::EmptyType { .. } | InputError::TypeTooLong { .. } => "invalid_type",
+            InputError::TooManyTags { .. } => "too_many_tags",
+            InputError::EmptyTag { .. }
+            | InputError::InvalidQueryTag { .. }
+            | InputError::TagTooLong { .. }
+            | InputError::DuplicateTag { .. }
+            | InputError::ControlCharacter { .. } => "invalid_tag",
+            InputError::TooManyQueryItems { .. } | InputError::QueryItemTooLarge { .. } => {
+                "query_too_large"
+            }
+            InputError::QueueFull { .. } => "queue_full",
+            InputError::InvalidReadOptions(_) => "invalid_read_options",
+            InputError::InvalidTrackingSource { .. } | InputError::TrackingInBatch => {
+                "invalid_tracking"
+            }
+            InputError::SyncUnavailable => "sync_unavailable",
+            InputError::ReadOnlyReplica { .. } => "read_only_replica",
+            InputError::OffMachineUnavailable => "off_machine_unavailable",
+            InputError::MalformedStoredAppend { .. } => "malformed_stored_append",
+            InputError::SubjectErased { .. } => "subject_erased",
+            InputError::NotASubject { .. } => "not_a_subject",
+            InputError::NoSubjects => "no_subjects",
+            InputError::ReservedType { .. } => "reserved_type",
+            InputError::NotAdmitted(refusal) => refusal.kind,
+        }
+    }
+}
+
+/// Every kind [`StoreError::kind`], [`InputError::kind`] and [`AppendError::kind`] answer,
+/// an admission check's own kinds aside: a front end's table of answers covers each.
+pub const ERROR_KINDS: &[&str] = &[
+    "io",
+    "corrupt",
+    "locked",
+    "store_poisoned",
+    "closed",
+    "invalid_option",
+    "database_unavailable",
+    "outcome_unknown",
+    "disk_full",
+    "database",
+    "copy",
+    "backup",
+    "subjects",
+    "no_events",
+    "too_many_events",
+    "event_too_large",
+    "append_too_large",
+    "invalid_type",
+    "too_many_tags",
+    "invalid_tag",
+    "query_too_large",
+    "queue_full",
+    "invalid_read_options",
+    "invalid_tracking",
+    "sync_unavailable",
+    "read_only_replica",
+    "off_machine_unavailable",
+    "malformed_stored_append",
+    "subject_erased",
+    "not_a_subject",
+    "no_subjects",
+    "reserved_type",
+    "condition_failed",
+    "tracking_not_increasing",
+];
 
 /// Why an append did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +314,16 @@ pub enum AppendError {
 }
 
 impl AppendError {
+    /// A stable word for the outcome (see [`StoreError::kind`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AppendError::ConditionFailed { .. } => "condition_failed",
+            AppendError::TrackingNotIncreasing { .. } => "tracking_not_increasing",
+            AppendError::Input(e) => e.kind(),
+            AppendError::Store(e) => e.kind(),
+        }
+    }
+
     /// The conflicting position, if this is a failed condition.
     pub fn conflict_position(&self) -> Option<u64> {
         match self {
@@ -229,4 +340,204 @@ pub enum ReadError {
     Input(#[from] InputError),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl ReadError {
+    /// A stable word for what went wrong (see [`StoreError::kind`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ReadError::Input(e) => e.kind(),
+            ReadError::Store(e) => e.kind(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One value of every variant. The matches below name every variant with no wildcard,
+    /// so that a new variant does not compile until it has an example here (and a kind).
+    fn examples() -> (Vec<StoreError>, Vec<InputError>) {
+        let store = vec![
+            StoreError::io("write", "f", 0, io::Error::other("x")),
+            StoreError::Corrupt {
+                path: "f".into(),
+                offset: 0,
+                reason: "x".into(),
+            },
+            StoreError::Locked { path: "d".into() },
+            StoreError::Poisoned { reason: "x".into() },
+            StoreError::Closed,
+            StoreError::InvalidOption("x".into()),
+            StoreError::Unavailable { reason: "x".into() },
+            StoreError::OutcomeUnknown { reason: "x".into() },
+            StoreError::DiskFull { reason: "x".into() },
+            StoreError::Database("x".into()),
+            StoreError::Copy("x".into()),
+            StoreError::Backup("x".into()),
+            StoreError::Subjects("x".into()),
+        ];
+        let input = vec![
+            InputError::NoEvents,
+            InputError::TooManyEvents { count: 2, max: 1 },
+            InputError::EventTooLarge {
+                index: 0,
+                bytes: 2,
+                max: 1,
+            },
+            InputError::AppendTooLarge { bytes: 2, max: 1 },
+            InputError::EmptyType { index: 0 },
+            InputError::TypeTooLong {
+                index: 0,
+                bytes: 2,
+                max: 1,
+            },
+            InputError::TooManyTags {
+                index: 0,
+                count: 2,
+                max: 1,
+            },
+            InputError::EmptyTag { index: 0 },
+            InputError::InvalidQueryTag {
+                item: 0,
+                problem: "x".into(),
+            },
+            InputError::TagTooLong {
+                index: 0,
+                bytes: 2,
+                max: 1,
+            },
+            InputError::DuplicateTag {
+                index: 0,
+                tag: "t".into(),
+            },
+            InputError::ControlCharacter {
+                what: "tag",
+                value: "x".into(),
+            },
+            InputError::TooManyQueryItems { count: 2, max: 1 },
+            InputError::QueryItemTooLarge {
+                what: "tags",
+                count: 2,
+                max: 1,
+            },
+            InputError::QueueFull { depth: 1 },
+            InputError::InvalidReadOptions("x".into()),
+            InputError::InvalidTrackingSource {
+                name: String::new(),
+                max: 1,
+            },
+            InputError::TrackingInBatch,
+            InputError::SyncUnavailable,
+            InputError::ReadOnlyReplica {
+                backup: "b".into(),
+                primary: "p".into(),
+            },
+            InputError::OffMachineUnavailable,
+            InputError::MalformedStoredAppend {
+                position: 1,
+                why: "x".into(),
+            },
+            InputError::SubjectErased { tag: "t".into() },
+            InputError::NotASubject {
+                tag: "t".into(),
+                prefixes: "p".into(),
+            },
+            InputError::NoSubjects,
+            InputError::ReservedType {
+                index: 0,
+                event_type: "t".into(),
+            },
+            InputError::NotAdmitted(crate::admission::Refusal::append("checked", "x")),
+        ];
+        for e in &store {
+            match e {
+                StoreError::Io { .. }
+                | StoreError::Corrupt { .. }
+                | StoreError::Locked { .. }
+                | StoreError::Poisoned { .. }
+                | StoreError::Closed
+                | StoreError::InvalidOption(_)
+                | StoreError::Unavailable { .. }
+                | StoreError::OutcomeUnknown { .. }
+                | StoreError::DiskFull { .. }
+                | StoreError::Database(_)
+                | StoreError::Copy(_)
+                | StoreError::Backup(_)
+                | StoreError::Subjects(_) => {}
+            }
+        }
+        for e in &input {
+            match e {
+                InputError::NoEvents
+                | InputError::TooManyEvents { .. }
+                | InputError::EventTooLarge { .. }
+                | InputError::AppendTooLarge { .. }
+                | InputError::EmptyType { .. }
+                | InputError::TypeTooLong { .. }
+                | InputError::TooManyTags { .. }
+                | InputError::EmptyTag { .. }
+                | InputError::InvalidQueryTag { .. }
+                | InputError::TagTooLong { .. }
+                | InputError::DuplicateTag { .. }
+                | InputError::ControlCharacter { .. }
+                | InputError::TooManyQueryItems { .. }
+                | InputError::QueryItemTooLarge { .. }
+                | InputError::QueueFull { .. }
+                | InputError::InvalidReadOptions(_)
+                | InputError::InvalidTrackingSource { .. }
+                | InputError::TrackingInBatch
+                | InputError::SyncUnavailable
+                | InputError::ReadOnlyReplica { .. }
+                | InputError::OffMachineUnavailable
+                | InputError::MalformedStoredAppend { .. }
+                | InputError::SubjectErased { .. }
+                | InputError::NotASubject { .. }
+                | InputError::NoSubjects
+                | InputError::ReservedType { .. }
+                | InputError::NotAdmitted(_) => {}
+            }
+        }
+        (store, input)
+    }
+
+    /// Goal: every error value has a stable kind, and `ERROR_KINDS` lists each kind exactly
+    /// once, so that a front end's table built from it answers every error. Method: one value
+    /// of every variant (the compiler keeps the list whole), its kind looked up.
+    #[test]
+    fn every_error_has_a_listed_kind() {
+        let (store, input) = examples();
+        let mut kinds: Vec<&str> = store.iter().map(StoreError::kind).collect();
+        kinds.extend(
+            input
+                .iter()
+                .filter(|e| !matches!(e, InputError::NotAdmitted(_)))
+                .map(InputError::kind),
+        );
+        kinds.push(AppendError::ConditionFailed { position: 1 }.kind());
+        kinds.push(
+            AppendError::TrackingNotIncreasing {
+                name: "s".into(),
+                recorded: 2,
+                given: 1,
+            }
+            .kind(),
+        );
+        for kind in &kinds {
+            assert!(ERROR_KINDS.contains(kind), "{kind} is not in ERROR_KINDS");
+        }
+        for kind in ERROR_KINDS {
+            assert!(kinds.contains(kind), "no error has the kind {kind}");
+            assert_eq!(
+                ERROR_KINDS.iter().filter(|k| *k == kind).count(),
+                1,
+                "{kind}"
+            );
+        }
+        assert_eq!(
+            InputError::NotAdmitted(crate::admission::Refusal::append("checked", "x")).kind(),
+            "checked"
+        );
+    }
 }

@@ -25,6 +25,7 @@
 //! assert_eq!(events[0].event_type(), "UserRegistered");
 //! ```
 
+pub mod admission;
 mod aead;
 mod append;
 pub mod archive;
@@ -84,7 +85,7 @@ pub use append::Append;
 pub use append::{AppendOptions, Tracking};
 pub use batch::{EventBatch, EventWriter};
 pub use copy::{compare, copy, Appends, CopyPhase, CopyReport};
-pub use error::{AppendError, InputError, ReadError, StoreError};
+pub use error::{AppendError, InputError, ReadError, StoreError, ERROR_KINDS};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;

@@ -263,6 +263,10 @@ pub struct Options {
     /// subject's key, and erasing the subject ([`crate::Store::erase_subject`]) deletes the
     /// key. None: no encryption, and no cost.
     pub subjects: Option<SubjectOptions>,
+    /// A check every append made through the store must pass before it is sealed (see
+    /// [`crate::admission`]); its refusal is [`crate::InputError::NotAdmitted`]. None: the
+    /// store's own limits alone.
+    pub admission: Option<std::sync::Arc<dyn crate::admission::Admission>>,
 }
 
 impl Options {
@@ -289,6 +293,7 @@ impl Default for Options {
             backup: None,
             scrub: Some(ScrubOptions::default()),
             subjects: None,
+            admission: None,
         }
     }
 }

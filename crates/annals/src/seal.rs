@@ -1,7 +1,7 @@
 //! Sealing a data subject's events: the metadata and data of an entry that carries a subject's
 //! tag are encrypted (AES-256-GCM: `aead.rs`) before the entry reaches any storage;
 //! type, tags, id and position stay in the clear. The keys themselves are wrapped under the
-//! master key the same way (`keys.rs` keeps them).
+//! master key the same way (the `keys` module keeps them).
 //!
 //! ```text
 //! a sealed entry: flags bit 1 set, metadata_len 0, data = the envelope

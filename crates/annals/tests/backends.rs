@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use annals::sim::{CrashMode, SimIo};
 use annals::{
-    AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Query, QueryItem,
-    ReadOptions, Store,
+    AppendCondition, AppendError, InputError, NewEvent, Options, Query, QueryItem, ReadOptions,
+    Store, Tracking,
 };
 use annals_testkit::Cluster;
 use common::harness::{claim_race, small_options, DIR};
@@ -135,13 +135,6 @@ fn on_each_backend(seed: u64, test: impl Fn(&Backend)) {
 
 fn event() -> NewEvent {
     NewEvent::new("E", "data").tag("a")
-}
-
-fn tracked(source: &str, position: u64) -> AppendOptions {
-    AppendOptions {
-        tracking: Some(annals::Tracking::new(source, position)),
-        ..AppendOptions::default()
-    }
 }
 
 /// Appends one event per number in `numbers`, its data the number, with the tag `tag(number)`.
@@ -338,11 +331,17 @@ fn tracking_positions() {
         let mut store = backend.open();
         assert_eq!(store.tracking("projector"), None);
         store
-            .append_with(&[event()], None, tracked("projector", 3))
+            .appending(&[event()])
+            .tracking(Tracking::new("projector", 3))
+            .wait()
             .unwrap();
         assert_eq!(store.tracking("projector"), Some(3));
         for stale in [3, 2] {
-            match store.append_with(&[event()], None, tracked("projector", stale)) {
+            match store
+                .appending(&[event()])
+                .tracking(Tracking::new("projector", stale))
+                .wait()
+            {
                 Err(AppendError::TrackingNotIncreasing {
                     name,
                     recorded,
@@ -359,20 +358,30 @@ fn tracking_positions() {
             "a refused tracking position appends nothing"
         );
         store
-            .append_with(&[event(), event()], None, tracked("projector", 10))
+            .appending(&[event(), event()])
+            .tracking(Tracking::new("projector", 10))
+            .wait()
             .unwrap();
         store
-            .append_with(&[event()], None, tracked("other", 1))
+            .appending(&[event()])
+            .tracking(Tracking::new("other", 1))
+            .wait()
             .unwrap();
         // A failed condition records nothing either.
         let condition = AppendCondition::new(Query::all(), Some(0));
         assert!(store
-            .append_with(&[event()], Some(&condition), tracked("projector", 11))
+            .appending(&[event()])
+            .condition(&condition)
+            .tracking(Tracking::new("projector", 11))
+            .wait()
             .is_err());
         assert_eq!(store.tracking("projector"), Some(10));
         for bad in ["", "a\u{1}b"] {
             assert!(matches!(
-                store.append_with(&[event()], None, tracked(bad, 1)),
+                store
+                    .appending(&[event()])
+                    .tracking(Tracking::new(bad, 1))
+                    .wait(),
                 Err(AppendError::Input(InputError::InvalidTrackingSource { .. }))
             ));
         }
@@ -380,7 +389,9 @@ fn tracking_positions() {
         for &how in backend.reopens() {
             expected += 10;
             store
-                .append_with(&[event()], None, tracked("projector", expected))
+                .appending(&[event()])
+                .tracking(Tracking::new("projector", expected))
+                .wait()
                 .unwrap();
             store = backend.reopen(store, how);
             assert_eq!(store.tracking("projector"), Some(expected), "{how:?}");
@@ -401,7 +412,9 @@ fn tracking_is_visible_only_when_acknowledged() {
             std::thread::spawn(move || {
                 for p in 1..=300u64 {
                     store
-                        .append_with(&[event()], None, tracked("feed", p))
+                        .appending(&[event()])
+                        .tracking(Tracking::new("feed", p))
+                        .wait()
                         .unwrap();
                 }
             })
@@ -556,7 +569,9 @@ fn append_shapes(store: &Store, round: u64) {
             }
             _ => {
                 store
-                    .append_with(&[single], None, tracked("projector", n + 1))
+                    .appending(&[single])
+                    .tracking(Tracking::new("projector", n + 1))
+                    .wait()
                     .unwrap();
             }
         }
@@ -1329,14 +1344,10 @@ fn appends_are_counted_on_their_routes() {
         }
         let (sender, receiver) = std::sync::mpsc::channel();
         store
-            .append_then(
-                &[NewEvent::new("E", b"{}".to_vec())],
-                None,
-                AppendOptions::default(),
-                move |outcome| {
-                    let _ = sender.send(outcome);
-                },
-            )
+            .appending(&[NewEvent::new("E", b"{}".to_vec())])
+            .then(move |outcome| {
+                let _ = sender.send(outcome);
+            })
             .unwrap();
         receiver.recv().unwrap().unwrap();
         let claim = AppendCondition::new(Query::item(QueryItem::tags(["r"])), Some(0));

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use annals::backup::{restore, verify_backup, RestoreLimit};
 use annals::{
-    compare, AppendOptions, BackupOptions, Durability, InputError, Limits, NewEvent, Options,
-    Store, StoreError,
+    compare, BackupOptions, Durability, InputError, Limits, NewEvent, Options, Store, StoreError,
 };
 
 fn options(url: &str) -> Options {
@@ -388,14 +387,9 @@ fn an_off_machine_append_is_acknowledged_once_in_the_backup() {
     // Without a backup there is no D4.
     let plain_store = Store::open(dir.path().join("plain"), plain(&opts_d3(&opts))).unwrap();
     let e = plain_store
-        .append_with(
-            &events(1, 1),
-            None,
-            AppendOptions {
-                off_machine: true,
-                ..AppendOptions::default()
-            },
-        )
+        .appending(&events(1, 1))
+        .require_off_machine()
+        .wait()
         .unwrap_err();
     assert!(
         matches!(

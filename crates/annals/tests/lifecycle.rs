@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use annals::sim::SimIo;
 use annals::{
-    AppendOptions, Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store,
-    StoreError,
+    Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store, StoreError,
 };
 use common::api::*;
 use common::harness::{small_options, DIR};
@@ -45,14 +44,7 @@ fn durability_classes() {
     assert_eq!(store.stats().durability, "d0");
     store.append(&[event()], None).unwrap();
     assert!(matches!(
-        store.append_with(
-            &[event()],
-            None,
-            AppendOptions {
-                require_synced: true,
-                ..AppendOptions::default()
-            }
-        ),
+        store.appending(&[event()]).require_synced().wait(),
         Err(annals::AppendError::Input(
             annals::InputError::SyncUnavailable
         ))
@@ -67,16 +59,7 @@ fn durability_classes() {
     let (_, syncs_before) = io.counts();
     store.append(&[event()], None).unwrap();
     assert_eq!(io.counts().1, syncs_before, "D1 must not sync on append");
-    store
-        .append_with(
-            &[event()],
-            None,
-            AppendOptions {
-                require_synced: true,
-                ..AppendOptions::default()
-            },
-        )
-        .unwrap();
+    store.appending(&[event()]).require_synced().wait().unwrap();
     assert!(
         io.counts().1 > syncs_before,
         "a D3 request must be synced before it is acknowledged"

@@ -3,8 +3,8 @@
 mod common;
 
 use annals::{
-    AppendCondition, AppendError, AppendOptions, InputError, Limits, NewEvent, Options, Query,
-    QueryItem, ReadOptions, Store,
+    AppendCondition, AppendError, InputError, Limits, NewEvent, Options, Query, QueryItem,
+    ReadOptions, Store,
 };
 use common::api::*;
 use common::harness::small_options;
@@ -171,7 +171,8 @@ fn query_limits_on_both_sides() {
         .is_err());
 }
 
-/// Goal: a full queue applies backpressure: `try_append` says so with a typed error, and
+/// Goal: a full queue applies backpressure: an append sent with `fail_when_full` says so with a
+/// typed error, and
 /// `append` waits instead. Method: a one-slot queue held full by a writer stuck in a callback;
 /// in D0 the writer itself runs callbacks (in D3 the notifier thread may), and the second append
 /// is queued only once the writer is inside the callback, so the queue surely stays full.
@@ -187,10 +188,8 @@ fn queue_depth_limit() {
     })
     .unwrap();
     let release = hold_writer(&store);
-    store
-        .append_then(&[event()], None, AppendOptions::default(), |_| {})
-        .unwrap();
-    match store.try_append(&[event()], None) {
+    store.appending(&[event()]).then(|_| {}).unwrap();
+    match store.appending(&[event()]).fail_when_full().wait() {
         Err(AppendError::Input(InputError::QueueFull { depth: 1 })) => {}
         other => panic!("expected QueueFull, got {other:?}"),
     }
@@ -198,7 +197,7 @@ fn queue_depth_limit() {
     assert_eq!(store.append(&[event()], None).unwrap(), 3);
 }
 
-/// Regression: a rejected append (bad input, or a full queue with `try_append`) once left an
+/// Regression: a rejected append (bad input, or a full queue with `fail_when_full`) once left an
 /// "unanswered" error in the calling thread's reusable completion slot, and the thread's next,
 /// valid append returned that stale error. Replies are now armed only when a request is queued
 /// and disarmed if it never reaches the writer. Method: alternate rejections and appends on
@@ -210,4 +209,125 @@ fn rejected_append_leaves_no_stale_outcome() {
         assert!(store.append(&[NewEvent::new("", "")], None).is_err());
         assert_eq!(store.append(&[event()], None).unwrap(), i + 1);
     }
+}
+
+/// Goal: a batch tells truly whether one more event fits, on both sides of each append limit:
+/// `EventBatch::has_room` says yes exactly when the push that follows succeeds. Method: events
+/// of one size pushed while `has_room` says one more fits, under a bytes limit and then under
+/// a count limit; the push it refuses fails with that limit's typed error.
+#[test]
+fn a_batch_says_whether_one_more_event_fits() {
+    let event = NewEvent::new("E", vec![0u8; 100]);
+    let by_bytes = Limits {
+        append_bytes_max: 1024,
+        events_per_append_max: 100,
+        ..Limits::default()
+    };
+    let by_count = Limits {
+        append_bytes_max: 1 << 20,
+        events_per_append_max: 3,
+        ..Limits::default()
+    };
+    for limits in [by_bytes, by_count] {
+        let mut batch = annals::EventBatch::new(&limits);
+        let empty = batch.encoded_bytes();
+        batch.push(&event).unwrap();
+        let bytes = batch.encoded_bytes() - empty;
+        while batch.has_room(1, bytes) {
+            batch.push(&event).unwrap();
+        }
+        assert!(batch.has_room(0, 0), "a full batch holds what it holds");
+        match batch.push(&event) {
+            Err(InputError::AppendTooLarge { max: 1024, .. })
+                if limits.append_bytes_max == 1024 => {}
+            Err(InputError::TooManyEvents { count: 4, max: 3 })
+                if limits.events_per_append_max == 3 => {}
+            other => panic!("the push has_room refused: {other:?}"),
+        }
+    }
+}
+
+/// Refuses an event whose data holds "forbidden", and counts what it saw.
+#[derive(Debug, Default)]
+struct NoForbidden {
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl annals::admission::Admission for NoForbidden {
+    fn admit(
+        &self,
+        append: &annals::admission::Admitting<'_>,
+    ) -> Result<(), annals::admission::Refusal> {
+        for event in &append.events {
+            self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if event.data.windows(9).any(|w| w == b"forbidden") {
+                return Err(annals::admission::Refusal::event(
+                    event.index,
+                    "forbidden_data",
+                    format!("{} data says forbidden", event.event_type),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Goal: the admission check (`Options::admission`) sees every append made through the store
+/// as the client gave it, data subjects' data in the clear before it is sealed, refuses it
+/// whole with its kind and the event concerned, and is not run again on what is carried from
+/// another log. Method: a check refusing data that says "forbidden", on a store with data
+/// subjects; appends through `append`, the builder and a batch, one refused in the middle of
+/// an append; then a copy into a store with the check of a log holding such an event.
+#[test]
+fn the_admission_check_refuses_a_whole_append_and_is_not_run_on_history() {
+    let check = std::sync::Arc::new(NoForbidden::default());
+    let master = annals::MasterKey::generate().unwrap();
+    let options = Options {
+        admission: Some(check.clone()),
+        subjects: Some(annals::SubjectOptions::new(["customer:"], master)),
+        ..small_options()
+    };
+    let store = sim_store(options.clone());
+    store
+        .append(&[NewEvent::new("Moved", "fine").tag("customer:1")], None)
+        .unwrap();
+    let refused = store
+        .append(
+            &[
+                NewEvent::new("Moved", "fine"),
+                NewEvent::new("Moved", "forbidden street").tag("customer:1"),
+            ],
+            None,
+        )
+        .unwrap_err();
+    match &refused {
+        AppendError::Input(InputError::NotAdmitted(r)) => {
+            assert_eq!((r.kind, r.index), ("forbidden_data", Some(1)));
+            assert_eq!(refused.to_string(), "event 1: Moved data says forbidden");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.head(), 1, "nothing of a refused append is stored");
+    let mut batch = store.batch();
+    batch.push(&NewEvent::new("Moved", "forbidden")).unwrap();
+    assert!(matches!(
+        store.appending_batch(batch).wait(),
+        Err(AppendError::Input(InputError::NotAdmitted(_)))
+    ));
+    assert_eq!(store.head(), 1);
+    // Erasing appends the store's own receipt, which is not admitted again.
+    let seen = check.seen.load(std::sync::atomic::Ordering::Relaxed);
+    store.erase_subject("customer:1").unwrap();
+    assert_eq!(check.seen.load(std::sync::atomic::Ordering::Relaxed), seen);
+
+    // A log made without the check, copied into a store with it: carried as it is.
+    let old = sim_store(small_options());
+    old.append(&[NewEvent::new("Moved", "forbidden once")], None)
+        .unwrap();
+    let checked = sim_store(Options {
+        admission: Some(check.clone()),
+        ..small_options()
+    });
+    annals::copy(&old, &checked, &mut |_, _, _| {}).unwrap();
+    assert_eq!(checked.head(), 1);
 }

@@ -377,14 +377,9 @@ fn reactor_effects_exactly_once() {
     let head = store.head();
     enrol(&store, 9, 9);
     store
-        .append_with(
-            &[NewEvent::new("Manual", "")],
-            None,
-            annals::AppendOptions {
-                tracking: Some(annals::Tracking::new("receipts", head + 1)),
-                ..Default::default()
-            },
-        )
+        .appending(&[NewEvent::new("Manual", "")])
+        .tracking(annals::Tracking::new("receipts", head + 1))
+        .wait()
         .unwrap();
     let c = ReactorRunner::start(&store, Receipts { per_event: 1 }, frequent()).unwrap();
     assert_eq!(c.status().resumed_from, head + 1);

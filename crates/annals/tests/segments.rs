@@ -63,14 +63,14 @@ fn a_reused_batch_buffer_starts_empty() {
         event.tag_number("n:", i).unwrap();
         event.finish(&[b'x'; 80]).unwrap();
     }
-    store.append_batch(first, None).unwrap();
+    store.appending_batch(first).wait().unwrap();
     for round in 0..3u64 {
         let mut next = store.batch_with_capacity(1 << 10);
         assert!(next.is_empty() && next.encoded_bytes() == store.batch().encoded_bytes());
         let mut event = next.event("Small").unwrap();
         event.tag_number("round:", round).unwrap();
         event.finish(b"small").unwrap();
-        assert_eq!(store.append_batch(next, None).unwrap(), 101 + round);
+        assert_eq!(store.appending_batch(next).wait().unwrap(), 101 + round);
     }
     let events = read_all(&store, &Query::all(), ReadOptions::default()).unwrap();
     assert_eq!(events.len(), 103);

@@ -59,7 +59,7 @@ fn append_read_condition_reopen() {
 
 /// Goal: the one append API reaches every way of waiting, for events and for batches: blocking
 /// with a condition, async (a batch, which no shorthand offers), and a callback with a tracking
-/// position; its checks refuse what they refuse through the shorthands.
+/// position; its checks refuse what the store refuses however an append is sent.
 #[test]
 fn one_append_api_for_every_way_of_waiting() {
     use annals::{AppendError, Tracking};
@@ -129,4 +129,48 @@ fn one_append_api_for_every_way_of_waiting() {
         .unwrap()
         .count();
     assert_eq!(read, 5);
+}
+
+/// Goal: a subscription delivers through each of its ways of waiting, and tells each how the
+/// store closed. Method: one event taken with the blocking `next_event`, then two appended
+/// later taken with the async `next_batch`; once the store is closed, `next_event` reports the
+/// closed store and `next_batch` answers an empty batch.
+#[test]
+fn a_subscription_delivers_through_each_way_of_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    let wanted = Query::item(QueryItem::types(["Wanted"]));
+    store
+        .append(
+            &[NewEvent::new("Other", "x"), NewEvent::new("Wanted", "1")],
+            None,
+        )
+        .unwrap();
+    let mut subscription = store.subscribe(&wanted, 0).unwrap();
+    assert_eq!(subscription.next_event().unwrap().position(), 2);
+    store
+        .append(
+            &[NewEvent::new("Wanted", "2"), NewEvent::new("Wanted", "3")],
+            None,
+        )
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let batch = runtime.block_on(subscription.next_batch(16)).unwrap();
+    let positions: Vec<u64> = batch.iter().map(|e| e.position()).collect();
+    assert_eq!(positions, vec![3, 4]);
+    store.close().unwrap();
+    assert!(
+        matches!(
+            subscription.next_event(),
+            Err(annals::ReadError::Store(annals::StoreError::Closed))
+        ),
+        "a closed store ends the blocking wait with an error"
+    );
+    assert!(runtime
+        .block_on(subscription.next_batch(16))
+        .unwrap()
+        .is_empty());
 }

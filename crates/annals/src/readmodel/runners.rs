@@ -243,7 +243,7 @@ impl<R: Reactor> EffectDriver<R> {
             tracking: Some(Tracking::new(self.name.clone(), upto)),
             ..AppendOptions::default()
         };
-        match store.append_with(&self.effects, None, options) {
+        match store.appending(&self.effects).options(options).wait() {
             Ok(_) => {
                 self.effects_appended += self.effects.len() as u64;
                 self.appends += 1;

@@ -18,25 +18,14 @@ impl Store {
 
     /// Appends `events` atomically if `condition` holds; returns the last event's position.
     /// Waits while the append queue is full (backpressure). Shorthand for
-    /// [`Store::appending`] with [`Append::wait`].
+    /// [`Store::appending`] with [`Append::wait`], kept because it is the commonest append.
     pub fn append(
         &self,
         events: &[NewEvent],
         condition: Option<&AppendCondition>,
     ) -> Result<u64, AppendError> {
-        self.append_with(events, condition, AppendOptions::default())
-    }
-
-    /// [`Store::append`] with per-append options.
-    pub fn append_with(
-        &self,
-        events: &[NewEvent],
-        condition: Option<&AppendCondition>,
-        options: AppendOptions,
-    ) -> Result<u64, AppendError> {
         self.appending(events)
             .condition_given(condition.map(Cow::Borrowed))
-            .options(options)
             .wait()
     }
 
@@ -53,50 +42,6 @@ impl Store {
             .options(options)
             .submit()
             .await
-    }
-
-    /// Like [`Store::append`], but fails with [`InputError::QueueFull`] instead of waiting when
-    /// the append queue is full ([`Append::fail_when_full`]).
-    pub fn try_append(
-        &self,
-        events: &[NewEvent],
-        condition: Option<&AppendCondition>,
-    ) -> Result<u64, AppendError> {
-        self.appending(events)
-            .condition_given(condition.map(Cow::Borrowed))
-            .fail_when_full()
-            .wait()
-    }
-
-    /// Queues an append and returns at once; `done` is called with the outcome on one of the
-    /// store's threads. Shorthand for [`Store::appending`] with [`Append::then`].
-    pub fn append_then(
-        &self,
-        events: &[NewEvent],
-        condition: Option<&AppendCondition>,
-        options: AppendOptions,
-        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
-    ) -> Result<(), AppendError> {
-        self.appending(events)
-            .condition_given(condition.map(Cow::Borrowed))
-            .options(options)
-            .then(done)
-    }
-
-    /// Like [`Store::append_then`], but fails with [`InputError::QueueFull`] instead of waiting
-    /// when the append queue is full: for callers that must never block, such as async tasks.
-    pub fn try_append_then(
-        &self,
-        events: &[NewEvent],
-        condition: Option<&AppendCondition>,
-        options: AppendOptions,
-        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
-    ) -> Result<(), AppendError> {
-        self.appending(events)
-            .condition_given(condition.map(Cow::Borrowed))
-            .options(options)
-            .fail_when_full()
-            .then(done)
     }
 
     pub(crate) fn submit(
@@ -165,32 +110,6 @@ impl Store {
         EventBatch::with_body(&self.shared.options.limits, body, bytes)
     }
 
-    /// Appends the events of `batch` atomically if `condition` holds, as [`Store::append`].
-    pub fn append_batch(
-        &self,
-        batch: EventBatch,
-        condition: Option<&AppendCondition>,
-    ) -> Result<u64, AppendError> {
-        self.appending_batch(batch)
-            .condition_given(condition.map(Cow::Borrowed))
-            .wait()
-    }
-
-    /// Queues the events of `batch` and returns at once, as [`Store::append_then`]: `done` is
-    /// called with the outcome on one of the store's threads. Waits while the queue is full.
-    pub fn append_batch_then(
-        &self,
-        batch: EventBatch,
-        condition: Option<&AppendCondition>,
-        options: AppendOptions,
-        done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
-    ) -> Result<(), AppendError> {
-        self.appending_batch(batch)
-            .condition_given(condition.map(Cow::Borrowed))
-            .options(options)
-            .then(done)
-    }
-
     pub(crate) fn submit_batch(
         &self,
         batch: EventBatch,
@@ -233,6 +152,14 @@ impl Store {
                 reason: reason.to_string(),
             }
             .into());
+        }
+        // The admission check sees the append as the client gave it, before it is sealed;
+        // the store's own receipts (and appends carried from another log) were admitted when
+        // they were first made.
+        if let (Some(check), false) = (&self.shared.options.admission, receipt) {
+            check
+                .admit(&admitting(&append))
+                .map_err(InputError::NotAdmitted)?;
         }
         let append = match &self.shared.keys {
             None => append,
@@ -326,5 +253,24 @@ impl Store {
         }
         drop(reply);
         Err(InputError::OffMachineUnavailable.into())
+    }
+}
+
+/// An encoded append as an admission check sees it.
+fn admitting(append: &EncodedAppend) -> crate::admission::Admitting<'_> {
+    let events = crate::record::Entries::new(append.entries(), append.event_count)
+        .trusted()
+        .enumerate()
+        .map(|(index, (_, entry, layout))| crate::admission::Candidate {
+            index,
+            event_type: layout.event_type(entry),
+            tags: crate::event::Tags::of(entry, &layout).collect(),
+            data: &entry[layout.data_range()],
+            metadata: &entry[layout.metadata_range()],
+        })
+        .collect();
+    crate::admission::Admitting {
+        events,
+        tracking: append.tracking(),
     }
 }

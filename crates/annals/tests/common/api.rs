@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use annals::sim::SimIo;
-use annals::{AppendError, AppendOptions, InputError, NewEvent, Options, Store};
+use annals::{AppendError, InputError, NewEvent, Options, Store};
 
 use super::harness::{small_options, DIR};
 
@@ -31,7 +31,8 @@ pub fn hold_writer(store: &Store) -> std::sync::mpsc::Sender<()> {
     let (release, hold) = std::sync::mpsc::channel::<()>();
     let (entered, in_callback) = std::sync::mpsc::channel::<()>();
     store
-        .append_then(&[event()], None, AppendOptions::default(), move |_| {
+        .appending(&[event()])
+        .then(move |_| {
             let _ = entered.send(());
             let _ = hold.recv();
         })
@@ -48,7 +49,8 @@ pub fn append_via_writer(
 ) -> std::sync::mpsc::Receiver<Result<u64, AppendError>> {
     let (sender, receiver) = std::sync::mpsc::channel();
     store
-        .append_then(events, None, AppendOptions::default(), move |outcome| {
+        .appending(events)
+        .then(move |outcome| {
             let _ = sender.send(outcome);
         })
         .unwrap();

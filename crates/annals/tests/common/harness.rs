@@ -63,14 +63,18 @@ fn issue(
         require_synced,
         ..AppendOptions::default()
     };
-    let _ = store.append_then(&events, Some(&condition), options, move |outcome| {
-        if let Ok(position) = outcome {
-            if promised {
-                ledger.lock().unwrap().appends.get_mut(&id).unwrap().1 = Some(position);
+    let _ = store
+        .appending(&events)
+        .condition(&condition)
+        .options(options)
+        .then(move |outcome| {
+            if let Ok(position) = outcome {
+                if promised {
+                    ledger.lock().unwrap().appends.get_mut(&id).unwrap().1 = Some(position);
+                }
+                acked.fetch_add(1, Ordering::Relaxed);
             }
-            acked.fetch_add(1, Ordering::Relaxed);
-        }
-    });
+        });
 }
 
 /// Rounds of: open, check, append concurrently, crash in a random mode at a random moment.
@@ -445,16 +449,14 @@ pub fn answers_round(
         };
         let refused_at_once = Arc::new(Mutex::new(Some(record)));
         let in_callback = refused_at_once.clone();
-        let sent = store.append_then(
-            &events,
-            Some(&condition),
-            AppendOptions::default(),
-            move |outcome| {
+        let sent = store
+            .appending(&events)
+            .condition(&condition)
+            .then(move |outcome| {
                 if let Some(record) = in_callback.lock().unwrap().take() {
                     record(outcome);
                 }
-            },
-        );
+            });
         // Refused before it was queued: answered here, not by the callback.
         if let Err(e) = sent {
             if let Some(record) = refused_at_once.lock().unwrap().take() {

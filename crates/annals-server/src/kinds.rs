@@ -1,0 +1,226 @@
+//! How the server answers each kind of error, in one table for both front ends: the kind the
+//! library gives an error (`StoreError::kind`, `InputError::kind`, `AppendError::kind`), the
+//! kind an HTTP answer names (the same word, but for the store's internal faults, which
+//! clients see as one), its HTTP status, and its gRPC code and UmaDB error type. A test walks
+//! every kind the library lists (`annals::ERROR_KINDS`), so that a new kind cannot be answered
+//! by a guess.
+
+use axum::http::StatusCode;
+use tonic::Code;
+use umadb_proto::v1::error_response::ErrorType;
+
+/// How one kind of error is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Answer {
+    /// The `kind` of an HTTP error body.
+    pub http_kind: &'static str,
+    pub http: StatusCode,
+    pub grpc: Code,
+    pub error_type: ErrorType,
+}
+
+const fn row(
+    http_kind: &'static str,
+    http: StatusCode,
+    grpc: Code,
+    error_type: ErrorType,
+) -> Answer {
+    Answer {
+        http_kind,
+        http,
+        grpc,
+        error_type,
+    }
+}
+
+/// The request is wrong: fix it; nothing was changed.
+const fn invalid(http_kind: &'static str) -> Answer {
+    row(
+        http_kind,
+        StatusCode::BAD_REQUEST,
+        Code::InvalidArgument,
+        ErrorType::InvalidArgument,
+    )
+}
+
+/// A fault of the store's own: the client can only report it.
+const INTERNAL: Answer = row(
+    "store_error",
+    StatusCode::INTERNAL_SERVER_ERROR,
+    Code::Internal,
+    ErrorType::Internal,
+);
+
+/// Every kind of `annals::ERROR_KINDS`, and its answer.
+const TABLE: &[(&str, Answer)] = &[
+    ("no_events", invalid("no_events")),
+    ("too_many_events", invalid("too_many_events")),
+    ("event_too_large", invalid("event_too_large")),
+    ("append_too_large", invalid("append_too_large")),
+    ("invalid_type", invalid("invalid_type")),
+    ("too_many_tags", invalid("too_many_tags")),
+    ("invalid_tag", invalid("invalid_tag")),
+    ("query_too_large", invalid("query_too_large")),
+    ("invalid_read_options", invalid("invalid_read_options")),
+    ("invalid_tracking", invalid("invalid_tracking")),
+    ("sync_unavailable", invalid("sync_unavailable")),
+    ("malformed_stored_append", invalid("invalid_input")),
+    ("not_a_subject", invalid("not_a_subject")),
+    ("reserved_type", invalid("reserved_type")),
+    // Retry later: the writer drains the queue in batches.
+    (
+        "queue_full",
+        row(
+            "queue_full",
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unavailable,
+            ErrorType::Io,
+        ),
+    ),
+    // Well-formed requests this server refuses: it has no backup for D4, it is a replica, the
+    // subject was erased, it keeps no subjects. Over gRPC they stay INVALID_ARGUMENT, which
+    // UmaDB's clients do not read as a failed condition (FAILED_PRECONDITION).
+    (
+        "off_machine_unavailable",
+        row(
+            "off_machine_unavailable",
+            StatusCode::CONFLICT,
+            Code::InvalidArgument,
+            ErrorType::InvalidArgument,
+        ),
+    ),
+    (
+        "read_only_replica",
+        row(
+            "read_only_replica",
+            StatusCode::FORBIDDEN,
+            Code::InvalidArgument,
+            ErrorType::InvalidArgument,
+        ),
+    ),
+    (
+        "subject_erased",
+        row(
+            "subject_erased",
+            StatusCode::CONFLICT,
+            Code::InvalidArgument,
+            ErrorType::InvalidArgument,
+        ),
+    ),
+    (
+        "no_subjects",
+        row(
+            "no_subjects",
+            StatusCode::CONFLICT,
+            Code::InvalidArgument,
+            ErrorType::InvalidArgument,
+        ),
+    ),
+    // Expected outcomes of an append: over HTTP a failed condition is a 200 answer that says
+    // so; over gRPC both are UmaDB's integrity errors.
+    (
+        "condition_failed",
+        row(
+            "condition_failed",
+            StatusCode::OK,
+            Code::FailedPrecondition,
+            ErrorType::Integrity,
+        ),
+    ),
+    (
+        "tracking_not_increasing",
+        row(
+            "tracking_not_increasing",
+            StatusCode::CONFLICT,
+            Code::FailedPrecondition,
+            ErrorType::Integrity,
+        ),
+    ),
+    (
+        "store_poisoned",
+        row(
+            "store_poisoned",
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unavailable,
+            ErrorType::Io,
+        ),
+    ),
+    (
+        "closed",
+        row(
+            "shutting_down",
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unavailable,
+            ErrorType::Io,
+        ),
+    ),
+    (
+        "database_unavailable",
+        row(
+            "database_unavailable",
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unavailable,
+            ErrorType::Io,
+        ),
+    ),
+    // Nothing was appended; appends are taken again once there is room.
+    (
+        "disk_full",
+        row(
+            "disk_full",
+            StatusCode::INSUFFICIENT_STORAGE,
+            Code::ResourceExhausted,
+            ErrorType::Io,
+        ),
+    ),
+    // Neither success nor failure: the client must find out (read, or retry with ids). Not
+    // UNAVAILABLE, which gRPC clients may retry by themselves, storing the append twice.
+    (
+        "outcome_unknown",
+        row(
+            "outcome_unknown",
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unknown,
+            ErrorType::Io,
+        ),
+    ),
+    ("io", INTERNAL),
+    ("corrupt", INTERNAL),
+    ("locked", INTERNAL),
+    ("invalid_option", INTERNAL),
+    ("database", INTERNAL),
+    ("copy", INTERNAL),
+    ("backup", INTERNAL),
+    ("subjects", INTERNAL),
+];
+
+/// How an error of `kind` is answered. A kind the table does not hold is an admission
+/// check's own (`InputError::NotAdmitted`): a request refused, answered under its kind.
+pub(crate) fn answer(kind: &'static str) -> Answer {
+    TABLE
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map_or_else(|| invalid(kind), |(_, answer)| *answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: every kind the library gives an error has its row, and the table holds no row
+    /// for a kind the library does not give. Method: both lists compared.
+    #[test]
+    fn every_kind_of_error_has_one_answer() {
+        for kind in annals::ERROR_KINDS {
+            assert_eq!(
+                TABLE.iter().filter(|(k, _)| k == kind).count(),
+                1,
+                "{kind} needs exactly one row"
+            );
+        }
+        for (kind, _) in TABLE {
+            assert!(annals::ERROR_KINDS.contains(kind), "{kind} is no error's");
+        }
+        assert_eq!(answer("metadata_too_deep").http, StatusCode::BAD_REQUEST);
+    }
+}
