@@ -980,10 +980,20 @@ impl<'a> Import<'a> {
     }
 
     fn open(&mut self) -> Result<(), String> {
-        // Judged before the open, kept only once it succeeded: a store another process holds
-        // (locked) is its own, never removed.
+        // Judged before the open: a store another process holds (locked) is its own, never
+        // removed.
         let made = Made::of(&self.args.at);
-        let target = self.target.insert(Target::open(&self.args.at)?);
+        let target = match Target::open(&self.args.at) {
+            Ok(target) => self.target.insert(target),
+            Err(e) => {
+                // What this open made goes again, unless another process holds the store (it
+                // may have made the directory a moment ago): that is its own.
+                if let Some(made) = made.filter(|_| !e.contains("is in use by another process")) {
+                    let _ = made.remove();
+                }
+                return Err(e);
+            }
+        };
         self.made = made;
         if self.args.erased_as_empty && matches!(target.subjects(), Some(Some(_))) {
             return Err(

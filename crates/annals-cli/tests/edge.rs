@@ -311,6 +311,32 @@ fn a_failed_start_leaves_no_store_behind() {
     }
     assert!(!parent.exists(), "{} was made", parent.display());
     assert!(names(&empty).is_empty(), "{:?}", names(&empty));
+
+    // A replica whose location holds no backup: its kept copy's directory goes too.
+    let nothing = work.path().join("nothing-here");
+    std::fs::create_dir(&nothing).unwrap();
+    let mirror = work.path().join("replica").join("copy");
+    let err = serve(
+        &fresh,
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "off",
+            "--replica-of",
+            &format!("file://{}", nothing.display()),
+            "--mirror",
+            mirror.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        err.contains("no backup") || err.contains("holds no backup"),
+        "{err}"
+    );
+    assert!(
+        !work.path().join("replica").exists(),
+        "the replica's copy was left"
+    );
     drop(taken);
 }
 

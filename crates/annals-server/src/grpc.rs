@@ -109,7 +109,7 @@ fn store_status(e: &StoreError) -> Status {
 /// How the table of kinds answers a request the store refused (`kinds.rs`). An erased
 /// subject's refusal names its kind first, as UmaDB's clients show only the message.
 fn input_status(e: &annals::InputError) -> Status {
-    let answer = crate::kinds::answer(e.kind());
+    let answer = crate::kinds::refused(e);
     let message = match e {
         annals::InputError::SubjectErased { .. } => format!("subject_erased: {e}"),
         _ => e.to_string(),

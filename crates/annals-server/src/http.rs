@@ -265,7 +265,7 @@ pub(crate) fn grant(
 
 /// How the table of kinds answers a request the store refused (`kinds.rs`).
 pub(crate) fn input_error(e: &InputError) -> ApiError {
-    let answer = crate::kinds::answer(e.kind());
+    let answer = crate::kinds::refused(e);
     ApiError::new(answer.http, answer.http_kind, e.to_string())
 }
 

@@ -1,9 +1,10 @@
 //! How the server answers each kind of error, in one table for both front ends: the kind the
 //! library gives an error (`StoreError::kind`, `InputError::kind`, `AppendError::kind`), the
-//! kind an HTTP answer names (the same word, but for the store's internal faults, which
-//! clients see as one), its HTTP status, and its gRPC code and UmaDB error type. A test walks
-//! every kind the library lists (`annals::ERROR_KINDS`), so that a new kind cannot be answered
-//! by a guess.
+//! kind an HTTP answer names (the same word, except where the HTTP API named it otherwise
+//! first: the store's internal faults, which clients see as one `store_error`, `closed` as
+//! `shutting_down`, a malformed stored append as `invalid_input`), its HTTP status, and its
+//! gRPC code and UmaDB error type. A test walks every kind the library lists
+//! (`annals::ERROR_KINDS`), so that a new kind is not answered by a guess.
 
 use axum::http::StatusCode;
 use tonic::Code;
@@ -194,13 +195,23 @@ const TABLE: &[(&str, Answer)] = &[
     ("subjects", INTERNAL),
 ];
 
-/// How an error of `kind` is answered. A kind the table does not hold is an admission
-/// check's own (`InputError::NotAdmitted`): a request refused, answered under its kind.
+/// How an error of `kind` is answered. A kind the table does not hold (which its test rules
+/// out) is answered as the store's own fault, never as the client's.
 pub(crate) fn answer(kind: &'static str) -> Answer {
     TABLE
         .iter()
         .find(|(k, _)| *k == kind)
-        .map_or_else(|| invalid(kind), |(_, answer)| *answer)
+        .map_or(INTERNAL, |(_, answer)| *answer)
+}
+
+/// How a request the store refused is answered: by the table, or, refused by an admission
+/// check (`InputError::NotAdmitted`), as a bad request under the check's own kind, whatever
+/// row that word might name.
+pub(crate) fn refused(e: &annals::InputError) -> Answer {
+    match e {
+        annals::InputError::NotAdmitted(refusal) => invalid(refusal.kind),
+        _ => answer(e.kind()),
+    }
 }
 
 #[cfg(test)]
@@ -221,6 +232,15 @@ mod tests {
         for (kind, _) in TABLE {
             assert!(annals::ERROR_KINDS.contains(kind), "{kind} is no error's");
         }
-        assert_eq!(answer("metadata_too_deep").http, StatusCode::BAD_REQUEST);
+        let refusal = annals::InputError::NotAdmitted(annals::admission::Refusal::append(
+            "condition_failed",
+            "a check's own word, whatever row it names",
+        ));
+        assert_eq!(refused(&refusal).http, StatusCode::BAD_REQUEST);
+        assert_eq!(refused(&refusal).http_kind, "condition_failed");
+        assert_eq!(
+            answer("no_such_kind").http,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 }

@@ -189,8 +189,10 @@ impl Server {
         let replica_of = config.replica_of.clone();
         // What the backup's checks refuse (a prefix holding another store, say) is known only
         // once the store is open: a directory made by this start is removed if it fails.
-        let made = match (&replica_of, &postgres) {
-            (None, None) => Made::before_open(&dir),
+        // On PostgreSQL or as a replica, the directory made is the kept copy's (`--mirror`).
+        let made = match (&replica_of, &postgres, &config.mirror) {
+            (None, None, _) => Made::before_open(&dir),
+            (_, _, Some(mirror)) => Made::before_open(mirror),
             _ => Made::Nothing,
         };
         let opened = tokio::task::spawn_blocking(move || match (replica_of, postgres) {

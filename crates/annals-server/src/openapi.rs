@@ -142,7 +142,8 @@ fn document() -> String {
                         "dataEncoding": { "type": "string", "enum": ["base64"], "description": "Present only when the data is not UTF-8. An append takes the event's data and dataEncoding as they are read." },
                         "erased": { "type": "boolean", "description": "Present (true) only when the event's data subject was erased: its data and metadata are gone (data is empty)." },
                         "id": { "type": "string", "format": "uuid" },
-                        "metadata": { "description": "The metadata given at append, when any." },
+                        "metadata": { "description": "The metadata given at append, when any: its JSON, or, when it is not JSON, its bytes in base64 (metadataEncoding says so)." },
+                        "metadataEncoding": { "type": "string", "enum": ["base64"], "description": "Present only when the metadata is not JSON. An append takes the event's metadata and metadataEncoding as they are read." },
                         "appendedAt": { "type": "integer", "description": "Microseconds since the Unix epoch." }
                     }
                 },

@@ -356,8 +356,9 @@ impl ReadError {
 mod tests {
     use super::*;
 
-    /// One value of every variant. The matches below name every variant with no wildcard,
-    /// so that a new variant does not compile until it has an example here (and a kind).
+    /// One value of every variant. The matches below name every variant with no wildcard, so
+    /// that a new variant does not compile until it is named here: add its example beside it
+    /// (its kind's match in `kind()` is as exhaustive).
     fn examples() -> (Vec<StoreError>, Vec<InputError>) {
         let store = vec![
             StoreError::io("write", "f", 0, io::Error::other("x")),

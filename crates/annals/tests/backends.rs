@@ -1588,11 +1588,13 @@ fn subjects_on_postgres_hold_on_every_server() {
 /// Goal: every server of a database keeps the subjects the database sealed events for and
 /// erased, whatever prefixes it is started with. Regression: a server started with other
 /// subject tag prefixes than the store was used with stored a subject's data in clear and
-/// took appends naming an erased subject. Method: a server erases customer:42; a server
-/// started with `employee:` alone is refused, naming it, and writes nothing to the keys
-/// table; one started with both prefixes runs, and a server still running with `customer:`
-/// alone, once it takes in that server's first employee event, appends nothing more (it
-/// would store employee data in clear) and says why, while it reads on.
+/// took appends naming an erased subject. Method: a server without subjects starts first, on
+/// a database that holds no key yet; a server erases customer:42; a server started with
+/// `employee:` alone is refused, naming it, and writes nothing to the keys table; one started
+/// with both prefixes runs, and a server still running with `customer:` alone, once it takes
+/// in that server's first employee event, appends nothing more (it would store employee data
+/// in clear) and says why, while it reads on; the server without subjects stopped appending
+/// once it took in the first sealed event, and is not ready, saying why.
 #[test]
 fn a_server_with_fewer_subject_prefixes_than_the_database_never_stores_in_clear() {
     use annals::{MasterKey, SubjectOptions};
@@ -1607,6 +1609,10 @@ fn a_server_with_fewer_subject_prefixes_than_the_database_never_stores_in_clear(
         )),
         ..small_options()
     };
+    let plain = Store::open_postgres(&cluster.url(), small_options()).unwrap();
+    plain
+        .append(&[NewEvent::new("Opened", "before any subject")], None)
+        .unwrap();
     let a = Store::open_postgres(&cluster.url(), with(&["customer:"])).unwrap();
     a.append(&[NewEvent::new("Moved", "street").tag("customer:42")], None)
         .unwrap();
@@ -1657,7 +1663,32 @@ fn a_server_with_fewer_subject_prefixes_than_the_database_never_stores_in_clear(
     );
     let last = read_all(&a, &Query::all(), ReadOptions::backwards()).unwrap();
     assert_eq!(last[0].data(), b"MARKER-e7");
+    assert!(
+        a.stats().unready_reasons()[0].starts_with("subjects_differ:"),
+        "{:?}",
+        a.stats().unready_reasons()
+    );
     a.close().unwrap();
+    // The server without subjects took in sealed events: it appends nothing more.
+    plain.refresh().unwrap();
+    let stopped = plain
+        .append(
+            &[NewEvent::new("Moved", "MARKER-e9").tag("customer:9")],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        stopped
+            .to_string()
+            .contains("started without data subjects"),
+        "{stopped}"
+    );
+    assert!(plain
+        .stats()
+        .unready_reasons()
+        .iter()
+        .any(|r| r.starts_with("subjects_differ:")));
+    plain.close().unwrap();
     both.close().unwrap();
     let hex: String = b"MARKER-e".iter().map(|b| format!("{b:02x}")).collect();
     assert!(

@@ -258,7 +258,8 @@ impl Store {
         let mut segments = recovery::open_segments(io.as_ref(), dir, true)?;
         let counters = Counters::default();
         // No log and no checkpoint: a new store (a checkpoint without segments is a lost log).
-        let new = segments.is_empty()
+        let new = backend == Backend::Files
+            && segments.is_empty()
             && !io
                 .list(dir)
                 .map_err(|e| StoreError::io("list data directory", dir, 0, e))?
