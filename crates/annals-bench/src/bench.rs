@@ -1,8 +1,9 @@
 //! The store's benchmarks (append, read, recover, fsync) and what the other benchmarks share
-//! (the fsync floor, CPU and thread times). Each benchmark prints one JSON object as its last
-//! line, with every figure labelled by its durability class and measured beside the raw
-//! fdatasync rate of the same directory, in the same run. The command list is the crate root's,
-//! so that every benchmark imports this module and this module imports none of them.
+//! (the fsync floor, CPU and thread times, the server binary they start). Each benchmark prints
+//! one JSON object as its last line, with every figure labelled by its durability class and
+//! measured beside the raw fdatasync rate of the same directory, in the same run. The command
+//! list is the crate root's, so that every benchmark imports this module and this module imports
+//! none of them.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -207,6 +208,24 @@ pub(crate) fn runtime_threads(asked: Option<usize>) -> usize {
             std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1))
         })
         .max(1)
+}
+
+/// The `annals` binary that benchmarks start as their server: `ANNALS_BIN`, else the one beside
+/// this program (both are built into the same target directory).
+pub(crate) fn server_binary() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("ANNALS_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let sibling = exe.with_file_name("annals");
+    if sibling.exists() {
+        Ok(sibling)
+    } else {
+        Err(format!(
+            "no annals binary beside {} (build it with cargo build -p annals-cli, or set ANNALS_BIN)",
+            exe.display()
+        ))
+    }
 }
 
 /// What one writer appends, prepared before the measurement: a few batches, cycled (tag

@@ -246,7 +246,7 @@ pub(crate) fn start_server_on(
     extra: &[&str],
 ) -> Result<OwnServer, String> {
     use std::io::BufRead;
-    let exe = crate::server_binary()?;
+    let exe = crate::bench::server_binary()?;
     let mut child = Command::new(exe)
         .arg("serve")
         .arg("--store")

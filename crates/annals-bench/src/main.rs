@@ -14,8 +14,6 @@ mod grpc_client;
 mod h2wire;
 mod http1;
 
-use std::path::PathBuf;
-
 use clap::Parser;
 
 #[global_allocator]
@@ -94,24 +92,6 @@ enum BenchCommand {
     ///
     /// Example: annals-bench subjects --runs 3
     Subjects(bench_subjects::SubjectsArgs),
-}
-
-/// The `annals` binary that benchmarks start as their server: `ANNALS_BIN`, else the one beside
-/// this program (both are built into the same target directory).
-pub(crate) fn server_binary() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("ANNALS_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let sibling = exe.with_file_name("annals");
-    if sibling.exists() {
-        Ok(sibling)
-    } else {
-        Err(format!(
-            "no annals binary beside {} (build it with cargo build -p annals-cli, or set ANNALS_BIN)",
-            exe.display()
-        ))
-    }
 }
 
 /// Runs one benchmark and prints its JSON object.

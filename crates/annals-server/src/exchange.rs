@@ -15,8 +15,8 @@ use std::time::Instant;
 use annals::{Query, QueryItem, ReadOptions};
 use annals_exchange::codec::{self, TradeRecord};
 use annals_exchange::{
-    Bbo, CancelReason, Command, Exchange, ExchangeError, Executed, Kind, Mode, OrderStatus, Output,
-    Place, Reject, Report, Role, Side, Stp, SymbolSpec,
+    Bbo, CancelReason, Command, ExchangeError, Executed, Kind, Mode, OrderStatus, Output, Place,
+    Reject, Report, Role, Side, Stp, SymbolSpec,
 };
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
 use crate::auth::{Grant, Scopes};
+use crate::hosted_exchange::{Hosted, Published};
 use crate::http::{
     accepts, authorize, check_subscribers, finish, grant, json_response, live_response, read_body,
     SSE,
@@ -39,52 +40,9 @@ use crate::metrics::Op;
 use crate::wire::ApiError;
 use crate::AppState;
 
-/// Batches of outputs a slow stream may fall behind before it is told it lagged and closed.
-const MARKET_CHANNEL_BATCHES: usize = 4_096;
 /// The most price levels or trades one request may ask for.
 const LEVELS_MAX: usize = 1_000;
 const TRADES_MAX: usize = 1_000;
-
-/// The exchange a server hosts, and the channel its durable outputs fan out through.
-pub(crate) struct Hosted {
-    pub exchange: Exchange,
-    pub outputs: broadcast::Sender<Arc<Published>>,
-}
-
-/// One durable batch's outputs; the first is numbered `first`.
-pub(crate) struct Published {
-    first: u64,
-    outputs: Vec<Output>,
-}
-
-impl Hosted {
-    /// Recovers and starts the exchange on a blocking thread.
-    pub async fn start(
-        config: &crate::config::ExchangeConfig,
-        store: Arc<annals::Store>,
-    ) -> Result<Hosted, String> {
-        config.check(store.durability())?;
-        let (outputs, _) = broadcast::channel(MARKET_CHANNEL_BATCHES);
-        let sender = outputs.clone();
-        let sink: annals_exchange::Sink = Arc::new(move |first, outputs| {
-            // No receiver is not an error: nobody is watching.
-            let _ = sender.send(Arc::new(Published { first, outputs }));
-        });
-        let options = annals_exchange::ServiceOptions {
-            mode: config.mode,
-            symbols: config.symbols.clone(),
-            snapshot_every: config.snapshot_every,
-            queue_depth: config.queue_depth,
-            ..annals_exchange::ServiceOptions::default()
-        };
-        let journal = (config.mode != Mode::Memory).then_some(store);
-        let exchange = tokio::task::spawn_blocking(move || Exchange::start(journal, options, sink))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot start the exchange: {e}"))?;
-        Ok(Hosted { exchange, outputs })
-    }
-}
 
 pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<AppState>> {
     use axum::routing::{get, post};

@@ -14,6 +14,7 @@ mod console;
 mod exchange;
 mod grpc;
 mod guard;
+mod hosted_exchange;
 mod http;
 mod kinds;
 pub mod metrics;
@@ -21,6 +22,7 @@ mod openapi;
 mod peers;
 pub mod readmodels;
 mod serve;
+mod state;
 pub mod subjects;
 pub mod wire;
 
@@ -28,123 +30,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use annals::admission::Refusal;
-use annals::{AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Options, Store};
+use annals::{Options, Store};
 use tokio::sync::watch;
 
 pub use config::{Config, ServerLimits, TlsFiles};
 pub use metrics::Metrics;
 pub use readmodels::{HostedModels, ReadModelSpec};
-
-/// What the request handlers share.
-pub(crate) struct AppState {
-    pub store: Arc<Store>,
-    pub config: Config,
-    pub metrics: Arc<Metrics>,
-    pub read_models: Arc<HostedModels>,
-    /// The exchange, when the server hosts one.
-    pub exchange: Option<Arc<exchange::Hosted>>,
-    /// Turns true when the server starts shutting down; ends subscriptions.
-    pub shutdown: watch::Receiver<bool>,
-    /// The server's budget of bytes held by streamed answers.
-    pub stream_bytes: budget::Budget,
-}
-
-impl AppState {
-    /// The server's admission step: every check a client's append must pass here, for HTTP
-    /// and gRPC alike, before it reaches the store (which runs its own, and the library's
-    /// admission check, after): events of the exchange journal's types while the server hosts
-    /// an exchange (only the exchange writes them, so that its replay never meets a foreign
-    /// one), metadata nested deeper than clients parse safely, a tracking position without a
-    /// source. The front ends decode and answer; they do not judge.
-    pub fn admit(&self, events: &[NewEvent], options: &AppendOptions) -> Result<(), Refusal> {
-        for (index, event) in events.iter().enumerate() {
-            if self.exchange.is_some()
-                && annals_exchange::codec::RESERVED_TYPES.contains(&event.event_type.as_str())
-            {
-                return Err(Refusal::event(
-                    index,
-                    "reserved_type",
-                    format!(
-                        "event type {:?} is reserved for the exchange this server hosts; place \
-                         orders through /v1/exchange",
-                        event.event_type
-                    ),
-                ));
-            }
-            let depth = wire::json_depth(&event.metadata);
-            // Metadata that is not JSON (base64 on the wire) is served as a string: it does
-            // not nest, whatever its bytes look like.
-            if depth > wire::METADATA_DEPTH_MAX
-                && serde_json::from_slice::<serde::de::IgnoredAny>(&event.metadata).is_ok()
-            {
-                return Err(Refusal::event(
-                    index,
-                    "metadata_too_deep",
-                    format!(
-                        "metadata nests {depth} levels deep (the limit is {})",
-                        wire::METADATA_DEPTH_MAX
-                    ),
-                ));
-            }
-        }
-        if options
-            .tracking
-            .as_ref()
-            .is_some_and(|t| t.source.is_empty())
-        {
-            return Err(Refusal::append(
-                "invalid_tracking",
-                "tracking info needs a source name",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Appends without blocking the calling task's thread ([`Store::append_async`]). A full
-    /// queue is retried briefly (the writer drains it in batches), then reported as
-    /// [`InputError::QueueFull`].
-    /// `options.tracking`, when given, is recorded atomically with the events.
-    pub async fn append(
-        &self,
-        events: &[NewEvent],
-        condition: Option<&AppendCondition>,
-        options: AppendOptions,
-    ) -> Result<u64, AppendError> {
-        self.admit(events, &options)
-            .map_err(InputError::NotAdmitted)?;
-        // No events: nothing to append and no condition to evaluate; the answer is position 0, as
-        // UmaDB's store answers it (the embedded API refuses it as a likely mistake). A
-        // tracking position needs an event to travel with.
-        if events.is_empty() && options.tracking.is_none() {
-            // The condition is still checked for well-formedness, as with events.
-            if let Some(condition) = condition {
-                condition
-                    .fail_if_events_match
-                    .validate(&self.config.limits.store)?;
-            }
-            return Ok(0);
-        }
-        // A full queue is retried for up to a second; the clock is read only then.
-        let mut deadline = None;
-        loop {
-            match self
-                .store
-                .append_async(events, condition, options.clone())
-                .await
-            {
-                Err(AppendError::Input(InputError::QueueFull { .. }))
-                    if Instant::now()
-                        < *deadline
-                            .get_or_insert_with(|| Instant::now() + Duration::from_secs(1)) =>
-                {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                outcome => return outcome,
-            }
-        }
-    }
-}
+// The handlers' shared state is the crate's own (its fields are not an API), so it is
+// re-exported within the crate only, where the front ends name it `crate::AppState`.
+pub(crate) use state::AppState;
 
 /// A running server: its bound addresses and the handle that stops it.
 pub struct Server {
@@ -152,7 +46,7 @@ pub struct Server {
     pub grpc_addr: Option<SocketAddr>,
     pub store: Arc<Store>,
     read_models: Arc<HostedModels>,
-    exchange: Option<Arc<exchange::Hosted>>,
+    exchange: Option<Arc<hosted_exchange::Hosted>>,
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     drain_timeout: Duration,
@@ -267,7 +161,7 @@ impl Server {
             .map_err(|e| e.to_string())??
         };
         let exchange = match &config.exchange {
-            Some(exchange) => match exchange::Hosted::start(exchange, store.clone()).await {
+            Some(exchange) => match hosted_exchange::Hosted::start(exchange, store.clone()).await {
                 Ok(hosted) => Some(Arc::new(hosted)),
                 Err(e) => {
                     // The read models let go of the store, so that the caller can close it.

@@ -466,3 +466,97 @@ fn a_checkpoint_without_room_is_counted_and_retried() {
     }
     assert!(runner.status().error.is_none());
 }
+
+type Addresses = Vec<String>;
+
+fn note_address(addresses: &mut Addresses, event: &Event) {
+    addresses.push(String::from_utf8_lossy(event.data()).into_owned());
+}
+
+fn addresses_model(name: &str, query: Query) -> Folded<Addresses, fn(&mut Addresses, &Event)> {
+    Folded::new(
+        name,
+        query,
+        Addresses::new(),
+        note_address as fn(&mut Addresses, &Event),
+    )
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Goal: an embedded read model keeps no state derived from an erased data subject's data,
+/// whether the erasure comes while it runs or while it is stopped, and a model that never saw
+/// the subject is left alone. Method: a model folding every address (the events' data) and
+/// one folding only customer:2's, on a store with data subjects; customer:1 erased while both
+/// run: the first is rebuilt, saying why, and holds no customer:1 address; the second is not
+/// rebuilt. Then the first stopped with a checkpoint, customer:2 erased, the model started
+/// again: rebuilt from its checkpoint's state, without customer:2's address.
+#[test]
+fn a_model_that_saw_an_erased_subject_is_rebuilt_without_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        subjects: Some(annals::SubjectOptions::new(
+            ["customer:"],
+            annals::MasterKey::generate().unwrap(),
+        )),
+        ..Options::default()
+    };
+    let store = Arc::new(Store::open(dir.path(), options).unwrap());
+    let moved = |customer: u64, street: &str| {
+        NewEvent::new("Moved", street.to_string()).tag(format!("customer:{customer}"))
+    };
+    store.append(&[moved(1, "1 First Street")], None).unwrap();
+    store.append(&[moved(2, "2 Second Street")], None).unwrap();
+    let all = Query::item(QueryItem::types(["Moved"]));
+    let everyone =
+        ReadModelRunner::start(&store, addresses_model("all", all.clone()), frequent()).unwrap();
+    let second = ReadModelRunner::start(
+        &store,
+        addresses_model("second", Query::item(QueryItem::tags(["customer:2"]))),
+        frequent(),
+    )
+    .unwrap();
+    assert!(everyone.wait_for(2, WAIT) && second.wait_for(2, WAIT));
+    assert_eq!(
+        everyone.read(|m| m.state().clone()),
+        ["1 First Street", "2 Second Street"]
+    );
+
+    store.erase_subject("customer:1").unwrap();
+    eventually("the model that saw customer:1 is rebuilt", || {
+        everyone.status().rebuilds == 1 && everyone.wait_for(2, Duration::ZERO)
+    });
+    assert_eq!(
+        everyone.read(|m| m.state().clone()),
+        ["", "2 Second Street"],
+        "customer:1's address is gone"
+    );
+    assert!(
+        everyone
+            .status()
+            .rebuilt_because
+            .is_some_and(|why| why.contains("customer:1")),
+        "{:?}",
+        everyone.status()
+    );
+    assert!(second.wait_for(store.head(), WAIT));
+    assert_eq!(second.status().rebuilds, 0, "it never saw customer:1");
+    second.stop();
+    let stopped = everyone.stop();
+    assert_eq!(stopped.error, None);
+
+    // Erased while the model is stopped: its checkpoint holds customer:2's address.
+    store.erase_subject("customer:2").unwrap();
+    let everyone = ReadModelRunner::start(&store, addresses_model("all", all), frequent()).unwrap();
+    eventually("the model resumed from its checkpoint is rebuilt", || {
+        everyone.status().rebuilds == 1 && everyone.wait_for(store.head(), Duration::ZERO)
+    });
+    assert_eq!(everyone.read(|m| m.state().clone()), ["", ""]);
+    everyone.stop();
+}

@@ -48,7 +48,7 @@ use crate::companions::{Companions, InDirectory};
 use crate::error::{AppendError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
 use crate::options::Durability;
-use crate::query::{Query, ReadOptions};
+use crate::query::{Query, QueryItem, ReadOptions};
 use crate::store::Store;
 use crate::subscription::Subscription;
 
@@ -326,6 +326,50 @@ trait Driver: Send + 'static {
     fn checkpoint_position(&self) -> u64;
     /// Checkpoints written (for a reactor: appends of effects) and effects appended.
     fn counters(&self) -> (u64, u64);
+    /// Whether what it holds is derived from events' data, and must be built again when a
+    /// data subject it saw is erased (a read model's state; not a reactor's, whose effects are
+    /// in the log already and would be appended twice).
+    fn forgets_erased(&self) -> bool {
+        false
+    }
+}
+
+/// The first data subject erased by a receipt after `*receipts_after` whose events the model
+/// of `query` folded (at or before `position`); `*receipts_after` moves past the receipts
+/// looked at. An erased subject's events read back without data, so a model built again no
+/// longer holds what it derived from them.
+fn erased_subject_seen(
+    store: &Store,
+    query: &Query,
+    receipts_after: &mut u64,
+    position: u64,
+) -> Result<Option<String>, ReadError> {
+    let receipts = Query::item(QueryItem::types([crate::subject::SUBJECT_ERASED_TYPE]));
+    for receipt in store.read(&receipts, ReadOptions::forwards().after(*receipts_after))? {
+        let receipt = receipt?;
+        *receipts_after = receipt.position();
+        for tag in receipt.tags() {
+            let items: Vec<QueryItem> = match query.items.is_empty() {
+                true => vec![QueryItem::tags([tag])],
+                false => query
+                    .items
+                    .iter()
+                    .map(|item| match item.tags.iter().any(|t| t == tag) {
+                        true => item.clone(),
+                        false => item.clone().and_tags([tag]),
+                    })
+                    .collect(),
+            };
+            let first = store
+                .read(&Query { items }, ReadOptions::forwards().limit(1))?
+                .next()
+                .transpose()?;
+            if first.is_some_and(|e| e.position() <= position) {
+                return Ok(Some(tag.to_string()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 struct Start {
@@ -475,6 +519,11 @@ fn run<D: Driver>(
     let mut subscription = store.subscribe(&query, after);
     let mut batch = Vec::with_capacity(options.batch_max);
     let mut failures = 0u32;
+    // Erasures' receipts after this position are still to be looked at, for a read model of a
+    // store with data subjects; and why the next rebuild happens, when an erasure asked.
+    let forgets = driver.forgets_erased() && store.has_subjects();
+    let mut receipts_after = after;
+    let mut erased_because: Option<String> = None;
     let finish = |error: Option<String>| {
         let mut status = shared.status.lock();
         status.running = false;
@@ -492,17 +541,36 @@ fn run<D: Driver>(
             return finish(error);
         }
         if shared.rebuild.swap(false, Ordering::AcqRel) {
+            // A rebuild reads every event as it reads now: the erasures made so far are in
+            // it, whoever asked for it.
+            let head = store.head();
             match driver.start(store, true) {
                 Ok(start) => {
+                    receipts_after = receipts_after.max(head);
                     subscription = store.subscribe(&query, start.after);
                     let mut status = shared.status.lock();
                     status.rebuilds += 1;
                     status.position = driver.position();
                     status.checkpoint_position = driver.checkpoint_position();
                     status.resumed_from = start.after;
-                    status.rebuilt_because = start.rebuilt_because;
+                    status.rebuilt_because = erased_because.take().or(start.rebuilt_because);
                     status.error = None;
                 }
+                Err(e) => shared.status.lock().error = Some(e.to_string()),
+            }
+        }
+        if forgets {
+            match erased_subject_seen(store, &query, &mut receipts_after, driver.position()) {
+                Ok(Some(tag)) => {
+                    erased_because = Some(format!(
+                        "the data subject {tag}, whose events it folded, was erased"
+                    ));
+                    shared.rebuild.store(true, Ordering::Release);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(_) if store.is_closed() => return finish(None),
+                // Looked at again on the next turn; the model is served as it is meanwhile.
                 Err(e) => shared.status.lock().error = Some(e.to_string()),
             }
         }

@@ -148,6 +148,10 @@ impl<M: ReadModel> Driver for StateDriver<M> {
     fn counters(&self) -> (u64, u64) {
         (self.checkpoints_written, 0)
     }
+
+    fn forgets_erased(&self) -> bool {
+        true
+    }
 }
 
 impl<M: ReadModel> ReadModelRunner<M> {
