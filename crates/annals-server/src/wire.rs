@@ -620,6 +620,17 @@ mod tests {
         assert!(err.to_string().contains("invalid type"), "{err}");
     }
 
+    /// The events of an append body, each decoded or refused.
+    fn decoded(body: &'static [u8]) -> Vec<Result<NewEvent, String>> {
+        let body = Bytes::from_static(body);
+        let parsed: AppendBody = serde_json::from_slice(&body).unwrap();
+        parsed
+            .events
+            .into_iter()
+            .map(|e| e.into_new_event(&body))
+            .collect()
+    }
+
     /// Goal: metadata that is not JSON is read as base64 with metadataEncoding, and appended
     /// back as the same bytes. Method: write such metadata, then parse an append of it.
     #[test]
@@ -627,15 +638,9 @@ mod tests {
         let mut out = Vec::new();
         write_metadata(&mut out, b"\x00\x01\xff");
         assert_eq!(out, br#""AAH/","metadataEncoding":"base64""#);
-        let body = Bytes::from_static(
+        let events = decoded(
             br#"{"events":[{"type":"T","data":"","metadata":"AAH/","metadataEncoding":"base64"},{"type":"T","data":"","metadata":{"a":1},"metadataEncoding":"base64"}]}"#,
         );
-        let parsed: AppendBody = serde_json::from_slice(&body).unwrap();
-        let events: Vec<_> = parsed
-            .events
-            .into_iter()
-            .map(|e| e.into_new_event(&body))
-            .collect();
         assert_eq!(&events[0].as_ref().unwrap().metadata[..], b"\x00\x01\xff");
         assert!(events[1].is_err());
     }
@@ -645,15 +650,9 @@ mod tests {
     /// encoding keep the string, bad base64 is refused, an unknown encoding does not parse.
     #[test]
     fn append_body_decodes_base64_data() {
-        let body = Bytes::from_static(
+        let events = decoded(
             br#"{"events":[{"type":"T","data":"/wAB","dataEncoding":"base64"},{"type":"T","data":"/wAB","dataEncoding":"utf8"},{"type":"T","data":"not base64!","dataEncoding":"base64"}]}"#,
         );
-        let parsed: AppendBody = serde_json::from_slice(&body).unwrap();
-        let events: Vec<_> = parsed
-            .events
-            .into_iter()
-            .map(|e| e.into_new_event(&body))
-            .collect();
         assert_eq!(&events[0].as_ref().unwrap().data[..], b"\xff\x00\x01");
         assert_eq!(&events[1].as_ref().unwrap().data[..], b"/wAB");
         let refused = events[2].as_ref().err().unwrap();
