@@ -347,7 +347,6 @@ fn erased_subject_seen(
     let receipts = Query::item(QueryItem::types([crate::subject::SUBJECT_ERASED_TYPE]));
     for receipt in store.read(&receipts, ReadOptions::forwards().after(*receipts_after))? {
         let receipt = receipt?;
-        *receipts_after = receipt.position();
         for tag in receipt.tags() {
             let items: Vec<QueryItem> = match query.items.is_empty() {
                 true => vec![QueryItem::tags([tag])],
@@ -364,12 +363,43 @@ fn erased_subject_seen(
                 .read(&Query { items }, ReadOptions::forwards().limit(1))?
                 .next()
                 .transpose()?;
-            if first.is_some_and(|e| e.position() <= position) {
+            // Folded by the model, and before the receipt (a model that matches receipts
+            // themselves did not see the subject's data in one).
+            if first.is_some_and(|e| e.position() <= position && e.position() < receipt.position())
+            {
+                *receipts_after = receipt.position();
                 return Ok(Some(tag.to_string()));
             }
         }
+        // Moved past only once every tag of the receipt was looked at.
+        *receipts_after = receipt.position();
     }
     Ok(None)
+}
+
+/// Whether the model may be checkpointed at `position`: every erasure's receipt up to now
+/// was looked at, and none named a subject it folded. Otherwise no checkpoint is written (one
+/// written past an unexamined receipt would keep the subject's data across a restart); a
+/// subject found asks for a rebuild, saying why.
+fn clear_to_checkpoint(
+    store: &Store,
+    query: &Query,
+    receipts_after: &mut u64,
+    position: u64,
+    erased_because: &mut Option<String>,
+    rebuild: &AtomicBool,
+) -> bool {
+    match erased_subject_seen(store, query, receipts_after, position) {
+        Ok(None) => true,
+        Ok(Some(tag)) => {
+            *erased_because = Some(format!(
+                "the data subject {tag}, whose events it folded, was erased"
+            ));
+            rebuild.store(true, Ordering::Release);
+            false
+        }
+        Err(_) => false,
+    }
 }
 
 struct Start {
@@ -534,7 +564,20 @@ fn run<D: Driver>(
     };
     loop {
         if shared.stop.load(Ordering::Acquire) {
-            let error = driver.checkpoint(store, true).err().map(|e| e.to_string());
+            let clear = !forgets
+                || clear_to_checkpoint(
+                    store,
+                    &query,
+                    &mut receipts_after,
+                    driver.position(),
+                    &mut erased_because,
+                    &shared.rebuild,
+                );
+            let error = match clear {
+                true => driver.checkpoint(store, true).err().map(|e| e.to_string()),
+                // The checkpoint on disk is older: a restart looks at the erasure again.
+                false => None,
+            };
             let mut status = shared.status.lock();
             status.checkpoint_position = driver.checkpoint_position();
             drop(status);
@@ -584,7 +627,16 @@ fn run<D: Driver>(
             .and_then(|n| {
                 if n == 0 {
                     // Caught up: a good moment for a checkpoint, then wait for the head to move.
-                    if let Err(e) = driver.checkpoint(store, false) {
+                    let clear = !forgets
+                        || clear_to_checkpoint(
+                            store,
+                            &query,
+                            &mut receipts_after,
+                            driver.position(),
+                            &mut erased_because,
+                            &shared.rebuild,
+                        );
+                    if let Err(e) = clear.then(|| driver.checkpoint(store, false)).transpose() {
                         let mut status = shared.status.lock();
                         status.error = Some(e.to_string());
                         status.failures += 1;
@@ -609,10 +661,21 @@ fn run<D: Driver>(
             }
             continue;
         }
-        match driver
-            .apply(store, &batch, position)
-            .and_then(|()| driver.checkpoint(store, false))
-        {
+        match driver.apply(store, &batch, position).and_then(|()| {
+            let clear = !forgets
+                || clear_to_checkpoint(
+                    store,
+                    &query,
+                    &mut receipts_after,
+                    driver.position(),
+                    &mut erased_because,
+                    &shared.rebuild,
+                );
+            match clear {
+                true => driver.checkpoint(store, false),
+                false => Ok(()),
+            }
+        }) {
             Ok(()) => {
                 failures = 0;
                 let mut status = shared.status.lock();
