@@ -192,6 +192,21 @@ fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Res
     let text = remote.call("GET", "/metrics", Vec::new())?;
     let text = String::from_utf8_lossy(&text);
     let value = |name: &str| annals_server::metrics::sample(&text, name);
+    // Whether the scrape has a series (a store without a backup or a replica has none).
+    let present = |name: &str| {
+        text.lines().any(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' '))
+        })
+    };
+    // The label of the state series set to 1 (`annals_backup_state{state="shipping"} 1`).
+    let state_of = |series: &str| {
+        let open = format!("{series}{{");
+        text.lines()
+            .find(|l| l.starts_with(&open) && l.ends_with(" 1"))
+            .and_then(|l| l.split('"').nth(1))
+            .unwrap_or("unknown")
+    };
     let durability = text
         .lines()
         .find_map(|l| l.strip_prefix("annals_durability_info{class=\""))
@@ -217,34 +232,20 @@ fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Res
         "segments": value("annals_segments") as u64,
         "poisoned": value("annals_poisoned") > 0.0,
         "disk_full": value("annals_disk_full") > 0.0,
-        "disk_free_bytes": text
-            .lines()
-            .any(|l| l.starts_with("annals_disk_free_bytes "))
+        "disk_free_bytes": present("annals_disk_free_bytes")
             .then(|| value("annals_disk_free_bytes") as u64),
-        "backup": text
-            .lines()
-            .any(|l| l.starts_with("annals_backup_shipped_position "))
+        "backup": present("annals_backup_shipped_position")
             .then(|| serde_json::json!({
-                "state": text
-                    .lines()
-                    .find(|l| l.starts_with("annals_backup_state{") && l.ends_with(" 1"))
-                    .and_then(|l| l.split('"').nth(1))
-                    .unwrap_or("unknown"),
+                "state": state_of("annals_backup_state"),
                 "shipped_through": value("annals_backup_shipped_position") as u64,
                 "lag_positions": value("annals_backup_lag_positions") as u64,
                 "lag_seconds": value("annals_backup_lag_seconds"),
                 "bytes_shipped": value("annals_backup_bytes_shipped_total") as u64,
                 "failures": value("annals_backup_failures_total") as u64,
             })),
-        "replica": text
-            .lines()
-            .any(|l| l.starts_with("annals_replica_lag_positions "))
+        "replica": present("annals_replica_lag_positions")
             .then(|| serde_json::json!({
-                "state": text
-                    .lines()
-                    .find(|l| l.starts_with("annals_replica_state{") && l.ends_with(" 1"))
-                    .and_then(|l| l.split('"').nth(1))
-                    .unwrap_or("unknown"),
+                "state": state_of("annals_replica_state"),
                 "backup_position": value("annals_replica_backup_position") as u64,
                 "lag_positions": value("annals_replica_lag_positions") as u64,
                 "lag_seconds": value("annals_replica_lag_seconds"),

@@ -377,28 +377,53 @@ fn erased_subject_seen(
     Ok(None)
 }
 
-/// Whether the model may be checkpointed at `position`: every erasure's receipt up to now
-/// was looked at, and none named a subject it folded. Otherwise no checkpoint is written (one
-/// written past an unexamined receipt would keep the subject's data across a restart); a
-/// subject found asks for a rebuild, saying why.
-fn clear_to_checkpoint(
-    store: &Store,
-    query: &Query,
-    receipts_after: &mut u64,
-    position: u64,
-    erased_because: &mut Option<String>,
-    rebuild: &AtomicBool,
-) -> bool {
-    match erased_subject_seen(store, query, receipts_after, position) {
-        Ok(None) => true,
-        Ok(Some(tag)) => {
-            *erased_because = Some(format!(
-                "the data subject {tag}, whose events it folded, was erased"
-            ));
-            rebuild.store(true, Ordering::Release);
-            false
+/// A read model's watch over erasures (off for a reactor, and on a store without data
+/// subjects): the receipts looked at so far, and why the next rebuild happens when an erasure
+/// asked for it.
+struct Erasures {
+    on: bool,
+    receipts_after: u64,
+    because: Option<String>,
+}
+
+impl Erasures {
+    /// Looks at the receipts since the last look; true when one erased a subject the model
+    /// folded through `position`, and then a rebuild is asked for, saying why.
+    fn erased_since(
+        &mut self,
+        store: &Store,
+        query: &Query,
+        position: u64,
+        rebuild: &AtomicBool,
+    ) -> Result<bool, ReadError> {
+        if !self.on {
+            return Ok(false);
         }
-        Err(_) => false,
+        let Some(tag) = erased_subject_seen(store, query, &mut self.receipts_after, position)?
+        else {
+            return Ok(false);
+        };
+        self.because = Some(format!(
+            "the data subject {tag}, whose events it folded, was erased"
+        ));
+        rebuild.store(true, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Whether the model may be checkpointed at `position`: every receipt up to now was looked
+    /// at and none named a subject it folded. A checkpoint written past a receipt not looked
+    /// at would keep the subject's data across a restart.
+    fn clear_to_checkpoint(
+        &mut self,
+        store: &Store,
+        query: &Query,
+        position: u64,
+        rebuild: &AtomicBool,
+    ) -> bool {
+        matches!(
+            self.erased_since(store, query, position, rebuild),
+            Ok(false)
+        )
     }
 }
 
@@ -551,9 +576,11 @@ fn run<D: Driver>(
     let mut failures = 0u32;
     // Erasures' receipts after this position are still to be looked at, for a read model of a
     // store with data subjects; and why the next rebuild happens, when an erasure asked.
-    let forgets = driver.forgets_erased() && store.has_subjects();
-    let mut receipts_after = after;
-    let mut erased_because: Option<String> = None;
+    let mut erasures = Erasures {
+        on: driver.forgets_erased() && store.has_subjects(),
+        receipts_after: after,
+        because: None,
+    };
     let finish = |error: Option<String>| {
         let mut status = shared.status.lock();
         status.running = false;
@@ -564,15 +591,8 @@ fn run<D: Driver>(
     };
     loop {
         if shared.stop.load(Ordering::Acquire) {
-            let clear = !forgets
-                || clear_to_checkpoint(
-                    store,
-                    &query,
-                    &mut receipts_after,
-                    driver.position(),
-                    &mut erased_because,
-                    &shared.rebuild,
-                );
+            let clear =
+                erasures.clear_to_checkpoint(store, &query, driver.position(), &shared.rebuild);
             let error = match clear {
                 true => driver.checkpoint(store, true).err().map(|e| e.to_string()),
                 // The checkpoint on disk is older: a restart looks at the erasure again.
@@ -589,33 +609,25 @@ fn run<D: Driver>(
             let head = store.head();
             match driver.start(store, true) {
                 Ok(start) => {
-                    receipts_after = receipts_after.max(head);
+                    erasures.receipts_after = erasures.receipts_after.max(head);
                     subscription = store.subscribe(&query, start.after);
                     let mut status = shared.status.lock();
                     status.rebuilds += 1;
                     status.position = driver.position();
                     status.checkpoint_position = driver.checkpoint_position();
                     status.resumed_from = start.after;
-                    status.rebuilt_because = erased_because.take().or(start.rebuilt_because);
+                    status.rebuilt_because = erasures.because.take().or(start.rebuilt_because);
                     status.error = None;
                 }
                 Err(e) => shared.status.lock().error = Some(e.to_string()),
             }
         }
-        if forgets {
-            match erased_subject_seen(store, &query, &mut receipts_after, driver.position()) {
-                Ok(Some(tag)) => {
-                    erased_because = Some(format!(
-                        "the data subject {tag}, whose events it folded, was erased"
-                    ));
-                    shared.rebuild.store(true, Ordering::Release);
-                    continue;
-                }
-                Ok(None) => {}
-                Err(_) if store.is_closed() => return finish(None),
-                // Looked at again on the next turn; the model is served as it is meanwhile.
-                Err(e) => shared.status.lock().error = Some(e.to_string()),
-            }
+        match erasures.erased_since(store, &query, driver.position(), &shared.rebuild) {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(_) if store.is_closed() => return finish(None),
+            // Looked at again on the next turn; the model is served as it is meanwhile.
+            Err(e) => shared.status.lock().error = Some(e.to_string()),
         }
         let sub = match &mut subscription {
             Ok(sub) => sub,
@@ -627,15 +639,12 @@ fn run<D: Driver>(
             .and_then(|n| {
                 if n == 0 {
                     // Caught up: a good moment for a checkpoint, then wait for the head to move.
-                    let clear = !forgets
-                        || clear_to_checkpoint(
-                            store,
-                            &query,
-                            &mut receipts_after,
-                            driver.position(),
-                            &mut erased_because,
-                            &shared.rebuild,
-                        );
+                    let clear = erasures.clear_to_checkpoint(
+                        store,
+                        &query,
+                        driver.position(),
+                        &shared.rebuild,
+                    );
                     if let Err(e) = clear.then(|| driver.checkpoint(store, false)).transpose() {
                         let mut status = shared.status.lock();
                         status.error = Some(e.to_string());
@@ -662,15 +671,8 @@ fn run<D: Driver>(
             continue;
         }
         match driver.apply(store, &batch, position).and_then(|()| {
-            let clear = !forgets
-                || clear_to_checkpoint(
-                    store,
-                    &query,
-                    &mut receipts_after,
-                    driver.position(),
-                    &mut erased_because,
-                    &shared.rebuild,
-                );
+            let clear =
+                erasures.clear_to_checkpoint(store, &query, driver.position(), &shared.rebuild);
             match clear {
                 true => driver.checkpoint(store, false),
                 false => Ok(()),
