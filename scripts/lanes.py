@@ -17,6 +17,8 @@ import time
 # clusters, UmaDB's server), not on the CPU.
 WAITING = {
     ("annals", "backends"),
+    ("annals", "postgres"),
+    ("annals", "postgres_subjects"),
     ("annals-cli", "server_postgres"),
     ("annals-cli", "differential"),
 }

@@ -154,13 +154,13 @@ struct Opened {
 fn open_times(url: &str) -> Result<Opened, String> {
     let dir = std::env::temp_dir().join(format!("annals-bench-kept-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let options = Options {
+    let location = annals::Location::Postgres {
+        url: url.to_string(),
         mirror: Some(dir.clone()),
-        ..Options::default()
     };
     let ms = |since: Instant| (since.elapsed().as_secs_f64() * 1e4).round() / 10.0;
     let started = Instant::now();
-    let store = Store::open_postgres(url, options.clone()).map_err(|e| e.to_string())?;
+    let store = Store::open_at(&location, Options::default()).map_err(|e| e.to_string())?;
     let filled_ms = ms(started);
     let events = store.head();
     let appends = store
@@ -172,7 +172,7 @@ fn open_times(url: &str) -> Result<Opened, String> {
     store.close().map_err(|e| e.to_string())?;
     let close_ms = ms(started);
     let started = Instant::now();
-    let store = Store::open_postgres(url, options).map_err(|e| e.to_string())?;
+    let store = Store::open_at(&location, Options::default()).map_err(|e| e.to_string())?;
     let kept_ms = ms(started);
     let resumed = store
         .open_report()

@@ -345,7 +345,7 @@ fn print_stats(store: &Store, json: bool) -> Result<(), String> {
     } else {
         println!("head:        {}", stats.head);
         println!("backend:     {}", stats.backend);
-        if store.backend() == "files" {
+        if store.backend() == annals::Backend::Files {
             println!(
                 "segments:    {} of {} bytes",
                 stats.segments, stats.segment_bytes

@@ -246,7 +246,7 @@ async fn serve(config: Config) -> Result<(), String> {
     let scheme = if tls { "https" } else { "http" };
     // A replica acknowledges no appends: its class is what it serves, whatever the flag says.
     let class = match server.store.backend() {
-        "replica" => server.store.stats().durability_description,
+        annals::Backend::Replica => server.store.stats().durability_description,
         _ => durability.description(),
     };
     println!(

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use annals::{BackupOptions, Options, Query, ReadOptions, Store};
+use annals_testkit::eventually;
 use annals_testkit::s3::S3Server;
 use common::{request, ServerProcess};
 
@@ -258,18 +259,14 @@ fn object_storage_away_mid_load_then_the_backup_catches_up() {
     std::thread::sleep(Duration::from_secs(1));
     stop.store(true, Ordering::Relaxed);
     let acked: usize = clients.into_iter().map(|c| c.join().unwrap().len()).sum();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually("the backup to catch up", Duration::from_secs(60), || {
         let lag = metric(server.http, "annals_backup_lag_positions").unwrap();
         if lag == 0.0 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{lag} behind"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "the backup caught up ({lag} behind)"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
     assert_eq!(
         metric(server.http, "annals_backup_state{state=\"shipping\"}"),
         Some(1.0)
@@ -455,11 +452,9 @@ fn a_replica_follows_a_primary_under_load() {
         c.join().unwrap();
     }
     let head = primary.head();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while replica.head() < head {
-        assert!(Instant::now() < deadline, "the replica catches up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("the replica to catch up", Duration::from_secs(30), || {
+        replica.head() >= head
+    });
     assert_eq!(replica.read("{}", "{}"), primary.read("{}", "{}"));
     let tagged = r#"{"items":[{"tags":["client:3"]}]}"#;
     assert_eq!(
@@ -495,14 +490,11 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
         ));
     }
     let head = server.head();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(server.http, "annals_backup_shipped_position") != Some(head as f64) {
-        assert!(
-            Instant::now() < deadline,
-            "the backup ships what the database committed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        "the backup to ship what the database committed",
+        Duration::from_secs(30),
+        || metric(server.http, "annals_backup_shipped_position") == Some(head as f64),
+    );
     let mut standby =
         ServerProcess::launch_with(&["--store", &database, "--backup", &url], &env_refs(&env));
     assert_eq!(
@@ -523,15 +515,20 @@ fn a_store_on_postgres_is_backed_up_and_restored_into_a_database() {
         ));
     }
     let head = standby.head();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while metric(standby.http, "annals_backup_shipped_position") != Some(head as f64) {
-        assert!(
-            Instant::now() < deadline,
-            "the standby took over the backup: {:?}",
-            metric(standby.http, "annals_backup_state{state=\"shipping\"}")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(
+        "the standby to take over the backup",
+        Duration::from_secs(60),
+        || {
+            if metric(standby.http, "annals_backup_shipped_position") == Some(head as f64) {
+                Ok(())
+            } else {
+                Err(metric(
+                    standby.http,
+                    "annals_backup_state{state=\"shipping\"}",
+                ))
+            }
+        },
+    );
     assert_eq!(
         metric(standby.http, "annals_backup_state{state=\"shipping\"}"),
         Some(1.0)
@@ -599,11 +596,9 @@ fn a_subjects_backup_holds_no_clear_data_and_restores_the_erasure() {
     assert_eq!(erased["events"], 10);
     assert_eq!(erased["inBackup"], true, "{erased}");
     let head = server.head();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(server.http, "annals_backup_lag_positions") != Some(0.0) {
-        assert!(Instant::now() < deadline, "the backup never caught up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("the backup to catch up", Duration::from_secs(30), || {
+        metric(server.http, "annals_backup_lag_positions") == Some(0.0)
+    });
     assert!(server.terminate().success());
     // Nothing of the subjects' data in the object store's files.
     let mut stack = vec![s3.data_dir()];

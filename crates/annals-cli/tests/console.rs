@@ -146,14 +146,11 @@ fn the_console_in_a_browser() {
         let text = server.get("/metrics").text();
         text.lines().any(|l| l == "annals_backup_lag_positions 0")
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !shipped(&open) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the open server ships its backup"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    annals_testkit::eventually(
+        "the open server to ship its backup",
+        std::time::Duration::from_secs(30),
+        || shipped(&open),
+    );
     let mut replica = ServerProcess::launch_with(&["--replica-of", &backup], &[]);
     let output = Command::new("node")
         .arg(script_dir.join("console.test.mjs"))

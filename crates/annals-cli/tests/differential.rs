@@ -11,7 +11,7 @@ mod common;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::ServerProcess;
 use prost::Message;
@@ -57,11 +57,9 @@ impl Umadb {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn UmaDB's server");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "UmaDB's server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        annals_testkit::eventually("UmaDB's server to listen", Duration::from_secs(30), || {
+            TcpStream::connect(addr).is_ok()
+        });
         Umadb { child, addr }
     }
 }

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use annals_testkit::Tmpfs;
+use annals_testkit::{eventually, Tmpfs};
 use common::{append_body, ServerProcess, Stream};
 
 /// An append of one event of about 200 KiB whose data starts with `nonce`.
@@ -173,18 +173,18 @@ fn the_scrub_reports_a_flipped_byte_in_health_and_metrics() {
     file.read_exact_at(&mut byte, at).unwrap();
     assert_eq!(byte[0], b'd', "the byte is inside an event's data");
     file.write_all_at(b"e", at).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let health = loop {
-        let health = server.get("/health").json();
-        if health["status"] == "damaged" {
-            break health;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the scrub never reported it: {health}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let health = eventually(
+        "the scrub to report the damage",
+        Duration::from_secs(30),
+        || {
+            let health = server.get("/health").json();
+            if health["status"] == "damaged" {
+                Ok(health)
+            } else {
+                Err(health)
+            }
+        },
+    );
     let reason = health["reason"].as_str().unwrap();
     assert!(reason.contains(&annals::files::segment(1)), "{reason}");
     assert!(metric(&server, "annals_scrub_damaged_segments").unwrap_or(0.0) >= 1.0);

@@ -22,7 +22,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::codec;
 use crate::engine::Engine;
-use crate::recovery::{Recovered, Snapshot};
+use crate::recovery::{self, Recovered, Snapshot};
 use crate::types::*;
 
 /// How the exchange makes its journal durable; each mode is labelled with its durability class
@@ -244,6 +244,10 @@ pub struct Sequencer {
     commands: u64,
     next_order_id: OrderId,
     last_time: u64,
+    /// The data subjects whose events the engine applied through `subjects_through` (on a
+    /// store with data subjects), for the next snapshot.
+    subjects: annals::state::Subjects,
+    subjects_through: u64,
 }
 
 impl Sequencer {
@@ -278,6 +282,10 @@ impl Sequencer {
             None => EventBatch::new(&annals::Limits::default()),
         };
         let position = store.as_ref().map_or(0, |s| s.head());
+        let subjects = store
+            .as_deref()
+            .map(annals::state::Subjects::of)
+            .unwrap_or_default();
         let releases = Arc::new(Releases::default());
         releases.state.lock().position = position;
         Ok(Sequencer {
@@ -292,6 +300,8 @@ impl Sequencer {
             commands: 0,
             next_order_id: 1,
             last_time: 0,
+            subjects,
+            subjects_through: 0,
         })
     }
 
@@ -306,6 +316,8 @@ impl Sequencer {
         sequencer.commands = recovered.commands;
         sequencer.next_order_id = recovered.next_order_id;
         sequencer.last_time = recovered.last_time;
+        sequencer.subjects = recovered.subjects;
+        sequencer.subjects_through = recovered.position;
         Ok(sequencer)
     }
 
@@ -327,9 +339,20 @@ impl Sequencer {
             .store
             .as_ref()
             .ok_or_else(|| ExchangeError::Invalid("a d0 exchange keeps no snapshots".into()))?;
-        let appended_at_us = crate::recovery::appended_at(store, position)
+        let appended_at_us = annals::state::appended_at(store, position)
             .map_err(|e| ExchangeError::Journal(e.to_string()))?
             .ok_or_else(|| ExchangeError::Invalid("nothing journaled to snapshot yet".into()))?;
+        // The subjects of what was journaled since the last look (nothing is read on a store
+        // without data subjects).
+        self.subjects
+            .read(
+                store,
+                &recovery::replayed(),
+                self.subjects_through,
+                position,
+            )
+            .map_err(|e| ExchangeError::Journal(e.to_string()))?;
+        self.subjects_through = self.subjects_through.max(position);
         let mut engine = Vec::new();
         self.engine.snapshot(&mut engine);
         Ok(Snapshot {
@@ -338,6 +361,7 @@ impl Sequencer {
             next_order_id: self.next_order_id,
             last_time: self.last_time,
             commands: self.commands,
+            subjects: self.subjects.to_vec(),
             engine,
         })
     }

@@ -1,24 +1,25 @@
 //! Rebuilding the books from the journal, and the snapshots that bound how much of it a
 //! restart replays.
 //!
-//! A snapshot is the engine's state after the command at a journal position, kept in the
-//! store's data directory under `exchange/` (through the store's I/O layer, so the simulated
-//! disk covers it too):
+//! A snapshot is the engine's state after the command at a journal position: a saved state of
+//! the store ([`annals::state`]) of kind `exchange`, one file per position
+//! (`snapshot-<position, 20 digits>.anxs`), in the data directory on files and in the database
+//! on PostgreSQL. Its state bytes are:
 //!
 //! ```text
-//! magic "ANXSNAP1", position u64, appended-at of the event at that position u64,
-//! next order id u64, last time u64, commands u64, engine bytes length u64, engine bytes,
-//! CRC32C of all before
+//! next order id u64, last time u64, commands u64, engine bytes
 //! ```
 //!
-//! A snapshot is taken only at a position the log has made durable, and is used only if the
-//! log still holds the same event there (same append time): a log that lost its tail and was
-//! refilled has other events at those positions. Anything unfit is skipped with its reason and
-//! the next older snapshot, or the whole journal, is replayed instead.
+//! A snapshot is taken only at a position the log has made durable, and is used only if it
+//! fits the log as [`annals::state::check`] says: the log still holds the same event at its
+//! position (same append time), since a log that lost its tail and was refilled has other
+//! events there, and no data subject whose events the engine applied was erased since.
+//! Anything unfit is skipped with its reason and the next older snapshot, or the whole
+//! journal, is replayed instead. A snapshot of the older format (magic `ANXSNAP1`: position,
+//! appended-at, next order id, last time, commands, engine length, engine bytes, CRC32C) is
+//! still read, and saved anew as a saved state when it fits.
 
-use std::sync::Arc;
-
-use annals::companions::Companions;
+use annals::state::{Damage, Loaded, SavedState, StateId, States, Subjects, Unfit};
 use annals::{Query, QueryItem, ReadOptions, Store};
 
 use crate::codec::{self, Entry};
@@ -28,13 +29,30 @@ use crate::types::*;
 
 /// The directory, inside the store's data directory, that holds the exchange's snapshots.
 pub const SNAPSHOT_DIR: &str = "exchange";
-const MAGIC: &[u8; 8] = b"ANXSNAP1";
-/// Magic and six words before the engine's bytes.
-const HEAD: usize = 8 + 6 * 8;
+/// The older format's magic.
+const OLDER_MAGIC: &[u8; 8] = b"ANXSNAP1";
+/// The older format's magic and six words before the engine's bytes.
+const OLDER_HEAD: usize = 8 + 6 * 8;
 const PREFIX: &str = "snapshot-";
 const SUFFIX: &str = ".anxs";
 /// Snapshots kept: the newest, and one older in case the newest turns out unfit.
 const KEEP: usize = 2;
+/// The name the engine's state is saved under.
+const STATE_NAME: &str = "exchange";
+/// The version of the state's bytes (the module documentation's layout).
+const STATE_VERSION: u32 = 1;
+/// The three words before the engine's bytes in the state.
+const STATE_HEAD: usize = 3 * 8;
+
+/// The events replay applies: the query whose fold a snapshot is.
+pub(crate) fn replayed() -> Query {
+    Query::item(QueryItem::types(codec::REPLAYED_TYPES))
+}
+
+/// What a snapshot is a fold of: the engine, over the replayed events.
+fn state_id() -> StateId {
+    StateId::new(STATE_NAME, STATE_VERSION, replayed())
+}
 
 /// The engine's state at a journal position.
 #[derive(Debug, Clone)]
@@ -47,42 +65,65 @@ pub struct Snapshot {
     pub last_time: u64,
     /// Commands the journal holds through `position`.
     pub commands: u64,
+    /// The data subjects (their tags) whose events the engine applied through `position`, on
+    /// a store with data subjects: an erasure of one of them after `position` makes the
+    /// snapshot unfit.
+    pub subjects: Vec<String>,
     /// [`Engine::snapshot`]'s bytes.
     pub engine: Vec<u8>,
 }
 
 impl Snapshot {
-    fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.engine.len() + 64);
-        out.extend_from_slice(MAGIC);
-        for v in [
+    fn to_saved(&self) -> SavedState {
+        let mut state = Vec::with_capacity(STATE_HEAD + self.engine.len());
+        for v in [self.next_order_id, self.last_time, self.commands] {
+            state.extend_from_slice(&v.to_le_bytes());
+        }
+        state.extend_from_slice(&self.engine);
+        SavedState::new(
+            &state_id(),
             self.position,
             self.appended_at_us,
-            self.next_order_id,
-            self.last_time,
-            self.commands,
-            self.engine.len() as u64,
-        ] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        out.extend_from_slice(&self.engine);
-        let crc = crc32c::crc32c(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+            self.subjects.clone(),
+            state,
+        )
     }
 
-    fn decode(bytes: &[u8]) -> Result<Snapshot, String> {
-        if bytes.len() < HEAD + 4 || &bytes[..8] != MAGIC {
-            return Err("not a snapshot (bad magic or too short)".into());
+    fn from_saved(saved: SavedState) -> Result<Snapshot, Damage> {
+        if saved.state.len() < STATE_HEAD {
+            return Err(Damage::Truncated);
+        }
+        let word = |i: usize| {
+            u64::from_le_bytes(saved.state[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+        };
+        Ok(Snapshot {
+            position: saved.position,
+            appended_at_us: saved.appended_at_us,
+            next_order_id: word(0),
+            last_time: word(1),
+            commands: word(2),
+            engine: saved.state[STATE_HEAD..].to_vec(),
+            subjects: saved.subjects,
+        })
+    }
+
+    /// A snapshot of the older format (see the module documentation); it names no subjects.
+    fn decode_older(bytes: &[u8]) -> Result<Snapshot, Damage> {
+        if bytes.len() < OLDER_HEAD + 4 || &bytes[..8] != OLDER_MAGIC {
+            return Err(Damage::NotAState);
         }
         let (body, crc) = bytes.split_at(bytes.len() - 4);
         if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
-            return Err("CRC mismatch".into());
+            return Err(Damage::Crc);
         }
         let word = |i: usize| u64::from_le_bytes(body[8 + i * 8..16 + i * 8].try_into().unwrap());
-        let len = word(5) as usize;
-        if body.len() != HEAD + len {
-            return Err("length mismatch".into());
+        let len = word(5);
+        let engine = (body.len() - OLDER_HEAD) as u64;
+        if engine < len {
+            return Err(Damage::Truncated);
+        }
+        if engine > len {
+            return Err(Damage::TrailingBytes);
         }
         Ok(Snapshot {
             position: word(0),
@@ -90,25 +131,47 @@ impl Snapshot {
             next_order_id: word(2),
             last_time: word(3),
             commands: word(4),
-            engine: body[HEAD..].to_vec(),
+            subjects: Vec::new(),
+            engine: body[OLDER_HEAD..].to_vec(),
         })
     }
+}
+
+/// Writes a snapshot in the older format, for tests that show it is still read.
+#[cfg(test)]
+pub(crate) fn encode_older(snapshot: &Snapshot) -> Vec<u8> {
+    let mut out = Vec::with_capacity(snapshot.engine.len() + 64);
+    out.extend_from_slice(OLDER_MAGIC);
+    for v in [
+        snapshot.position,
+        snapshot.appended_at_us,
+        snapshot.next_order_id,
+        snapshot.last_time,
+        snapshot.commands,
+        snapshot.engine.len() as u64,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&snapshot.engine);
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
 }
 
 /// A snapshot that fits the log, with the engine it restores.
 pub type FitSnapshot = (Snapshot, Engine);
 
-/// The snapshot files of one store: companion files of kind [`SNAPSHOT_DIR`], in the data
-/// directory on files and in the database on PostgreSQL.
+/// The snapshot files of one store: saved states of kind [`SNAPSHOT_DIR`] in its companions,
+/// in the data directory on files and in the database on PostgreSQL.
 #[derive(Clone)]
 pub struct Snapshots {
-    companions: Arc<dyn Companions>,
+    states: States,
 }
 
 impl Snapshots {
     pub fn for_store(store: &Store) -> Snapshots {
         Snapshots {
-            companions: store.companions(),
+            states: States::of_store(store, SNAPSHOT_DIR),
         }
     }
 
@@ -119,8 +182,8 @@ impl Snapshots {
     /// Positions of the snapshot files, newest first.
     pub fn positions(&self) -> Result<Vec<u64>, ExchangeError> {
         let names = self
-            .companions
-            .list(SNAPSHOT_DIR)
+            .states
+            .list()
             .map_err(|e| ExchangeError::Journal(format!("listing snapshots: {e}")))?;
         let mut positions: Vec<u64> = names
             .iter()
@@ -133,12 +196,12 @@ impl Snapshots {
     /// Writes a snapshot durably, then removes all but the newest [`KEEP`].
     pub fn save(&self, snapshot: &Snapshot) -> Result<(), ExchangeError> {
         let name = Self::name(snapshot.position);
-        self.companions
-            .write(SNAPSHOT_DIR, &name, &snapshot.encode())
+        self.states
+            .save(&name, &snapshot.to_saved())
             .map_err(|e| ExchangeError::Journal(format!("writing snapshot {name}: {e}")))?;
         for old in self.positions()?.into_iter().skip(KEEP) {
-            self.companions
-                .remove(SNAPSHOT_DIR, &Self::name(old))
+            self.states
+                .remove(&Self::name(old))
                 .map_err(|e| ExchangeError::Journal(format!("removing an old snapshot: {e}")))?;
         }
         Ok(())
@@ -149,48 +212,47 @@ impl Snapshots {
         &self,
         store: &Store,
     ) -> Result<(Option<FitSnapshot>, Vec<String>), ExchangeError> {
+        let id = state_id();
         let mut skipped = Vec::new();
         for position in self.positions()? {
             let name = Self::name(position);
-            let bytes = match self.companions.read(SNAPSHOT_DIR, &name) {
-                Ok(Some(bytes)) => bytes,
-                Ok(None) => continue,
-                Err(e) => return Err(ExchangeError::Journal(format!("reading {name}: {e}"))),
+            let read =
+                |e: annals::ReadError| ExchangeError::Journal(format!("reading {name}: {e}"));
+            let loaded = match self.states.load(store, &name, &id).map_err(read)? {
+                Loaded::Older(bytes) => match Snapshot::decode_older(&bytes) {
+                    Ok(older) if older.position != position => {
+                        skipped.push(format!("{name}: its position differs from its name"));
+                        continue;
+                    }
+                    Ok(older) => self
+                        .states
+                        .adopt(store, &name, &id, older.to_saved())
+                        .map_err(read)?,
+                    Err(damage) => Loaded::Unfit(Unfit::Damaged(damage)),
+                },
+                loaded => loaded,
             };
-            let fit = Snapshot::decode(&bytes).and_then(|snapshot| {
-                if snapshot.position != position {
-                    return Err("its position differs from its name".into());
+            let fit = match loaded {
+                Loaded::Missing => continue,
+                Loaded::Unfit(unfit) => Err(unfit.to_string()),
+                Loaded::Older(_) => Err(Unfit::Damaged(Damage::NotAState).to_string()),
+                Loaded::Fit(saved) if saved.position != position => {
+                    Err("holds another position than its name".to_owned())
                 }
-                match appended_at(store, position).map_err(|e| e.to_string())? {
-                    Some(at) if at == snapshot.appended_at_us => {}
-                    Some(_) => return Err("the log holds another event at its position".into()),
-                    None => return Err(format!("the log ends before position {position}")),
-                }
-                let engine = Engine::from_snapshot(&snapshot.engine).map_err(|e| e.0)?;
-                Ok((snapshot, engine))
-            });
+                Loaded::Fit(saved) => Snapshot::from_saved(saved)
+                    .map_err(|damage| Unfit::Damaged(damage).to_string())
+                    .and_then(|snapshot| {
+                        let engine = Engine::from_snapshot(&snapshot.engine)
+                            .map_err(|e| format!("holds an engine that does not load: {}", e.0))?;
+                        Ok((snapshot, engine))
+                    }),
+            };
             match fit {
                 Ok(found) => return Ok((Some(found), skipped)),
-                Err(reason) => skipped.push(format!("{name}: {reason}")),
+                Err(reason) => skipped.push(format!("{name} {reason}")),
             }
         }
         Ok((None, skipped))
-    }
-}
-
-/// When the event at `position` was appended, or None when the log is shorter.
-pub fn appended_at(store: &Store, position: u64) -> Result<Option<u64>, annals::ReadError> {
-    if position == 0 || position > store.head() {
-        return Ok(None);
-    }
-    let mut events = store.read(
-        &Query::all(),
-        ReadOptions::forwards().from(position).limit(1),
-    )?;
-    match events.next() {
-        Some(Ok(event)) if event.position() == position => Ok(Some(event.appended_at_us())),
-        Some(Err(e)) => Err(e),
-        _ => Ok(None),
     }
 }
 
@@ -211,6 +273,9 @@ pub struct Recovered {
     pub next_order_id: OrderId,
     /// The latest command time seen.
     pub last_time: u64,
+    /// The data subjects whose events the books hold (the snapshot's and those replayed), on
+    /// a store with data subjects.
+    pub subjects: Subjects,
 }
 
 /// Rebuilds the books from `store`: from the newest fit snapshot (when `snapshots` is given)
@@ -220,6 +285,10 @@ pub fn recover(store: &Store, snapshots: Option<&Snapshots>) -> Result<Recovered
         Some(s) => s.latest_fit(store)?,
         None => (None, Vec::new()),
     };
+    let mut subjects = Subjects::of(store);
+    if let Some((snapshot, _)) = &start {
+        subjects.extend(snapshot.subjects.iter().cloned());
+    }
     let (mut engine, mut next_order_id, mut last_time, from, snapshot_position, base) = match start
     {
         Some((snapshot, engine)) => (
@@ -233,9 +302,8 @@ pub fn recover(store: &Store, snapshots: Option<&Snapshots>) -> Result<Recovered
         None => (Engine::new(&[]), 1, 0, 0, None, 0),
     };
     let head = store.head();
-    let query = Query::item(QueryItem::types(codec::REPLAYED_TYPES));
     let events = store
-        .read(&query, ReadOptions::forwards().after(from))
+        .read(&replayed(), ReadOptions::forwards().after(from))
         .map_err(|e| ExchangeError::Replay(e.to_string()))?;
     let mut out = Vec::new();
     let mut replayed = 0;
@@ -244,6 +312,7 @@ pub fn recover(store: &Store, snapshots: Option<&Snapshots>) -> Result<Recovered
         if event.position() > head {
             break;
         }
+        subjects.see(&event);
         let entry = codec::decode(event.event_type(), event.data())
             .map_err(|e| ExchangeError::Replay(format!("position {}: {e}", event.position())))?;
         match entry {
@@ -288,5 +357,93 @@ pub fn recover(store: &Store, snapshots: Option<&Snapshots>) -> Result<Recovered
         commands: base + replayed,
         next_order_id,
         last_time,
+        subjects,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use annals::{Durability, Options};
+
+    use super::*;
+    use crate::journal::{Mode, Sequencer, SequencerOptions};
+
+    /// Goal: a snapshot of the older format (`ANXSNAP1`) is still taken by recovery, and is
+    /// then saved anew as a saved state of the same position and engine. Method: a journal of a
+    /// generated scenario; its snapshot written in the older format under its usual name;
+    /// recovery starts from it, replaying nothing; the file is then an envelope holding the
+    /// same snapshot.
+    #[test]
+    fn an_older_snapshot_is_taken_and_saved_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            durability: Durability::Synced,
+            ..Options::default()
+        };
+        let store = Arc::new(Store::open(dir.path(), options).unwrap());
+        let scenario = crate::scenario::generate("normal", 300, 2).unwrap();
+        let mut sequencer = Sequencer::new(
+            Engine::new(&[]),
+            Some(store.clone()),
+            Mode::Pipelined,
+            SequencerOptions::default(),
+        )
+        .unwrap();
+        for &spec in &scenario.symbols {
+            sequencer.add_symbol(spec).unwrap();
+        }
+        let mut out = Vec::new();
+        for (i, command) in scenario.warmup.iter().chain(&scenario.messages).enumerate() {
+            sequencer.execute(i as u64, command, &mut out).unwrap();
+            out.clear();
+            if sequencer.batch_full() {
+                sequencer.flush(|_| {});
+            }
+        }
+        let snapshot = sequencer.snapshot().unwrap();
+        let name = Snapshots::name(snapshot.position);
+        let older = encode_older(&snapshot);
+        store
+            .companions()
+            .write(SNAPSHOT_DIR, &name, &older)
+            .unwrap();
+
+        let snapshots = Snapshots::for_store(&store);
+        let recovered = recover(&store, Some(&snapshots)).unwrap();
+        assert_eq!(recovered.snapshot_position, Some(snapshot.position));
+        assert!(recovered.skipped_snapshots.is_empty());
+        assert_eq!(recovered.replayed, 0);
+        assert_eq!(recovered.commands, snapshot.commands);
+        assert_eq!(
+            recovered.engine.state_hash(),
+            sequencer.engine().state_hash()
+        );
+
+        let bytes = store
+            .companions()
+            .read(SNAPSHOT_DIR, &name)
+            .unwrap()
+            .unwrap();
+        assert_ne!(bytes, older, "saved anew");
+        let saved = SavedState::decode(&bytes).unwrap();
+        assert_eq!(saved.key, state_id().key());
+        assert_eq!(saved.position, snapshot.position);
+        assert_eq!(saved.appended_at_us, snapshot.appended_at_us);
+        let again = Snapshot::from_saved(saved).unwrap();
+        assert_eq!(again.engine, snapshot.engine);
+        assert_eq!(
+            (again.next_order_id, again.last_time, again.commands),
+            (
+                snapshot.next_order_id,
+                snapshot.last_time,
+                snapshot.commands
+            )
+        );
+        // Taken again, now as a saved state.
+        let (found, skipped) = snapshots.latest_fit(&store).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(found.unwrap().0.position, snapshot.position);
+    }
 }

@@ -39,7 +39,7 @@ pub struct Config {
     /// (see `annals::Store::open_postgres`).
     pub postgres: Option<String>,
     /// With `postgres` or `replica_of`: where the store keeps its copy of the log across
-    /// restarts (`annals::Options::mirror`); None: a temporary directory.
+    /// restarts (`annals::Location`'s `mirror`); None: a temporary directory.
     pub mirror: Option<PathBuf>,
     /// Free space the store leaves alone (`annals::Options::disk_reserve_bytes`); None: one
     /// segment's size.

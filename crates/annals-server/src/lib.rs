@@ -70,7 +70,6 @@ impl Server {
             ..Options::default()
         };
         options.limits = config.limits.store.clone();
-        options.mirror = config.mirror.clone();
         options.disk_reserve_bytes = config.disk_reserve_bytes;
         options.backup = config.backup.as_ref().map(|url| annals::BackupOptions {
             lease: config.backup_lease,
@@ -78,24 +77,29 @@ impl Server {
         });
         options.scrub = config.scrub.clone();
         options.subjects = config.subjects()?;
-        let dir = config.data_dir.clone();
-        let postgres = config.postgres.clone();
-        let replica_of = config.replica_of.clone();
+        // On PostgreSQL or as a replica, the copy of the log is kept in `--mirror` when given.
+        let location = match (&config.replica_of, &config.postgres) {
+            (Some(url), _) => annals::Location::Replica {
+                backup: annals::BackupOptions::new(url),
+                copy: config.mirror.clone(),
+            },
+            (None, Some(url)) => annals::Location::Postgres {
+                url: url.clone(),
+                mirror: config.mirror.clone(),
+            },
+            (None, None) => annals::Location::Directory(config.data_dir.clone()),
+        };
         // What the backup's checks refuse (a prefix holding another store, say) is known only
         // once the store is open: a directory made by this start is removed if it fails.
         // On PostgreSQL or as a replica, the directory made is the kept copy's (`--mirror`).
-        let made = match (&replica_of, &postgres, &config.mirror) {
-            (None, None, _) => Made::before_open(&dir),
-            (_, _, Some(mirror)) => Made::before_open(mirror),
+        let made = match (&location, &config.mirror) {
+            (annals::Location::Directory(dir), _) => Made::before_open(dir),
+            (_, Some(mirror)) => Made::before_open(mirror),
             _ => Made::Nothing,
         };
-        let opened = tokio::task::spawn_blocking(move || match (replica_of, postgres) {
-            (Some(url), _) => Store::open_replica(&annals::BackupOptions::new(url), options),
-            (None, Some(url)) => Store::open_postgres(&url, options),
-            (None, None) => Store::open(&dir, options),
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+        let opened = tokio::task::spawn_blocking(move || Store::open_at(&location, options))
+            .await
+            .map_err(|e| e.to_string())?;
         let store = match opened {
             Ok(store) => Arc::new(store),
             // Another process holds the directory (it may have made it a moment ago): what
@@ -153,9 +157,7 @@ impl Server {
         let read_models = {
             let (store, specs) = (store.clone(), config.read_models.clone());
             tokio::task::spawn_blocking(move || {
-                let models = Arc::new(HostedModels::start(&store, &specs)?);
-                models.follow_erasures(&store)?;
-                Ok::<_, String>(models)
+                Ok::<_, String>(Arc::new(HostedModels::start(&store, &specs)?))
             })
             .await
             .map_err(|e| e.to_string())??

@@ -246,7 +246,7 @@ fn document() -> String {
                             "receipt": { "type": "integer", "description": "The position of the erasure's receipt." },
                             "already": { "type": "boolean" }, "erasedAtUs": { "type": "integer" },
                             "inBackup": { "type": ["boolean", "null"], "description": "With a backup: whether its copy of the keys no longer holds the subject's key (false: object storage did not answer within 10 s; it is replaced once it does). Null: no backup." },
-                            "readModelsRebuilt": { "type": "array", "items": { "type": "string" }, "description": "The hosted read models that had folded the subject's events, rebuilt." } } } } } },
+                            "readModelsRebuilt": { "type": "array", "items": { "type": "string" }, "description": "The hosted read models that had folded the subject's events: each is built again as it meets the receipt." } } } } } },
                     "400": error_response("A malformed body, or a tag that names no data subject (not_a_subject)."),
                     "409": error_response("The server keeps no data subjects (no_subjects).")
                 }), auth_errors())

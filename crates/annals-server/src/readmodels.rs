@@ -97,18 +97,12 @@ struct Hosted {
     runner: ReadModelRunner<CountModel>,
 }
 
-/// The server's read models; empty once stopped.
+/// The server's read models; empty once stopped. Each forgets an erased data subject as its
+/// runner meets the erasure's receipt, wherever it was appended: it is built again when it
+/// folded an event of the subject (the library's runner does it, as for embedded models).
 #[derive(Default)]
 pub struct HostedModels {
     models: Mutex<Vec<Hosted>>,
-    /// On a store that other servers append to (PostgreSQL), with data subjects: the thread
-    /// that rebuilds the models that saw a subject another server erased.
-    erasures: Mutex<
-        Option<(
-            Arc<std::sync::atomic::AtomicBool>,
-            std::thread::JoinHandle<()>,
-        )>,
-    >,
 }
 
 /// What a client reads of one model.
@@ -141,55 +135,7 @@ impl HostedModels {
         }
         Ok(HostedModels {
             models: Mutex::new(models),
-            erasures: Mutex::new(None),
         })
-    }
-
-    /// On a store that other servers append to too (PostgreSQL), with data subjects and
-    /// models: follows the erasures' receipts, wherever they were appended, and rebuilds
-    /// the models that saw each erased subject (those of an erasure made here are rebuilt
-    /// again, as its request already did).
-    pub fn follow_erasures(self: &Arc<Self>, store: &Arc<Store>) -> Result<(), String> {
-        if !store.has_subjects() || store.stats().backend != "postgres" {
-            return Ok(());
-        }
-        if self.models.lock().is_empty() {
-            return Ok(());
-        }
-        let receipts = Query::item(QueryItem::types([annals::SUBJECT_ERASED_TYPE]));
-        let mut subscription = store
-            .subscribe(&receipts, store.head())
-            .map_err(|e| format!("following erasures: {e}"))?;
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (models, store, stopped) = (self.clone(), store.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name("annals-erasures".into())
-            .spawn(move || {
-                while !stopped.load(std::sync::atomic::Ordering::Acquire) {
-                    match subscription.next_timeout(Some(std::time::Duration::from_millis(200))) {
-                        Ok(Some(receipt)) => {
-                            for tag in receipt.tags() {
-                                let rebuilt = models.rebuild_seeing(&store, tag);
-                                if !rebuilt.is_empty() {
-                                    tracing::info!(
-                                        subject = tag,
-                                        models = ?rebuilt,
-                                        "read models rebuilt after an erasure"
-                                    );
-                                }
-                            }
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %e, "following erasures stopped");
-                            break;
-                        }
-                    }
-                }
-            })
-            .map_err(|e| format!("following erasures: {e}"))?;
-        *self.erasures.lock() = Some((stop, thread));
-        Ok(())
     }
 
     pub fn statuses(&self) -> Vec<ModelView> {
@@ -226,11 +172,12 @@ impl HostedModels {
         }
     }
 
-    /// Rebuilds every model that folded an event carrying `tag` (an erased data subject's),
-    /// so that no state derived from its data survives; answers their names.
-    pub fn rebuild_seeing(&self, store: &Store, tag: &str) -> Vec<String> {
+    /// The models that folded an event carrying `tag` (an erased data subject's): those their
+    /// runners build again when they meet the erasure's receipt, so that no state derived
+    /// from the subject's data survives.
+    pub fn seeing(&self, store: &Store, tag: &str) -> Vec<String> {
         let models = self.models.lock();
-        let mut rebuilt = Vec::new();
+        let mut seeing = Vec::new();
         for hosted in models.iter() {
             let mut tags = hosted.spec.tags.clone();
             tags.push(tag.to_string());
@@ -239,19 +186,14 @@ impl HostedModels {
                 .read(&Query::item(item), ReadOptions::forwards().limit(1))
                 .is_ok_and(|mut events| events.next().is_some());
             if saw {
-                hosted.runner.rebuild();
-                rebuilt.push(hosted.spec.name.clone());
+                seeing.push(hosted.spec.name.clone());
             }
         }
-        rebuilt
+        seeing
     }
 
     /// Writes a last checkpoint of every model and stops them (blocking).
     pub fn stop(&self) -> Vec<(String, Option<String>)> {
-        if let Some((stop, thread)) = self.erasures.lock().take() {
-            stop.store(true, std::sync::atomic::Ordering::Release);
-            let _ = thread.join();
-        }
         let models = std::mem::take(&mut *self.models.lock());
         models
             .into_iter()

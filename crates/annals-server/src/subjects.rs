@@ -68,7 +68,7 @@ async fn erase_inner(state: &Arc<AppState>, request: Request) -> Result<Response
     let tag = parsed.tag;
     let erased = tokio::task::spawn_blocking(move || {
         let erasure = store.erase_subject(&tag)?;
-        let rebuilt = models.rebuild_seeing(&store, &tag);
+        let rebuilt = models.seeing(&store, &tag);
         Ok::<_, annals::AppendError>((erasure, rebuilt))
     })
     .await

@@ -10,14 +10,22 @@
 //!
 //! Also: where scripts/setup's other tools are (`tools_dir`, `umadb_bin`, `h2spec_bin`,
 //! `python`), and whether a test may use them at all (`tools_allowed`); a throwaway S3 server
-//! (`s3::S3Server`, SeaweedFS).
+//! (`s3::S3Server`, SeaweedFS); a running `annals serve` (`server::ServerProcess`) and a small
+//! HTTP client (`http`); waiting for what happens in the background (`eventually`); format
+//! fixtures, data directories committed to the repository (`fixtures`).
 
+pub mod fixtures;
+pub mod http;
 pub mod s3;
+pub mod server;
+mod wait;
+
+pub use wait::{eventually, poll, Awaited};
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where PostgreSQL's programs are, or None when it is not installed.
 pub fn bin_dir() -> Option<PathBuf> {
@@ -378,14 +386,11 @@ impl Cluster {
                 }
             }
             // The backends notice their postmaster is gone and exit; wait for the port to free.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                assert!(
-                    Instant::now() < deadline,
-                    "the killed cluster still answers"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            eventually(
+                "the killed cluster to stop answering",
+                Duration::from_secs(30),
+                || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err(),
+            );
             // Children may linger a moment after the port closes.
             std::thread::sleep(Duration::from_millis(300));
         }
@@ -420,20 +425,19 @@ impl Cluster {
         standby.start_server();
         self.sql("ALTER SYSTEM SET synchronous_standby_names = '*'");
         self.sql("SELECT pg_reload_conf()");
-        // Wait until the standby streams synchronously.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let state =
-                self.sql_value("SELECT coalesce(max(sync_state), '') FROM pg_stat_replication");
-            if state == "sync" {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the standby never became synchronous"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        eventually(
+            "the standby to stream synchronously",
+            Duration::from_secs(60),
+            || {
+                let state =
+                    self.sql_value("SELECT coalesce(max(sync_state), '') FROM pg_stat_replication");
+                if state == "sync" {
+                    Ok(())
+                } else {
+                    Err(state)
+                }
+            },
+        );
         standby
     }
 
@@ -443,11 +447,11 @@ impl Cluster {
             "pg_ctl",
             &["-D", self.data().to_str().unwrap(), "-w", "promote"],
         );
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.sql_value("SELECT pg_is_in_recovery()") != "f" {
-            assert!(Instant::now() < deadline, "the standby never left recovery");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        eventually(
+            "the standby to leave recovery",
+            Duration::from_secs(60),
+            || self.sql_value("SELECT pg_is_in_recovery()") == "f",
+        );
     }
 
     /// Runs SQL through psql; panics on failure.

@@ -26,8 +26,8 @@ use crate::batch::EventBatch;
 use crate::error::AppendError;
 use crate::event::NewEvent;
 use crate::query::AppendCondition;
+use crate::request::{AsyncSlot, Completion, ReplyTo, Waiting};
 use crate::store::Store;
-use crate::writer::{AsyncSlot, Completion, ReplyTo, Waiting};
 
 /// How an append is handed to the writer.
 #[derive(Clone, Copy)]
@@ -174,7 +174,7 @@ impl<'a> Append<'a> {
     /// caller's.
     ///
     /// Await the future to its end or drop it. The appends acknowledged by one fdatasync are
-    /// woken through one of their tasks (see `AsyncSlot` in writer/reply.rs), so a future that
+    /// woken through one of their tasks (see `AsyncSlot` in request/reply.rs), so a future that
     /// was polled, then kept without being polled again and without being dropped (as a
     /// future handed back unfinished by a `select` can be), delays the other tasks of its
     /// group until it is polled or dropped. `select!`, timeouts and cancellation drop it,

@@ -230,12 +230,12 @@ fn write_in_steps(
 }
 
 /// Reads little-endian values from a byte slice without trusting any length.
-struct Cursor<'a> {
+struct CheckpointReader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
-impl<'a> Cursor<'a> {
+impl<'a> CheckpointReader<'a> {
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let end = self.at.checked_add(n)?;
         let slice = self.bytes.get(self.at..end)?;
@@ -300,7 +300,7 @@ fn parse(bytes: &[u8]) -> Option<(Index, Mark)> {
     if crc32c::crc32c(&bytes[..body_len]) != crc {
         return None;
     }
-    let mut c = Cursor {
+    let mut c = CheckpointReader {
         bytes: &bytes[..body_len],
         at: 0,
     };

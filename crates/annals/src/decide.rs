@@ -39,6 +39,7 @@ use std::time::Duration;
 use crate::error::{AppendError, InputError, ReadError};
 use crate::event::{Event, NewEvent};
 use crate::query::{AppendCondition, Query, QueryItem, ReadOptions};
+use crate::state::StateKey;
 use crate::store::Store;
 
 /// Something that folds the events of a query into a state: one [`Projection`], or a tuple of
@@ -164,16 +165,17 @@ impl<S: Clone, F: Fn(&mut S, &Event)> Project for Projection<S, F> {
 ///
 /// What it keeps is exact, not a guess: a state is the fold of every matching event through
 /// the head its read saw, and the decision's condition is the same as without the cache. A
-/// cache belongs to one store and one fold: the query is the key, so two projections that
-/// fold the same query differently need two caches. At `capacity` entries, adding one more
-/// drops another; a capacity of 0 keeps nothing.
+/// cache belongs to one store and one fold: the query is the key (its canonical key,
+/// [`StateKey::of_query`], so that equal queries written in another order find the same
+/// state), and two projections that fold the same query differently need two caches. At
+/// `capacity` entries, adding one more drops another; a capacity of 0 keeps nothing.
 pub struct StateCache<S> {
     entries: Mutex<CacheEntries<S>>,
     capacity: usize,
 }
 
-/// A cache's states by query, with the head each was built at.
-type CacheEntries<S> = HashMap<Query, (u64, S), foldhash::fast::RandomState>;
+/// A cache's states by their query's canonical key, with the head each was built at.
+type CacheEntries<S> = HashMap<StateKey, (u64, S), foldhash::fast::RandomState>;
 
 impl<S: Clone> StateCache<S> {
     pub fn new(capacity: usize) -> Self {
@@ -185,21 +187,31 @@ impl<S: Clone> StateCache<S> {
 
     /// `projection`, started from and remembered in this cache.
     pub fn cached<P: Project<State = S>>(&self, projection: P) -> Cached<'_, P> {
-        // The key: the projection's own query when it lends it.
+        // The query: the projection's own when it lends it.
         let query = match projection.query_ref() {
             Some(_) => None,
             None => Some(projection.query()),
         };
+        let key = match &query {
+            Some(query) => StateKey::of_query(query),
+            None => StateKey::of_query(projection.query_ref().expect("it lends its query")),
+        };
         Cached {
             query,
+            key,
             inner: projection,
             cache: self,
         }
     }
 
-    /// The state kept for `query` and the head it was built at.
+    /// The state kept for `query` (or an equal query in another order) and the head it was
+    /// built at.
     pub fn get(&self, query: &Query) -> Option<(u64, S)> {
-        self.lock().get(query).cloned()
+        self.get_key(&StateKey::of_query(query))
+    }
+
+    fn get_key(&self, key: &StateKey) -> Option<(u64, S)> {
+        self.lock().get(key).cloned()
     }
 
     pub fn len(&self) -> usize {
@@ -215,12 +227,12 @@ impl<S: Clone> StateCache<S> {
     }
 
     /// Keeps `state`, built through `head`, unless a state built further on is kept already.
-    fn put(&self, query: &Query, head: u64, state: &S) {
+    fn put(&self, key: &StateKey, head: u64, state: &S) {
         if self.capacity == 0 {
             return;
         }
         let mut entries = self.lock();
-        if let Some(kept) = entries.get_mut(query) {
+        if let Some(kept) = entries.get_mut(key) {
             if kept.0 < head {
                 *kept = (head, state.clone());
             }
@@ -232,7 +244,7 @@ impl<S: Clone> StateCache<S> {
                 entries.remove(&victim);
             }
         }
-        entries.insert(query.clone(), (head, state.clone()));
+        entries.insert(*key, (head, state.clone()));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CacheEntries<S>> {
@@ -246,11 +258,13 @@ pub struct Cached<'c, P: Project> {
     inner: P,
     /// The query, when `inner` does not lend its own.
     query: Option<Query>,
+    /// The query's canonical key in the cache.
+    key: StateKey,
     cache: &'c StateCache<P::State>,
 }
 
 impl<P: Project> Cached<'_, P> {
-    fn key(&self) -> &Query {
+    fn lent_query(&self) -> &Query {
         match &self.query {
             Some(query) => query,
             None => self
@@ -269,11 +283,11 @@ where
     type State = P::State;
 
     fn query(&self) -> Query {
-        self.key().clone()
+        self.lent_query().clone()
     }
 
     fn query_ref(&self) -> Option<&Query> {
-        Some(self.key())
+        Some(self.lent_query())
     }
 
     fn initial(&self) -> P::State {
@@ -289,20 +303,19 @@ where
     }
 
     fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> P::State {
-        let key = self.key();
-        let (folded, state) = match self.cache.get(key) {
+        let (folded, state) = match self.cache.get_key(&self.key) {
             Some(kept) => kept,
             None => (0, self.inner.initial()),
         };
         parts.push(Part {
-            query: Cow::Borrowed(key),
+            query: Cow::Borrowed(self.lent_query()),
             folded,
         });
         state
     }
 
     fn built(&self, state: &P::State, head: u64) {
-        self.cache.put(self.key(), head, state);
+        self.cache.put(&self.key, head, state);
     }
 }
 

@@ -1,5 +1,5 @@
-//! A copy of the log kept in a directory across restarts ([`crate::Options::mirror`]): a
-//! PostgreSQL store's mirror, or a read replica's copy of its backup.
+//! A copy of the log kept in a directory across restarts (a `mirror` or `copy` in
+//! [`crate::Location`]): a PostgreSQL store's mirror, or a read replica's copy of its backup.
 //!
 //! A store on PostgreSQL, and a read replica, keep a copy of the log in a file store of their
 //! own (the mirror, see `Store::open_postgres` and `Store::open_replica`). By default that
@@ -15,6 +15,13 @@
 //! mirror that was closed cleanly is used only if its source still holds that last append at the
 //! same positions, with the same append time and size; otherwise (another database or backup, or
 //! one restored or failed over to a copy that lacks it) it is rebuilt as well.
+
+// A build with neither PostgreSQL nor object storage keeps no copy; the seam still speaks of
+// a copy's last append (`Log::stop`).
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "object-store")),
+    allow(dead_code)
+)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

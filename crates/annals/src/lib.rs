@@ -44,7 +44,6 @@ mod health;
 mod histogram;
 mod index;
 pub mod io;
-#[cfg(any(feature = "postgres", feature = "object-store"))]
 mod kept;
 mod keys;
 mod limits;
@@ -52,7 +51,9 @@ mod log;
 pub mod numbers;
 #[cfg(feature = "object-store")]
 pub mod objects;
+mod open;
 mod options;
+mod parts;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod published;
@@ -63,6 +64,7 @@ mod record;
 mod recovery;
 #[cfg(feature = "object-store")]
 mod replica;
+mod request;
 mod route;
 #[cfg(feature = "schema")]
 pub mod schema;
@@ -73,6 +75,7 @@ mod shared;
 #[cfg(feature = "object-store")]
 mod ship;
 pub mod sim;
+pub mod state;
 mod stats;
 mod store;
 mod subject;
@@ -89,6 +92,7 @@ pub use error::{AppendError, InputError, ReadError, StoreError, ERROR_KINDS};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;
+pub use open::{is_database_url, Location};
 pub use options::{BackupOptions, Durability, Options, Preallocation, ScrubOptions};
 #[cfg(feature = "postgres")]
 #[doc(hidden)]
@@ -96,10 +100,11 @@ pub use postgres::lone_commit_statement;
 pub use query::{AppendCondition, Query, QueryItem, ReadOptions};
 pub use read::ReadIter;
 pub use record::StoredAppend;
+pub use route::Backend;
 pub use store::subjects::Erasure;
 pub use store::{
-    is_database_url, BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport,
-    ReplicaStats, ScrubStats, Stats, Store,
+    BackupStats, DatabaseStats, IndexSource, LiveCheck, MirrorKind, OpenReport, ReplicaStats,
+    ScrubStats, Stats, Store,
 };
 pub use subject::{MasterKey, SubjectOptions, SUBJECT_ERASED_TYPE};
 pub use subscription::Subscription;

@@ -1,24 +1,27 @@
 //! The seam between the store and the place its log is committed: the one interface a backend
-//! implements, and all the store's facade knows of it. Two implement it: segment files (the
-//! writer, `writer/files.rs`) and PostgreSQL (`postgres::Remote`, a committer in front of a
-//! mirror on files). Above the seam, conditions, the index, reads, subscriptions and decisions
-//! are the same code whichever it is: every backend publishes what it commits into the same
-//! shared state (`Shared`), where readers find it. A further place for the log plugs in here,
+//! implements, and all the store's facade knows of it. Three implement it: segment files (the
+//! writer, `writer/files.rs`), PostgreSQL (`postgres::Remote`, a committer in front of a
+//! mirror on files) and a read replica (`replica::Replica`, a backup followed into a copy on
+//! files, which refuses appends). Above the seam, conditions, the index, reads, subscriptions
+//! and decisions are the same code whichever it is: every backend publishes what it commits
+//! into the same shared state (`Shared`), where readers find it. A further place for the log plugs in here,
 //! as another implementation, without touching the writer.
 
 use crossbeam_channel::TrySendError;
 
-use crate::error::StoreError;
+use crate::error::{InputError, StoreError};
+use crate::kept::AppendStamp;
 use crate::options::Durability;
-use crate::stats::DatabaseStats;
-use crate::writer::Request;
+use crate::request::Request;
+use crate::route::Backend;
+use crate::stats::{DatabaseStats, ReplicaStats};
 
 /// Where a store's log is committed.
 // The refused request is handed back whole, by value, as the writer's routes do.
 #[allow(clippy::result_large_err)]
 pub(crate) trait Log: Send + Sync {
-    /// "files" or "postgres".
-    fn name(&self) -> &'static str;
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
 
     /// The class every acknowledged append of this log has.
     fn durability(&self) -> Durability;
@@ -46,4 +49,21 @@ pub(crate) trait Log: Send + Sync {
 
     /// The database's own counters, for a log in a database.
     fn database_stats(&self) -> Option<DatabaseStats>;
+
+    /// Why this store takes no append and no erasure (a read replica: its primary takes
+    /// them); None when it does.
+    fn refusal(&self) -> Option<InputError> {
+        None
+    }
+
+    /// How a read replica follows its backup.
+    fn replica_stats(&self) -> Option<ReplicaStats> {
+        None
+    }
+
+    /// Stops taking appends: the backend's own threads finish what they hold and stop, and
+    /// the queue of the file engine behind it closes (its threads are the store's services,
+    /// stopped next). Answers the last append taken into a copy of the log (a database's
+    /// mirror, a replica's copy), which a kept copy records at its close; None on files.
+    fn stop(self: Box<Self>) -> Option<AppendStamp>;
 }

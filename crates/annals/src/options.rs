@@ -242,12 +242,6 @@ pub struct Options {
     /// the file `synced-length` (unsynced), so a test can cut the segment back to it to emulate
     /// a power loss after killing the process.
     pub record_synced_length: bool,
-    /// On PostgreSQL and on a read replica only: the directory where the store keeps its copy
-    /// of the log (the mirror) across restarts, so that an open after a clean close reads
-    /// only what the database committed (or the backup took in) since. None: a temporary
-    /// directory, filled at every open and removed at close. See `Store::open_postgres` and
-    /// `Store::open_replica`.
-    pub mirror: Option<std::path::PathBuf>,
     /// Free space of the file system holding the log that the store leaves alone, for derived
     /// files, other programs and the operator: a new segment is begun only while the room left
     /// after it stays at least this large, and appends that need one are refused
@@ -288,7 +282,6 @@ impl Default for Options {
             checkpoint_interval_events: 1_000_000,
             checkpoint_on_close: true,
             record_synced_length: false,
-            mirror: None,
             disk_reserve_bytes: None,
             backup: None,
             scrub: Some(ScrubOptions::default()),

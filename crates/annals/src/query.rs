@@ -94,6 +94,48 @@ impl Query {
         Ok(())
     }
 
+    /// The query in one canonical form, as bytes: two queries that match the same events by
+    /// their form alone (items, and each item's types and tags, in any order and repeated)
+    /// have the same bytes, and two that differ in a type, a tag or an item do not. Each
+    /// item's types and tags are sorted and deduplicated, then the items themselves; a query
+    /// that matches every event ([`Query::matches_all`]) is written as one with no items.
+    ///
+    /// Layout (little-endian): item count u32; per item, type count u32 then each type
+    /// (length u32, bytes), tag count u32 then each tag (length u32, bytes).
+    pub fn canonical_bytes(&self) -> Vec<u8> {
+        fn put(out: &mut Vec<u8>, values: &[String]) {
+            let mut sorted: Vec<&str> = values.iter().map(String::as_str).collect();
+            sorted.sort_unstable();
+            sorted.dedup();
+            out.extend_from_slice(&(sorted.len() as u32).to_le_bytes());
+            for value in sorted {
+                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                out.extend_from_slice(value.as_bytes());
+            }
+        }
+        let mut items: Vec<Vec<u8>> = match self.matches_all() {
+            true => Vec::new(),
+            false => self
+                .items
+                .iter()
+                .map(|item| {
+                    let mut out = Vec::new();
+                    put(&mut out, &item.types);
+                    put(&mut out, &item.tags);
+                    out
+                })
+                .collect(),
+        };
+        items.sort_unstable();
+        items.dedup();
+        let mut out = Vec::with_capacity(4 + items.iter().map(Vec::len).sum::<usize>());
+        out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+        for item in items {
+            out.extend_from_slice(&item);
+        }
+        out
+    }
+
     /// Whether an event with this type and these tags matches (the brute-force definition).
     pub fn matches<'a>(
         &self,

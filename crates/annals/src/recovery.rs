@@ -14,11 +14,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::checkpoint;
 use crate::error::StoreError;
 use crate::index::{location, Index, ShardTag, TagHasher, TagShard};
 use crate::io::Io;
+use crate::options::{Durability, Options};
 use crate::record::{self, crc_matches, decode_header, Entries, EntryLayout, Frame, HEADER_BYTES};
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
+use crate::shared::Counters;
+use crate::stats::IndexSource;
 
 /// Tag indexing on helper threads, for a full rebuild: the scanning thread checks records and
 /// indexes types and locations; every shard thread walks the same events and indexes the tags
@@ -644,4 +648,140 @@ pub(crate) fn record_ends_at(segment: &Segment, offset: u64, end: u64, head: u64
         }
         _ => false,
     }
+}
+
+/// What opening found in a data directory: the log's segments (at least one), the index (from
+/// its checkpoint and a scan of what follows it, or rebuilt by a scan of everything), where the
+/// log ends, and what the open report tells of it.
+pub(crate) struct Recovered {
+    pub(crate) segments: Vec<Arc<Segment>>,
+    pub(crate) index: Index,
+    pub(crate) tail: Tail,
+    pub(crate) counters: Counters,
+    pub(crate) index_source: IndexSource,
+    /// A torn tail cut: its file, its offset and why.
+    pub(crate) torn_tail: Option<(PathBuf, u64, String)>,
+}
+
+/// Recovers the log in `dir`, whose lock the caller holds: lists its segments (creating the
+/// first of a new log), loads the index checkpoint when the log holds the record it names,
+/// scans the rest, cuts a torn tail, removes the empty segments past it and syncs what it
+/// found (unless in memory), so that nothing presented as acknowledged sits only in the page
+/// cache. `own_log`: the directory holds the store's own log (not a copy of one that lives
+/// elsewhere), so an empty one without a checkpoint is a new store.
+pub(crate) fn recover(
+    io: &dyn Io,
+    dir: &Path,
+    options: &Options,
+    own_log: bool,
+) -> Result<Recovered, StoreError> {
+    let mut segments = open_segments(io, dir, true)?;
+    let counters = Counters::default();
+    // No log and no checkpoint: a new store (a checkpoint without segments is a lost log).
+    let new = own_log
+        && segments.is_empty()
+        && !io
+            .list(dir)
+            .map_err(|e| StoreError::io("list data directory", dir, 0, e))?
+            .iter()
+            .any(|n| n == checkpoint::FILE_NAME);
+    if segments.is_empty() {
+        let zero_fill = options.preallocation.zero_fill(None);
+        let segment = Segment::create(io, dir, 1, options.segment_bytes, zero_fill)?;
+        counters.record_segment(&segment, zero_fill);
+        segments.push(Arc::new(segment));
+    }
+    let (mut index, start_tail, rebuild_reason) = match load_checkpoint(io, dir, &segments) {
+        Ok((index, tail)) => (index, tail, None),
+        Err(reason) => (Index::default(), Tail::default(), Some(reason)),
+    };
+    // The most a crash can leave unsynced: the backlog, plus one group written at its edge.
+    let tail_window = (options.unsynced_bytes_max
+        + options.group_bytes_max
+        + options.limits.append_bytes_max) as u64
+        + 4096;
+    let scanned = scan(
+        &segments,
+        start_tail,
+        &mut index,
+        true,
+        tail_window,
+        true,
+        &mut |_, _| {},
+    )?;
+    let tail = scanned.tail;
+    // Segments past the tail hold nothing: remove them so the writer creates them afresh.
+    if scanned.empty_after_tail > 0 {
+        for segment in segments.drain(tail.segment + 1..) {
+            io.remove(&segment.path)
+                .map_err(|e| StoreError::io("remove empty segment", &segment.path, 0, e))?;
+        }
+        io.sync_dir(dir)
+            .map_err(|e| StoreError::io("sync directory", dir, 0, e))?;
+    }
+    // What we found may sit only in the page cache (a killed process): make it durable
+    // before we present it as acknowledged.
+    if options.durability != Durability::Memory {
+        for segment in &segments[start_tail.segment.min(tail.segment)..=tail.segment] {
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| StoreError::io("sync segment at open", &segment.path, 0, e))?;
+        }
+    }
+    let index_source = match rebuild_reason {
+        Some(_) if new => IndexSource::New,
+        None => IndexSource::Checkpoint {
+            scanned_events: tail.head - start_tail.head,
+        },
+        Some(reason) => IndexSource::Rebuilt { reason },
+    };
+    Ok(Recovered {
+        segments,
+        index,
+        tail,
+        counters,
+        index_source,
+        torn_tail: scanned
+            .torn
+            .map(|t| (t.path, t.offset, t.reason.to_string())),
+    })
+}
+
+/// Loads the checkpoint if it agrees with the log: the index and the end of the log it covers
+/// (where scanning resumes); or why it cannot be used.
+fn load_checkpoint(
+    io: &dyn Io,
+    dir: &Path,
+    segments: &[Arc<Segment>],
+) -> Result<(Index, Tail), String> {
+    let (index, mark) = checkpoint::read(io, dir).map_err(|r| format!("checkpoint {r}"))?;
+    let first = segments.first().map_or(0, |s| s.number);
+    let position = mark
+        .segment
+        .checked_sub(first)
+        .map(|p| p as usize)
+        .filter(|&p| p < segments.len())
+        .ok_or("checkpoint stale: its segment is gone")?;
+    if mark.head == 0 || index.len() != mark.head {
+        return Err("checkpoint stale: empty or inconsistent".into());
+    }
+    if !record_ends_at(
+        &segments[position],
+        mark.last_record_offset,
+        mark.end_offset,
+        mark.head,
+    ) {
+        return Err("checkpoint stale: the log does not hold its last record".into());
+    }
+    Ok((
+        index,
+        Tail {
+            head: mark.head,
+            segment: position,
+            offset: mark.end_offset,
+            last_record_offset: mark.last_record_offset,
+            records: 0,
+        },
+    ))
 }

@@ -29,11 +29,13 @@ use crate::kept::AppendStamp;
 use crate::log::Log;
 use crate::objects::Objects;
 use crate::options::{BackupOptions, Durability};
-use crate::record::{EncodedAppend, HEADER_BYTES};
+use crate::record::{EncodedAppend, Entries, HEADER_BYTES};
+use crate::request::{Reply, ReplyTo, Request};
+use crate::route::Backend;
 use crate::route::Route;
 use crate::shared::Shared;
 use crate::stats::{DatabaseStats, ReplicaStats};
-use crate::writer::{Reply, ReplyTo, Request, WriterRole};
+use crate::writer::{FileLog, WriterRole};
 
 /// How often a replica asks for new objects when it has caught up.
 const POLL: Duration = Duration::from_millis(200);
@@ -77,17 +79,21 @@ pub(crate) struct Replica {
     state: Arc<ReplicaState>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// The copy's log on files, whose writer takes what the follower reads; its queue closes
+    /// when the replica stops.
+    files: Option<FileLog>,
 }
 
 impl Replica {
-    /// Fills the copy (`role`, over `shared`, which ends with `last`) from the backup, then
-    /// follows it on a thread.
+    /// Fills the copy (written by `files`, over `shared`, which ends with `last`) from the
+    /// backup, then follows it on a thread.
     pub(crate) fn start(
         backup: &BackupOptions,
         shared: Arc<Shared>,
-        role: Arc<WriterRole>,
+        files: FileLog,
         last: AppendStamp,
     ) -> Result<Replica, StoreError> {
+        let role = files.role().clone();
         debug_assert_eq!(
             last.last,
             shared.head(),
@@ -133,6 +139,7 @@ impl Replica {
             state,
             shared,
             thread: Some(thread),
+            files: Some(files),
         })
     }
 
@@ -145,6 +152,7 @@ impl Replica {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        self.files = None;
     }
 
     /// The last append taken into the copy (once stopped, the copy's last).
@@ -197,8 +205,8 @@ impl Drop for Replica {
 }
 
 impl Log for Replica {
-    fn name(&self) -> &'static str {
-        "replica"
+    fn backend(&self) -> Backend {
+        Backend::Replica
     }
 
     /// Everything a replica holds is in object storage.
@@ -253,6 +261,33 @@ impl Log for Replica {
 
     fn database_stats(&self) -> Option<DatabaseStats> {
         None
+    }
+
+    fn refusal(&self) -> Option<InputError> {
+        Some(Replica::refusal(self))
+    }
+
+    fn replica_stats(&self) -> Option<ReplicaStats> {
+        Some(self.stats())
+    }
+
+    /// Stops the follower, then closes the copy writer's queue.
+    fn stop(mut self: Box<Self>) -> Option<AppendStamp> {
+        Replica::stop(&mut self);
+        Some(self.last_append())
+    }
+}
+
+/// Drops the key of every subject whose erasure's receipt `append` carries, as the copy takes
+/// it in: the primary's new key file, which no longer holds the key, may reach the backup
+/// after the receipt, and until it does the replica would still open the subject's events.
+fn take_in_receipts(keys: &crate::keys::KeyStore, append: &EncodedAppend, at_us: u64) {
+    for (_, entry, layout) in Entries::new(append.entries(), append.event_count).trusted() {
+        if !layout.sealed && layout.event_type(entry) == crate::subject::SUBJECT_ERASED_TYPE {
+            for tag in crate::event::Tags::of(entry, &layout) {
+                keys.mark_erased(tag, at_us);
+            }
+        }
     }
 }
 
@@ -614,6 +649,7 @@ impl Follower {
                         header.first_position
                     )));
                 }
+                take_in_receipts(keys, &append, header.appended_at_us);
             }
             expected = header.last_position() + 1;
             last = Some(stamp(header));

@@ -8,16 +8,33 @@
 
 use crate::options::Durability;
 
-/// Where the log is made durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Backend {
+/// Where a store's log lives ([`crate::Store::backend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Segment files in the store's data directory.
     Files,
     /// A PostgreSQL database, in front of a mirror on files.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres,
     /// A backup in object storage that another store writes: a read replica's copy on files.
-    #[cfg_attr(not(feature = "object-store"), allow(dead_code))]
     Replica,
+}
+
+impl Backend {
+    /// Its name in stats, metrics and the command line: "files", "postgres" or "replica".
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Files => "files",
+            Backend::Postgres => "postgres",
+            Backend::Replica => "replica",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// The route an append took into the log (see the module's table).

@@ -27,7 +27,7 @@ const WINDOW: usize = 1 << 20;
 
 /// Damage found in a segment: where, and which position should be there.
 #[derive(Debug, Clone)]
-struct Damage {
+struct SegmentDamage {
     offset: u64,
     position: u64,
     reason: String,
@@ -124,6 +124,16 @@ impl Drop for Scrub {
     }
 }
 
+impl crate::parts::Service for Scrub {
+    fn stop(&mut self) {
+        Scrub::stop(self)
+    }
+
+    fn report(&self, stats: &mut crate::stats::Stats, _synced: u64) {
+        stats.scrub = Some(self.state.stats());
+    }
+}
+
 struct Scrubber {
     shared: Arc<Shared>,
     state: Arc<ScrubState>,
@@ -175,7 +185,7 @@ impl Scrubber {
     }
 
     /// Reports damage, and repairs it from the backup when there is one.
-    fn found(&mut self, segment: &Segment, expected: u64, next_first: u64, damage: Damage) {
+    fn found(&mut self, segment: &Segment, expected: u64, next_first: u64, damage: SegmentDamage) {
         let what = format!(
             "segment {} at offset {} (position {}): {}",
             segment.path.display(),
@@ -225,10 +235,15 @@ impl Scrubber {
 
     /// Checks every record of a sealed segment: positions `first..next_first` without a gap,
     /// each CRC, zeros after the last.
-    fn check(&mut self, segment: &Segment, first: u64, next_first: u64) -> Result<(), Damage> {
+    fn check(
+        &mut self,
+        segment: &Segment,
+        first: u64,
+        next_first: u64,
+    ) -> Result<(), SegmentDamage> {
         let mut offset = SEGMENT_HEADER_BYTES;
         let mut position = first;
-        let damage = |offset, position, reason: &str| Damage {
+        let damage = |offset, position, reason: &str| SegmentDamage {
             offset,
             position,
             reason: reason.to_string(),
@@ -325,7 +340,11 @@ fn first_position(segment: &Segment) -> Option<u64> {
 /// Puts the record of `damage.position` back at `damage.offset` from the backup; answers
 /// the object it came from.
 #[cfg(feature = "object-store")]
-fn repair(backup: &BackupOptions, segment: &Segment, damage: &Damage) -> Result<String, String> {
+fn repair(
+    backup: &BackupOptions,
+    segment: &Segment,
+    damage: &SegmentDamage,
+) -> Result<String, String> {
     use crate::archive::{decode_object, decode_object_header, parse_name, ObjectKind};
     let objects = crate::objects::Objects::open_existing(&backup.url, &backup.settings)?;
     let mut found = None;
@@ -381,7 +400,7 @@ fn repair(backup: &BackupOptions, segment: &Segment, damage: &Damage) -> Result<
 }
 
 #[cfg(not(feature = "object-store"))]
-fn repair(_: &BackupOptions, _: &Segment, _: &Damage) -> Result<String, String> {
+fn repair(_: &BackupOptions, _: &Segment, _: &SegmentDamage) -> Result<String, String> {
     Err("this build has no object storage".into())
 }
 

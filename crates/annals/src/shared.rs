@@ -117,7 +117,7 @@ pub(crate) struct Shared {
     /// to reuse: a journal that appends a batch of tens of KiB after another then writes into
     /// memory that is already mapped, instead of faulting in and zeroing fresh pages.
     pub(crate) spare_bodies: Mutex<SpareBodies>,
-    /// Callers waiting for an append's outcome (see [`crate::writer::Waiting`]).
+    /// Callers waiting for an append's outcome (see [`crate::request::Waiting`]).
     pub(crate) waiting: std::sync::atomic::AtomicUsize,
     /// The data subjects' keys (`Options::subjects`); None without subjects.
     pub(crate) keys: Option<Arc<crate::keys::KeyStore>>,

@@ -34,7 +34,7 @@ pub struct OpenReport {
 /// from at open.
 #[derive(Debug, Clone)]
 pub struct MirrorKind {
-    /// The directory it is kept in (`Options::mirror`); None: a temporary one.
+    /// The directory it is kept in (a `Location`'s `mirror` or `copy`); None: a temporary one.
     pub kept: Option<PathBuf>,
     /// A kept mirror used as it was closed, up to this position.
     pub resumed_at: Option<u64>,

@@ -80,6 +80,14 @@ impl Drop for MasterKey {
     }
 }
 
+/// Whether `tag` begins with one of `prefixes` and has more after it (see
+/// [`SubjectOptions::is_subject`]).
+pub(crate) fn names_subject(prefixes: &[String], tag: &str) -> bool {
+    prefixes
+        .iter()
+        .any(|p| tag.len() > p.len() && tag.starts_with(p.as_str()))
+}
+
 /// Which tags name data subjects, and the master key (see `Options::subjects`).
 #[derive(Debug, Clone)]
 pub struct SubjectOptions {
@@ -105,9 +113,7 @@ impl SubjectOptions {
     /// Whether `tag` names a data subject: it begins with a configured prefix and has more
     /// after it.
     pub fn is_subject(&self, tag: &str) -> bool {
-        self.tag_prefixes
-            .iter()
-            .any(|p| tag.len() > p.len() && tag.starts_with(p.as_str()))
+        names_subject(&self.tag_prefixes, tag)
     }
 
     pub(crate) fn validate(&self) -> Result<(), String> {

@@ -12,6 +12,7 @@ use annals::{
     AppendCondition, AppendError, AppendOptions, NewEvent, Options, Query, ReadOptions, Store,
     StoreError,
 };
+use annals_testkit::eventually;
 use common::api::*;
 use common::harness::{small_options, DIR};
 use common::read_all;
@@ -105,7 +106,7 @@ fn appends_arriving_during_a_sync_are_staged_meanwhile_and_go_as_one_group() {
     // A lone append handed to the writer (a blocking caller alone would commit it on its own
     // thread): the writer syncs it itself, and stops in that sync.
     let first = append_via_writer(&store, &[NewEvent::new("E", b"0".to_vec()).tag("a")]);
-    wait_until("the first sync", || io.syncs_waiting() == 1);
+    eventually("the first sync", WAIT, || io.syncs_waiting() == 1);
     let written = store.stats().bytes_written;
     // Two arrive meanwhile: their callers stage them, nothing is queued or written. They are
     // started one after the other: two callers racing for the writer at the same instant may
@@ -116,7 +117,7 @@ fn appends_arriving_during_a_sync_are_staged_meanwhile_and_go_as_one_group() {
             .map(|n| {
                 let before = store.stats().caller_stages;
                 let handle = append(n);
-                wait_until("a staged append", || {
+                eventually("a staged append", WAIT, || {
                     store.stats().caller_stages == before + 1
                 });
                 handle
@@ -137,7 +138,7 @@ fn appends_arriving_during_a_sync_are_staged_meanwhile_and_go_as_one_group() {
     );
     io.let_syncs_through(1);
     assert_eq!(first.recv().unwrap().unwrap(), 1);
-    wait_until("the pair's sync", || io.syncs_waiting() == 1);
+    eventually("the pair's sync", WAIT, || io.syncs_waiting() == 1);
     let stats = store.stats();
     assert_eq!(stats.groups, 2, "the pair went as one group");
     assert!(
@@ -188,7 +189,7 @@ fn a_caller_staging_during_a_sync_stages_what_was_queued_before_it() {
     let (io, store) = store_on_held_disk(7);
     io.hold_syncs();
     let first = append_via_writer(&store, &[NewEvent::new("E", b"0".to_vec()).tag("a")]);
-    wait_until("the first sync", || io.syncs_waiting() == 1);
+    eventually("the first sync", WAIT, || io.syncs_waiting() == 1);
     let large: Vec<NewEvent> = (0..64)
         .map(|n| NewEvent::new("L", format!("{n}").into_bytes()).tag("b"))
         .collect();
@@ -225,7 +226,7 @@ fn appends_staged_during_a_failing_sync_are_refused_with_it() {
     let (io, store) = store_on_held_disk(8);
     io.hold_syncs();
     let first = append_via_writer(&store, &[NewEvent::new("E", b"0".to_vec()).tag("a")]);
-    wait_until("the first sync", || io.syncs_waiting() == 1);
+    eventually("the first sync", WAIT, || io.syncs_waiting() == 1);
     let staged: Vec<_> = (0..2)
         .map(|_| append_via_writer(&store, &[NewEvent::new("S", b"x".to_vec()).tag("b")]))
         .collect();
@@ -278,11 +279,13 @@ fn a_large_append_arriving_during_a_sync_is_staged_at_once() {
     };
     io.hold_syncs();
     let first = append_large("a");
-    wait_until("the first sync", || io.syncs_waiting() == 1);
+    eventually("the first sync", WAIT, || io.syncs_waiting() == 1);
     assert_eq!(store.stats().groups, 1);
     let written = store.stats().bytes_written;
     let second = append_large("b");
-    wait_until("the second append staged", || store.stats().groups == 2);
+    eventually("the second append staged", WAIT, || {
+        store.stats().groups == 2
+    });
     assert!(
         store.stats().bytes_written > written,
         "written while the first sync runs"
@@ -323,13 +326,15 @@ fn a_lone_blocking_caller_commits_on_its_own_thread() {
     };
     io.hold_syncs();
     let lone = append(1);
-    wait_until("the lone caller's sync", || io.syncs_waiting() == 1);
+    eventually("the lone caller's sync", WAIT, || io.syncs_waiting() == 1);
     let syncing = io.threads_in_sync();
     assert_eq!(syncing.len(), 1);
     assert_eq!(store.stats().caller_commits, 1);
     // Another caller while that sync runs: queued, taken by the writer, held for the sync.
     let second = append(2);
-    wait_until("the second caller waiting", || store.stats().waiting == 2);
+    eventually("the second caller waiting", WAIT, || {
+        store.stats().waiting == 2
+    });
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(
         store.stats().head,
@@ -358,7 +363,7 @@ fn a_lone_blocking_caller_commits_on_its_own_thread() {
     // Idle again: the next blocking append commits on its caller's thread. (The writer thread
     // answers the second caller while it still holds the writer role, and lets go of it just
     // after; a caller arriving in between is queued, so give it that moment.)
-    wait_until("no caller waiting", || store.stats().waiting == 0);
+    eventually("no caller waiting", WAIT, || store.stats().waiting == 0);
     std::thread::sleep(Duration::from_millis(50));
     store.append(&[event()], None).unwrap();
     assert_eq!(store.stats().caller_commits, 2);
@@ -437,7 +442,7 @@ fn an_async_caller_behind_another_goes_to_the_writer() {
         let store = store.clone();
         std::thread::spawn(move || store.append(&[event()], None).unwrap())
     };
-    wait_until("the lone caller's sync", || io.syncs_waiting() == 1);
+    eventually("the lone caller's sync", WAIT, || io.syncs_waiting() == 1);
     assert_eq!(store.stats().caller_commits, 1);
     let behind = {
         let store = store.clone();
@@ -450,7 +455,9 @@ fn an_async_caller_behind_another_goes_to_the_writer() {
                 .unwrap()
         })
     };
-    wait_until("the async caller waiting", || store.stats().waiting == 2);
+    eventually("the async caller waiting", WAIT, || {
+        store.stats().waiting == 2
+    });
     assert_eq!(
         store.stats().head,
         0,

@@ -10,6 +10,7 @@ use annals::sim::SimIo;
 use annals::{
     Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store, StoreError,
 };
+use annals_testkit::eventually;
 use common::api::*;
 use common::harness::{small_options, DIR};
 use common::read_all;
@@ -245,16 +246,19 @@ fn failed_background_checkpoints_are_counted() {
         ..Options::default()
     };
     let store = Store::open(dir.path(), options()).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut appended = 0;
-    while store.stats().checkpoints_failed == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no failed checkpoint counted"
-        );
-        store.append(&[event()], None).unwrap();
-        appended += 1;
-    }
+    eventually(
+        "a failed checkpoint to be counted",
+        Duration::from_secs(30),
+        || {
+            if store.stats().checkpoints_failed > 0 {
+                return true;
+            }
+            store.append(&[event()], None).unwrap();
+            appended += 1;
+            false
+        },
+    );
     assert_eq!(store.head(), appended);
     drop(store);
     std::fs::remove_dir(dir.path().join("index.checkpoint.tmp")).unwrap();

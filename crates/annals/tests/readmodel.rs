@@ -11,6 +11,7 @@ use annals::readmodel::{
     self, Folded, Reactor, ReactorRunner, ReadModel, ReadModelError, ReadModelRunner, RunnerOptions,
 };
 use annals::{Event, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store};
+use annals_testkit::eventually;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -240,10 +241,9 @@ fn rebuild_on_request_and_names() {
     let runner = ReadModelRunner::start(&store, seats_model("seats"), frequent()).unwrap();
     assert!(runner.wait_for(500, WAIT));
     runner.rebuild();
-    let deadline = std::time::Instant::now() + WAIT;
-    while runner.status().rebuilds == 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    eventually("the rebuild to begin", WAIT, || {
+        runner.status().rebuilds > 0
+    });
     assert!(runner.wait_for(500, WAIT));
     let status = runner.status();
     assert_eq!(status.rebuilds, 1);
@@ -445,11 +445,9 @@ fn a_checkpoint_without_room_is_counted_and_retried() {
         runner.read(|m| m.state().clone()),
         seats_from_scratch(&store)
     );
-    let deadline = std::time::Instant::now() + WAIT;
-    while runner.status().failures == 0 {
-        assert!(std::time::Instant::now() < deadline, "no checkpoint failed");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually("a checkpoint to fail", WAIT, || {
+        runner.status().failures > 0
+    });
     let status = runner.status();
     assert!(status.checkpoint_position < store.head());
     assert!(status.error.unwrap().contains("No space left"));
@@ -457,13 +455,14 @@ fn a_checkpoint_without_room_is_counted_and_retried() {
     // Room again: the checkpoint is written, and the error is gone.
     io.set_capacity(None);
     let position = enrol(&store, 1, 999);
-    while runner.status().checkpoint_position < position {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the checkpoint was never written"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually("the checkpoint to be written", WAIT, || {
+        let status = runner.status();
+        if status.checkpoint_position >= position {
+            Ok(())
+        } else {
+            Err(Box::new(status))
+        }
+    });
     assert!(runner.status().error.is_none());
 }
 
@@ -480,14 +479,6 @@ fn addresses_model(name: &str, query: Query) -> Folded<Addresses, fn(&mut Addres
         Addresses::new(),
         note_address as fn(&mut Addresses, &Event),
     )
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + WAIT;
-    while !done() {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Goal: an embedded read model keeps no state derived from an erased data subject's data,
@@ -529,7 +520,7 @@ fn a_model_that_saw_an_erased_subject_is_rebuilt_without_its_data() {
     );
 
     store.erase_subject("customer:1").unwrap();
-    eventually("the model that saw customer:1 is rebuilt", || {
+    eventually("the model that saw customer:1 is rebuilt", WAIT, || {
         everyone.status().rebuilds == 1 && everyone.wait_for(2, Duration::ZERO)
     });
     assert_eq!(
@@ -554,9 +545,11 @@ fn a_model_that_saw_an_erased_subject_is_rebuilt_without_its_data() {
     // Erased while the model is stopped: its checkpoint holds customer:2's address.
     store.erase_subject("customer:2").unwrap();
     let everyone = ReadModelRunner::start(&store, addresses_model("all", all), frequent()).unwrap();
-    eventually("the model resumed from its checkpoint is rebuilt", || {
-        everyone.status().rebuilds == 1 && everyone.wait_for(store.head(), Duration::ZERO)
-    });
+    eventually(
+        "the model resumed from its checkpoint is rebuilt",
+        WAIT,
+        || everyone.status().rebuilds == 1 && everyone.wait_for(store.head(), Duration::ZERO),
+    );
     assert_eq!(everyone.read(|m| m.state().clone()), ["", ""]);
     everyone.stop();
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use annals::sim::SimIo;
 use annals::{Durability, Limits, NewEvent, Options, Preallocation, Query, ReadOptions, Store};
+use annals_testkit::eventually;
 use common::api::*;
 use common::harness::{small_options, DIR};
 use common::read_all;
@@ -39,14 +40,11 @@ fn a_roll_prepares_the_next_segment_at_once() {
         append_numbered(&store, i..i + 1, |_| "t".into());
         i += 1;
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while segments() < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "segment 3 was not prepared after the roll into segment 2"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    eventually(
+        "segment 3 to be prepared after the roll into segment 2",
+        Duration::from_secs(10),
+        || segments() >= 3,
+    );
     assert_eq!(store.stats().segments, 2, "still writing segment 2");
 }
 

@@ -176,7 +176,7 @@ pub(crate) fn key_tags(bytes: &[u8]) -> Result<KeyTags, String> {
 }
 
 /// A key file read back.
-pub(super) struct Loaded {
+pub(super) struct KeyFile {
     /// How many of its bytes are valid (a torn record at the end is not).
     pub valid: usize,
     pub epoch: u64,
@@ -193,7 +193,7 @@ pub(super) fn load(
     bytes: &[u8],
     master: &MasterKey,
     keys: &mut KeyMap,
-) -> Result<Loaded, StoreError> {
+) -> Result<KeyFile, StoreError> {
     let header = parse_header(bytes).map_err(|e| subjects_error(path, e))?;
     if !master_matches(master, header.check) {
         return Err(subjects_error(
@@ -242,7 +242,7 @@ pub(super) fn load(
         }
         valid = record.end;
     }
-    Ok(Loaded {
+    Ok(KeyFile {
         valid,
         epoch: header.epoch,
         wrap,

@@ -232,9 +232,17 @@ impl KeyStore {
         debug_assert!(p.following, "a replica's keys are its primary's");
         let mut held = self.keys.write();
         for (tag, slot) in held.drain() {
-            // An erased subject's key is never kept: the file records the erasure.
-            if let (Slot::Live(live), false) = (slot, keys.contains_key(&tag)) {
-                keys.insert(tag, Slot::Live(live));
+            match slot {
+                // A key the file does not hold yet (learned from the log since).
+                Slot::Live(live) if !keys.contains_key(&tag) => {
+                    keys.insert(tag, Slot::Live(live));
+                }
+                // An erasure is for good: a receipt taken in before the primary's new key
+                // file reached the backup outranks the older file's key.
+                Slot::Erased(at) => {
+                    keys.insert(tag, Slot::Erased(at));
+                }
+                Slot::Live(_) => {}
             }
         }
         *held = keys;

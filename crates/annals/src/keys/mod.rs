@@ -176,7 +176,7 @@ impl KeyStore {
                     .map_err(|e| subjects_error(&path, e))?;
                 write_file_durably(io.as_ref(), dir, KEYS_FILE, &head)
                     .map_err(|e| io_error(&path, "create", e))?;
-                file::Loaded {
+                file::KeyFile {
                     valid: head.len(),
                     epoch: 0,
                     wrap: Some(wrap),
@@ -223,7 +223,7 @@ impl KeyStore {
         options: SubjectOptions,
         keys: KeyMap,
         file: Option<Arc<dyn IoFile>>,
-        loaded: file::Loaded,
+        loaded: file::KeyFile,
         following: bool,
     ) -> KeyStore {
         let len = loaded.valid as u64;

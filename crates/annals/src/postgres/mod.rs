@@ -57,9 +57,11 @@ use crate::log::Log;
 use crate::options::Durability;
 use crate::query::Query;
 use crate::record::{EncodedAppend, Entries};
+use crate::request::{Reply, ReplyTo, Request};
+use crate::route::Backend;
 use crate::route::Route;
 use crate::shared::Shared;
-use crate::writer::{checked, now_us, Reply, ReplyTo, Request, WriterRole};
+use crate::writer::{checked, now_us, FileLog, WriterRole};
 use connect::Target;
 
 mod committer;
@@ -192,18 +194,22 @@ pub(crate) struct Remote {
     listener: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     pub(crate) counters: Arc<RemoteCounters>,
+    /// The mirror's log on files, whose writer takes what the database committed; its queue
+    /// closes when the remote stops.
+    files: Option<FileLog>,
 }
 
 impl Remote {
     /// Connects, creates or checks the schema, takes the database's log into the store's
-    /// mirror (`inner`: empty, or a kept mirror whose last append, `last_append`, the
-    /// database holds) and starts the committer and the listener.
+    /// mirror (`inner`, written by `files`: empty, or a kept mirror whose last append,
+    /// `last_append`, the database holds) and starts the committer and the listener.
     pub(crate) fn start(
         url: &str,
         inner: Arc<Shared>,
-        role: Arc<WriterRole>,
+        files: FileLog,
         last_append: AppendStamp,
     ) -> Result<Remote, StoreError> {
+        let role = files.role().clone();
         debug_assert_eq!(
             last_append.last,
             inner.head(),
@@ -270,6 +276,7 @@ impl Remote {
             listener: Some(listener),
             stop,
             counters,
+            files: Some(files),
         })
     }
 
@@ -348,12 +355,13 @@ impl Remote {
         if let Some(handle) = self.listener.take() {
             let _ = handle.join();
         }
+        self.files = None;
     }
 }
 
 impl Log for Remote {
-    fn name(&self) -> &'static str {
-        "postgres"
+    fn backend(&self) -> Backend {
+        Backend::Postgres
     }
 
     fn durability(&self) -> Durability {
@@ -388,6 +396,12 @@ impl Log for Remote {
 
     fn database_stats(&self) -> Option<crate::stats::DatabaseStats> {
         Some(self.stats())
+    }
+
+    /// Stops the committer and the listener, then closes the mirror writer's queue.
+    fn stop(mut self: Box<Self>) -> Option<AppendStamp> {
+        Remote::stop(&mut self);
+        Some(self.last_append())
     }
 }
 

@@ -5,9 +5,10 @@
 //!
 //! - A [`ReadModel`] folds events into state held in memory. Its runner saves the state and the
 //!   position it reflects together in one checkpoint file (written aside, synced, renamed), so a
-//!   restart resumes exactly where the last checkpoint stopped and folds the rest again. A
-//!   checkpoint that does not fit any more (another model version, another query, or a log
-//!   that no longer holds the event it was taken at) is discarded and the model rebuilt.
+//!   restart resumes exactly where the last checkpoint stopped and folds the rest again. The
+//!   checkpoint is a saved state ([`crate::state`]): one that does not fit any more (another
+//!   model version, another query, a log that no longer holds the event it was taken at, or
+//!   a data subject it saw erased since) is discarded and the model rebuilt.
 //! - A [`Reactor`] turns events into new events appended to the store (an effect). Its
 //!   checkpoint is the store's tracking position for its name, written in the same record as
 //!   the effects, so a crash can neither lose an effect nor write one twice.
@@ -37,18 +38,19 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::append::{AppendOptions, Tracking};
-use crate::companions::{Companions, InDirectory};
+use crate::companions::InDirectory;
 use crate::error::{AppendError, ReadError, StoreError};
 use crate::event::{Event, NewEvent};
 use crate::options::Durability;
 use crate::query::{Query, QueryItem, ReadOptions};
+use crate::state::{now_us, StateId, Subjects};
 use crate::store::Store;
 use crate::subscription::Subscription;
 
@@ -274,6 +276,9 @@ pub struct ReadModelStatus {
     pub checkpoints: u64,
     /// Effects appended since it started (reactors only).
     pub effects_appended: u64,
+    /// Times the model was folded again from the first event since the runner started: asked
+    /// for, or because a data subject it saw was erased (a checkpoint refused at the start for
+    /// an erasure counts as one).
     pub rebuilds: u64,
     /// Where the runner started: after this position.
     pub resumed_from: u64,
@@ -285,27 +290,6 @@ pub struct ReadModelStatus {
     /// Steps that failed and were retried: a checkpoint that could not be written (a full
     /// disk, say) or an effect not appended. They never stop the store's appends.
     pub failures: u64,
-}
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// When the event at `position` (any type) was appended; 0 for position 0 or beyond the head.
-fn appended_at(store: &Store, position: u64) -> Result<u64, ReadError> {
-    if position == 0 {
-        return Ok(0);
-    }
-    let mut events = store.read(
-        &Query::all(),
-        ReadOptions::forwards().from(position).limit(1),
-    )?;
-    match events.next().transpose()? {
-        Some(event) if event.position() == position => Ok(event.appended_at_us()),
-        _ => Ok(0),
-    }
 }
 
 /// What the generic runner loop drives: a read model or a reactor.
@@ -430,6 +414,9 @@ impl Erasures {
 struct Start {
     after: u64,
     rebuilt_because: Option<String>,
+    /// The checkpoint was refused because a data subject it saw was erased since: a rebuild
+    /// the erasure caused, counted as one.
+    after_erasure: bool,
 }
 
 struct RunnerState {
@@ -480,7 +467,7 @@ impl Runner {
                 events_applied: 0,
                 checkpoints: 0,
                 effects_appended: 0,
-                rebuilds: 0,
+                rebuilds: u64::from(start.after_erasure),
                 resumed_from: start.after,
                 rebuilt_because: start.rebuilt_because,
                 error: None,

@@ -2,6 +2,7 @@
 //! [`ReactorRunner`] appends a reactor's effects with its tracking position.
 
 use super::*;
+use crate::state::{self, Damage, Loaded, SavedState, Unfit};
 
 /// Runs a [`ReadModel`]; readers take its lock briefly through [`ReadModelRunner::read`].
 pub struct ReadModelRunner<M: ReadModel> {
@@ -12,9 +13,10 @@ pub struct ReadModelRunner<M: ReadModel> {
 pub(super) struct StateDriver<M: ReadModel> {
     pub(super) model: Arc<Mutex<M>>,
     pub(super) checkpoints: Checkpoints,
-    pub(super) name: String,
-    pub(super) version: u32,
-    pub(super) query_hash: u32,
+    /// The model's name, version and query, and their key.
+    pub(super) id: StateId,
+    /// The data subjects whose events the state holds.
+    pub(super) subjects: Subjects,
     pub(super) position: u64,
     pub(super) saved: u64,
     pub(super) folded_since_save: u64,
@@ -25,61 +27,59 @@ pub(super) struct StateDriver<M: ReadModel> {
     pub(super) scratch: Vec<u8>,
 }
 
+/// Why a checkpoint refused by [`crate::state`] does not fit, as a runner reports it.
+fn unfit_reason(unfit: &Unfit) -> String {
+    match unfit {
+        Unfit::SubjectErased { subject, .. } => {
+            format!("the data subject {subject}, whose events it folded, was erased")
+        }
+        other => format!("the checkpoint {other}"),
+    }
+}
+
 impl<M: ReadModel> Driver for StateDriver<M> {
     fn start(&mut self, store: &Store, rebuild: bool) -> Result<Start, ReadModelError> {
         let mut model = self.model.lock();
+        let mut after_erasure = false;
         let reason = if rebuild {
-            Some("a rebuild was asked for".to_owned())
+            "a rebuild was asked for".to_owned()
         } else {
-            match self.checkpoints.load(&self.name) {
-                Ok(None) => Some("no checkpoint".to_owned()),
-                Err(ReadModelError::Damaged { reason, .. }) => {
-                    Some(format!("the checkpoint is damaged ({reason})"))
+            match self.checkpoints.load(store, &self.id)? {
+                Loaded::Missing => "no checkpoint".to_owned(),
+                Loaded::Older(_) => unfit_reason(&Unfit::Damaged(Damage::NotAState)),
+                Loaded::Unfit(unfit) => {
+                    after_erasure = matches!(unfit, Unfit::SubjectErased { .. });
+                    unfit_reason(&unfit)
                 }
-                Err(e) => return Err(e),
-                Ok(Some(saved)) => {
-                    if saved.model_version != self.version {
-                        Some(format!(
-                            "the checkpoint is of model version {}, this is {}",
-                            saved.model_version, self.version
-                        ))
-                    } else if saved.query_hash != self.query_hash {
-                        Some("the checkpoint is of another query".to_owned())
-                    } else if saved.position > store.head() {
-                        Some(format!(
-                            "the checkpoint is at {} beyond the store's head {}",
-                            saved.position,
-                            store.head()
-                        ))
-                    } else if appended_at(store, saved.position)? != saved.position_appended_at_us {
-                        Some("the log no longer holds the event the checkpoint was taken at".into())
-                    } else {
-                        match model.load(&saved.state) {
-                            Ok(()) => {
-                                self.position = saved.position;
-                                self.saved = saved.position;
-                                self.folded_since_save = 0;
-                                self.last_save = Instant::now();
-                                return Ok(Start {
-                                    after: saved.position,
-                                    rebuilt_because: None,
-                                });
-                            }
-                            Err(e) => Some(format!("the checkpoint's state does not load ({e})")),
-                        }
+                Loaded::Fit(saved) => match model.load(&saved.state) {
+                    Ok(()) => {
+                        self.subjects.clear();
+                        self.subjects.extend(saved.subjects);
+                        self.position = saved.position;
+                        self.saved = saved.position;
+                        self.folded_since_save = 0;
+                        self.last_save = Instant::now();
+                        return Ok(Start {
+                            after: saved.position,
+                            rebuilt_because: None,
+                            after_erasure: false,
+                        });
                     }
-                }
+                    Err(e) => format!("the checkpoint's state does not load ({e})"),
+                },
             }
         };
         model.reset();
-        self.checkpoints.remove(&self.name)?;
+        self.subjects.clear();
+        self.checkpoints.remove(self.id.name())?;
         self.position = 0;
         self.saved = 0;
         self.folded_since_save = 0;
         self.last_save = Instant::now();
         Ok(Start {
             after: 0,
-            rebuilt_because: reason,
+            rebuilt_because: Some(reason),
+            after_erasure,
         })
     }
 
@@ -92,6 +92,7 @@ impl<M: ReadModel> Driver for StateDriver<M> {
         let mut model = self.model.lock();
         for event in events {
             model.apply(event);
+            self.subjects.see(event);
         }
         self.folded_since_save += events.len() as u64;
         self.position = position;
@@ -110,22 +111,22 @@ impl<M: ReadModel> Driver for StateDriver<M> {
         if !due || (self.durable_checkpoints && store.synced() < self.position) {
             return Ok(());
         }
-        let position_appended_at_us = appended_at(store, self.position)?;
+        let appended_at_us = state::appended_at(store, self.position)?.unwrap_or(0);
         self.scratch.clear();
         let position = {
             let model = self.model.lock();
             model.save(&mut self.scratch);
             self.position
         };
-        let saved = SavedCheckpoint {
-            name: self.name.clone(),
-            model_version: self.version,
-            query_hash: self.query_hash,
+        let saved = SavedState {
+            name: self.id.name().to_owned(),
+            version: self.id.version(),
+            key: self.id.key(),
             position,
-            position_appended_at_us,
+            appended_at_us,
             saved_at_us: now_us(),
+            subjects: self.subjects.to_vec(),
             state: std::mem::take(&mut self.scratch),
-            state_bytes: 0,
         };
         let written = self.checkpoints.save(&saved);
         self.scratch = saved.state;
@@ -167,13 +168,10 @@ impl<M: ReadModel> ReadModelRunner<M> {
         validate_name(&name)?;
         let query = model.query();
         let driver = StateDriver {
-            name: name.clone(),
-            version: model.version(),
-            query_hash: query_hash(&query),
+            id: StateId::new(name.clone(), model.version(), query.clone()),
+            subjects: Subjects::of(store),
             model: Arc::new(Mutex::new(model)),
-            checkpoints: Checkpoints {
-                companions: store.companions(),
-            },
+            checkpoints: Checkpoints::of_store(store),
             position: 0,
             saved: 0,
             folded_since_save: 0,
@@ -282,6 +280,7 @@ impl<R: Reactor> Driver for EffectDriver<R> {
         Ok(Start {
             after: self.recorded,
             rebuilt_because: (self.recorded == 0).then(|| "no tracking position yet".into()),
+            after_erasure: false,
         })
     }
 

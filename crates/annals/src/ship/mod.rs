@@ -126,6 +126,41 @@ impl Drop for Backup {
     }
 }
 
+impl crate::parts::Service for Backup {
+    fn stop(&mut self) {
+        self.finish();
+    }
+
+    fn report(&self, stats: &mut crate::stats::Stats, synced: u64) {
+        stats.backup = Some(self.state.stats(synced));
+    }
+
+    fn shipping(&self) -> Option<Arc<dyn crate::parts::Shipping>> {
+        Some(self.state.clone())
+    }
+}
+
+impl crate::parts::Shipping for BackupState {
+    fn when_shipped(&self, position: u64, reply: crate::request::Reply) {
+        BackupState::when_shipped(self, position, reply)
+    }
+
+    fn standing_by(&self) -> bool {
+        BackupState::standing_by(self)
+    }
+
+    fn keys_shipped(&self, table: bool) -> u64 {
+        match table {
+            true => self.keys_generation(),
+            false => self.keys_epoch(),
+        }
+    }
+
+    fn nudge(&self) {
+        BackupState::nudge(self)
+    }
+}
+
 /// What a start finds in the prefix.
 #[derive(Default)]
 struct Found {

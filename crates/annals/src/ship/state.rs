@@ -8,8 +8,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{AppendError, StoreError};
 use crate::options::BackupOptions;
+use crate::request::Reply;
 use crate::stats::BackupStats;
-use crate::writer::Reply;
 
 /// A D4 append waiting for its position to be shipped.
 struct OffMachineWaiter {

@@ -23,31 +23,6 @@ pub struct Erasure {
     pub in_backup: Option<bool>,
 }
 
-/// A replica of a primary with data subjects starts from the primary's key file in its copy
-/// directory (under the same master key; `replica.rs` follows it as it changes).
-#[cfg(feature = "object-store")]
-pub(super) fn replica_keys(
-    backup: &crate::options::BackupOptions,
-    options: &Options,
-    dir: &Path,
-) -> Result<(), StoreError> {
-    let objects = crate::objects::Objects::open_existing(&backup.url, &backup.settings)
-        .map_err(StoreError::Backup)?;
-    let keys = crate::archive::read_keys(&objects).map_err(StoreError::Backup)?;
-    match (&options.subjects, keys) {
-        (None, Some(_)) => Err(StoreError::Subjects(format!(
-            "{} holds data subjects' keys: give the replica the primary's subject tags and \
-             master key",
-            backup.url
-        ))),
-        (Some(_), Some(bytes)) => {
-            crate::io::write_file_durably(&RealIo, dir, crate::keys::KEYS_FILE, &bytes)
-                .map_err(|e| StoreError::io("write the key file", dir, 0, e))
-        }
-        _ => Ok(()),
-    }
-}
-
 /// Refuses an opening whose subject tag prefixes leave out subjects the store holds keys or
 /// erasures for. The keys are the store's memory of the prefixes it sealed events under and
 /// of the subjects it erased (they travel with the log into backups, replicas, copies and
@@ -97,7 +72,7 @@ fn now_us() -> u64 {
 impl Store {
     /// The subjects' keys of the store in `dir`, with the options' master key; refuses a
     /// store whose events are sealed when no master key is given.
-    pub(super) fn open_keys(
+    pub(crate) fn open_keys(
         io: &Arc<dyn Io>,
         dir: &Path,
         options: &Options,
@@ -178,9 +153,8 @@ impl Store {
     /// either way.
     pub fn erase_subject(&self, tag: &str) -> Result<Erasure, AppendError> {
         let keys = self.shared.keys.as_ref().ok_or(InputError::NoSubjects)?;
-        #[cfg(feature = "object-store")]
-        if let Some((replica, _)) = &self.replica {
-            return Err(replica.refusal().into());
+        if let Some(refusal) = self.log().and_then(|log| log.refusal()) {
+            return Err(refusal.into());
         }
         if !keys.options().is_subject(tag) {
             return Err(InputError::NotASubject {
@@ -239,7 +213,7 @@ impl Store {
         }
         let image = crate::keys::KeyStore::from_key_file(keys.options().clone(), key_file)?;
         let head = self.refresh()?;
-        self.grants_into(&image, head)?;
+        grants_into(&self.shared, &image, head)?;
         keys.import(&image)
     }
 
@@ -264,27 +238,19 @@ impl Store {
     /// without a backup. A server standing by does not wait: the server that ships replaces
     /// the backup's keys once it takes the receipt in.
     fn erasure_in_backup(&self, epoch: u64, table: bool) -> Option<bool> {
-        #[cfg(feature = "object-store")]
-        if let Some(backup) = self.backup_state() {
-            if backup.standing_by() {
+        let backup = self.shipping()?;
+        if backup.standing_by() {
+            return Some(false);
+        }
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while backup.keys_shipped(table) < epoch {
+            if Instant::now() > deadline {
                 return Some(false);
             }
-            let deadline = Instant::now() + std::time::Duration::from_secs(10);
-            let shipped = || match table {
-                true => backup.keys_generation(),
-                false => backup.keys_epoch(),
-            };
-            while shipped() < epoch {
-                if Instant::now() > deadline {
-                    return Some(false);
-                }
-                backup.nudge();
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            return Some(true);
+            backup.nudge();
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let _ = (epoch, table);
-        None
+        Some(true)
     }
 
     /// The receipt of `tag`'s erasure: the one in the log, or one appended now.
@@ -347,57 +313,9 @@ impl Store {
         }
     }
 
-    /// Takes in the keys that the log's appends after the key file's covered position carry
-    /// (on files: those that reached the log and not yet the key file), and writes a key file
-    /// made before grants anew with a wrapping key.
-    pub(super) fn take_in_grants(&self) -> Result<(), StoreError> {
-        let Some(keys) = &self.shared.keys else {
-            return Ok(());
-        };
-        if keys.in_table() {
-            return Ok(());
-        }
-        let head = self.head();
-        let taken = self.grants_into(keys, head)?;
-        if taken > 0 {
-            tracing::info!(keys = taken, "subjects: keys taken in from the log");
-        }
-        // The keys only the log carries (made within a second or so of a crash), checked
-        // before the key file is written; the key file's own were checked before the log was
-        // opened, so that such a refusal writes nothing (this one may have cut a torn tail).
-        refuse_uncovered(keys)?;
-        if self.shared.policy.backend == Backend::Files {
-            keys.upgrade(head)?;
-        }
-        Ok(())
-    }
-
-    /// Takes into `keys` the keys this store's log carries as grants after the position
-    /// through which `keys`' file holds them, up to `head`; answers how many were new.
-    fn grants_into(&self, keys: &crate::keys::KeyStore, head: u64) -> Result<usize, StoreError> {
-        let Some(from) = keys.covered().filter(|&c| c < head) else {
-            return Ok(0);
-        };
-        let mut taken = 0;
-        for append in self.appends(from).map_err(store_error)? {
-            let append = append.map_err(store_error)?;
-            match keys.take_in(append.body(), append.event_count())? {
-                crate::keys::TakenIn::Keys(n) => taken += n,
-                crate::keys::TakenIn::NewerWrap(id) => {
-                    return Err(StoreError::Subjects(format!(
-                        "the log at {} carries a key under wrapping key {id}, newer than the \
-                         key file's: the key file is older than the log",
-                        append.first_position()
-                    )))
-                }
-            }
-        }
-        Ok(taken)
-    }
-
     /// Appends the receipt of every erasure a crash cut short (key deleted, no receipt yet):
     /// after an open, a subject's receipt is in the log exactly when its key is gone.
-    pub(super) fn settle_erasures(&self) -> Result<(), StoreError> {
+    pub(crate) fn settle_erasures(&self) -> Result<(), StoreError> {
         let Some(keys) = &self.shared.keys else {
             return Ok(());
         };
@@ -431,6 +349,64 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Takes in the keys that the log's appends after the key file's covered position carry (on
+/// files: those that reached the log and not yet the key file), and writes a key file made
+/// before grants anew with a wrapping key. Run at open, before the backend takes anything in.
+pub(crate) fn take_in_grants(shared: &Arc<Shared>) -> Result<(), StoreError> {
+    let Some(keys) = &shared.keys else {
+        return Ok(());
+    };
+    if keys.in_table() {
+        return Ok(());
+    }
+    let head = shared.head();
+    let taken = grants_into(shared, keys, head)?;
+    if taken > 0 {
+        tracing::info!(keys = taken, "subjects: keys taken in from the log");
+    }
+    // The keys only the log carries (made within a second or so of a crash), checked
+    // before the key file is written; the key file's own were checked before the log was
+    // opened, so that such a refusal writes nothing (this one may have cut a torn tail).
+    refuse_uncovered(keys)?;
+    if shared.policy.backend == Backend::Files {
+        keys.upgrade(head)?;
+    }
+    Ok(())
+}
+
+/// Takes into `keys` the keys the log of `shared` carries as grants after the position
+/// through which `keys`' file holds them, up to `head`; answers how many were new.
+fn grants_into(
+    shared: &Arc<Shared>,
+    keys: &crate::keys::KeyStore,
+    head: u64,
+) -> Result<usize, StoreError> {
+    let Some(from) = keys.covered().filter(|&c| c < head) else {
+        return Ok(0);
+    };
+    let mut taken = 0;
+    let mut appends = ReadIter::new(
+        shared.clone(),
+        &Query::all(),
+        ReadOptions::forwards().from(from + 1),
+        head,
+    )
+    .map_err(store_error)?;
+    while let Some(append) = appends.next_record()? {
+        match keys.take_in(append.body(), append.event_count())? {
+            crate::keys::TakenIn::Keys(n) => taken += n,
+            crate::keys::TakenIn::NewerWrap(id) => {
+                return Err(StoreError::Subjects(format!(
+                    "the log at {} carries a key under wrapping key {id}, newer than the key \
+                     file's: the key file is older than the log",
+                    append.first_position()
+                )))
+            }
+        }
+    }
+    Ok(taken)
 }
 
 #[cfg(test)]

@@ -143,9 +143,8 @@ impl Store {
     ) -> Result<(), AppendError> {
         let log = self.log().ok_or(StoreError::Closed)?;
         // A replica refuses before sealing: it makes no keys.
-        #[cfg(feature = "object-store")]
-        if let (Some((replica, _)), Some(_)) = (&self.replica, &self.shared.keys) {
-            return Err(replica.refusal().into());
+        if let Some(refusal) = log.refusal() {
+            return Err(refusal.into());
         }
         if let Some(reason) = self.shared.health.appends_refused() {
             return Err(StoreError::Unavailable {
@@ -240,8 +239,7 @@ impl Store {
 
     /// The reply of a D4 append: once the log has it (synced), it waits for the backup.
     fn off_machine_reply(&self, reply: ReplyTo) -> Result<ReplyTo, AppendError> {
-        #[cfg(feature = "object-store")]
-        if let Some(backup) = self.backup_state() {
+        if let Some(backup) = self.shipping() {
             let backup = backup.clone();
             return Ok(ReplyTo::Callback(Box::new(move |outcome| {
                 let reply = Reply::new(reply);

@@ -24,16 +24,20 @@ impl FileLog {
         }
     }
 
-    /// The writer's role, for a backend that commits in front of it (the database's mirror).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// The writer's role, for a backend that commits in front of it (the database's mirror,
+    /// a replica's copy).
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "object-store")),
+        allow(dead_code)
+    )]
     pub(crate) fn role(&self) -> &Arc<WriterRole> {
         &self.role
     }
 }
 
 impl Log for FileLog {
-    fn name(&self) -> &'static str {
-        "files"
+    fn backend(&self) -> Backend {
+        Backend::Files
     }
 
     fn durability(&self) -> Durability {
@@ -76,6 +80,12 @@ impl Log for FileLog {
     }
 
     fn database_stats(&self) -> Option<DatabaseStats> {
+        None
+    }
+
+    /// Closes the writer's queue (by dropping it): the writer thread ends once it has
+    /// committed what the queue holds.
+    fn stop(self: Box<Self>) -> Option<crate::kept::AppendStamp> {
         None
     }
 }

@@ -25,25 +25,23 @@
 // them to shrink the `Err` would cost an allocation per append.
 #![allow(clippy::result_large_err)]
 mod check;
+mod engine;
 mod files;
 mod notifier;
-mod reply;
 mod role;
 mod syncer;
-mod waiting;
 
+use crate::request::{Answers, Reply, ReplyTo, Request};
 pub(crate) use check::checked;
+pub(crate) use engine::{start, FileEngine};
 pub(crate) use files::FileLog;
 pub(crate) use notifier::Notifier;
-pub(crate) use reply::{Answers, AsyncSlot, Completion, Reply, ReplyTo};
 pub(crate) use role::WriterRole;
 pub(crate) use syncer::{Syncer, Waiter};
-pub(crate) use waiting::Waiting;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -52,22 +50,11 @@ use crate::error::{AppendError, StoreError};
 use crate::index::{location, Ahead, AheadStage};
 use crate::options::Durability;
 use crate::published::{Mark, PublishRight};
-use crate::query::AppendCondition;
 use crate::record::{aligned, EncodedAppend, Entries, EntryLayout, RecordHeader, HEADER_BYTES};
 use crate::recovery::Tail;
 use crate::route::{Backend, Route};
 use crate::segment::{Segment, SEGMENT_HEADER_BYTES};
 use crate::shared::Shared;
-
-pub(crate) struct Request {
-    pub(crate) append: EncodedAppend,
-    pub(crate) condition: Option<AppendCondition>,
-    pub(crate) require_synced: bool,
-    pub(crate) reply: Reply,
-    /// The append time to record, when it was decided elsewhere (by the database backend,
-    /// which committed the append before it reaches this writer); otherwise the group's.
-    pub(crate) appended_at: Option<u64>,
-}
 
 /// The answer to an append whose record went to a segment by a write, or was to be made
 /// durable by a sync, that failed: the record may be on disk or not (a later open finds out),

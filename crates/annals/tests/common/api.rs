@@ -85,14 +85,5 @@ pub fn futures_poll_once<F: std::future::Future>(future: std::pin::Pin<&mut F>) 
     future.poll(&mut cx).is_ready()
 }
 
-/// Polls `done` every millisecond for up to ten seconds.
-pub fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
+/// How long a test waits for a state of the commit path (a sync held, a caller waiting).
+pub const WAIT: Duration = Duration::from_secs(10);

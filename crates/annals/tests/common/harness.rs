@@ -376,14 +376,18 @@ fn all_answered<T>(
     answers: &Mutex<std::collections::HashMap<u64, T>>,
     issued: u64,
 ) -> Result<(), String> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while (answers.lock().unwrap().len() as u64) < issued {
-        if std::time::Instant::now() > deadline {
-            return Err("appends left unanswered".into());
-        }
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    }
-    Ok(())
+    annals_testkit::poll(
+        "every append of the burst to be answered (appends left unanswered)",
+        std::time::Duration::from_secs(30),
+        || {
+            let answered = answers.lock().unwrap().len() as u64;
+            if answered >= issued {
+                Ok(())
+            } else {
+                Err(format!("{answered} of {issued} answered"))
+            }
+        },
+    )
 }
 
 /// What the store answered one append of [`answers_round`].

@@ -108,6 +108,28 @@ pub fn read_all(store: &Store, query: &Query, options: ReadOptions) -> Result<Ve
         .map_err(|e| format!("read failed: {e}"))
 }
 
+/// Every event of `store` as (position, append time, type, tags, data, id).
+#[allow(clippy::type_complexity)]
+pub fn event_list(
+    store: &Store,
+) -> Vec<(u64, u64, String, Vec<String>, Vec<u8>, Option<uuid::Uuid>)> {
+    store
+        .read(&Query::all(), ReadOptions::forwards())
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.position(),
+                e.appended_at_us(),
+                e.event_type().to_owned(),
+                e.tags().map(str::to_owned).collect(),
+                e.data().to_vec(),
+                e.id(),
+            )
+        })
+        .collect()
+}
+
 /// The queries worth asking of a store: every type, every tag, pairs, unions and everything.
 pub fn probe_queries(events: &[ModelEvent]) -> Vec<Query> {
     let types: BTreeSet<&String> = events.iter().map(|e| &e.event_type).collect();
@@ -309,6 +331,7 @@ pub fn check_recovered(store: &Store, ledger: &Ledger) -> Result<(), String> {
 }
 
 pub mod api;
+pub mod backup;
 pub mod harness;
 
 /// Receipts (`ReceiptIssued`, tagged `enrolment:<position>`, as the read-model tests'

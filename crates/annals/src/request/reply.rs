@@ -160,7 +160,7 @@ pub(crate) struct Answers {
 }
 
 impl Answers {
-    pub(super) fn send(&mut self, mut reply: Reply, outcome: Result<u64, AppendError>) {
+    pub(crate) fn send(&mut self, mut reply: Reply, outcome: Result<u64, AppendError>) {
         match reply.0.take() {
             Some(ReplyTo::Async(slot)) => {
                 if let Some(waker) = slot.fill(outcome) {
@@ -173,7 +173,7 @@ impl Answers {
 
     /// Wakes the async callers answered since the last call: the first still waiting holds
     /// the others' wakers.
-    pub(super) fn wake(&mut self) {
+    pub(crate) fn wake(&mut self) {
         let mut pending = self.woken.drain(..);
         while let Some((slot, waker)) = pending.next() {
             let mut state = slot.state.lock();
@@ -194,7 +194,7 @@ impl Drop for Answers {
 
 /// Where an append's outcome goes. Every reply is answered exactly once: one dropped unanswered
 /// (a panic unwinding through the writer) answers with an error, so no caller waits forever.
-pub(crate) struct Reply(pub(super) Option<ReplyTo>);
+pub(crate) struct Reply(pub(crate) Option<ReplyTo>);
 
 impl Reply {
     pub(crate) fn new(to: ReplyTo) -> Self {
