@@ -5,8 +5,9 @@
 //!
 //! A companion file is a name within a kind (`readmodels`, `exchange`), written whole and
 //! durably (on files: aside, synced, renamed, the directory synced; on PostgreSQL: one row,
-//! committed), read whole, listed and removed. Nothing here is the truth: each kind checks
-//! what it reads against the log and rebuilds from the log when it does not fit.
+//! committed), read whole, listed and removed. Nothing here is the truth: what is kept is a
+//! saved state (`state.rs`), checked against the log when it is loaded, and folded again from
+//! the log when it does not fit.
 
 use std::io;
 use std::path::PathBuf;
