@@ -666,9 +666,9 @@ pub(crate) fn append_run(
                                         )
                                         .await
                                     {
-                                        Err(annals::AppendError::Input(
-                                            annals::InputError::QueueFull { .. },
-                                        )) => tokio::task::yield_now().await,
+                                        Err(annals::AppendError::QueueFull { .. }) => {
+                                            tokio::task::yield_now().await
+                                        }
                                         outcome => break outcome,
                                     }
                                 };

@@ -8,6 +8,7 @@ use annals::backup::{restore, verify_backup, RestoreLimit};
 use annals::Options;
 
 use crate::data::open_store;
+use crate::failure::Failure;
 
 #[derive(clap::Args)]
 pub struct RestoreArgs {
@@ -66,7 +67,7 @@ fn non_empty(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some())
 }
 
-pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
+pub fn run_restore(args: RestoreArgs) -> Result<(), Failure> {
     let limit = RestoreLimit {
         position: args.position,
         time_us: args.time.as_deref().map(parse_time).transpose()?,
@@ -79,7 +80,8 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
         return Err(format!(
             "{} is not empty: restore into a new or empty directory",
             args.to
-        ));
+        )
+        .into());
     }
     let subjects = args.subjects.options()?;
     let backup = annals::BackupOptions::new(&args.from);
@@ -88,7 +90,8 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
             "{} holds data subjects' keys: give the store's subject tags and master key \
              (--subject-tags, --master-key-file)",
             args.from
-        ));
+        )
+        .into());
     }
     let options = Options {
         subjects: subjects.clone(),
@@ -100,7 +103,8 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
             "{} holds {} events: restore into an empty store",
             annals_server::config::redact_password(&args.to),
             store.head()
-        ));
+        )
+        .into());
     }
     let tty = tty();
     let started = Instant::now();
@@ -163,7 +167,7 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
     }
     store.close().map_err(|e| e.to_string())?;
     if let Some(problem) = &check.problem {
-        return Err(format!("the restored store is not clean: {problem}"));
+        return Err(format!("the restored store is not clean: {problem}").into());
     }
     let verified = if database {
         None
@@ -173,7 +177,8 @@ pub fn run_restore(args: RestoreArgs) -> Result<(), String> {
             return Err(format!(
                 "the restored directory is not clean: {}",
                 serde_json::to_string(&verify).unwrap_or_default()
-            ));
+            )
+            .into());
         }
         Some(verify)
     };

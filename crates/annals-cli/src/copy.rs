@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use annals::{CopyPhase, Options};
 
 use crate::data::open_store;
+use crate::failure::Failure;
 
 /// The data subjects' key file of a store on files.
 const KEYS: &str = "subjects.keys";
@@ -20,7 +21,7 @@ fn copy_keys(
     to: &str,
     exported: Option<Vec<u8>>,
     options: Options,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     if annals::is_database_url(to) {
         return Ok(());
     }
@@ -32,7 +33,10 @@ fn copy_keys(
     };
     annals::io::write_file_durably(&annals::io::RealIo, std::path::Path::new(to), KEYS, &bytes)
         .map_err(|e| format!("{to}: writing its key file: {e}"))?;
-    open_store(to, options)?.close().map_err(|e| e.to_string())
+    open_store(to, options)?
+        .close()
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -52,7 +56,7 @@ pub struct CopyArgs {
     json: bool,
 }
 
-pub fn run(args: CopyArgs) -> Result<(), String> {
+pub fn run(args: CopyArgs) -> Result<(), Failure> {
     if args.from == args.to {
         return Err("--from and --to name the same store".into());
     }
@@ -72,7 +76,8 @@ pub fn run(args: CopyArgs) -> Result<(), String> {
             "{} keeps data subjects: give their tag prefixes and master key \
              (--subject-tags, --master-key-file) to copy their keys into the database",
             args.from
-        ));
+        )
+        .into());
     }
     // SAFETY: isatty only inspects the descriptor.
     let tty = unsafe { libc::isatty(2) } == 1;

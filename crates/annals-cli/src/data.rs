@@ -15,6 +15,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::failure::Failure;
 use crate::remote::{Remote, RemoteArgs};
 
 #[derive(clap::Args)]
@@ -178,9 +179,9 @@ enum Target {
 }
 
 impl Target {
-    fn open(at: &Where) -> Result<Target, String> {
+    fn open(at: &Where) -> Result<Target, Failure> {
         if let Some(remote) = at.server.connect() {
-            return remote.map(Target::Url);
+            return remote.map(Target::Url).map_err(Failure::from);
         }
         match &at.store {
             Some(store) => {
@@ -328,11 +329,14 @@ impl Target {
 
 /// Opens the store at a directory or PostgreSQL URL, naming it (without a password) in errors.
 /// Its data subjects are the options' (`SubjectArgs`, the same flags for every command).
-pub(crate) fn open_store(location: &str, options: Options) -> Result<Store, String> {
+pub(crate) fn open_store(location: &str, options: Options) -> Result<Store, Failure> {
     Store::open_location(location, options).map_err(|e| {
-        format!(
-            "cannot open {}: {e}",
-            annals_server::config::redact_password(location)
+        Failure::of_kind(
+            e.kind(),
+            format!(
+                "cannot open {}: {e}",
+                annals_server::config::redact_password(location)
+            ),
         )
     })
 }
@@ -704,7 +708,7 @@ fn table_header(out: &mut impl Write, format: Format) -> Result<(), String> {
     Ok(())
 }
 
-pub fn append(args: AppendArgs) -> Result<(), String> {
+pub fn append(args: AppendArgs) -> Result<(), Failure> {
     let condition: Option<AppendCondition> = args
         .condition
         .as_deref()
@@ -730,7 +734,7 @@ pub fn append(args: AppendArgs) -> Result<(), String> {
             metadata: Bytes::new(),
             id: args.id,
         };
-        return report(target.append(&[event], condition.as_ref())?);
+        return Ok(report(target.append(&[event], condition.as_ref())?)?);
     }
     let stdin = std::io::stdin();
     let mut batch = Vec::new();
@@ -753,14 +757,14 @@ pub fn append(args: AppendArgs) -> Result<(), String> {
         last = Some(target.append(&batch, condition.as_ref())?);
     }
     match last {
-        Some(result) => report(result),
+        Some(result) => Ok(report(result)?),
         None => {
             Err("no events: give --type (and --tag, --data) or NDJSON on standard input".into())
         }
     }
 }
 
-pub fn read(args: ReadArgs) -> Result<(), String> {
+pub fn read(args: ReadArgs) -> Result<(), Failure> {
     let query = args.query.query()?;
     let mut options = if args.backwards {
         ReadOptions::backwards()
@@ -779,10 +783,11 @@ pub fn read(args: ReadArgs) -> Result<(), String> {
         print_line(&mut out, line, format)?;
         Ok(true)
     })?;
-    out.flush().map_err(|e| e.to_string())
+    out.flush().map_err(|e| e.to_string())?;
+    Ok(())
 }
 
-pub fn tail(args: TailArgs) -> Result<(), String> {
+pub fn tail(args: TailArgs) -> Result<(), Failure> {
     let query = args.query.query()?;
     let mut target = Target::open(&args.at)?;
     let after = match args.after {
@@ -800,10 +805,11 @@ pub fn tail(args: TailArgs) -> Result<(), String> {
         out.flush().map_err(|e| e.to_string())?;
         seen += 1;
         Ok(count.is_none_or(|c| seen < c))
-    })
+    })?;
+    Ok(())
 }
 
-pub fn export(args: ExportArgs) -> Result<(), String> {
+pub fn export(args: ExportArgs) -> Result<(), Failure> {
     let query = args.query.query()?;
     let mut target = Target::open(&args.at)?;
     let sink: Box<dyn Write> = match &args.output {
@@ -842,7 +848,7 @@ fn position_of(line: &[u8]) -> Option<u64> {
         .ok()
 }
 
-pub fn import(args: ImportArgs) -> Result<(), String> {
+pub fn import(args: ImportArgs) -> Result<(), Failure> {
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
@@ -861,10 +867,11 @@ pub fn import(args: ImportArgs) -> Result<(), String> {
                 import.take(parse_line(line.as_bytes(), i + 1)?)
             });
         if let Err(e) = taken {
-            return Err(import.abandon(e, true));
+            let kind = import.open_failed.unwrap_or("failed");
+            return Err(Failure::of_kind(kind, import.abandon(e, true)));
         }
     }
-    import.finish()
+    Ok(import.finish()?)
 }
 
 /// What an import made to hold its store, judged before the store is opened. When the import
@@ -929,6 +936,9 @@ struct Import<'a> {
     /// store.
     target: Option<Target>,
     made: Option<Made>,
+    /// The kind of the opening's failure, when the store could not be opened (its exit
+    /// status is the import's).
+    open_failed: Option<&'static str>,
     /// The store's head: its events, this import's included.
     head: u64,
     /// The events of the next append, and the line of the last of them.
@@ -958,6 +968,7 @@ impl<'a> Import<'a> {
             args,
             target: None,
             made: None,
+            open_failed: None,
             head: 0,
             batch: Vec::with_capacity(args.batch.clamp(1, 1 << 16)),
             batch_line: 0,
@@ -988,10 +999,11 @@ impl<'a> Import<'a> {
             Err(e) => {
                 // What this open made goes again, unless another process holds the store (it
                 // may have made the directory a moment ago): that is its own.
-                if let Some(made) = made.filter(|_| !e.contains("is in use by another process")) {
+                if let Some(made) = made.filter(|_| e.kind() != "locked") {
                     let _ = made.remove();
                 }
-                return Err(e);
+                self.open_failed = Some(e.kind());
+                return Err(e.to_string());
             }
         };
         self.made = made;

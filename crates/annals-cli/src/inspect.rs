@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::failure::Failure;
 use annals::{Durability, Options, Store};
 
 /// The store a command opens: `--store` (alias `--dir`), or the same given on its own.
@@ -81,9 +82,9 @@ fn verify_server(mut remote: crate::remote::Remote, json: bool) -> Result<(), St
     }
 }
 
-pub fn verify(args: VerifyArgs) -> Result<(), String> {
+pub fn verify(args: VerifyArgs) -> Result<(), Failure> {
     if let Some(remote) = args.server.connect() {
-        return verify_server(remote?, args.json);
+        return Ok(verify_server(remote?, args.json)?);
     }
     let store = args.at.location()?;
     if annals::is_database_url(&store) {
@@ -145,7 +146,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
 
 /// `verify postgres://...`: opening loads every row of the log, each checked (well-formed,
 /// gapless); then the live check reads every event back and compares the index with the log.
-fn verify_database(url: &str, options: Options, json: bool) -> Result<(), String> {
+fn verify_database(url: &str, options: Options, json: bool) -> Result<(), Failure> {
     // SAFETY: isatty only inspects the descriptor.
     let tty = unsafe { libc::isatty(2) } == 1;
     if tty {
@@ -291,10 +292,10 @@ fn index_source(index: &annals::IndexSource) -> String {
     }
 }
 
-pub fn stats(args: StatsArgs) -> Result<(), String> {
+pub fn stats(args: StatsArgs) -> Result<(), Failure> {
     if let Some(remote) = args.server.connect() {
         let url = args.server.url.clone().unwrap_or_default();
-        return server_stats(remote?, &url, args.json);
+        return Ok(server_stats(remote?, &url, args.json)?);
     }
     let location = args.at.location()?;
     let subjects = args.subjects.options()?;
@@ -304,11 +305,11 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
             ..Options::default()
         };
         let store = crate::data::open_store(&location, options)?;
-        return print_stats(&store, args.json);
+        return Ok(print_stats(&store, args.json)?);
     }
     let dir = PathBuf::from(location);
     if !dir.join(annals::files::segment(1)).exists() {
-        return Err(format!("{} holds no Annals store", dir.display()));
+        return Err(format!("{} holds no Annals store", dir.display()).into());
     }
     // SAFETY: isatty only inspects the descriptor.
     if unsafe { libc::isatty(2) } == 1 {
@@ -324,8 +325,9 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         subjects,
         ..Options::default()
     };
-    let store = Store::open(&dir, options).map_err(|e| e.to_string())?;
-    print_stats(&store, args.json)
+    let store = Store::open(&dir, options)
+        .map_err(|e| Failure::of_kind(e.kind(), format!("cannot open {}: {e}", dir.display())))?;
+    Ok(print_stats(&store, args.json)?)
 }
 
 fn print_stats(store: &Store, json: bool) -> Result<(), String> {

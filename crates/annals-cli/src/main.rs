@@ -3,6 +3,7 @@
 mod backup;
 mod copy;
 mod data;
+mod failure;
 mod inspect;
 mod readmodel;
 mod remote;
@@ -10,6 +11,8 @@ mod serve;
 mod subjects;
 
 use clap::{Parser, Subcommand};
+
+use failure::Failure;
 
 #[global_allocator]
 static ALLOCATOR: annals_server::alloc::Split = annals_server::alloc::Split;
@@ -136,7 +139,7 @@ enum Command {
 fn main() {
     annals_server::alloc::tune();
     let cli = Cli::parse();
-    let result = match cli.command {
+    let result: Result<(), Failure> = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Append(args) => data::append(args),
         Command::Read(args) => data::read(args),
@@ -146,14 +149,14 @@ fn main() {
         Command::Copy(args) => copy::run(args),
         Command::Verify(args) => inspect::verify(args),
         Command::Stats(args) => inspect::stats(args),
-        Command::Readmodel(command) => readmodel::run(command),
+        Command::Readmodel(command) => readmodel::run(command).map_err(Failure::from),
         Command::Restore(args) => backup::run_restore(args),
-        Command::Backup(command) => backup::run(command),
+        Command::Backup(command) => backup::run(command).map_err(Failure::from),
         Command::Erase(args) => subjects::erase(args),
         Command::MasterKey(command) => subjects::master_key(command),
     };
-    if let Err(message) = result {
-        eprintln!("error: {message}");
-        std::process::exit(1);
+    if let Err(failure) = result {
+        eprintln!("error: {failure}");
+        std::process::exit(failure.status());
     }
 }

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use annals_server::{config, Config, Server};
 
+use crate::failure::Failure;
+
 #[derive(clap::Args)]
 pub struct ServeArgs {
     /// Data directory (created if missing). Env: ANNALS_DATA_DIR. Default: ./annals-data
@@ -211,7 +213,7 @@ fn start_log() -> Result<(), String> {
     Ok(())
 }
 
-pub fn run(args: ServeArgs) -> Result<(), String> {
+pub fn run(args: ServeArgs) -> Result<(), Failure> {
     start_log()?;
     let config = resolve(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -225,7 +227,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-async fn serve(config: Config) -> Result<(), String> {
+async fn serve(config: Config) -> Result<(), Failure> {
     let keys = config.api_keys.len();
     let threads = config.runtime_threads();
     let tls = config.tls.is_some();

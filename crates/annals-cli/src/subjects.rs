@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::failure::Failure;
 use annals::{Durability, Options};
 
 /// The master key that encrypts the data subjects' keys.
@@ -33,7 +34,7 @@ pub enum MasterKeyCommand {
     },
 }
 
-pub fn master_key(command: MasterKeyCommand) -> Result<(), String> {
+pub fn master_key(command: MasterKeyCommand) -> Result<(), Failure> {
     match command {
         MasterKeyCommand::New => {
             let key = annals::MasterKey::generate()?;
@@ -169,7 +170,7 @@ impl SubjectArgs {
     }
 }
 
-pub fn erase(args: EraseArgs) -> Result<(), String> {
+pub fn erase(args: EraseArgs) -> Result<(), Failure> {
     let mut holding = Holding::default();
     let answer: serde_json::Value = match args.server.connect() {
         Some(remote) => {
@@ -183,7 +184,7 @@ pub fn erase(args: EraseArgs) -> Result<(), String> {
                 Ok(true)
             })?;
             if args.dry_run {
-                return dry_run(&args.tag, &holding, args.json);
+                return Ok(dry_run(&args.tag, &holding, args.json)?);
             }
             holding.check(&args.tag, args.force)?;
             let body = serde_json::json!({ "tag": args.tag }).to_string();
@@ -223,7 +224,7 @@ pub fn erase(args: EraseArgs) -> Result<(), String> {
             })();
             store.close().map_err(|e| e.to_string())?;
             match erased? {
-                None => return dry_run(&args.tag, &holding, args.json),
+                None => return Ok(dry_run(&args.tag, &holding, args.json)?),
                 Some(e) => annals_server::subjects::erasure_json(&e),
             }
         }

@@ -245,7 +245,10 @@ fn a_failed_start_leaves_no_store_behind() {
             .output()
             .unwrap();
         assert!(!out.status.success(), "{dir:?} {args:?} started");
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let names = |dir: &Path| -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -263,11 +266,12 @@ fn a_failed_start_leaves_no_store_behind() {
         ("http", ["--http", port.as_str(), "--grpc", "off"]),
         ("grpc", ["--http", "127.0.0.1:0", "--grpc", port.as_str()]),
     ] {
-        let err = serve(&fresh, &args);
+        let (status, err) = serve(&fresh, &args);
         assert!(
             err.contains(&format!("cannot listen on {port} ({listener})")),
             "{err}"
         );
+        assert_eq!(status, 75, "a port in use may be free later: {err}");
         assert!(
             !parent.exists(),
             "{listener}: {} was made",
@@ -296,7 +300,7 @@ fn a_failed_start_leaves_no_store_behind() {
     // A new store on that backup's prefix is refused once it is open; the directory this
     // start made is removed again, and an empty one given is left empty.
     for dir in [&fresh, &empty] {
-        let err = serve(
+        let (_, err) = serve(
             dir,
             &[
                 "--http",
@@ -316,7 +320,7 @@ fn a_failed_start_leaves_no_store_behind() {
     let nothing = work.path().join("nothing-here");
     std::fs::create_dir(&nothing).unwrap();
     let mirror = work.path().join("replica").join("copy");
-    let err = serve(
+    let (_, err) = serve(
         &fresh,
         &[
             "--http",
@@ -338,6 +342,40 @@ fn a_failed_start_leaves_no_store_behind() {
         "the replica's copy was left"
     );
     drop(taken);
+}
+
+/// Goal: a start that fails exits with a status a supervisor can act on: 78 (`EX_CONFIG`)
+/// when the configuration must change, 75 (`EX_TEMPFAIL`) when the same start may succeed
+/// later. Method: `annals serve` listening beyond loopback without API keys (refused by the
+/// configuration), then on a data directory another process holds open; each exit status,
+/// and the message naming why.
+#[test]
+fn a_failed_start_exits_with_a_status_a_supervisor_can_act_on() {
+    let work = tempfile::tempdir().unwrap();
+    let serve = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
+            .arg("serve")
+            .args(args)
+            .env_remove("ANNALS_BACKUP")
+            .env_remove("ANNALS_API_KEYS")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let dir = work.path().join("data");
+    let dir = dir.to_str().unwrap();
+    let (status, err) = serve(&["--data-dir", dir, "--http", "0.0.0.0:0", "--grpc", "off"]);
+    assert_eq!(status, Some(78), "{err}");
+    assert!(err.contains("without API keys"), "{err}");
+
+    let held = annals::Store::open(dir, annals::Options::default()).unwrap();
+    let (status, err) = serve(&["--data-dir", dir, "--http", "127.0.0.1:0", "--grpc", "off"]);
+    assert_eq!(status, Some(75), "{err}");
+    assert!(err.contains("in use by another process"), "{err}");
+    held.close().unwrap();
 }
 
 /// Goal: metadata nested deeper than the limit is refused (a client's JSON parser would fail

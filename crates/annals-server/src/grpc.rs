@@ -106,22 +106,41 @@ fn store_status(e: &StoreError) -> Status {
     status(answer.grpc, answer.error_type, e.to_string())
 }
 
-/// How the table of kinds answers a request the store refused (`kinds.rs`). An erased
-/// subject's refusal names its kind first, as UmaDB's clients show only the message.
+/// How the table of kinds answers a request the store refused (`kinds.rs`).
 fn input_status(e: &annals::InputError) -> Status {
     let answer = crate::kinds::refused(e);
-    let message = match e {
-        annals::InputError::SubjectErased { .. } => format!("subject_erased: {e}"),
-        _ => e.to_string(),
-    };
-    status(answer.grpc, answer.error_type, message)
+    status(answer.grpc, answer.error_type, e.to_string())
 }
 
 fn read_status(e: &ReadError) -> Status {
     match e {
         ReadError::Input(e) => input_status(e),
+        ReadError::Unavailable { .. } => by_kind(e.kind(), e.to_string()),
         ReadError::Store(e) => store_status(e),
     }
+}
+
+/// How the table of kinds answers an append that did not happen (`kinds.rs`). UmaDB's
+/// integrity errors read "integrity error: ..." (adapters match on the word); an erased
+/// subject's refusal names its kind first, as UmaDB's clients show only the message.
+pub(crate) fn append_status(e: &AppendError) -> Status {
+    match e {
+        AppendError::ConditionFailed { .. } | AppendError::TrackingNotIncreasing { .. } => {
+            by_kind(e.kind(), format!("Integrity error: {e}"))
+        }
+        AppendError::SubjectErased { .. } => by_kind(e.kind(), format!("subject_erased: {e}")),
+        AppendError::OutcomeUnknown { .. }
+        | AppendError::DiskFull { .. }
+        | AppendError::Unavailable { .. }
+        | AppendError::QueueFull { .. } => by_kind(e.kind(), e.to_string()),
+        AppendError::Input(e) => input_status(e),
+        AppendError::Store(e) => store_status(e),
+    }
+}
+
+fn by_kind(kind: &'static str, message: String) -> Status {
+    let answer = crate::kinds::answer(kind);
+    status(answer.grpc, answer.error_type, message)
 }
 
 fn outcome_of(status: &Status) -> Outcome {
@@ -479,20 +498,7 @@ impl Service {
             .await
         {
             Ok(position) => Ok(position),
-            // UmaDB's integrity errors read "integrity error: ..."; adapters match on the word.
-            Err(
-                e @ (AppendError::ConditionFailed { .. }
-                | AppendError::TrackingNotIncreasing { .. }),
-            ) => {
-                let answer = crate::kinds::answer(e.kind());
-                Err(status(
-                    answer.grpc,
-                    answer.error_type,
-                    format!("Integrity error: {e}"),
-                ))
-            }
-            Err(AppendError::Input(e)) => Err(input_status(&e)),
-            Err(AppendError::Store(e)) => Err(store_status(&e)),
+            Err(e) => Err(append_status(&e)),
         }
     }
 }

@@ -282,8 +282,30 @@ pub(crate) fn store_error(e: &StoreError) -> ApiError {
 pub(crate) fn read_error(e: &ReadError) -> ApiError {
     match e {
         ReadError::Input(e) => input_error(e),
+        ReadError::Unavailable { .. } => by_kind(e.kind(), e.to_string()),
         ReadError::Store(e) => store_error(e),
     }
+}
+
+/// How the table of kinds answers an append that did not happen (`kinds.rs`). A failed
+/// condition is an answer of its own to an append (200, `appendConditionFailed`), never this.
+pub(crate) fn append_error(e: &AppendError) -> ApiError {
+    match e {
+        AppendError::ConditionFailed { .. }
+        | AppendError::TrackingNotIncreasing { .. }
+        | AppendError::OutcomeUnknown { .. }
+        | AppendError::DiskFull { .. }
+        | AppendError::Unavailable { .. }
+        | AppendError::QueueFull { .. }
+        | AppendError::SubjectErased { .. } => by_kind(e.kind(), e.to_string()),
+        AppendError::Input(e) => input_error(e),
+        AppendError::Store(e) => store_error(e),
+    }
+}
+
+fn by_kind(kind: &'static str, message: String) -> ApiError {
+    let answer = crate::kinds::answer(kind);
+    ApiError::new(answer.http, answer.http_kind, message)
 }
 
 pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
@@ -530,15 +552,7 @@ async fn append_inner(
             wire::write_u64(&mut out, position);
             true
         }
-        Err(e @ AppendError::TrackingNotIncreasing { .. }) => {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "tracking_not_increasing",
-                e.to_string(),
-            ))
-        }
-        Err(AppendError::Input(e)) => return Err(input_error(&e)),
-        Err(AppendError::Store(e)) => return Err(store_error(&e)),
+        Err(e) => return Err(append_error(&e)),
     };
     out.push(b'}');
     Ok((json_response(StatusCode::OK, out), conflict))

@@ -243,4 +243,45 @@ mod tests {
             StatusCode::INTERNAL_SERVER_ERROR
         );
     }
+
+    /// Goal: every kind an append can answer reaches a client as the table says, over HTTP
+    /// and over gRPC, whatever value of the library's errors carries it. Method: one value of
+    /// every kind (`annals::append_error_examples`, kept whole by the library's own test)
+    /// answered by each front end's function for a failed append (the one both the append
+    /// and the erase handlers use); the status, the body's kind, the gRPC code and UmaDB's
+    /// error type in the details compared with the row of its kind, and the message given.
+    #[test]
+    fn every_kind_an_append_answers_reaches_both_front_ends_by_the_table() {
+        use prost::Message;
+        let examples = annals::append_error_examples();
+        let mut walked: Vec<&str> = Vec::new();
+        for e in &examples {
+            let kind = e.kind();
+            let row = answer(kind);
+            let http = crate::http::append_error(e);
+            assert_eq!(http.status, row.http, "{kind} over HTTP");
+            assert_eq!(http.kind, row.http_kind, "{kind} over HTTP");
+            assert!(!http.message.is_empty(), "{kind}");
+            let grpc = crate::grpc::append_status(e);
+            assert_eq!(grpc.code(), row.grpc, "{kind} over gRPC");
+            let details = umadb_proto::v1::ErrorResponse::decode(grpc.details()).unwrap();
+            assert_eq!(
+                details.error_type, row.error_type as i32,
+                "{kind} over gRPC"
+            );
+            assert_eq!(details.message, grpc.message(), "{kind}");
+            walked.push(kind);
+        }
+        for kind in annals::ERROR_KINDS {
+            assert!(walked.contains(kind), "{kind} was not walked");
+        }
+        // What UmaDB's adapters and clients read in a message.
+        let condition =
+            crate::grpc::append_status(&annals::AppendError::ConditionFailed { position: 3 });
+        assert!(condition.message().starts_with("Integrity error: "));
+        let erased = crate::grpc::append_status(&annals::AppendError::SubjectErased {
+            tag: "customer:1".into(),
+        });
+        assert!(erased.message().starts_with("subject_erased: "));
+    }
 }

@@ -22,6 +22,7 @@ mod openapi;
 mod peers;
 pub mod readmodels;
 mod serve;
+mod start;
 mod state;
 pub mod subjects;
 pub mod wire;
@@ -36,6 +37,7 @@ use tokio::sync::watch;
 pub use config::{Config, ServerLimits, TlsFiles};
 pub use metrics::Metrics;
 pub use readmodels::{HostedModels, ReadModelSpec};
+pub use start::StartError;
 // The handlers' shared state is the crate's own (its fields are not an API), so it is
 // re-exported within the crate only, where the front ends name it `crate::AppState`.
 pub(crate) use state::AppState;
@@ -57,11 +59,11 @@ impl Server {
     /// that fails leaves no store behind that it made: what can fail before the store is
     /// opened is checked first, and a data directory this start made (or found empty) is
     /// removed again when the start fails after opening it.
-    pub async fn start(config: Config) -> Result<Server, String> {
+    pub async fn start(config: Config) -> Result<Server, StartError> {
         // Refused before the store is opened (and its directory locked);
         // `start_with_store` checks again for callers that open the store themselves.
         if let Some(refusal) = config.refusal() {
-            return Err(refusal);
+            return Err(StartError::Config(refusal));
         }
         // A port in use or unreadable TLS files are refused before the store is made.
         let bound = Bound::bind(&config).await?;
@@ -76,7 +78,7 @@ impl Server {
             ..annals::BackupOptions::new(url)
         });
         options.scrub = config.scrub.clone();
-        options.subjects = config.subjects()?;
+        options.subjects = config.subjects().map_err(StartError::Config)?;
         // On PostgreSQL or as a replica, the copy of the log is kept in `--mirror` when given.
         let location = match (&config.replica_of, &config.postgres) {
             (Some(url), _) => annals::Location::Replica {
@@ -99,22 +101,18 @@ impl Server {
         };
         let opened = tokio::task::spawn_blocking(move || Store::open_at(&location, options))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| StartError::Hosted(format!("the store's opening panicked: {e}")))?;
         let store = match opened {
             Ok(store) => Arc::new(store),
-            // Another process holds the directory (it may have made it a moment ago): what
-            // is there is its own.
-            Err(e @ annals::StoreError::Locked { .. }) => {
-                return Err(format!(
-                    "cannot open the store in {}: {e}",
-                    config.store_description()
-                ))
-            }
-            Err(e) => {
-                return Err(made.remove_after(format!(
-                    "cannot open the store in {}: {e}",
-                    config.store_description()
-                )))
+            Err(source) => {
+                // Another process holds the directory (it may have made it a moment ago):
+                // what is there is its own.
+                let locked = matches!(source, annals::OpenError::Locked { .. });
+                let e = StartError::Open {
+                    store: config.store_description(),
+                    source,
+                };
+                return Err(if locked { e } else { made.remove_after(e) });
             }
         };
         match Self::serve_store(config, store.clone(), bound).await {
@@ -125,16 +123,18 @@ impl Server {
                 let closed = close_when_unused(store).await;
                 Err(match closed {
                     Ok(()) => made.remove_after(e),
-                    Err(why) => format!("{e} (the store was left in place: {why})"),
+                    Err(why) => {
+                        StartError::Hosted(format!("{e} (the store was left in place: {why})"))
+                    }
                 })
             }
         }
     }
 
     /// Serves an already opened store.
-    pub async fn start_with_store(config: Config, store: Arc<Store>) -> Result<Server, String> {
+    pub async fn start_with_store(config: Config, store: Arc<Store>) -> Result<Server, StartError> {
         if let Some(refusal) = config.refusal() {
-            return Err(refusal);
+            return Err(StartError::Config(refusal));
         }
         let bound = Bound::bind(&config).await?;
         Self::serve_store(config, store, bound).await
@@ -146,7 +146,7 @@ impl Server {
         config: Config,
         store: Arc<Store>,
         bound: Bound,
-    ) -> Result<Server, String> {
+    ) -> Result<Server, StartError> {
         let Bound {
             http: http_listener,
             grpc: grpc_listener,
@@ -156,11 +156,11 @@ impl Server {
         let metrics = Arc::new(Metrics::default());
         let read_models = {
             let (store, specs) = (store.clone(), config.read_models.clone());
-            tokio::task::spawn_blocking(move || {
-                Ok::<_, String>(Arc::new(HostedModels::start(&store, &specs)?))
-            })
-            .await
-            .map_err(|e| e.to_string())??
+            tokio::task::spawn_blocking(move || HostedModels::start(&store, &specs).map(Arc::new))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|started| started)
+                .map_err(StartError::Hosted)?
         };
         let exchange = match &config.exchange {
             Some(exchange) => match hosted_exchange::Hosted::start(exchange, store.clone()).await {
@@ -169,7 +169,7 @@ impl Server {
                     // The read models let go of the store, so that the caller can close it.
                     let models = read_models.clone();
                     let _ = tokio::task::spawn_blocking(move || models.stop()).await;
-                    return Err(e);
+                    return Err(StartError::Hosted(e));
                 }
             },
             None => None,
@@ -183,10 +183,17 @@ impl Server {
             shutdown: shutdown_rx.clone(),
             stream_bytes: budget::Budget::new(config.limits.stream_bytes_max),
         });
-        let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
-        let grpc_addr = match &grpc_listener {
-            Some(listener) => Some(listener.local_addr().map_err(|e| e.to_string())?),
-            None => None,
+        let listening = |api, addr, source| StartError::Listen { api, addr, source };
+        let http_addr = http_listener
+            .local_addr()
+            .map_err(|e| listening("http", config.http_listen, e))?;
+        let grpc_addr = match (&grpc_listener, config.grpc_listen) {
+            (Some(listener), Some(addr)) => Some(
+                listener
+                    .local_addr()
+                    .map_err(|e| listening("grpc", addr, e))?,
+            ),
+            _ => None,
         };
         let mut tasks = Vec::new();
         // The routes other modules own join the HTTP API's here, at the root: they use
@@ -279,20 +286,19 @@ struct Bound {
 }
 
 impl Bound {
-    async fn bind(config: &Config) -> Result<Bound, String> {
+    async fn bind(config: &Config) -> Result<Bound, StartError> {
         let tls = match &config.tls {
-            Some(files) => Some(serve::load_tls(files)?),
+            Some(files) => Some(serve::load_tls(files).map_err(StartError::Tls)?),
             None => None,
         };
-        let http = tokio::net::TcpListener::bind(config.http_listen)
-            .await
-            .map_err(|e| format!("cannot listen on {} (http): {e}", config.http_listen))?;
+        let listen = |api, addr| async move {
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Listen { api, addr, source })
+        };
+        let http = listen("http", config.http_listen).await?;
         let grpc = match config.grpc_listen {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| format!("cannot listen on {addr} (grpc): {e}"))?,
-            ),
+            Some(addr) => Some(listen("grpc", addr).await?),
             None => None,
         };
         Ok(Bound { http, grpc, tls })
@@ -338,7 +344,7 @@ impl Made {
 
     /// Removes what the failed start made; answers the start's error, with a word on what
     /// could not be removed.
-    fn remove_after(&self, error: String) -> String {
+    fn remove_after(&self, error: StartError) -> StartError {
         let removed = match self {
             Made::Nothing => Ok(()),
             Made::Tree(top) => match std::fs::remove_dir_all(top) {
@@ -361,10 +367,11 @@ impl Made {
         };
         match removed {
             Ok(()) => error,
-            Err((path, e)) => format!(
-                "{error} (what this start made in {} could not be removed: {e})",
-                path.display()
-            ),
+            Err((path, source)) => StartError::LeftBehind {
+                error: Box::new(error),
+                path: path.clone(),
+                source,
+            },
         }
     }
 }

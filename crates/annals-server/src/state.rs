@@ -79,7 +79,7 @@ impl AppState {
 
     /// Appends without blocking the calling task's thread ([`Store::append_async`]). A full
     /// queue is retried briefly (the writer drains it in batches), then reported as
-    /// [`InputError::QueueFull`].
+    /// [`AppendError::QueueFull`].
     /// `options.tracking`, when given, is recorded atomically with the events.
     pub async fn append(
         &self,
@@ -109,7 +109,7 @@ impl AppState {
                 .append_async(events, condition, options.clone())
                 .await
             {
-                Err(AppendError::Input(InputError::QueueFull { .. }))
+                Err(AppendError::QueueFull { .. })
                     if Instant::now()
                         < *deadline
                             .get_or_insert_with(|| Instant::now() + Duration::from_secs(1)) =>

@@ -9,7 +9,7 @@ use http::StatusCode;
 use serde::Deserialize;
 
 use crate::auth::Scopes;
-use crate::http::{authorize, input_error, json_response, read_body, store_error};
+use crate::http::{append_error, authorize, json_response, read_body};
 use crate::metrics::{Api, Op};
 use crate::wire::ApiError;
 use crate::AppState;
@@ -85,12 +85,6 @@ async fn erase_inner(state: &Arc<AppState>, request: Request) -> Result<Response
             body["readModelsRebuilt"] = rebuilt.into();
             Ok(json_response(StatusCode::OK, body.to_string()))
         }
-        Err(annals::AppendError::Input(e)) => Err(input_error(&e)),
-        Err(annals::AppendError::Store(e)) => Err(store_error(&e)),
-        Err(e) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "erase_failed",
-            e.to_string(),
-        )),
+        Err(e) => Err(append_error(&e)),
     }
 }

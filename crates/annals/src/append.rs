@@ -32,7 +32,7 @@ use crate::store::Store;
 /// How an append is handed to the writer.
 #[derive(Clone, Copy)]
 pub(crate) struct Submit {
-    /// Wait while the queue is full; otherwise fail with [`InputError::QueueFull`].
+    /// Wait while the queue is full; otherwise fail with [`AppendError::QueueFull`].
     pub(crate) wait_when_full: bool,
     /// A blocking caller that is the only one waiting on the store: it may commit its append
     /// on its own thread (see [`WriterRole::commit_alone`]).
@@ -47,7 +47,7 @@ pub struct AppendOptions {
     /// Ask for D4: acknowledged once the append is synced and in object storage too, in a
     /// store with a backup (`Options::backup`). Fails with
     /// [`crate::InputError::OffMachineUnavailable`] without one; answered
-    /// [`crate::StoreError::OutcomeUnknown`] when object storage does not take it in time.
+    /// [`crate::AppendError::OutcomeUnknown`] when object storage does not take it in time.
     pub off_machine: bool,
     /// Record a consumer's position in the same record as the events: the append fails with
     /// [`AppendError::TrackingNotIncreasing`] unless the position is above the one recorded
@@ -147,7 +147,7 @@ impl<'a> Append<'a> {
         self
     }
 
-    /// Fails with [`crate::InputError::QueueFull`] instead of waiting when the append queue is
+    /// Fails with [`crate::AppendError::QueueFull`] instead of waiting when the append queue is
     /// full. [`Append::submit`] always does.
     pub fn fail_when_full(mut self) -> Self {
         self.wait_when_full = false;
@@ -169,7 +169,7 @@ impl<'a> Append<'a> {
 
     /// Sends the append without blocking the calling thread: the future resolves when the
     /// append is acknowledged (in D3, durable). Works on any async runtime. It fails with
-    /// [`crate::InputError::QueueFull`] rather than wait when the append queue is full; back
+    /// [`crate::AppendError::QueueFull`] rather than wait when the append queue is full; back
     /// off and try again. The append is always committed by the writer thread, never on the
     /// caller's.
     ///

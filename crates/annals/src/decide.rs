@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::error::{AppendError, InputError, ReadError};
+use crate::error::{AppendError, ReadError};
 use crate::event::{Event, NewEvent};
 use crate::query::{AppendCondition, Query, QueryItem, ReadOptions};
 use crate::state::StateKey;
@@ -584,7 +584,7 @@ impl Store {
                         attempts: attempt,
                     })
                 }
-                Err(AppendError::Input(InputError::QueueFull { .. })) => {
+                Err(AppendError::QueueFull { .. }) => {
                     // Not an attempt: nothing was decided against a changed state.
                     attempt -= 1;
                     sleep(retry.backoff).await;

@@ -88,7 +88,9 @@ pub use append::Append;
 pub use append::{AppendOptions, Tracking};
 pub use batch::{EventBatch, EventWriter};
 pub use copy::{compare, copy, Appends, CopyPhase, CopyReport};
-pub use error::{AppendError, InputError, ReadError, StoreError, ERROR_KINDS};
+#[doc(hidden)]
+pub use error::append_error_examples;
+pub use error::{AppendError, InputError, OpenError, ReadError, StoreError, ERROR_KINDS};
 pub use event::{Event, NewEvent, Tags};
 pub use histogram::{HistogramSnapshot, Log2Histogram};
 pub use limits::Limits;

@@ -245,7 +245,7 @@ pub struct Options {
     /// Free space of the file system holding the log that the store leaves alone, for derived
     /// files, other programs and the operator: a new segment is begun only while the room left
     /// after it stays at least this large, and appends that need one are refused
-    /// ([`crate::StoreError::DiskFull`]) until it does. None: one segment's size.
+    /// ([`crate::AppendError::DiskFull`]) until it does. None: one segment's size.
     pub disk_reserve_bytes: Option<u64>,
     /// Ship the log continuously into object storage (feature `object-store`); see
     /// [`BackupOptions`]. Needed by the off-machine class, D4.

@@ -310,6 +310,8 @@ pub(crate) enum SealError {
     Keys(String),
     /// The database that keeps the keys did not take a new one: nothing was appended.
     Unavailable(String),
+    /// An event names this erased subject: nothing was appended.
+    Erased(String),
 }
 
 impl From<InputError> for SealError {
@@ -725,7 +727,7 @@ mod tests {
                         .or_insert_with(|| Some(SubjectKey::generate().unwrap()))
                     {
                         Some(k) => Ok((k.clone(), None)),
-                        None => Err(InputError::SubjectErased { tag: t.to_string() }.into()),
+                        None => Err(SealError::Erased(t.to_string())),
                     }
                 })
                 .collect()
@@ -826,7 +828,7 @@ mod tests {
         let again = encode_append_tracked(&events[2..], None, &Limits::default()).unwrap();
         assert!(matches!(
             seal_append(again, &s, &keys, false),
-            Err(SealError::Input(InputError::SubjectErased { .. }))
+            Err(SealError::Erased(_))
         ));
     }
 

@@ -300,6 +300,7 @@ impl Shared {
 pub(crate) fn store_error(e: ReadError) -> StoreError {
     match e {
         ReadError::Store(e) => e,
+        ReadError::Unavailable { reason } => StoreError::Unavailable { reason },
         ReadError::Input(e) => StoreError::InvalidOption(e.to_string()),
     }
 }

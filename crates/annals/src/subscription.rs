@@ -109,7 +109,7 @@ impl Subscription {
             let head = self.shared.head();
             if head <= self.scanned {
                 if let Some(e) = self.shared.poison_error() {
-                    return Err(ReadError::Store(e));
+                    return Err(e.into());
                 }
                 return Ok(None);
             }
@@ -142,7 +142,7 @@ impl Subscription {
                 return Ok(true);
             }
             if let Some(e) = self.shared.poison_error() {
-                return Err(ReadError::Store(e));
+                return Err(e.into());
             }
             if self.shared.health.is_closed() {
                 return Ok(false);

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use annals::{InputError, NewEvent, Store, StoreError};
+use annals::{InputError, NewEvent, Store};
 use annals_testkit::eventually;
 use common::backup::*;
 
@@ -334,7 +334,7 @@ fn a_kept_replica_copy_resumes_after_a_clean_close_and_is_refilled_otherwise() {
     // One replica per copy: a second is refused while the first holds it.
     let second = Store::open_at(&kept_copy(&kept), replica_options.clone());
     assert!(
-        matches!(second, Err(StoreError::Locked { .. })),
+        matches!(second, Err(annals::OpenError::Locked { .. })),
         "{:?}",
         second.err()
     );

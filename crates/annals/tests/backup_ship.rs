@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use annals::backup::verify_backup;
-use annals::{BackupOptions, Durability, InputError, NewEvent, Store, StoreError};
+use annals::{BackupOptions, Durability, InputError, NewEvent, OpenError, Store};
 use annals_testkit::eventually;
 use common::backup::*;
 
@@ -164,7 +164,7 @@ fn a_prefix_is_refused_to_another_store_and_to_a_store_behind_it() {
         .err()
         .expect("a prefix another server ships into is refused");
     assert!(
-        matches!(&e, StoreError::Backup(m) if m.contains("another server ships into this prefix")
+        matches!(&e, OpenError::Backup(m) if m.contains("another server ships into this prefix")
             && m.contains("own prefix")),
         "{e}"
     );
@@ -177,7 +177,7 @@ fn a_prefix_is_refused_to_another_store_and_to_a_store_behind_it() {
         .err()
         .expect("another store's prefix is refused");
     assert!(
-        matches!(&e, StoreError::Backup(m) if m.contains("backs up another store")),
+        matches!(&e, OpenError::Backup(m) if m.contains("backs up another store")),
         "{e}"
     );
 
@@ -185,7 +185,7 @@ fn a_prefix_is_refused_to_another_store_and_to_a_store_behind_it() {
         .err()
         .expect("a store behind its backup is refused");
     assert!(
-        matches!(&e, StoreError::Backup(m) if m.contains("behind its backup")),
+        matches!(&e, OpenError::Backup(m) if m.contains("behind its backup")),
         "{e}"
     );
 
@@ -193,7 +193,7 @@ fn a_prefix_is_refused_to_another_store_and_to_a_store_behind_it() {
         .err()
         .expect("a malformed URL is refused");
     assert!(
-        matches!(&e, StoreError::Backup(m) if m.contains("backup URL")),
+        matches!(&e, OpenError::Backup(m) if m.contains("backup URL")),
         "{e}"
     );
 }

@@ -124,7 +124,7 @@ fn a_lost_first_record_in_a_new_segment() {
         let reopened = Store::open_with_io(Arc::new(io.clone()), Path::new(DIR), options.clone());
         if damage {
             match reopened {
-                Err(StoreError::Corrupt { reason, .. }) => {
+                Err(annals::OpenError::Store(StoreError::Corrupt { reason, .. })) => {
                     assert!(reason.contains("was synced"), "{reason}")
                 }
                 Ok(_) => panic!("a durable record was lost, yet the store opened"),

@@ -21,9 +21,8 @@ use std::time::Duration;
 use annals::backup::{restore, verify_backup, RestoreLimit};
 use annals::readmodel::{Folded, ReadModel, ReadModelRunner, RunnerOptions};
 use annals::{
-    AppendCondition, AppendError, BackupOptions, Event, IndexSource, InputError, Limits, MasterKey,
-    NewEvent, Options, Query, QueryItem, ReadOptions, Store, SubjectOptions, Tracking,
-    SUBJECT_ERASED_TYPE,
+    AppendCondition, AppendError, BackupOptions, Event, IndexSource, Limits, MasterKey, NewEvent,
+    Options, Query, QueryItem, ReadOptions, Store, SubjectOptions, Tracking, SUBJECT_ERASED_TYPE,
 };
 use annals_testkit::{eventually, fixtures};
 use common::{check_against_model, read_all, Model, ModelEvent};
@@ -440,7 +439,7 @@ fn a_key_file_of_version_2_opens_its_subjects() {
     let again = NewEvent::new("AddressChanged", "back again").tag("customer:2");
     assert!(matches!(
         store.append(&[again], None),
-        Err(AppendError::Input(InputError::SubjectErased { .. }))
+        Err(AppendError::SubjectErased { .. })
     ));
     let new = subject_round(3, &[5]);
     append_each(&store, &new);

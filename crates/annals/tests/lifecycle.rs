@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use annals::sim::SimIo;
-use annals::{
-    Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store, StoreError,
-};
+use annals::{Durability, Limits, NewEvent, Options, Query, QueryItem, ReadOptions, Store};
 use annals_testkit::eventually;
 use common::api::*;
 use common::harness::{small_options, DIR};
@@ -30,7 +28,7 @@ fn directory_lock() {
     };
     let first = Store::open(dir.path(), options.clone()).unwrap();
     match Store::open(dir.path(), options.clone()) {
-        Err(StoreError::Locked { .. }) => {}
+        Err(annals::OpenError::Locked { .. }) => {}
         other => panic!("expected Locked, got {:?}", other.map(|_| ())),
     }
     drop(first);

@@ -190,7 +190,7 @@ fn queue_depth_limit() {
     let release = hold_writer(&store);
     store.appending(&[event()]).then(|_| {}).unwrap();
     match store.appending(&[event()]).fail_when_full().wait() {
-        Err(AppendError::Input(InputError::QueueFull { depth: 1 })) => {}
+        Err(AppendError::QueueFull { depth: 1 }) => {}
         other => panic!("expected QueueFull, got {other:?}"),
     }
     release.send(()).unwrap();

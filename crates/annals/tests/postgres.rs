@@ -201,7 +201,6 @@ fn a_long_log_is_taken_in_chunk_by_chunk() {
 /// store at a time (a store on files cannot be given a mirror: `Location::Directory` has none).
 #[test]
 fn a_kept_mirror_is_used_only_as_the_database_holds_it() {
-    use annals::StoreError;
     let Some(cluster) = Cluster::start() else {
         return;
     };
@@ -224,7 +223,7 @@ fn a_kept_mirror_is_used_only_as_the_database_holds_it() {
     assert!(mirror.rebuilt.unwrap().contains("none was kept"));
     append_numbered(&store, 0..5, |i| format!("n{i}"));
     assert!(
-        matches!(open(), Err(StoreError::Locked { .. })),
+        matches!(open(), Err(annals::OpenError::Locked { .. })),
         "one store per directory"
     );
     store.close().unwrap();
@@ -334,10 +333,7 @@ fn a_store_holding_an_append_a_failover_lost_stops() {
     primary.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'");
     let (writer, outcome) = waiting.join().unwrap();
     assert!(
-        matches!(
-            outcome,
-            Err(AppendError::Store(StoreError::OutcomeUnknown { .. }))
-        ),
+        matches!(outcome, Err(AppendError::OutcomeUnknown { .. })),
         "{outcome:?}"
     );
     // Committed on the primary alone, and visible there: the reader takes it in.
@@ -568,7 +564,6 @@ fn busy_servers_do_not_starve_each_other() {
 /// compress until refused; the tmpfs grown.
 #[test]
 fn a_full_database_disk_refuses_appends_cleanly() {
-    use annals::StoreError;
     let Some(cluster) = Cluster::start() else {
         return;
     };
@@ -602,7 +597,7 @@ fn a_full_database_disk_refuses_appends_cleanly() {
         assert!(acknowledged < 1000, "the tablespace never filled");
     };
     assert!(
-        matches!(refusal, AppendError::Store(StoreError::DiskFull { .. })),
+        matches!(refusal, AppendError::DiskFull { .. }),
         "{refusal:?}"
     );
     assert!(acknowledged > 10, "only {acknowledged} appends fit");

@@ -226,7 +226,7 @@ fn a_full_disk_refuses_appends_cleanly_and_resumes() {
 }
 
 fn full_disk_round(tells: bool) {
-    use annals::{AppendError, StoreError};
+    use annals::AppendError;
     let io = SimIo::new(43);
     io.set_capacity(Some(40 << 10));
     io.tell_available(tells);
@@ -245,7 +245,7 @@ fn full_disk_round(tells: bool) {
         assert!(acknowledged < 10_000, "the file system never filled");
     };
     assert!(
-        matches!(refusal, AppendError::Store(StoreError::DiskFull { .. })),
+        matches!(refusal, AppendError::DiskFull { .. }),
         "{refusal:?}"
     );
     let stats = store.stats();
@@ -271,7 +271,7 @@ fn full_disk_round(tells: bool) {
     for _ in 0..3 {
         assert!(matches!(
             store.append(&[event(0)], None),
-            Err(AppendError::Store(StoreError::DiskFull { .. }))
+            Err(AppendError::DiskFull { .. })
         ));
     }
     assert_eq!(store.head(), acknowledged);
@@ -306,7 +306,7 @@ fn full_disk_round(tells: bool) {
                 acknowledged += 1;
                 assert_eq!(position, acknowledged);
             }
-            Err(AppendError::Store(StoreError::DiskFull { .. })) => refused += 1,
+            Err(AppendError::DiskFull { .. }) => refused += 1,
             Err(other) => panic!("{other}"),
         }
     }

@@ -5,7 +5,7 @@
 
 use annals::{
     AppendCondition, AppendError, InputError, MasterKey, NewEvent, Options, Query, QueryItem,
-    ReadOptions, Store, StoreError, SubjectOptions, SUBJECT_ERASED_TYPE,
+    ReadOptions, Store, SubjectOptions, SUBJECT_ERASED_TYPE,
 };
 use annals_testkit::eventually;
 
@@ -113,10 +113,7 @@ fn a_subjects_events_are_sealed_read_back_and_erased_for_good() {
         .append(&[NewEvent::new("Moved", "x").tag("customer:43")], None)
         .unwrap_err();
     assert!(
-        matches!(
-            refused,
-            AppendError::Input(InputError::SubjectErased { .. })
-        ),
+        matches!(refused, AppendError::SubjectErased { .. }),
         "{refused}"
     );
     assert_eq!(store.head(), head);
@@ -211,7 +208,7 @@ fn a_wrong_or_missing_master_key_is_refused_and_writes_nothing() {
         .collect();
     let other = MasterKey::generate().unwrap();
     let e = Store::open(dir.path(), options(&other)).err().unwrap();
-    assert!(matches!(e, StoreError::Subjects(_)), "{e}");
+    assert!(matches!(e, annals::OpenError::Subjects(_)), "{e}");
     assert!(e.to_string().contains("master key"), "{e}");
     let e = Store::open(dir.path(), Options::default()).err().unwrap();
     assert!(e.to_string().contains("master key"), "{e}");
@@ -266,7 +263,7 @@ fn an_opening_that_leaves_out_a_used_prefix_is_refused_and_writes_nothing() {
     let before = files_of(dir.path());
 
     let e = Store::open(dir.path(), only("employee:")).err().unwrap();
-    assert!(matches!(e, StoreError::Subjects(_)), "{e}");
+    assert!(matches!(e, annals::OpenError::Subjects(_)), "{e}");
     let message = e.to_string();
     for needle in [
         "customer:42 (erased)",
@@ -286,10 +283,7 @@ fn an_opening_that_leaves_out_a_used_prefix_is_refused_and_writes_nothing() {
     let e = store
         .append(&[NewEvent::new("Moved", "again").tag("customer:42")], None)
         .unwrap_err();
-    assert!(
-        matches!(e, AppendError::Input(InputError::SubjectErased { .. })),
-        "{e}"
-    );
+    assert!(matches!(e, AppendError::SubjectErased { .. }), "{e}");
     let marker = format!("{MARKER}-50");
     store
         .append(

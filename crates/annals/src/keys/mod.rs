@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::error::{InputError, StoreError};
+use crate::error::StoreError;
 use crate::event::Event;
 use crate::io::{read_file, write_file_durably, Io, IoFile, OpenMode};
 use crate::seal::{
@@ -571,9 +571,7 @@ fn known(keys: &KeyMap, tags: &[&str]) -> Result<Option<Vec<GivenKey>>, SealErro
     for t in tags {
         match keys.get(*t) {
             Some(Slot::Live(l)) => out.push((l.key.clone(), l.grant.clone())),
-            Some(Slot::Erased(_)) => {
-                return Err(InputError::SubjectErased { tag: t.to_string() }.into())
-            }
+            Some(Slot::Erased(_)) => return Err(SealError::Erased(t.to_string())),
             None => return Ok(None),
         }
     }
@@ -661,7 +659,7 @@ mod tests {
         assert!(matches!(store.state("customer:2"), KeyState::Erased));
         assert!(matches!(
             store.keys_for(&["customer:2"]),
-            Err(SealError::Input(InputError::SubjectErased { .. }))
+            Err(SealError::Erased(_))
         ));
         // New keys are granted under the erasure's new wrapping key.
         let c = store.keys_for(&["customer:3"]).unwrap();

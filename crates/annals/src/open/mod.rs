@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::StoreError;
+use crate::error::{OpenError, StoreError};
 use crate::io::{Io, RealIo};
 use crate::options::{BackupOptions, Durability, Options};
 use crate::route::Backend;
@@ -133,13 +133,13 @@ impl Store {
     /// ignores `dir`.
     /// A directory whose name reads as a libpq `key=value` connection string is refused: a
     /// database is given as a URL (see [`Store::open_location`]).
-    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store, StoreError> {
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store, OpenError> {
         if let Some(name) = dir
             .as_ref()
             .to_str()
             .filter(|d| is_key_value_connection_string(d))
         {
-            return Err(StoreError::InvalidOption(format!(
+            return Err(OpenError::InvalidOption(format!(
                 "{name:?} reads as a PostgreSQL connection string of key=value pairs, not a \
                  directory; give the database as a URL, postgres://user@host:port/dbname (a Unix \
                  socket's directory percent-encoded as the host, as in \
@@ -153,34 +153,30 @@ impl Store {
     }
 
     /// Opens a memory-only (D0) store.
-    pub fn open_in_memory(mut options: Options) -> Result<Store, StoreError> {
+    pub fn open_in_memory(mut options: Options) -> Result<Store, OpenError> {
         options.durability = Durability::Memory;
         Self::open_with_io(Arc::new(SimIo::memory()), Path::new("/memory"), options)
     }
 
     /// Opens the store through a given I/O layer (the simulated one, in tests).
-    pub fn open_with_io(
-        io: Arc<dyn Io>,
-        dir: &Path,
-        options: Options,
-    ) -> Result<Store, StoreError> {
+    pub fn open_with_io(io: Arc<dyn Io>, dir: &Path, options: Options) -> Result<Store, OpenError> {
         let (local, off_machine) = off_machine_class(options)?;
         let opened = files::open(io, dir, local.clone(), Backend::Files, None)?;
         let store = opened.into_store()?;
         store.settle_erasures()?;
-        begin_services(store, &local, off_machine)
+        Ok(begin_services(store, &local, off_machine)?)
     }
 
     /// Opens the store at `location`: a PostgreSQL URL (`postgres://` or `postgresql://`, see
     /// `Store::open_postgres`) or else a data directory (see [`Store::open`]).
-    pub fn open_location(location: &str, options: Options) -> Result<Store, StoreError> {
+    pub fn open_location(location: &str, options: Options) -> Result<Store, OpenError> {
         Self::open_at(&Location::parse(location), options)
     }
 
     /// Opens the store at `location`, on its backend.
-    pub fn open_at(location: &Location, options: Options) -> Result<Store, StoreError> {
-        match location {
-            Location::Directory(dir) => Self::open(dir, options),
+    pub fn open_at(location: &Location, options: Options) -> Result<Store, OpenError> {
+        let opened = match location {
+            Location::Directory(dir) => return Self::open(dir, options),
             #[cfg(feature = "postgres")]
             Location::Postgres { url, mirror } => postgres::open(url, mirror.as_deref(), options),
             #[cfg(feature = "object-store")]
@@ -189,7 +185,8 @@ impl Store {
             Location::Postgres { .. } => Err(left_out(location, "postgres")),
             #[cfg(not(feature = "object-store"))]
             Location::Replica { .. } => Err(left_out(location, "object-store")),
-        }
+        };
+        Ok(opened?)
     }
 }
 

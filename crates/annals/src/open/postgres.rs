@@ -66,8 +66,8 @@ impl Store {
     /// into a temporary directory, removed at close; [`crate::Location::Postgres`] keeps it in a
     /// directory across clean closes instead (what the open found is in
     /// [`Store::open_report`]).
-    pub fn open_postgres(url: &str, options: Options) -> Result<Store, StoreError> {
-        open(url, None, options)
+    pub fn open_postgres(url: &str, options: Options) -> Result<Store, crate::OpenError> {
+        Ok(open(url, None, options)?)
     }
 }
 

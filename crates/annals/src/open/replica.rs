@@ -45,8 +45,11 @@ impl Store {
     /// [`crate::Location::Replica`] keeps it in a directory across clean closes instead, and the next open takes in only what the
     /// backup holds beyond it (when the backup still holds the copy's last append; otherwise
     /// the copy is filled again).
-    pub fn open_replica(backup: &BackupOptions, options: Options) -> Result<Store, StoreError> {
-        open(backup, None, options)
+    pub fn open_replica(
+        backup: &BackupOptions,
+        options: Options,
+    ) -> Result<Store, crate::OpenError> {
+        Ok(open(backup, None, options)?)
     }
 }
 

@@ -635,7 +635,7 @@ pub(super) fn check(inner: &Shared, head: u64, pending: &mut Vec<Request>) -> Ve
         {
             request
                 .reply
-                .send(Err(crate::error::InputError::SubjectErased { tag }.into()));
+                .send(Err(crate::error::AppendError::SubjectErased { tag }));
             continue;
         }
         let first = next;

@@ -144,7 +144,7 @@ impl Store {
     /// it (durably), so that every event carrying the tag reads back with no data or
     /// metadata ([`Event::is_erased`]) wherever a copy of the log lives; then a receipt
     /// (`annals.SubjectErased`, tagged with the subject, no personal data) is appended.
-    /// Later appends naming the subject are refused ([`InputError::SubjectErased`]).
+    /// Later appends naming the subject are refused ([`AppendError::SubjectErased`]).
     /// Idempotent: erasing again answers the first erasure's receipt.
     ///
     /// On PostgreSQL the receipt comes first: it is what tells the other servers, which drop
@@ -323,12 +323,13 @@ impl Store {
             return Ok(());
         }
         for (tag, at_us) in keys.erased() {
-            self.receipt(&tag, at_us, true).map_err(|e| match e {
-                AppendError::Store(e) => e,
-                other => StoreError::Subjects(format!(
-                    "the receipt of {tag}'s erasure could not be appended: {other}"
-                )),
-            })?;
+            self.receipt(&tag, at_us, true)
+                .map_err(|e| match e.into_store_error() {
+                    Ok(e) => e,
+                    Err(other) => StoreError::Subjects(format!(
+                        "the receipt of {tag}'s erasure could not be appended: {other}"
+                    )),
+                })?;
         }
         // A receipt whose key is still there (on PostgreSQL the receipt goes first): the
         // erasure is finished by deleting the key.

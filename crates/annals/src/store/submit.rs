@@ -165,12 +165,11 @@ impl Store {
             Some(keys) => crate::seal::seal_append(append, keys.options(), keys.as_ref(), receipt)
                 .map_err(|e| match e {
                     crate::seal::SealError::Input(e) => AppendError::Input(e),
-                    crate::seal::SealError::Keys(reason) => {
-                        AppendError::Store(StoreError::Subjects(reason))
-                    }
+                    crate::seal::SealError::Keys(reason) => StoreError::Subjects(reason).into(),
                     crate::seal::SealError::Unavailable(reason) => {
-                        AppendError::Store(StoreError::Unavailable { reason })
+                        AppendError::Unavailable { reason }
                     }
+                    crate::seal::SealError::Erased(tag) => AppendError::SubjectErased { tag },
                 })?,
         };
         let limits = &self.shared.options.limits;
@@ -226,13 +225,13 @@ impl Store {
             .map_err(|e| match e {
                 TrySendError::Full(r) => {
                     r.reply.disarm();
-                    AppendError::Input(InputError::QueueFull {
+                    AppendError::QueueFull {
                         depth: log.queue_depth(),
-                    })
+                    }
                 }
                 TrySendError::Disconnected(r) => {
                     r.reply.disarm();
-                    AppendError::Store(StoreError::Closed)
+                    StoreError::Closed.into()
                 }
             })
     }

@@ -441,12 +441,10 @@ pub fn answers_round(
                 Err(AppendError::Store(StoreError::Poisoned { reason })) => {
                     Answered::Refused(format!("poisoned: {reason}"))
                 }
-                Err(AppendError::Store(StoreError::DiskFull { reason })) => {
+                Err(AppendError::DiskFull { reason }) => {
                     Answered::Refused(format!("disk full: {reason}"))
                 }
-                Err(AppendError::Store(StoreError::OutcomeUnknown { reason })) => {
-                    Answered::Unknown(reason)
-                }
+                Err(AppendError::OutcomeUnknown { reason }) => Answered::Unknown(reason),
                 Err(other) => Answered::Refused(format!("unexpected: {other}")),
             };
             answers.lock().unwrap().insert(id, answer);
