@@ -107,6 +107,13 @@ impl EventBatch {
     pub fn event(&mut self, event_type: &str) -> Result<EventWriter<'_>, InputError> {
         let index = self.len();
         record::validate_type(index, event_type, &self.limits)?;
+        // A batch is always a client's: the store makes its erasure receipts otherwise.
+        if event_type == crate::subject::SUBJECT_ERASED_TYPE {
+            return Err(InputError::ReservedType {
+                index,
+                event_type: event_type.into(),
+            });
+        }
         self.check_room(ENTRY_FIXED_BYTES + event_type.len())?;
         let start = self.body.len();
         let record_offset = (HEADER_BYTES + start) as u32;

@@ -206,10 +206,11 @@ pub enum InputError {
     /// An erasure of a tag that names no data subject (the store's subject tag prefixes).
     #[error("{tag:?} names no data subject (the store's subject tag prefixes are {prefixes})")]
     NotASubject { tag: String, prefixes: String },
-    /// An erasure, or an event of the erasure receipt's type, on a store without subjects.
+    /// An erasure on a store without subjects.
     #[error("this store has no data subjects (configure subject tag prefixes and a master key)")]
     NoSubjects,
-    /// An event of the type erasures use for their receipts, appended by a client.
+    /// An event of the type erasures use for their receipts, appended by a client (with data
+    /// subjects or without: such an event would read as a receipt once subjects were on).
     #[error("event {index}: the type {event_type} is the store's own (erasure receipts)")]
     ReservedType { index: usize, event_type: String },
     /// Refused by the store's admission check ([`crate::Options::admission`]).

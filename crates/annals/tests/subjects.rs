@@ -311,6 +311,40 @@ fn a_store_without_subjects_stores_data_as_given() {
     assert!(!raw_files_hold(dir.path(), MARKER.as_bytes()).is_empty());
 }
 
+/// Goal: a client cannot append an event of the erasure receipts' type to a store without
+/// data subjects either. Regression: such a store took it (as `NewEvent` and in a batch), and
+/// it would have read as the receipt of an erasure once subjects were configured. Method: both
+/// ways refused as `ReservedType`, the head unchanged; then the store opened with subjects
+/// appends the subject's events.
+#[test]
+fn a_store_without_subjects_refuses_a_forged_erasure_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    let forged = NewEvent::new(SUBJECT_ERASED_TYPE, r#"{"tag":"customer:1"}"#).tag("customer:1");
+    let e = store.append(&[forged], None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AppendError::Input(InputError::ReservedType { index: 0, .. })
+        ),
+        "{e}"
+    );
+    let mut batch = store.batch();
+    batch.event("Moved").unwrap().finish(b"{}").unwrap();
+    let e = batch.event(SUBJECT_ERASED_TYPE).err().unwrap();
+    assert!(
+        matches!(e, InputError::ReservedType { index: 1, .. }),
+        "{e}"
+    );
+    assert_eq!(store.head(), 0);
+    store.close().unwrap();
+    let store = Store::open(dir.path(), options(&MasterKey::generate().unwrap())).unwrap();
+    store
+        .append(&[NewEvent::new("Moved", MARKER).tag("customer:1")], None)
+        .unwrap();
+    store.close().unwrap();
+}
+
 /// Goal: a new key is as durable as the events sealed under it, before the key file holds
 /// it: a store closed without writing its key file (as a crash leaves it) reads every event
 /// back, `annals verify` finds every event's key (in the key file or carried by the log), and

@@ -55,6 +55,20 @@ impl Store {
         if let Some(e) = self.shared.poison_error() {
             return Err(e.into());
         }
+        // With data subjects the sealing refuses it; without, it would read as an erasure's
+        // receipt once subjects were configured.
+        if self.shared.keys.is_none() {
+            if let Some(index) = events
+                .iter()
+                .position(|e| e.event_type == crate::subject::SUBJECT_ERASED_TYPE)
+            {
+                return Err(InputError::ReservedType {
+                    index,
+                    event_type: crate::subject::SUBJECT_ERASED_TYPE.into(),
+                }
+                .into());
+            }
+        }
         let limits = &self.shared.options.limits;
         let tracking = options
             .tracking
