@@ -300,7 +300,10 @@ fn a_kept_mirror_is_used_only_as_the_database_holds_it() {
 /// unknown); a second store takes it in; the primary killed, the standby promoted; a third
 /// store commits another append at that position. The second store must refuse to append (and
 /// so to write after a position the database does not hold as it does), and the database
-/// stays a gapless log holding the third store's append.
+/// stays a gapless log holding the third store's append. Regression: when the store's own
+/// polling thread reached the new primary first, it found the difference and poisoned the
+/// store, but kept the connection that failed the check; a refresh then read on it and
+/// answered the head as true.
 #[test]
 fn a_store_holding_an_append_a_failover_lost_stops() {
     use annals::{AppendError, StoreError};
@@ -350,7 +353,11 @@ fn a_store_holding_an_append_a_failover_lost_stops() {
     );
     assert_eq!(other.append(&[event()], None).unwrap(), 2);
     // The reader's connection went with the primary: once it reaches the new one, it must
-    // find that the database no longer holds its last append.
+    // find that the database no longer holds its last append. Its own thread polls every half
+    // second: after a second it has reached the new primary first, as it did in the run that
+    // found it answering Ok(2) (that thread's finding was dropped, and the next refresh read
+    // on the connection that failed the check).
+    std::thread::sleep(Duration::from_secs(1));
     let looked = eventually(
         "the reader to reach the new primary",
         Duration::from_secs(5),

@@ -162,7 +162,14 @@ impl Committer {
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
             self.adopt(client)?;
             if self.verify_on_connect {
-                self.verify_mirror()?;
+                // A connection whose database was not found to hold the mirror's last append
+                // is not kept: the next use connects and checks again.
+                if let Err(e) = self.verify_mirror() {
+                    if let Some(unchecked) = self.connection.take() {
+                        connect::close(unchecked);
+                    }
+                    return Err(e);
+                }
                 self.verify_on_connect = false;
             }
         }

@@ -56,6 +56,11 @@ fn any_subject(append: &EncodedAppend) -> Option<String> {
 impl Committer {
     /// Takes into the mirror what the database holds beyond it.
     pub(super) fn follow(&mut self) -> Result<(), StoreError> {
+        // A poisoned mirror takes in nothing more (rows after a log it no longer shares with
+        // the database would mix two logs) and answers no head as true.
+        if let Some(e) = self.inner.poison_error() {
+            return Err(e);
+        }
         let result = self.follow_once();
         if let Err(StoreError::Database(reason)) = &result {
             // The mirror can no longer be trusted to hold what the database holds.
