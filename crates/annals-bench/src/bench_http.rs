@@ -616,23 +616,20 @@ async fn add_symbol(target: &Target) -> Result<(), String> {
     Ok(())
 }
 
-/// The server's (fsyncs, appends) from /metrics (None when it cannot be read, e.g. without
-/// the admin scope).
+/// The server's (fsyncs, appends) from its statistics (`/v1/admin/stats`; None when they
+/// cannot be read, e.g. without the admin scope).
 async fn server_counters(target: &Target) -> Option<(f64, f64)> {
     let mut client = Http1::connect(target.http).await.ok()?;
     let authorization = target.authorization();
-    let (status, text) = client
-        .round_trip("GET", "/metrics", authorization.as_deref(), b"")
+    let (status, body) = client
+        .round_trip("GET", "/v1/admin/stats", authorization.as_deref(), b"")
         .await
         .ok()?;
     if !(200..300).contains(&status) {
         return None;
     }
-    let text = String::from_utf8_lossy(text);
-    Some((
-        annals_server::metrics::sample(&text, "annals_fsyncs_total"),
-        annals_server::metrics::sample(&text, "annals_appends_total"),
-    ))
+    let stats: Value = serde_json::from_slice(body).ok()?;
+    Some((stats["fsyncs"].as_f64()?, stats["appends"].as_f64()?))
 }
 
 struct RunOutcome {

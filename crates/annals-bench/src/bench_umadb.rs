@@ -128,7 +128,8 @@ impl Server {
         }
     }
 
-    /// Annals' fsync count from its metrics (blocking HTTP/1.1 GET; None for the others).
+    /// Annals' fsync count from its statistics (blocking HTTP/1.1 GET of
+    /// `/v1/admin/stats`; None for the others).
     fn fsyncs(&self) -> Option<f64> {
         use std::io::{Read, Write};
         let Server::Annals(s) = self else {
@@ -137,13 +138,15 @@ impl Server {
         let mut stream = std::net::TcpStream::connect(s.http).ok()?;
         write!(
             stream,
-            "GET /metrics HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+            "GET /v1/admin/stats HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
             s.http
         )
         .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        Some(annals_server::metrics::sample(&text, "annals_fsyncs_total"))
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).ok()?;
+        let at = answer.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+        let stats: Value = serde_json::from_slice(&answer[at..]).ok()?;
+        stats["fsyncs"].as_f64()
     }
 }
 

@@ -210,17 +210,30 @@ impl Target {
     }
 
     /// Appends atomically: Ok(Ok(last position)) or Ok(Err(conflicting position)).
+    /// `carried`: the events are an export's history, erasure receipts included
+    /// ([`annals::AppendOptions::carried`]; a server takes no receipts from a client).
     fn append(
         &mut self,
         events: &[NewEvent],
         condition: Option<&AppendCondition>,
+        carried: bool,
     ) -> Result<Result<u64, u64>, String> {
+        let options = annals::AppendOptions {
+            carried,
+            ..annals::AppendOptions::default()
+        };
         match self {
-            Target::Dir(store) => match store.append(events, condition) {
-                Ok(p) => Ok(Ok(p)),
-                Err(AppendError::ConditionFailed { position }) => Ok(Err(position)),
-                Err(e) => Err(e.to_string()),
-            },
+            Target::Dir(store) => {
+                let mut append = store.appending(events).options(options);
+                if let Some(condition) = condition {
+                    append = append.condition(condition);
+                }
+                match append.wait() {
+                    Ok(p) => Ok(Ok(p)),
+                    Err(AppendError::ConditionFailed { position }) => Ok(Err(position)),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             Target::Url(remote) => {
                 let mut body = Vec::with_capacity(events.len() * 128);
                 body.extend_from_slice(b"{\"events\":[");
@@ -734,7 +747,11 @@ pub fn append(args: AppendArgs) -> Result<(), Failure> {
             metadata: Bytes::new(),
             id: args.id,
         };
-        return Ok(report(target.append(&[event], condition.as_ref())?)?);
+        return Ok(report(target.append(
+            &[event],
+            condition.as_ref(),
+            false,
+        )?)?);
     }
     let stdin = std::io::stdin();
     let mut batch = Vec::new();
@@ -746,7 +763,7 @@ pub fn append(args: AppendArgs) -> Result<(), Failure> {
         }
         batch.push(parse_event(line.as_bytes(), i + 1)?);
         if batch.len() >= args.batch.max(1) {
-            last = Some(target.append(&batch, condition.as_ref())?);
+            last = Some(target.append(&batch, condition.as_ref(), false)?);
             if let Some(Err(_)) = last {
                 break;
             }
@@ -754,7 +771,7 @@ pub fn append(args: AppendArgs) -> Result<(), Failure> {
         }
     }
     if !batch.is_empty() {
-        last = Some(target.append(&batch, condition.as_ref())?);
+        last = Some(target.append(&batch, condition.as_ref(), false)?);
     }
     match last {
         Some(result) => Ok(report(result)?),
@@ -1117,7 +1134,8 @@ impl<'a> Import<'a> {
         let Some(target) = self.target.as_mut() else {
             return Err("the store is not open".into());
         };
-        let last = match target.append(&self.batch, condition.as_ref())? {
+        let carried = self.args.erased_as_empty;
+        let last = match target.append(&self.batch, condition.as_ref(), carried)? {
             Ok(last) => last,
             Err(p) => {
                 return Err(format!(

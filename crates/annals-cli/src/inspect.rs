@@ -189,73 +189,13 @@ fn verify_database(url: &str, options: Options, json: bool) -> Result<(), Failur
 /// Stats of a running server, from its Prometheus text.
 /// `stats --url`: a running server's head, durability, counters and fsync latency, from
 /// /metrics (admin scope).
+/// A running server's statistics (`GET /v1/admin/stats`, admin scope), the shape `stats
+/// --store --json` prints with the server's readiness, subscribers and connections.
 fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Result<(), String> {
-    let text = remote.call("GET", "/metrics", Vec::new())?;
-    let text = String::from_utf8_lossy(&text);
-    let value = |name: &str| annals_server::metrics::sample(&text, name);
-    // Whether the scrape has a series (a store without a backup or a replica has none).
-    let present = |name: &str| {
-        text.lines().any(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' '))
-        })
-    };
-    // The label of the state series set to 1 (`annals_backup_state{state="shipping"} 1`).
-    let state_of = |series: &str| {
-        let open = format!("{series}{{");
-        text.lines()
-            .find(|l| l.starts_with(&open) && l.ends_with(" 1"))
-            .and_then(|l| l.split('"').nth(1))
-            .unwrap_or("unknown")
-    };
-    let durability = text
-        .lines()
-        .find_map(|l| l.strip_prefix("annals_durability_info{class=\""))
-        .and_then(|rest| rest.split('"').next())
-        .unwrap_or("unknown")
-        .to_string();
-    let fsyncs = value("annals_fsyncs_total");
-    let fsync_seconds = value("annals_fsync_seconds_sum");
-    let report = serde_json::json!({
-        "url": url,
-        "head": value("annals_head_position") as u64,
-        "durability": durability,
-        "appends": value("annals_appends_total") as u64,
-        "events_appended": value("annals_events_appended_total") as u64,
-        "conditions_failed": value("annals_append_conditions_failed_total") as u64,
-        "groups": value("annals_groups_total") as u64,
-        "fsyncs": fsyncs as u64,
-        "fsync_us_mean": if fsyncs > 0.0 { fsync_seconds / fsyncs * 1e6 } else { 0.0 },
-        "queue_depth": value("annals_queue_depth") as u64,
-        "subscribers": value("annals_subscribers") as u64,
-        "connections": value("annals_connections") as u64,
-        "index_bytes": value("annals_index_bytes") as u64,
-        "segments": value("annals_segments") as u64,
-        "poisoned": value("annals_poisoned") > 0.0,
-        "disk_full": value("annals_disk_full") > 0.0,
-        "disk_free_bytes": present("annals_disk_free_bytes")
-            .then(|| value("annals_disk_free_bytes") as u64),
-        "backup": present("annals_backup_shipped_position")
-            .then(|| serde_json::json!({
-                "state": state_of("annals_backup_state"),
-                "shipped_through": value("annals_backup_shipped_position") as u64,
-                "lag_positions": value("annals_backup_lag_positions") as u64,
-                "lag_seconds": value("annals_backup_lag_seconds"),
-                "bytes_shipped": value("annals_backup_bytes_shipped_total") as u64,
-                "failures": value("annals_backup_failures_total") as u64,
-            })),
-        "replica": present("annals_replica_lag_positions")
-            .then(|| serde_json::json!({
-                "state": state_of("annals_replica_state"),
-                "backup_position": value("annals_replica_backup_position") as u64,
-                "lag_positions": value("annals_replica_lag_positions") as u64,
-                "lag_seconds": value("annals_replica_lag_seconds"),
-                "last_poll_age_seconds": value("annals_replica_last_poll_age_seconds"),
-                "objects_read": value("annals_replica_objects_read_total") as u64,
-                "failures": value("annals_replica_failures_total") as u64,
-            })),
-        "ready": value("annals_ready") > 0.0,
-    });
+    let body = remote.call("GET", "/v1/admin/stats", Vec::new())?;
+    let mut report: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| format!("{url} answered statistics that are not JSON: {e}"))?;
+    report["url"] = url.into();
     if json {
         println!("{report}");
     } else {
@@ -265,10 +205,14 @@ fn server_stats(mut remote: crate::remote::Remote, url: &str, json: bool) -> Res
 }
 
 /// Prints a JSON object as a table for people: one line per field, text without quotes,
-/// `none` for null, and a nested object's fields indented under its name.
+/// `none` for null, and a nested object's fields indented under its name. Histograms (objects
+/// holding `buckets`) are left to `--json`.
 fn print_table(value: &serde_json::Value, indent: usize) {
     for (k, v) in value.as_object().into_iter().flatten() {
         let name = format!("{:indent$}{k}:", "");
+        if v.get("buckets").is_some() {
+            continue;
+        }
         match v {
             serde_json::Value::Object(_) => {
                 println!("{name}");
@@ -278,17 +222,6 @@ fn print_table(value: &serde_json::Value, indent: usize) {
             serde_json::Value::Null => println!("{name:<24} none"),
             other => println!("{name:<24} {other}"),
         }
-    }
-}
-
-/// How the opened store's index was had, in words.
-fn index_source(index: &annals::IndexSource) -> String {
-    match index {
-        annals::IndexSource::Checkpoint { scanned_events } => {
-            format!("index from its checkpoint, {scanned_events} events scanned after it")
-        }
-        annals::IndexSource::Rebuilt { reason } => format!("index rebuilt from the log: {reason}"),
-        annals::IndexSource::New => "a new store: no log yet".to_string(),
     }
 }
 
@@ -334,15 +267,13 @@ fn print_stats(store: &Store, json: bool) -> Result<(), String> {
     let stats = store.stats();
     let report = store.open_report().clone();
     if json {
-        let mut value = serde_json::to_value(&stats).map_err(|e| e.to_string())?;
+        let mut value = annals_server::stats::store_json(store);
         // The durability class is a running server's setting, not the store's: this command
         // opened the store in a class of its own choosing, which says nothing about it.
         if let Some(fields) = value.as_object_mut() {
             fields.remove("durability");
             fields.remove("durability_description");
         }
-        value["open_ms"] = report.open_ms.into();
-        value["index_source"] = index_source(&report.index).into();
         println!("{value}");
     } else {
         println!("head:        {}", stats.head);
@@ -361,7 +292,7 @@ fn print_stats(store: &Store, json: bool) -> Result<(), String> {
         println!(
             "opened in:   {:.1} ms ({})",
             report.open_ms,
-            index_source(&report.index)
+            annals_server::stats::index_source(&report.index)
         );
         if let Some(free) = stats.disk_free_bytes {
             println!("disk free:   {free} bytes");

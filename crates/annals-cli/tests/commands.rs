@@ -358,12 +358,15 @@ fn every_command_has_help_with_an_example() {
 }
 
 /// Goal: `stats --url` reports a running server's head, class and counters (admin scope), and
-/// says why when the key lacks the scope.
+/// says why when the key lacks the scope; a running server's statistics and a closed store's
+/// (`stats --store --json`) have one shape. Method: three appends, `stats --url --json`, the
+/// server stopped, then `stats --store --json`: every field of the closed store's is in the
+/// server's, and the server adds only its own (class, readiness, clients, the URL).
 #[test]
 fn stats_of_a_running_server() {
     let dir = tempfile::tempdir().unwrap();
     let keys = "admin-key-0000000001=admin;reader-key-000000001=read";
-    let server = ServerProcess::start_with_env(dir.path(), &[], &[("ANNALS_API_KEYS", keys)]);
+    let mut server = ServerProcess::start_with_env(dir.path(), &[], &[("ANNALS_API_KEYS", keys)]);
     let url = format!("http://{}", server.http);
     for i in 0..3 {
         ok(&[
@@ -408,6 +411,33 @@ fn stats_of_a_running_server() {
     assert!(
         stderr.contains("403") && stderr.contains("admin"),
         "{stderr}"
+    );
+    assert!(server.terminate().success());
+    let store = dir.path().to_str().unwrap();
+    let closed: serde_json::Value =
+        serde_json::from_str(ok(&["stats", "--store", store, "--json"]).trim()).unwrap();
+    assert_eq!(closed["head"], 3);
+    let fields = |v: &serde_json::Value| -> std::collections::BTreeSet<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    };
+    let (served, closed) = (fields(&stats), fields(&closed));
+    assert!(
+        closed.is_subset(&served),
+        "{:?}",
+        closed.difference(&served)
+    );
+    let own: Vec<&String> = served.difference(&closed).collect();
+    assert_eq!(
+        own,
+        [
+            "connections",
+            "durability",
+            "durability_description",
+            "ready",
+            "subscribers",
+            "unready_reasons",
+            "url"
+        ]
     );
 }
 

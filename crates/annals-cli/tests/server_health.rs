@@ -12,11 +12,7 @@ use serde_json::Value;
 
 /// A sample of a server's /metrics, named with its labels as written (`name{label="v"}`).
 fn sample(server: &ServerProcess, name: &str) -> Option<f64> {
-    server
-        .get("/metrics")
-        .text()
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    annals_testkit::server::sample(&server.get("/metrics").text(), name)
 }
 
 /// How long a test waits for a replica or a server to get somewhere.

@@ -54,6 +54,7 @@ pub(crate) fn router(state: Arc<AppState>, routes: Router<Arc<AppState>>) -> Rou
         .route("/v1/subscribe", get(subscribe))
         .route("/v1/tracking", get(tracking))
         .route("/v1/admin/check", get(check))
+        .route("/v1/admin/stats", get(admin_stats))
         .route("/v1/readmodels", get(read_models))
         .route("/v1/readmodels/{name}", get(read_model))
         .route(
@@ -1011,11 +1012,32 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 /// Readiness: whether the server can now keep what it promises, for a load balancer to send
 /// it traffic or not. 503 with the reasons while it cannot (`Stats::unready_reasons`, and a
 /// server shutting down). Open without a key, as `/health` is, and for the same probes.
-async fn ready(State(state): State<Arc<AppState>>) -> Response {
+/// Why the server cannot keep what it promises now (empty: ready).
+fn unready_reasons(state: &AppState) -> Vec<String> {
     let mut reasons = state.store.stats().unready_reasons();
     if *state.shutdown.borrow() {
         reasons.push("shutting_down: the server finishes its requests and stops".into());
     }
+    reasons
+}
+
+/// The store's statistics as JSON (admin scope): the shape `annals stats --store` prints, with
+/// the server's readiness, subscribers and connections.
+async fn admin_stats(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers, Scopes::ADMIN) {
+        return e.into_response();
+    }
+    let mut value = crate::stats::store_json(&state.store);
+    let reasons = unready_reasons(&state);
+    value["ready"] = reasons.is_empty().into();
+    value["unready_reasons"] = reasons.into();
+    value["subscribers"] = state.metrics.subscribers().into();
+    value["connections"] = state.metrics.connections().into();
+    json_response(StatusCode::OK, value.to_string())
+}
+
+async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let reasons = unready_reasons(&state);
     if reasons.is_empty() {
         return json_response(StatusCode::OK, r#"{"status":"ok"}"#.to_string());
     }

@@ -24,6 +24,7 @@ pub mod readmodels;
 mod serve;
 mod start;
 mod state;
+pub mod stats;
 pub mod subjects;
 pub mod wire;
 

@@ -126,6 +126,10 @@ impl Metrics {
         self.subscribers.load(Ordering::Relaxed)
     }
 
+    pub fn connections(&self) -> i64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
     /// Counts a subscriber for as long as the guard lives.
     pub fn subscriber(self: &std::sync::Arc<Self>) -> Gauge {
         Gauge::new(self.clone(), |m| &m.subscribers)
@@ -787,16 +791,4 @@ pub fn render_exchange(out: &mut String, stats: &annals_exchange::ServiceStats) 
         header(out, name, kind, help);
         let _ = writeln!(out, "{name} {}", field(stats));
     }
-}
-
-/// The value of an unlabelled sample in Prometheus text, as `/metrics` writes it (0 when
-/// absent): for tools that read a running server's counters.
-pub fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)?
-                .strip_prefix(' ')
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0.0)
 }

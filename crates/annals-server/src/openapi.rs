@@ -234,6 +234,12 @@ fn document() -> String {
                             "problem": { "type": ["string", "null"] }, "seconds": { "type": "number" } } } } } }
                 }), auth_errors())
             } },
+            "/v1/admin/stats": { "get": {
+                "summary": "The store's statistics (scope admin): head, class, counters, fsync latency, index, disk, backup, replica and database state, in the shape annals stats --store prints, with the server's readiness, subscribers and connections. annals stats --url prints it.",
+                "responses": merge(json!({
+                    "200": { "description": "The statistics; fields a backend does not have are null.", "content": { "application/json": { "schema": stats_schema() } } }
+                }), auth_errors())
+            } },
             "/v1/admin/erase": { "post": {
                 "summary": "Erase a data subject (scope admin): its key is deleted, so that every event carrying its tag reads back without data (erased: true) wherever the store keeps it; a receipt event (annals.SubjectErased) is appended; later appends naming it are refused (409 subject_erased). Idempotent.",
                 "requestBody": { "required": true, "content": { "application/json": { "schema": {
@@ -632,4 +638,31 @@ mod tests {
             serde_json::json!(["from", "after"])
         );
     }
+}
+
+/// The schema of `GET /v1/admin/stats`'s answer (`stats.rs`): the fields tools read, and
+/// more the store may add.
+fn stats_schema() -> Value {
+    let integer = json!({ "type": "integer" });
+    let text_or_null = json!({ "type": ["string", "null"] });
+    let object_or_null = json!({ "type": ["object", "null"] });
+    json!({
+        "type": "object",
+        "required": ["head", "backend", "durability", "ready", "unready_reasons"],
+        "properties": {
+            "head": integer, "backend": { "type": "string" },
+            "durability": { "type": "string", "description": "The server's class: d0 to d4, or replica." },
+            "appends": integer, "events_appended": integer, "conditions_failed": integer,
+            "fsyncs": integer, "fsync_us_mean": { "type": "number" }, "queue_depth": integer,
+            "index_bytes": integer, "segments": integer,
+            "poisoned": text_or_null, "disk_full": text_or_null,
+            "disk_free_bytes": { "type": ["integer", "null"] },
+            "backup": object_or_null, "replica": object_or_null,
+            "database": object_or_null, "scrub": object_or_null,
+            "open_ms": { "type": "number" }, "index_source": { "type": "string" },
+            "ready": { "type": "boolean" },
+            "unready_reasons": { "type": "array", "items": { "type": "string" }, "description": "As GET /ready gives them." },
+            "subscribers": integer, "connections": integer
+        }
+    })
 }

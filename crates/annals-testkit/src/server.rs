@@ -160,3 +160,11 @@ impl Drop for ServerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// The value of the sample `name` (with its labels as written: `name{label="v"}`) in the
+/// Prometheus text a server's `/metrics` answers; None when it has none. For tests of the
+/// exposition: tools read the statistics as JSON (`GET /v1/admin/stats`).
+pub fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

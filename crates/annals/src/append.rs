@@ -54,6 +54,11 @@ pub struct AppendOptions {
     /// for the source, so a process that appends the effects of what it consumed can neither
     /// lose nor repeat one across a crash.
     pub tracking: Option<Tracking>,
+    /// The events are carried from another log's history (an import of an export), not made
+    /// by a client: they are not admitted again, and the store's own erasure receipts among
+    /// them are taken as they are. For tools that carry a log; a client's event of the
+    /// receipts' type is refused (`InputError::ReservedType`).
+    pub carried: bool,
 }
 
 /// A named consumer's position in some upstream sequence (see [`AppendOptions::tracking`]).

@@ -56,8 +56,9 @@ impl Store {
             return Err(e.into());
         }
         // With data subjects the sealing refuses it; without, it would read as an erasure's
-        // receipt once subjects were configured.
-        if self.shared.keys.is_none() {
+        // receipt once subjects were configured (or to a server with subjects on the same
+        // database, which would drop the subject's key as it took the receipt in).
+        if self.shared.keys.is_none() && !options.carried {
             if let Some(index) = events
                 .iter()
                 .position(|e| e.event_type == crate::subject::SUBJECT_ERASED_TYPE)
@@ -75,7 +76,8 @@ impl Store {
             .as_ref()
             .map(|t| (t.source.as_str(), t.position));
         let append = encode_append_tracked(events, tracking, limits)?;
-        self.submit_encoded(append, condition, options, reply, how, None, false)
+        let carried = options.carried;
+        self.submit_encoded(append, condition, options, reply, how, None, carried)
     }
 
     /// Queues an append read from a log (a copy's), with its own append time; see
@@ -142,8 +144,9 @@ impl Store {
         self.submit_encoded(append, condition, options, reply, how, None, false)
     }
 
-    /// Hands an encoded append to the log. `receipt`: the store's own erasure receipt, left
-    /// in the clear.
+    /// Hands an encoded append to the log. `receipt`: the store's own erasure receipt, or
+    /// events carried from another log's history: not admitted again, receipts among them
+    /// left in the clear.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn submit_encoded(
         &self,
