@@ -565,6 +565,7 @@ fn openapi_describes_every_endpoint() {
             "/v1/admin/erase",
             "/v1/admin/exchange/symbols",
             "/v1/admin/readmodels/{name}/rebuild",
+            "/v1/admin/stats",
             "/v1/append",
             "/v1/exchange",
             "/v1/exchange/accounts/{account}/cancel-all",

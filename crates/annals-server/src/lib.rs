@@ -22,6 +22,8 @@ mod openapi;
 mod peers;
 pub mod readmodels;
 mod serve;
+#[cfg(test)]
+mod snapshot;
 mod start;
 mod state;
 pub mod stats;

@@ -193,6 +193,7 @@ impl Metrics {
                     "annals_request_duration_seconds",
                     &labels,
                     &self.op(api, op).duration_us.snapshot(),
+                    &DURATION_BOUNDS_US,
                     1e-6,
                 );
             }
@@ -341,6 +342,7 @@ impl Metrics {
             "annals_group_appends",
             "",
             &stats.group_appends,
+            &GROUP_BOUNDS,
             1.0,
         );
         counter(
@@ -355,7 +357,14 @@ impl Metrics {
             "histogram",
             "fdatasync latency.",
         );
-        histogram(&mut out, "annals_fsync_seconds", "", &stats.fsync_us, 1e-6);
+        histogram(
+            &mut out,
+            "annals_fsync_seconds",
+            "",
+            &stats.fsync_us,
+            &FSYNC_BOUNDS_US,
+            1e-6,
+        );
         gauge(
             &mut out,
             "annals_queue_depth",
@@ -631,13 +640,53 @@ fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
 
 /// Writes a histogram's buckets, `+Inf`, `_sum` and `_count`; bounds and the sum are scaled
 /// by `scale` (microseconds to seconds).
-fn histogram(out: &mut String, name: &str, labels: &str, h: &HistogramSnapshot, scale: f64) {
+/// The bucket bounds, in microseconds, of every duration histogram: powers of four from 1 us
+/// to about 17 s. Fixed, so that every series has the same `le` values from its first scrape
+/// on (a bucket that appeared only once filled would be undercounted by `rate()`).
+const DURATION_BOUNDS_US: [u64; 13] = [
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216,
+];
+
+/// The bucket bounds, in microseconds, of the fsync latency: powers of two from 1 us to about
+/// 17 s, finer than a request's (the console's fsync percentiles are read from them).
+const FSYNC_BOUNDS_US: [u64; 25] = {
+    let mut bounds = [0; 25];
+    let mut i = 0;
+    while i < bounds.len() {
+        bounds[i] = 1 << i;
+        i += 1;
+    }
+    bounds
+};
+
+/// The bucket bounds of the appends-per-group histogram: powers of four up to 4096.
+const GROUP_BOUNDS: [u64; 7] = [1, 4, 16, 64, 256, 1024, 4096];
+
+/// How many recorded values are at most `bound` (a power of two, as the snapshot's bounds).
+fn cumulative_at(h: &HistogramSnapshot, bound: u64) -> u64 {
+    debug_assert!(bound.is_power_of_two());
+    h.buckets
+        .iter()
+        .take_while(|(upper, _)| *upper <= bound)
+        .last()
+        .map_or(0, |(_, count)| *count)
+}
+
+fn histogram(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    h: &HistogramSnapshot,
+    bounds: &[u64],
+    scale: f64,
+) {
     let sep = if labels.is_empty() { "" } else { "," };
-    for (bound, count) in &h.buckets {
+    for &bound in bounds {
         let _ = writeln!(
             out,
-            "{name}_bucket{{{labels}{sep}le=\"{}\"}} {count}",
-            *bound as f64 * scale
+            "{name}_bucket{{{labels}{sep}le=\"{}\"}} {}",
+            bound as f64 * scale,
+            cumulative_at(h, bound)
         );
     }
     let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
@@ -790,5 +839,73 @@ pub fn render_exchange(out: &mut String, stats: &annals_exchange::ServiceStats) 
     for (name, kind, help, field) in series {
         header(out, name, kind, help);
         let _ = writeln!(out, "{name} {}", field(stats));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: a change to the series `/metrics` exposes (a name, its help, its type, its
+    /// labels) is a visible decision: the exposition of a fresh store is compared with the
+    /// copy committed beside the tests (`ANNALS_UPDATE_SNAPSHOTS=1` writes it anew). Method:
+    /// a memory-only store with one append, its exposition with the server's own series, every
+    /// sample's value cut off (what is counted varies; what is exposed may not).
+    #[test]
+    fn the_exposition_is_the_committed_snapshot() {
+        let store = annals::Store::open_in_memory(annals::Options::default()).unwrap();
+        store
+            .append(&[annals::NewEvent::new("Opened", "{}").tag("k:1")], None)
+            .unwrap();
+        let metrics = Metrics::default();
+        metrics.record(
+            Api::Http,
+            Op::Append,
+            Outcome::Ok,
+            Duration::from_micros(100),
+        );
+        let mut text = metrics.render(&store.stats());
+        render_stream_bytes(&mut text, 0, 1 << 20);
+        render_read_models(&mut text, &[]);
+        let shape: String = text
+            .lines()
+            .map(|line| match line.starts_with('#') {
+                true => format!("{line}\n"),
+                false => format!(
+                    "{}\n",
+                    line.rsplit_once(' ').map_or(line, |(series, _)| series)
+                ),
+            })
+            .collect();
+        crate::snapshot::assert_snapshot("metrics.txt", &shape);
+        store.close().unwrap();
+    }
+
+    /// Goal: every histogram series exposes the same buckets whatever it counted, with
+    /// cumulative counts. Regression: empty buckets were left out, so each series had its own
+    /// growing set of `le` values. Method: one histogram with values and one without, their
+    /// bucket lines compared.
+    #[test]
+    fn histograms_expose_fixed_buckets() {
+        let filled = annals::Log2Histogram::default();
+        for value in [3, 100, 5000] {
+            filled.record(value);
+        }
+        let lines = |h: &annals::Log2Histogram| {
+            let mut out = String::new();
+            histogram(&mut out, "h", "", &h.snapshot(), &DURATION_BOUNDS_US, 1.0);
+            out.lines()
+                .filter(|l| l.starts_with("h_bucket"))
+                .map(|l| l.rsplit_once(' ').unwrap())
+                .map(|(series, count)| (series.to_string(), count.parse::<u64>().unwrap()))
+                .collect::<Vec<_>>()
+        };
+        let (filled, empty) = (lines(&filled), lines(&annals::Log2Histogram::default()));
+        let series = |v: &[(String, u64)]| v.iter().map(|(s, _)| s.clone()).collect::<Vec<_>>();
+        assert_eq!(series(&filled), series(&empty));
+        assert_eq!(filled.len(), DURATION_BOUNDS_US.len() + 1);
+        let counts: Vec<u64> = filled.iter().map(|(_, c)| *c).collect();
+        assert_eq!(counts, [0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3]);
+        assert!(empty.iter().all(|(_, c)| *c == 0));
     }
 }

@@ -583,27 +583,7 @@ mod tests {
     fn the_document_is_the_committed_snapshot() {
         let doc: Value = serde_json::from_str(&super::document()).unwrap();
         let text = serde_json::to_string_pretty(&doc).unwrap() + "\n";
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests")
-            .join("snapshots")
-            .join("openapi.json");
-        if std::env::var_os("ANNALS_UPDATE_SNAPSHOTS").is_some() {
-            std::fs::write(&path, &text).unwrap();
-        }
-        let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        if committed != text {
-            let first = committed
-                .lines()
-                .zip(text.lines())
-                .position(|(a, b)| a != b)
-                .unwrap_or(committed.lines().count().min(text.lines().count()));
-            panic!(
-                "the OpenAPI document differs from {} from line {} on; if the change is meant, \
-                 run the test with ANNALS_UPDATE_SNAPSHOTS=1 and commit the file",
-                path.display(),
-                first + 1
-            );
-        }
+        crate::snapshot::assert_snapshot("openapi.json", &text);
     }
 
     /// Goal: every reference in the document names a schema it holds, and the request schemas
