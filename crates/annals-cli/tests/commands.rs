@@ -357,15 +357,16 @@ fn every_command_has_help_with_an_example() {
     }
 }
 
-/// Goal: `stats --url` reports a running server's head, class and counters (admin scope), and
-/// says why when the key lacks the scope; a running server's statistics and a closed store's
+/// Goal: `stats --url` reports a running server's head, class and counters (metrics scope,
+/// which admin implies), and says why when the key lacks the scope; a key of the metrics scope
+/// alone reads no events, checks nothing and erases nothing; a running server's statistics and a closed store's
 /// (`stats --store --json`) have one shape. Method: three appends, `stats --url --json`, the
 /// server stopped, then `stats --store --json`: every field of the closed store's is in the
 /// server's, and the server adds only its own (class, readiness, clients, the URL).
 #[test]
 fn stats_of_a_running_server() {
     let dir = tempfile::tempdir().unwrap();
-    let keys = "admin-key-0000000001=admin;reader-key-000000001=read";
+    let keys = "admin-key-0000000001=admin;reader-key-000000001=read;scrape-key-000000001=metrics";
     let mut server = ServerProcess::start_with_env(dir.path(), &[], &[("ANNALS_API_KEYS", keys)]);
     let url = format!("http://{}", server.http);
     for i in 0..3 {
@@ -409,9 +410,24 @@ fn stats_of_a_running_server() {
     let (success, _, stderr) = run(&["stats", "--url", &url, "--api-key", "reader-key-000000001"]);
     assert!(!success);
     assert!(
-        stderr.contains("403") && stderr.contains("admin"),
+        stderr.contains("403") && stderr.contains("metrics"),
         "{stderr}"
     );
+    // A scraper's key reads the statistics and nothing else.
+    let scrape = ["--url", &url, "--api-key", "scrape-key-000000001"];
+    let out = ok(&[&["stats", "--json"][..], &scrape].concat());
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["head"],
+        3
+    );
+    for refused in [
+        &["read"][..],
+        &["verify"],
+        &["erase", "customer:1", "--force"],
+    ] {
+        let (success, _, stderr) = run(&[refused, &scrape].concat());
+        assert!(!success && stderr.contains("403"), "{refused:?}: {stderr}");
+    }
     assert!(server.terminate().success());
     let store = dir.path().to_str().unwrap();
     let closed: serde_json::Value =

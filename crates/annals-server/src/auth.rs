@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-/// What a key may do. `admin` implies the others.
+/// What a key may do. `admin` implies the others; `metrics` reads `/metrics` and the store's
+/// statistics and nothing else (a scraper's key, which can neither read events nor erase).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Scopes(u8);
 
@@ -13,6 +14,7 @@ impl Scopes {
     pub const READ: Scopes = Scopes(1);
     pub const APPEND: Scopes = Scopes(2);
     pub const ADMIN: Scopes = Scopes(4);
+    pub const METRICS: Scopes = Scopes(8);
 
     pub fn contains(self, needed: Scopes) -> bool {
         self.0 & Scopes::ADMIN.0 != 0 || self.0 & needed.0 == needed.0
@@ -27,6 +29,7 @@ impl Scopes {
             Scopes::READ => "read",
             Scopes::APPEND => "append",
             Scopes::ADMIN => "admin",
+            Scopes::METRICS => "metrics",
             _ => "several",
         }
     }
@@ -38,16 +41,17 @@ impl Scopes {
                 "read" => Scopes::READ,
                 "append" => Scopes::APPEND,
                 "admin" => Scopes::ADMIN,
+                "metrics" => Scopes::METRICS,
                 other => {
                     return Err(format!(
-                        "unknown scope {other:?}: expected read, append or admin"
+                        "unknown scope {other:?}: expected read, append, admin or metrics"
                     ))
                 }
             };
             scopes = scopes.union(scope);
         }
         if scopes == Scopes::default() {
-            return Err("a key needs at least one scope (read, append, admin)".into());
+            return Err("a key needs at least one scope (read, append, admin, metrics)".into());
         }
         Ok(scopes)
     }

@@ -1021,10 +1021,10 @@ fn unready_reasons(state: &AppState) -> Vec<String> {
     reasons
 }
 
-/// The store's statistics as JSON (admin scope): the shape `annals stats --store` prints, with
+/// The store's statistics as JSON (metrics scope): the shape `annals stats --store` prints, with
 /// the server's readiness, subscribers and connections.
 async fn admin_stats(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers, Scopes::ADMIN) {
+    if let Err(e) = authorize(&state, &headers, Scopes::METRICS) {
         return e.into_response();
     }
     let mut value = crate::stats::store_json(&state.store);
@@ -1046,7 +1046,7 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers, Scopes::ADMIN) {
+    if let Err(e) = authorize(&state, &headers, Scopes::METRICS) {
         return e.into_response();
     }
     let mut text = state.metrics.render(&state.store.stats());

@@ -235,7 +235,7 @@ fn document() -> String {
                 }), auth_errors())
             } },
             "/v1/admin/stats": { "get": {
-                "summary": "The store's statistics (scope admin): head, class, counters, fsync latency, index, disk, backup, replica and database state, in the shape annals stats --store prints, with the server's readiness, subscribers and connections. annals stats --url prints it.",
+                "summary": "The store's statistics (scope metrics; admin implies it): head, class, counters, fsync latency, index, disk, backup, replica and database state, in the shape annals stats --store prints, with the server's readiness, subscribers and connections. annals stats --url prints it.",
                 "responses": merge(json!({
                     "200": { "description": "The statistics; fields a backend does not have are null.", "content": { "application/json": { "schema": stats_schema() } } }
                 }), auth_errors())
@@ -308,7 +308,7 @@ fn document() -> String {
                 }
             } },
             "/metrics": { "get": {
-                "summary": "Prometheus text exposition: request counts and latencies, append and read counters, group sizes, fsync latency, queue depth, head, subscribers (scope admin).",
+                "summary": "Prometheus text exposition: request counts and latencies, append and read counters, group sizes, fsync latency, queue depth, head, subscribers (scope metrics; admin implies it).",
                 "responses": merge(json!({ "200": { "description": "Metrics.", "content": { "text/plain": {} } } }), auth_errors())
             } }
         }
