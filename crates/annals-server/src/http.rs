@@ -1049,20 +1049,25 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     if let Err(e) = authorize(&state, &headers, Scopes::METRICS) {
         return e.into_response();
     }
-    let mut text = state.metrics.render(&state.store.stats());
-    crate::metrics::render_stream_bytes(
-        &mut text,
-        state.stream_bytes.held(),
-        state.config.limits.stream_bytes_max,
-    );
-    crate::metrics::render_read_models(&mut text, &state.read_models.statuses());
-    if let Some(hosted) = &state.exchange {
-        crate::metrics::render_exchange(&mut text, hosted.exchange.stats());
-    }
+    let scrape = crate::metrics::Scrape {
+        server: state.metrics.counts(),
+        stats: state.store.stats(),
+        stream_bytes: (
+            state.stream_bytes.held() as u64,
+            state.config.limits.stream_bytes_max as u64,
+        ),
+        read_models: state.read_models.counts(),
+        exchange: state
+            .exchange
+            .as_ref()
+            .map(|hosted| crate::metrics::ExchangeCounts::of(hosted.exchange.stats())),
+        process: crate::process::ProcessStats::read(),
+    };
+    let text = scrape.exposition();
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
         CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(prometheus_client::encoding::prometheus_text::CONTENT_TYPE),
     );
     response
 }

@@ -20,6 +20,7 @@ mod kinds;
 pub mod metrics;
 mod openapi;
 mod peers;
+mod process;
 pub mod readmodels;
 mod serve;
 #[cfg(test)]

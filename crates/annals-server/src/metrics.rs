@@ -1,11 +1,20 @@
-//! Request counters and latency histograms, and the Prometheus text rendering of them together
-//! with the store's own counters (appends, groups, fsync latency, queue depth, head).
+//! Request counters and latency histograms, counted on the hot path with atomics, and the
+//! Prometheus exposition of them with the store's own statistics, read at scrape time by a
+//! `prometheus-client` collector ([`Scrape`]), which writes the format and escapes labels.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use annals::{HistogramSnapshot, Log2Histogram, Stats};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, EncodeMetric,
+    NoLabelSet,
+};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -140,506 +149,766 @@ impl Metrics {
         Gauge::new(self.clone(), |m| &m.connections)
     }
 
-    /// The Prometheus text exposition of the server's and the store's counters.
-    pub fn render(&self, stats: &Stats) -> String {
-        let mut out = String::with_capacity(8192);
-        header(
-            &mut out,
-            "annals_requests_total",
-            "counter",
-            "Requests by API and operation.",
-        );
-        self.each(&mut out, "annals_requests_total", |m| &m.requests);
-        header(
-            &mut out,
-            "annals_request_client_errors_total",
-            "counter",
-            "Requests refused for bad input or missing authorization (4xx, gRPC client codes).",
-        );
-        self.each(&mut out, "annals_request_client_errors_total", |m| {
-            &m.client_errors
-        });
-        header(
-            &mut out,
-            "annals_request_server_errors_total",
-            "counter",
-            "Requests that failed in the server or the store (5xx, gRPC server codes).",
-        );
-        self.each(&mut out, "annals_request_server_errors_total", |m| {
-            &m.server_errors
-        });
-        header(
-            &mut out,
-            "annals_append_conditions_failed_requests_total",
-            "counter",
-            "Append requests whose condition failed.",
-        );
-        self.each(
-            &mut out,
-            "annals_append_conditions_failed_requests_total",
-            |m| &m.conflicts,
-        );
-        header(
-            &mut out,
-            "annals_request_duration_seconds",
-            "histogram",
-            "Time from a request's arrival to its answer (for streams: to the first response).",
-        );
+    /// What the server counted, read once for a scrape.
+    pub fn counts(&self) -> ServerCounts {
+        let mut ops = Vec::with_capacity(APIS.len() * OPS.len());
         for api in APIS {
             for op in OPS {
-                let labels = format!("api=\"{}\",op=\"{}\"", api.name(), op.name());
-                histogram(
-                    &mut out,
-                    "annals_request_duration_seconds",
-                    &labels,
-                    &self.op(api, op).duration_us.snapshot(),
-                    &DURATION_BOUNDS_US,
-                    1e-6,
-                );
+                let m = self.op(api, op);
+                ops.push(OpCounts {
+                    api: api.name(),
+                    op: op.name(),
+                    requests: m.requests.load(Ordering::Relaxed),
+                    client_errors: m.client_errors.load(Ordering::Relaxed),
+                    server_errors: m.server_errors.load(Ordering::Relaxed),
+                    conflicts: m.conflicts.load(Ordering::Relaxed),
+                    duration_us: m.duration_us.snapshot(),
+                });
             }
         }
-        counter(
-            &mut out,
-            "annals_events_read_total",
+        ServerCounts {
+            ops,
+            events_read: self.events_read.load(Ordering::Relaxed),
+            subscribers: self.subscribers.load(Ordering::Relaxed),
+            connections: self.connections.load(Ordering::Relaxed),
+            auth_failures: self.auth_failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One operation's counts, as read for a scrape.
+#[derive(Debug)]
+pub struct OpCounts {
+    api: &'static str,
+    op: &'static str,
+    requests: u64,
+    client_errors: u64,
+    server_errors: u64,
+    conflicts: u64,
+    duration_us: HistogramSnapshot,
+}
+
+/// The server's own counts, as read for a scrape.
+#[derive(Debug)]
+pub struct ServerCounts {
+    ops: Vec<OpCounts>,
+    events_read: u64,
+    subscribers: i64,
+    connections: i64,
+    auth_failures: u64,
+}
+
+/// A read model's counts, labelled by its name.
+#[derive(Debug)]
+pub struct ModelCounts {
+    pub name: String,
+    pub position: u64,
+    pub checkpoint_position: u64,
+    pub lag: u64,
+    pub events_applied: u64,
+    pub checkpoints: u64,
+    pub rebuilds: u64,
+    pub failures: u64,
+    pub failing: bool,
+}
+
+/// The hosted exchange's counts.
+#[derive(Debug)]
+pub struct ExchangeCounts {
+    pub commands: u64,
+    pub trades: u64,
+    pub queries: u64,
+    pub flushes: u64,
+    pub snapshots: u64,
+    pub snapshot_position: u64,
+    pub snapshot_failures: u64,
+    pub snapshot_failing: bool,
+}
+
+impl ExchangeCounts {
+    pub fn of(s: &annals_exchange::ServiceStats) -> ExchangeCounts {
+        ExchangeCounts {
+            commands: s.commands.load(Ordering::Relaxed),
+            trades: s.trades.load(Ordering::Relaxed),
+            queries: s.queries.load(Ordering::Relaxed),
+            flushes: s.flushes.load(Ordering::Relaxed),
+            snapshots: s.snapshots.load(Ordering::Relaxed),
+            snapshot_position: s.snapshot_position.load(Ordering::Relaxed),
+            snapshot_failures: s.snapshot_failures.load(Ordering::Relaxed),
+            snapshot_failing: s.snapshot_error.lock().is_some(),
+        }
+    }
+}
+
+/// Everything one scrape exposes, read when the scrape came. Registered as the collector of a
+/// registry made for the scrape, so that what is written is what was read at that moment.
+#[derive(Debug)]
+pub struct Scrape {
+    pub server: ServerCounts,
+    pub stats: Stats,
+    /// The bytes of streamed answers held, and the budget for them.
+    pub stream_bytes: (u64, u64),
+    pub read_models: Vec<ModelCounts>,
+    pub exchange: Option<ExchangeCounts>,
+    /// The process's own series (None where `/proc` cannot be read).
+    pub process: Option<crate::process::ProcessStats>,
+}
+
+impl Scrape {
+    /// The exposition in the Prometheus text format, version 0.0.4
+    /// ([`prometheus_client::encoding::prometheus_text::CONTENT_TYPE`]).
+    pub fn exposition(self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut out = String::with_capacity(16384);
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+            .expect("the exposition is written to a String");
+        out
+    }
+}
+
+impl Collector for Scrape {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut out = Out(encoder);
+        out.server(&self.server)?;
+        out.store(&self.stats)?;
+        out.gauge(
+            "annals_stream_buffered_bytes",
+            "Bytes of streamed answers (long reads, subscriptions, market data) held until \
+             written.",
+            self.stream_bytes.0,
+        )?;
+        out.gauge(
+            "annals_stream_buffered_bytes_max",
+            "The server's budget for them (limits.stream_bytes_max).",
+            self.stream_bytes.1,
+        )?;
+        out.read_models(&self.read_models)?;
+        if let Some(exchange) = &self.exchange {
+            out.exchange(exchange)?;
+        }
+        out.info(
+            "annals_build",
+            "The server's build (labels): its version.",
+            [("version", env!("CARGO_PKG_VERSION"))],
+        )?;
+        if let Some(process) = &self.process {
+            out.process(process)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes series through the collector's encoder. A counter's name is given without its
+/// `_total`, which the encoder adds.
+struct Out<'a>(DescriptorEncoder<'a>);
+
+impl Out<'_> {
+    fn counter<V: EncodeCounterValue + std::fmt::Debug>(
+        &mut self,
+        name: &str,
+        help: &str,
+        value: V,
+    ) -> std::fmt::Result {
+        let metric = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Counter)?;
+        ConstCounter::new(value).encode(metric)
+    }
+
+    fn gauge<V: EncodeGaugeValue + std::fmt::Debug>(
+        &mut self,
+        name: &str,
+        help: &str,
+        value: V,
+    ) -> std::fmt::Result {
+        let metric = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        ConstGauge::new(value).encode(metric)
+    }
+
+    /// A gauge whose value is 1 and whose labels say what holds (`name_info`).
+    fn info(&mut self, name: &str, help: &str, labels: impl EncodeLabelSet) -> std::fmt::Result {
+        let mut metric = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Info)?;
+        metric.encode_info(&labels)
+    }
+
+    fn counters<L: EncodeLabelSet>(
+        &mut self,
+        name: &str,
+        help: &str,
+        rows: impl IntoIterator<Item = (L, u64)>,
+    ) -> std::fmt::Result {
+        let mut metric = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (labels, value) in rows {
+            metric
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+        }
+        Ok(())
+    }
+
+    fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
+        &mut self,
+        name: &str,
+        help: &str,
+        rows: impl IntoIterator<Item = (L, V)>,
+    ) -> std::fmt::Result {
+        let mut metric = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (labels, value) in rows {
+            metric.encode_family(&labels)?.encode_gauge(&value)?;
+        }
+        Ok(())
+    }
+
+    /// One unlabelled histogram over fixed `bounds` (see `histograms`).
+    fn histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        h: &HistogramSnapshot,
+        bounds: &[u64],
+        scale: f64,
+    ) -> std::fmt::Result {
+        let mut metric = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Histogram)?;
+        let buckets = fixed_buckets(h, bounds, scale);
+        metric.encode_histogram::<NoLabelSet>(h.sum as f64 * scale, h.count, &buckets, None)
+    }
+
+    /// Histograms over fixed `bounds` (in the snapshot's unit); bounds and sums are scaled by
+    /// `scale` (microseconds to seconds).
+    fn histograms<'h, L: EncodeLabelSet>(
+        &mut self,
+        name: &str,
+        help: &str,
+        rows: impl IntoIterator<Item = (L, &'h HistogramSnapshot)>,
+        bounds: &[u64],
+        scale: f64,
+    ) -> std::fmt::Result {
+        let mut metric = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Histogram)?;
+        for (labels, h) in rows {
+            let buckets = fixed_buckets(h, bounds, scale);
+            metric
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(h.sum as f64 * scale, h.count, &buckets, None)?;
+        }
+        Ok(())
+    }
+
+    fn server(&mut self, s: &ServerCounts) -> std::fmt::Result {
+        let labelled = |field: fn(&OpCounts) -> u64| {
+            s.ops
+                .iter()
+                .map(move |o| ([("api", o.api), ("op", o.op)], field(o)))
+        };
+        self.counters(
+            "annals_requests",
+            "Requests by API and operation.",
+            labelled(|o| o.requests),
+        )?;
+        self.counters(
+            "annals_request_client_errors",
+            "Requests refused for bad input or missing authorization (4xx, gRPC client codes).",
+            labelled(|o| o.client_errors),
+        )?;
+        self.counters(
+            "annals_request_server_errors",
+            "Requests that failed in the server or the store (5xx, gRPC server codes).",
+            labelled(|o| o.server_errors),
+        )?;
+        // Only appends have a condition to fail.
+        self.counters(
+            "annals_append_conditions_failed_requests",
+            "Append requests whose condition failed.",
+            labelled(|o| o.conflicts).filter(|(labels, _)| labels[1].1 == "append"),
+        )?;
+        self.histograms(
+            "annals_request_duration_seconds",
+            "Time from a request's arrival to its answer (for streams: to the first response).",
+            s.ops
+                .iter()
+                .map(|o| ([("api", o.api), ("op", o.op)], &o.duration_us)),
+            &DURATION_BOUNDS_US,
+            1e-6,
+        )?;
+        self.counter(
+            "annals_events_read",
             "Events sent to readers and subscribers.",
-            self.events_read.load(Ordering::Relaxed) as f64,
-        );
-        gauge(
-            &mut out,
+            s.events_read,
+        )?;
+        self.gauge(
             "annals_subscribers",
             "Live subscriptions (HTTP and gRPC).",
-            self.subscribers.load(Ordering::Relaxed) as f64,
-        );
-        gauge(
-            &mut out,
+            s.subscribers,
+        )?;
+        self.gauge(
             "annals_connections",
             "Open client connections.",
-            self.connections.load(Ordering::Relaxed) as f64,
-        );
-        counter(
-            &mut out,
-            "annals_auth_failures_total",
+            s.connections,
+        )?;
+        self.counter(
+            "annals_auth_failures",
             "Requests refused for a missing, invalid or insufficient API key.",
-            self.auth_failures.load(Ordering::Relaxed) as f64,
-        );
+            s.auth_failures,
+        )
+    }
 
-        // The store.
-        gauge(
-            &mut out,
+    fn store(&mut self, stats: &Stats) -> std::fmt::Result {
+        self.gauge(
             "annals_head_position",
             "Position of the last acknowledged event.",
-            stats.head as f64,
-        );
-        counter(
-            &mut out,
-            "annals_appends_total",
-            "Appends committed by the writer.",
-            stats.appends as f64,
-        );
-        counter(
-            &mut out,
-            "annals_events_appended_total",
-            "Events appended.",
-            stats.events_appended as f64,
-        );
-        counter(
-            &mut out,
-            "annals_append_conditions_failed_total",
-            "Appends refused by their condition.",
-            stats.conditions_failed as f64,
-        );
-        counter(
-            &mut out,
-            "annals_idempotent_retries_total",
-            "Conditional appends recognised by their ids as retries of appends already stored.",
-            stats.idempotent_retries as f64,
-        );
-        counter(
-            &mut out,
-            "annals_checkpoints_failed_total",
-            "Background index checkpoints that failed (the log stays the truth).",
-            stats.checkpoints_failed as f64,
-        );
-        counter(
-            &mut out,
-            "annals_groups_total",
-            "Groups committed (one write, and in D3 one fdatasync, each).",
-            stats.groups as f64,
-        );
-        counter(
-            &mut out,
-            "annals_caller_commits_total",
-            "Of the groups, those a lone blocking caller committed on its own thread.",
-            stats.caller_commits as f64,
-        );
+            stats.head,
+        )?;
+        for (name, help, value) in [
+            (
+                "annals_appends",
+                "Appends committed by the writer.",
+                stats.appends,
+            ),
+            (
+                "annals_events_appended",
+                "Events appended.",
+                stats.events_appended,
+            ),
+            (
+                "annals_append_conditions_failed",
+                "Appends refused by their condition.",
+                stats.conditions_failed,
+            ),
+            (
+                "annals_idempotent_retries",
+                "Conditional appends recognised by their ids as retries of appends already \
+                 stored.",
+                stats.idempotent_retries,
+            ),
+            (
+                "annals_checkpoints_failed",
+                "Background index checkpoints that failed (the log stays the truth).",
+                stats.checkpoints_failed,
+            ),
+            (
+                "annals_groups",
+                "Groups committed (one write, and in D3 one fdatasync, each).",
+                stats.groups,
+            ),
+            (
+                "annals_caller_commits",
+                "Of the groups, those a lone blocking caller committed on its own thread.",
+                stats.caller_commits,
+            ),
+        ] {
+            self.counter(name, help, value)?;
+        }
         if let Some(db) = &stats.database {
             for (name, help, value) in [
                 (
-                    "annals_database_commits_total",
+                    "annals_database_commits",
                     "PostgreSQL: group commits that went in.",
                     db.commits,
                 ),
                 (
-                    "annals_database_conflicts_total",
+                    "annals_database_conflicts",
                     "PostgreSQL: group commits that found another server had committed first, \
                      or rolled back as a serialization failure (checked again and retried).",
                     db.conflicts,
                 ),
                 (
-                    "annals_database_passed_total",
+                    "annals_database_passed",
                     "PostgreSQL: retries of groups that went in right after another server's \
                      appends, which did not matter to their conditions.",
                     db.passed,
                 ),
                 (
-                    "annals_database_followed_total",
+                    "annals_database_followed",
                     "PostgreSQL: appends of other servers taken into this server's log.",
                     db.followed,
                 ),
                 (
-                    "annals_database_reconnects_total",
+                    "annals_database_reconnects",
                     "PostgreSQL: connections made again after one was lost.",
                     db.reconnects,
                 ),
                 (
-                    "annals_database_unknown_outcomes_total",
+                    "annals_database_unknown_outcomes",
                     "PostgreSQL: appends answered outcome_unknown (the commit's fate not known).",
                     db.unknown_outcomes,
                 ),
                 (
-                    "annals_database_settled_outcomes_total",
-                    "PostgreSQL: appends whose commit's fate was unknown when the session ended, \
-                     then settled by reading the log.",
+                    "annals_database_settled_outcomes",
+                    "PostgreSQL: appends whose commit's fate was unknown when the session \
+                     ended, then settled by reading the log.",
                     db.settled_outcomes,
                 ),
             ] {
-                counter(&mut out, name, help, value as f64);
+                self.counter(name, help, value)?;
             }
         }
-        header(
-            &mut out,
-            "annals_commits_total",
-            "counter",
+        self.counters(
+            "annals_commits",
             "Appends committed, by the route they took into the log.",
-        );
-        for (route, n) in &stats.commits {
-            let _ = writeln!(out, "annals_commits_total{{route=\"{route}\"}} {n}");
-        }
-        counter(
-            &mut out,
-            "annals_caller_stages_total",
+            stats
+                .commits
+                .iter()
+                .map(|(route, n)| ([("route", route.as_str())], *n)),
+        )?;
+        self.counter(
+            "annals_caller_stages",
             "Appends their callers staged into the next group while the writer thread synced.",
-            stats.caller_stages as f64,
-        );
-        header(
-            &mut out,
+            stats.caller_stages,
+        )?;
+        self.histogram(
             "annals_group_appends",
-            "histogram",
             "Appends per committed group (batch size).",
-        );
-        histogram(
-            &mut out,
-            "annals_group_appends",
-            "",
             &stats.group_appends,
             &GROUP_BOUNDS,
             1.0,
-        );
-        counter(
-            &mut out,
-            "annals_fsyncs_total",
-            "fdatasync calls on the log.",
-            stats.fsyncs as f64,
-        );
-        header(
-            &mut out,
+        )?;
+        self.counter("annals_fsyncs", "fdatasync calls on the log.", stats.fsyncs)?;
+        self.histogram(
             "annals_fsync_seconds",
-            "histogram",
             "fdatasync latency.",
-        );
-        histogram(
-            &mut out,
-            "annals_fsync_seconds",
-            "",
             &stats.fsync_us,
             &FSYNC_BOUNDS_US,
             1e-6,
-        );
-        gauge(
-            &mut out,
+        )?;
+        self.gauge(
             "annals_queue_depth",
             "Appends waiting for the writer.",
-            stats.queue_depth as f64,
-        );
-        gauge(
-            &mut out,
+            stats.queue_depth,
+        )?;
+        self.gauge(
             "annals_waiting_callers",
             "Callers blocked on or awaiting an append's outcome.",
-            stats.waiting as f64,
-        );
-        gauge(
-            &mut out,
+            stats.waiting,
+        )?;
+        self.gauge(
             "annals_index_bytes",
             "Bytes used by the in-memory indexes.",
-            stats.index_bytes as f64,
-        );
-        gauge(
-            &mut out,
+            stats.index_bytes,
+        )?;
+        self.gauge(
             "annals_segments",
             "Segment files in the log.",
-            stats.segments as f64,
-        );
-        gauge(
-            &mut out,
+            stats.segments,
+        )?;
+        self.gauge(
             "annals_segment_bytes",
             "Bytes of the log's segment files.",
-            stats.segment_bytes as f64,
-        );
-        gauge(
-            &mut out,
+            stats.segment_bytes,
+        )?;
+        self.gauge(
             "annals_disk_full",
             "1 while appends that need a new segment are refused for lack of room.",
-            if stats.disk_full.is_some() { 1.0 } else { 0.0 },
-        );
+            u64::from(stats.disk_full.is_some()),
+        )?;
         if let Some(free) = stats.disk_free_bytes {
-            gauge(
-                &mut out,
+            self.gauge(
                 "annals_disk_free_bytes",
                 "Free bytes of the file system holding the log.",
-                free as f64,
-            );
+                free,
+            )?;
         }
-        counter(
-            &mut out,
-            "annals_disk_full_refusals_total",
+        self.counter(
+            "annals_disk_full_refusals",
             "Appends refused because the file system had no room for a new segment.",
-            stats.disk_full_refusals as f64,
-        );
-        gauge(
-            &mut out,
+            stats.disk_full_refusals,
+        )?;
+        self.gauge(
             "annals_poisoned",
             "1 when a failed write or fsync stopped acknowledgements until reopen.",
-            if stats.poisoned.is_some() { 1.0 } else { 0.0 },
-        );
-        header(
-            &mut out,
-            "annals_durability_info",
-            "gauge",
+            u64::from(stats.poisoned.is_some()),
+        )?;
+        self.info(
+            "annals_durability",
             "The store's durability class (label).",
-        );
-        let _ = writeln!(
-            out,
-            "annals_durability_info{{class=\"{}\"}} 1",
-            stats.durability
-        );
-        gauge(
-            &mut out,
+            [("class", stats.durability)],
+        )?;
+        self.gauge(
             "annals_ready",
             "1 while the store can keep what it promises (GET /ready's reasons list what not).",
-            if stats.unready_reasons().is_empty() {
-                1.0
-            } else {
-                0.0
-            },
-        );
+            u64::from(stats.unready_reasons().is_empty()),
+        )?;
         if let Some(backup) = &stats.backup {
-            render_backup(&mut out, backup);
+            self.backup(backup)?;
         }
         if let Some(scrub) = &stats.scrub {
-            render_scrub(&mut out, scrub);
+            self.scrub(scrub)?;
         }
         if let Some(replica) = &stats.replica {
-            render_replica(&mut out, replica);
+            self.replica(replica)?;
         }
-        out
+        Ok(())
     }
 
-    fn each(&self, out: &mut String, name: &str, field: impl Fn(&OpMetrics) -> &AtomicU64) {
-        for api in APIS {
-            for op in OPS {
-                let value = field(self.op(api, op)).load(Ordering::Relaxed);
-                let _ = writeln!(
-                    out,
-                    "{name}{{api=\"{}\",op=\"{}\"}} {value}",
-                    api.name(),
-                    op.name()
-                );
-            }
+    /// The background scrub's series: what it read, what it found and repaired.
+    fn scrub(&mut self, s: &annals::ScrubStats) -> std::fmt::Result {
+        self.counter(
+            "annals_scrub_passes",
+            "Passes of the scrub over every sealed segment.",
+            s.passes,
+        )?;
+        self.counter(
+            "annals_scrub_bytes_checked",
+            "Bytes of sealed segments the scrub read and checked.",
+            s.bytes_checked,
+        )?;
+        self.gauge(
+            "annals_scrub_damaged_segments",
+            "Sealed segments holding damage the scrub found and could not repair.",
+            s.damaged.len(),
+        )?;
+        self.counter(
+            "annals_scrub_repaired",
+            "Damaged records the scrub put back from the backup.",
+            s.repaired,
+        )
+    }
+
+    /// The continuous backup's series: how far it trails the log, what it shipped, failures.
+    fn backup(&mut self, b: &annals::BackupStats) -> std::fmt::Result {
+        self.gauge(
+            "annals_backup_shipped_position",
+            "Every position up to this one is in object storage.",
+            b.shipped_through,
+        )?;
+        self.gauge(
+            "annals_backup_lag_positions",
+            "Durable positions not yet in object storage.",
+            b.lag_positions,
+        )?;
+        self.gauge(
+            "annals_backup_lag_seconds",
+            "How long the oldest durable append not yet in object storage has waited.",
+            b.lag_seconds,
+        )?;
+        self.counter(
+            "annals_backup_bytes_shipped",
+            "Bytes written to object storage by the backup.",
+            b.bytes_shipped,
+        )?;
+        self.counter(
+            "annals_backup_objects_shipped",
+            "Objects written to object storage by the backup.",
+            b.objects_shipped,
+        )?;
+        self.counter(
+            "annals_backup_failures",
+            "Requests to object storage that failed (each retried with backoff).",
+            b.failures,
+        )?;
+        self.gauges(
+            "annals_backup_state",
+            "The backup's state (label): shipping, failing (retrying), standby (another server \
+             of the database ships) or stopped.",
+            ["shipping", "failing", "standby", "stopped"]
+                .map(|state| ([("state", state)], u64::from(b.state == state))),
+        )
+    }
+
+    /// A read replica's series: how far behind its backup it is, and whether it can read it.
+    fn replica(&mut self, r: &annals::ReplicaStats) -> std::fmt::Result {
+        self.gauge(
+            "annals_replica_backup_position",
+            "The last position the replica saw its backup hold.",
+            r.backup_head,
+        )?;
+        self.gauge(
+            "annals_replica_lag_positions",
+            "Positions the backup was seen to hold beyond the replica's copy.",
+            r.lag_positions,
+        )?;
+        self.gauge(
+            "annals_replica_lag_seconds",
+            "How long since the replica's copy last held everything its backup held.",
+            r.lag_seconds,
+        )?;
+        self.gauge(
+            "annals_replica_last_poll_timestamp_seconds",
+            "When the last successful poll of the backup ended (Unix time).",
+            r.last_poll_at_us as f64 / 1e6,
+        )?;
+        self.gauge(
+            "annals_replica_last_poll_age_seconds",
+            "How long ago the last successful poll of the backup ended.",
+            r.last_poll_age_seconds,
+        )?;
+        self.counter(
+            "annals_replica_objects_read",
+            "Objects of the backup taken into the replica's copy.",
+            r.objects_read,
+        )?;
+        self.counter(
+            "annals_replica_failures",
+            "Polls of the backup that failed (each retried with backoff).",
+            r.failures,
+        )?;
+        self.gauges(
+            "annals_replica_state",
+            "The replica's state (label): following (its last poll of the backup succeeded) or \
+             failing (the backup cannot be read; retrying).",
+            ["following", "failing"].map(|state| ([("state", state)], u64::from(r.state == state))),
+        )
+    }
+
+    /// The read models' series, labelled by name.
+    fn read_models(&mut self, models: &[ModelCounts]) -> std::fmt::Result {
+        type Field = fn(&ModelCounts) -> u64;
+        let gauges: [(&str, &str, Field); 4] = [
+            (
+                "annals_readmodel_position",
+                "Every matching event at or below this position is folded.",
+                |m| m.position,
+            ),
+            (
+                "annals_readmodel_checkpoint_position",
+                "The position of the read model's durable checkpoint.",
+                |m| m.checkpoint_position,
+            ),
+            (
+                "annals_readmodel_lag",
+                "Store positions the read model has still to scan (head - position).",
+                |m| m.lag,
+            ),
+            (
+                "annals_readmodel_failing",
+                "1 while the read model's last step failed (see its status for the error).",
+                |m| u64::from(m.failing),
+            ),
+        ];
+        let counters: [(&str, &str, Field); 4] = [
+            (
+                "annals_readmodel_events_applied",
+                "Events folded since the server started.",
+                |m| m.events_applied,
+            ),
+            (
+                "annals_readmodel_checkpoints",
+                "Checkpoints written since the server started.",
+                |m| m.checkpoints,
+            ),
+            (
+                "annals_readmodel_rebuilds",
+                "Rebuilds asked for since the server started.",
+                |m| m.rebuilds,
+            ),
+            (
+                "annals_readmodel_failures",
+                "Steps that failed and were retried: checkpoints not written (a full disk, \
+                 say), effects not appended.",
+                |m| m.failures,
+            ),
+        ];
+        for (name, help, field) in gauges {
+            let rows = models
+                .iter()
+                .map(|m| ([("name", m.name.as_str())], field(m)));
+            self.gauges(name, help, rows)?;
         }
+        for (name, help, field) in counters {
+            let rows = models
+                .iter()
+                .map(|m| ([("name", m.name.as_str())], field(m)));
+            self.counters(name, help, rows)?;
+        }
+        Ok(())
+    }
+
+    /// The hosted exchange's series.
+    fn exchange(&mut self, x: &ExchangeCounts) -> std::fmt::Result {
+        for (name, help, value) in [
+            (
+                "annals_exchange_commands",
+                "Commands the matcher executed since the server started.",
+                x.commands,
+            ),
+            (
+                "annals_exchange_trades",
+                "Trades printed since the server started.",
+                x.trades,
+            ),
+            (
+                "annals_exchange_queries",
+                "Queries the matcher answered since the server started.",
+                x.queries,
+            ),
+            (
+                "annals_exchange_flushes",
+                "Batches the matcher handed to the journal.",
+                x.flushes,
+            ),
+            (
+                "annals_exchange_snapshots",
+                "Snapshots saved since the server started.",
+                x.snapshots,
+            ),
+            (
+                "annals_exchange_snapshot_failures",
+                "Snapshots that could not be saved (the next one due tries again).",
+                x.snapshot_failures,
+            ),
+        ] {
+            self.counter(name, help, value)?;
+        }
+        self.gauge(
+            "annals_exchange_snapshot_position",
+            "The journal position of the newest snapshot saved since the server started.",
+            x.snapshot_position,
+        )?;
+        self.gauge(
+            "annals_exchange_snapshot_failing",
+            "1 while the last snapshot could not be saved.",
+            u64::from(x.snapshot_failing),
+        )
+    }
+
+    /// The process's series, named as Prometheus' client libraries name them.
+    fn process(&mut self, p: &crate::process::ProcessStats) -> std::fmt::Result {
+        self.counter(
+            "process_cpu_seconds",
+            "User and system CPU time spent, in seconds.",
+            p.cpu_seconds,
+        )?;
+        self.gauge(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            p.resident_memory_bytes,
+        )?;
+        self.gauge(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            p.virtual_memory_bytes,
+        )?;
+        self.gauge(
+            "process_open_fds",
+            "Number of open file descriptors.",
+            p.open_fds,
+        )?;
+        if let Some(max) = p.max_fds {
+            self.gauge(
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                max,
+            )?;
+        }
+        self.gauge(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch, in seconds.",
+            p.start_time_seconds,
+        )
     }
 }
 
-/// The background scrub's lines: what it read, what it found and repaired.
-fn render_scrub(out: &mut String, s: &annals::ScrubStats) {
-    counter(
-        out,
-        "annals_scrub_passes_total",
-        "Passes of the scrub over every sealed segment.",
-        s.passes as f64,
-    );
-    counter(
-        out,
-        "annals_scrub_bytes_checked_total",
-        "Bytes of sealed segments the scrub read and checked.",
-        s.bytes_checked as f64,
-    );
-    gauge(
-        out,
-        "annals_scrub_damaged_segments",
-        "Sealed segments holding damage the scrub found and could not repair.",
-        s.damaged.len() as f64,
-    );
-    counter(
-        out,
-        "annals_scrub_repaired_total",
-        "Damaged records the scrub put back from the backup.",
-        s.repaired as f64,
-    );
-}
-
-/// The continuous backup's lines: how far it trails the log, what it shipped, its failures.
-fn render_backup(out: &mut String, b: &annals::BackupStats) {
-    gauge(
-        out,
-        "annals_backup_shipped_position",
-        "Every position up to this one is in object storage.",
-        b.shipped_through as f64,
-    );
-    gauge(
-        out,
-        "annals_backup_lag_positions",
-        "Durable positions not yet in object storage.",
-        b.lag_positions as f64,
-    );
-    gauge(
-        out,
-        "annals_backup_lag_seconds",
-        "How long the oldest durable append not yet in object storage has waited.",
-        b.lag_seconds,
-    );
-    counter(
-        out,
-        "annals_backup_bytes_shipped_total",
-        "Bytes written to object storage by the backup.",
-        b.bytes_shipped as f64,
-    );
-    counter(
-        out,
-        "annals_backup_objects_shipped_total",
-        "Objects written to object storage by the backup.",
-        b.objects_shipped as f64,
-    );
-    counter(
-        out,
-        "annals_backup_failures_total",
-        "Requests to object storage that failed (each retried with backoff).",
-        b.failures as f64,
-    );
-    header(
-        out,
-        "annals_backup_state",
-        "gauge",
-        "The backup's state (label): shipping, failing (retrying), standby (another server \
-         of the database ships) or stopped.",
-    );
-    for state in ["shipping", "failing", "standby", "stopped"] {
-        let on = u8::from(b.state == state);
-        let _ = writeln!(out, "annals_backup_state{{state=\"{state}\"}} {on}");
-    }
-}
-
-/// A read replica's lines: how far behind its backup it is, and whether it can read it.
-fn render_replica(out: &mut String, r: &annals::ReplicaStats) {
-    gauge(
-        out,
-        "annals_replica_backup_position",
-        "The last position the replica saw its backup hold.",
-        r.backup_head as f64,
-    );
-    gauge(
-        out,
-        "annals_replica_lag_positions",
-        "Positions the backup was seen to hold beyond the replica's copy.",
-        r.lag_positions as f64,
-    );
-    gauge(
-        out,
-        "annals_replica_lag_seconds",
-        "How long since the replica's copy last held everything its backup held.",
-        r.lag_seconds,
-    );
-    gauge(
-        out,
-        "annals_replica_last_poll_timestamp_seconds",
-        "When the last successful poll of the backup ended (Unix time).",
-        r.last_poll_at_us as f64 / 1e6,
-    );
-    gauge(
-        out,
-        "annals_replica_last_poll_age_seconds",
-        "How long ago the last successful poll of the backup ended.",
-        r.last_poll_age_seconds,
-    );
-    counter(
-        out,
-        "annals_replica_objects_read_total",
-        "Objects of the backup taken into the replica's copy.",
-        r.objects_read as f64,
-    );
-    counter(
-        out,
-        "annals_replica_failures_total",
-        "Polls of the backup that failed (each retried with backoff).",
-        r.failures as f64,
-    );
-    header(
-        out,
-        "annals_replica_state",
-        "gauge",
-        "The replica's state (label): following (its last poll of the backup succeeded) or \
-         failing (the backup cannot be read; retrying).",
-    );
-    for state in ["following", "failing"] {
-        let on = u8::from(r.state == state);
-        let _ = writeln!(out, "annals_replica_state{{state=\"{state}\"}} {on}");
-    }
-}
-
-/// Decrements its gauge when dropped.
-pub struct Gauge {
-    metrics: std::sync::Arc<Metrics>,
-    field: fn(&Metrics) -> &AtomicI64,
-}
-
-impl Gauge {
-    fn new(metrics: std::sync::Arc<Metrics>, field: fn(&Metrics) -> &AtomicI64) -> Self {
-        field(&metrics).fetch_add(1, Ordering::Relaxed);
-        Gauge { metrics, field }
-    }
-}
-
-impl Drop for Gauge {
-    fn drop(&mut self) {
-        (self.field)(&self.metrics).fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn counter(out: &mut String, name: &str, help: &str, value: f64) {
-    header(out, name, "counter", help);
-    let _ = writeln!(out, "{name} {value}");
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
-    header(out, name, "gauge", help);
-    let _ = writeln!(out, "{name} {value}");
-}
-
-/// Writes a histogram's buckets, `+Inf`, `_sum` and `_count`; bounds and the sum are scaled
-/// by `scale` (microseconds to seconds).
 /// The bucket bounds, in microseconds, of every duration histogram: powers of four from 1 us
 /// to about 17 s. Fixed, so that every series has the same `le` values from its first scrape
 /// on (a bucket that appeared only once filled would be undercounted by `rate()`).
@@ -672,173 +941,36 @@ fn cumulative_at(h: &HistogramSnapshot, bound: u64) -> u64 {
         .map_or(0, |(_, count)| *count)
 }
 
-fn histogram(
-    out: &mut String,
-    name: &str,
-    labels: &str,
-    h: &HistogramSnapshot,
-    bounds: &[u64],
-    scale: f64,
-) {
-    let sep = if labels.is_empty() { "" } else { "," };
-    for &bound in bounds {
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{sep}le=\"{}\"}} {}",
-            bound as f64 * scale,
-            cumulative_at(h, bound)
-        );
-    }
-    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
-    let braces = if labels.is_empty() {
-        String::new()
-    } else {
-        format!("{{{labels}}}")
-    };
-    let _ = writeln!(out, "{name}_sum{braces} {}", h.sum as f64 * scale);
-    let _ = writeln!(out, "{name}_count{braces} {}", h.count);
+/// The snapshot's counts in each of `bounds` (not cumulative: the encoder sums them), scaled.
+fn fixed_buckets(h: &HistogramSnapshot, bounds: &[u64], scale: f64) -> Vec<(f64, u64)> {
+    let mut below = 0;
+    bounds
+        .iter()
+        .map(|&bound| {
+            let cumulative = cumulative_at(h, bound);
+            let in_bucket = cumulative - below;
+            below = cumulative;
+            (bound as f64 * scale, in_bucket)
+        })
+        .collect()
 }
 
-/// The bytes of streamed answers the server holds, and its budget for them.
-pub(crate) fn render_stream_bytes(out: &mut String, held: usize, max: usize) {
-    gauge(
-        out,
-        "annals_stream_buffered_bytes",
-        "Bytes of streamed answers (long reads, subscriptions, market data) held until written.",
-        held as f64,
-    );
-    gauge(
-        out,
-        "annals_stream_buffered_bytes_max",
-        "The server's budget for them (limits.stream_bytes_max).",
-        max as f64,
-    );
+/// Decrements its gauge when dropped.
+pub struct Gauge {
+    metrics: std::sync::Arc<Metrics>,
+    field: fn(&Metrics) -> &AtomicI64,
 }
 
-/// The read models' gauges and counters, labelled by name.
-pub fn render_read_models(out: &mut String, models: &[crate::readmodels::ModelView]) {
-    type Field = fn(&crate::readmodels::ModelView) -> u64;
-    let series: [(&str, &str, &str, Field); 8] = [
-        (
-            "annals_readmodel_position",
-            "gauge",
-            "Every matching event at or below this position is folded.",
-            |m| m.status.position,
-        ),
-        (
-            "annals_readmodel_checkpoint_position",
-            "gauge",
-            "The position of the read model's durable checkpoint.",
-            |m| m.status.checkpoint_position,
-        ),
-        (
-            "annals_readmodel_lag",
-            "gauge",
-            "Store positions the read model has still to scan (head - position).",
-            |m| m.status.lag,
-        ),
-        (
-            "annals_readmodel_events_applied_total",
-            "counter",
-            "Events folded since the server started.",
-            |m| m.status.events_applied,
-        ),
-        (
-            "annals_readmodel_checkpoints_total",
-            "counter",
-            "Checkpoints written since the server started.",
-            |m| m.status.checkpoints,
-        ),
-        (
-            "annals_readmodel_rebuilds_total",
-            "counter",
-            "Rebuilds asked for since the server started.",
-            |m| m.status.rebuilds,
-        ),
-        (
-            "annals_readmodel_failures_total",
-            "counter",
-            "Steps that failed and were retried: checkpoints not written (a full disk, say), \
-             effects not appended.",
-            |m| m.status.failures,
-        ),
-        (
-            "annals_readmodel_failing",
-            "gauge",
-            "1 while the read model's last step failed (see its status for the error).",
-            |m| u64::from(m.status.error.is_some()),
-        ),
-    ];
-    for (name, kind, help, field) in series {
-        header(out, name, kind, help);
-        for model in models {
-            let _ = writeln!(
-                out,
-                "{name}{{name=\"{}\"}} {}",
-                model.status.name,
-                field(model)
-            );
-        }
+impl Gauge {
+    fn new(metrics: std::sync::Arc<Metrics>, field: fn(&Metrics) -> &AtomicI64) -> Self {
+        field(&metrics).fetch_add(1, Ordering::Relaxed);
+        Gauge { metrics, field }
     }
 }
 
-/// The hosted exchange's counters.
-pub fn render_exchange(out: &mut String, stats: &annals_exchange::ServiceStats) {
-    use annals_exchange::ServiceStats;
-    type Field = fn(&ServiceStats) -> u64;
-    let series: [(&str, &str, &str, Field); 8] = [
-        (
-            "annals_exchange_commands_total",
-            "counter",
-            "Commands the matcher executed since the server started.",
-            |s| s.commands.load(Ordering::Relaxed),
-        ),
-        (
-            "annals_exchange_trades_total",
-            "counter",
-            "Trades printed since the server started.",
-            |s| s.trades.load(Ordering::Relaxed),
-        ),
-        (
-            "annals_exchange_queries_total",
-            "counter",
-            "Queries the matcher answered since the server started.",
-            |s| s.queries.load(Ordering::Relaxed),
-        ),
-        (
-            "annals_exchange_flushes_total",
-            "counter",
-            "Batches the matcher handed to the journal.",
-            |s| s.flushes.load(Ordering::Relaxed),
-        ),
-        (
-            "annals_exchange_snapshots_total",
-            "counter",
-            "Snapshots saved since the server started.",
-            |s| s.snapshots.load(Ordering::Relaxed),
-        ),
-        (
-            "annals_exchange_snapshot_position",
-            "gauge",
-            "The journal position of the newest snapshot saved since the server started.",
-            |s| s.snapshot_position.load(Ordering::Relaxed),
-        ),
-        (
-            "annals_exchange_snapshot_failures_total",
-            "counter",
-            "Snapshots that could not be saved (the next one due tries again).",
-            |s| s.snapshot_failures.load(Ordering::Relaxed),
-        ),
-        (
-            "annals_exchange_snapshot_failing",
-            "gauge",
-            "1 while the last snapshot could not be saved.",
-            |s| u64::from(s.snapshot_error.lock().is_some()),
-        ),
-    ];
-    for (name, kind, help, field) in series {
-        header(out, name, kind, help);
-        let _ = writeln!(out, "{name} {}", field(stats));
+impl Drop for Gauge {
+    fn drop(&mut self) {
+        (self.field)(&self.metrics).fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -846,13 +978,9 @@ pub fn render_exchange(out: &mut String, stats: &annals_exchange::ServiceStats) 
 mod tests {
     use super::*;
 
-    /// Goal: a change to the series `/metrics` exposes (a name, its help, its type, its
-    /// labels) is a visible decision: the exposition of a fresh store is compared with the
-    /// copy committed beside the tests (`ANNALS_UPDATE_SNAPSHOTS=1` writes it anew). Method:
-    /// a memory-only store with one append, its exposition with the server's own series, every
-    /// sample's value cut off (what is counted varies; what is exposed may not).
-    #[test]
-    fn the_exposition_is_the_committed_snapshot() {
+    /// The exposition of a memory-only store with one append, with one model's series and the
+    /// exchange's, and the server's.
+    fn exposition() -> String {
         let store = annals::Store::open_in_memory(annals::Options::default()).unwrap();
         store
             .append(&[annals::NewEvent::new("Opened", "{}").tag("k:1")], None)
@@ -864,10 +992,38 @@ mod tests {
             Outcome::Ok,
             Duration::from_micros(100),
         );
-        let mut text = metrics.render(&store.stats());
-        render_stream_bytes(&mut text, 0, 1 << 20);
-        render_read_models(&mut text, &[]);
-        let shape: String = text
+        let model = ModelCounts {
+            name: "orders \"open\"\n".into(),
+            position: 1,
+            checkpoint_position: 0,
+            lag: 0,
+            events_applied: 1,
+            checkpoints: 0,
+            rebuilds: 0,
+            failures: 0,
+            failing: false,
+        };
+        let text = Scrape {
+            server: metrics.counts(),
+            stats: store.stats(),
+            stream_bytes: (0, 1 << 20),
+            read_models: vec![model],
+            exchange: Some(ExchangeCounts::of(&annals_exchange::ServiceStats::default())),
+            process: None,
+        }
+        .exposition();
+        store.close().unwrap();
+        text
+    }
+
+    /// Goal: a change to the series `/metrics` exposes (a name, its help, its type, its
+    /// labels) is a visible decision: the exposition is compared with the copy committed
+    /// beside the tests (`ANNALS_UPDATE_SNAPSHOTS=1` writes it anew). Method: a memory-only
+    /// store with one append, a read model and the exchange, every sample's value cut off
+    /// (what is counted varies; what is exposed may not).
+    #[test]
+    fn the_exposition_is_the_committed_snapshot() {
+        let shape: String = exposition()
             .lines()
             .map(|line| match line.starts_with('#') {
                 true => format!("{line}\n"),
@@ -878,34 +1034,73 @@ mod tests {
             })
             .collect();
         crate::snapshot::assert_snapshot("metrics.txt", &shape);
-        store.close().unwrap();
+    }
+
+    /// Goal: label values are escaped by the library: a read model's name with a quote and a
+    /// newline cannot break the exposition. Method: the exposition's line for that model.
+    #[test]
+    fn labels_are_escaped() {
+        let text = exposition();
+        assert!(
+            text.contains("annals_readmodel_position{name=\"orders \\\"open\\\"\\n\"} 1"),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(
+                line.rsplit_once(' ').unwrap().1.parse::<f64>().is_ok(),
+                "{line}"
+            );
+        }
     }
 
     /// Goal: every histogram series exposes the same buckets whatever it counted, with
-    /// cumulative counts. Regression: empty buckets were left out, so each series had its own
-    /// growing set of `le` values. Method: one histogram with values and one without, their
-    /// bucket lines compared.
+    /// cumulative counts, and a failed condition is counted for appends only. Regression:
+    /// empty buckets were left out, so each series had its own growing set of `le` values;
+    /// a failed-condition counter was exported for reads and heads, always 0. Method: one
+    /// histogram with values and one without, their bucket lines compared; the exposition's
+    /// failed-condition series.
     #[test]
     fn histograms_expose_fixed_buckets() {
-        let filled = annals::Log2Histogram::default();
+        let filled = Log2Histogram::default();
         for value in [3, 100, 5000] {
             filled.record(value);
         }
-        let lines = |h: &annals::Log2Histogram| {
-            let mut out = String::new();
-            histogram(&mut out, "h", "", &h.snapshot(), &DURATION_BOUNDS_US, 1.0);
-            out.lines()
-                .filter(|l| l.starts_with("h_bucket"))
-                .map(|l| l.rsplit_once(' ').unwrap())
-                .map(|(series, count)| (series.to_string(), count.parse::<u64>().unwrap()))
+        let cumulative = |h: &Log2Histogram| {
+            let mut sum = 0;
+            fixed_buckets(&h.snapshot(), &DURATION_BOUNDS_US, 1.0)
+                .into_iter()
+                .map(|(bound, n)| {
+                    sum += n;
+                    (bound, sum)
+                })
                 .collect::<Vec<_>>()
         };
-        let (filled, empty) = (lines(&filled), lines(&annals::Log2Histogram::default()));
-        let series = |v: &[(String, u64)]| v.iter().map(|(s, _)| s.clone()).collect::<Vec<_>>();
-        assert_eq!(series(&filled), series(&empty));
-        assert_eq!(filled.len(), DURATION_BOUNDS_US.len() + 1);
+        let (filled, empty) = (cumulative(&filled), cumulative(&Log2Histogram::default()));
+        let bounds = |v: &[(f64, u64)]| v.iter().map(|(b, _)| *b).collect::<Vec<_>>();
+        assert_eq!(bounds(&filled), bounds(&empty));
+        assert_eq!(filled.len(), DURATION_BOUNDS_US.len());
         let counts: Vec<u64> = filled.iter().map(|(_, c)| *c).collect();
-        assert_eq!(counts, [0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3]);
+        assert_eq!(counts, [0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3, 3]);
         assert!(empty.iter().all(|(_, c)| *c == 0));
+        let text = exposition();
+        let failed: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("annals_append_conditions_failed_requests_total{"))
+            .collect();
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        assert!(
+            failed.iter().all(|l| l.contains("op=\"append\"")),
+            "{failed:?}"
+        );
+        let buckets = |series: &str| text.lines().filter(|l| l.starts_with(series)).count();
+        assert_eq!(
+            buckets("annals_request_duration_seconds_bucket{api=\"http\",op=\"append\""),
+            DURATION_BOUNDS_US.len() + 1
+        );
+        assert_eq!(
+            buckets("annals_request_duration_seconds_bucket{api=\"grpc\",op=\"exchange_market\""),
+            DURATION_BOUNDS_US.len() + 1,
+            "an operation never asked for has every bucket too"
+        );
     }
 }

@@ -559,6 +559,33 @@ fn exchange_operations() -> (Value, Value) {
     (paths, schemas)
 }
 
+/// The schema of `GET /v1/admin/stats`'s answer (`stats.rs`): the fields tools read, and
+/// more the store may add.
+fn stats_schema() -> Value {
+    let integer = json!({ "type": "integer" });
+    let text_or_null = json!({ "type": ["string", "null"] });
+    let object_or_null = json!({ "type": ["object", "null"] });
+    json!({
+        "type": "object",
+        "required": ["head", "backend", "durability", "ready", "unready_reasons"],
+        "properties": {
+            "head": integer, "backend": { "type": "string" },
+            "durability": { "type": "string", "description": "The server's class: d0 to d4, or replica." },
+            "appends": integer, "events_appended": integer, "conditions_failed": integer,
+            "fsyncs": integer, "fsync_us_mean": { "type": "number" }, "queue_depth": integer,
+            "index_bytes": integer, "segments": integer,
+            "poisoned": text_or_null, "disk_full": text_or_null,
+            "disk_free_bytes": { "type": ["integer", "null"] },
+            "backup": object_or_null, "replica": object_or_null,
+            "database": object_or_null, "scrub": object_or_null,
+            "open_ms": { "type": "number" }, "index_source": { "type": "string" },
+            "ready": { "type": "boolean" },
+            "unready_reasons": { "type": "array", "items": { "type": "string" }, "description": "As GET /ready gives them." },
+            "subscribers": integer, "connections": integer
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::Value;
@@ -618,31 +645,4 @@ mod tests {
             serde_json::json!(["from", "after"])
         );
     }
-}
-
-/// The schema of `GET /v1/admin/stats`'s answer (`stats.rs`): the fields tools read, and
-/// more the store may add.
-fn stats_schema() -> Value {
-    let integer = json!({ "type": "integer" });
-    let text_or_null = json!({ "type": ["string", "null"] });
-    let object_or_null = json!({ "type": ["object", "null"] });
-    json!({
-        "type": "object",
-        "required": ["head", "backend", "durability", "ready", "unready_reasons"],
-        "properties": {
-            "head": integer, "backend": { "type": "string" },
-            "durability": { "type": "string", "description": "The server's class: d0 to d4, or replica." },
-            "appends": integer, "events_appended": integer, "conditions_failed": integer,
-            "fsyncs": integer, "fsync_us_mean": { "type": "number" }, "queue_depth": integer,
-            "index_bytes": integer, "segments": integer,
-            "poisoned": text_or_null, "disk_full": text_or_null,
-            "disk_free_bytes": { "type": ["integer", "null"] },
-            "backup": object_or_null, "replica": object_or_null,
-            "database": object_or_null, "scrub": object_or_null,
-            "open_ms": { "type": "number" }, "index_source": { "type": "string" },
-            "ready": { "type": "boolean" },
-            "unready_reasons": { "type": "array", "items": { "type": "string" }, "description": "As GET /ready gives them." },
-            "subscribers": integer, "connections": integer
-        }
-    })
 }

@@ -146,6 +146,24 @@ impl HostedModels {
             .collect()
     }
 
+    /// Every model's counts, for a scrape of `/metrics`.
+    pub fn counts(&self) -> Vec<crate::metrics::ModelCounts> {
+        self.statuses()
+            .into_iter()
+            .map(|m| crate::metrics::ModelCounts {
+                name: m.status.name,
+                position: m.status.position,
+                checkpoint_position: m.status.checkpoint_position,
+                lag: m.status.lag,
+                events_applied: m.status.events_applied,
+                checkpoints: m.status.checkpoints,
+                rebuilds: m.status.rebuilds,
+                failures: m.status.failures,
+                failing: m.status.error.is_some(),
+            })
+            .collect()
+    }
+
     /// One model's view, with the count of `key` when given; `None` for an unknown name.
     pub fn get(&self, name: &str, key: Option<&str>) -> Option<ModelView> {
         let models = self.models.lock();
