@@ -244,7 +244,7 @@ fn constant(path: &str, name: &str) -> u32 {
 #[test]
 fn format_versions_match_the_data_directory_document() {
     let doc = std::fs::read_to_string(root().join("docs/internals/data-directory.md")).unwrap();
-    let table: [(&str, &str, &[&str]); 8] = [
+    let table: [(&str, &str, &[&str]); 9] = [
         (
             "crates/annals/src/segment.rs",
             "SEGMENT_VERSION",
@@ -295,6 +295,11 @@ fn format_versions_match_the_data_directory_document() {
                 "share one layout (object version ",
                 "the manifest: {\"format\": ",
             ],
+        ),
+        (
+            "crates/annals/src/state.rs",
+            "VERSION",
+            &["magic \"ANNALSST\", format version u32 ("],
         ),
         (
             "crates/annals/src/postgres/sql.rs",
