@@ -478,6 +478,8 @@ mod tests {
     use std::time::Duration;
     use umadb_proto::v1;
 
+    /// Goal: the load generator's gRPC header block decodes, with a standard HPACK decoder, to the
+    /// call's headers in order, a long authorization included.
     #[test]
     fn a_header_block_decodes_to_the_call() {
         let long_key = format!("Bearer {}", "k".repeat(300));

@@ -133,6 +133,8 @@ pub fn literal(out: &mut Vec<u8>, first: u8, name: usize, name_text: &[u8], valu
 mod tests {
     use super::*;
 
+    /// Goal: the load generator writes HPACK integers as the specification's own examples give
+    /// them.
     #[test]
     fn integers_take_their_prefix_then_sevens() {
         // RFC 7541 appendix C.1: 10 and 1337 with a 5-bit prefix, 42 with an 8-bit one.
@@ -147,6 +149,8 @@ mod tests {
         assert_eq!(out, [42]);
     }
 
+    /// Goal: an HTTP/2 frame's padding is cut off, and a frame whose padding is longer than itself
+    /// or lacks its pad length is refused.
     #[test]
     fn padding_is_cut_and_checked() {
         assert_eq!(unpadded(0, b"abc"), Some(&b"abc"[..]));
@@ -155,6 +159,8 @@ mod tests {
         assert_eq!(unpadded(PADDED, b""), None);
     }
 
+    /// Goal: an HTTP/2 frame is taken off the buffer only once it is whole, and one larger than the
+    /// largest frame allowed is refused.
     #[test]
     fn frames_split_off_whole_or_not_at_all() {
         let mut out = Vec::new();

@@ -229,6 +229,8 @@ fn find_crlf(input: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// Goal: the load generator's HTTP client reads a response head only once it has all of it,
+    /// with its status and length, and refuses a bad status or length.
     #[test]
     fn a_head_is_parsed_once_whole() {
         let answer = b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{\"head\":42}\n";
@@ -244,6 +246,7 @@ mod tests {
         assert!(parse_head(b"HTTP/1.1 2x0 OK\r\n\r\n").is_err());
     }
 
+    /// Goal: a response head that announces a chunked body is read as chunked.
     #[test]
     fn a_chunked_head_says_so() {
         let answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -253,6 +256,8 @@ mod tests {
         );
     }
 
+    /// Goal: a chunked body decodes to its data wherever the reads split it, extensions and
+    /// trailers skipped, stopping where the next response begins.
     #[test]
     fn a_chunked_body_is_decoded_from_any_split() {
         let body = b"5\r\nhello\r\n1;ext=1\r\n,\r\n6\r\n world\r\n0\r\ntrailer: x\r\n\r\nNEXT";
@@ -278,6 +283,7 @@ mod tests {
         assert!(out.is_empty());
     }
 
+    /// Goal: a chunk with a bad size or without its line end is an error, not data.
     #[test]
     fn a_malformed_chunk_is_an_error() {
         let mut out = Vec::new();
@@ -285,6 +291,8 @@ mod tests {
         assert!(dechunk(b"2\r\nabXY0\r\n\r\n", &mut 0, &mut out).is_err());
     }
 
+    /// Goal: the load generator's HTTP requests carry the body's length and type and the API key
+    /// when there is one, and nothing for an empty request.
     #[test]
     fn a_request_carries_its_length_and_key() {
         let mut out = Vec::new();

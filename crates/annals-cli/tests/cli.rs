@@ -115,7 +115,7 @@ fn verify_and_stats_agree_on_index_bytes_per_event() {
     }
 }
 
-/// `ANNALS_LOG` names the server log's level; a value it does not know is refused at start.
+/// Goal: `ANNALS_LOG` names the server log's level; a value it does not know is refused at start.
 #[test]
 fn the_log_level_is_checked() {
     let dir = tempfile::tempdir().unwrap();

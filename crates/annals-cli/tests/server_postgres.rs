@@ -430,8 +430,8 @@ fn read_models_and_the_exchange_resume_from_the_database() {
     assert_eq!(exchange["started"]["commands"], 10, "{exchange}");
 }
 
-/// A server that turns idle after committing listens again: another server's single appends
-/// reach it by notification, well before its half-second poll would take them in.
+/// Goal: a server on PostgreSQL that turns idle after committing listens again: another server's
+/// single appends reach it by notification, well before its poll would take them in.
 #[test]
 fn an_idle_server_is_woken_by_another_servers_commits() {
     let Some(cluster) = Cluster::start() else {
@@ -469,8 +469,8 @@ fn an_idle_server_is_woken_by_another_servers_commits() {
     );
 }
 
-/// A server on PostgreSQL that cannot take its port says so and exits; it used to panic while
-/// closing its database connections on the async runtime.
+/// Goal: a server on PostgreSQL that cannot take its port says so and exits. Regression: it used to
+/// panic while closing its database connections on the async runtime.
 #[test]
 fn a_server_that_cannot_listen_says_so() {
     let Some(cluster) = Cluster::start() else {

@@ -42,6 +42,11 @@ fn new_master_key(dir: &Path, name: &str) -> String {
     path.display().to_string()
 }
 
+/// Goal: an operator of `annals serve` with data subjects finds their data sealed on disk, read
+/// back until an erasure and without data after it, erased alike over HTTP and with `annals erase`,
+/// a start with a wrong master key or a missing prefix refused without writing, and a rotated
+/// master key replacing the old one. Method: one store taken through each step, its data directory
+/// searched for the marker after each.
 #[test]
 fn subjects_are_encrypted_read_back_and_erased_over_http_and_the_command_line() {
     let keys = tempfile::tempdir().unwrap();

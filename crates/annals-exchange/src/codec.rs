@@ -358,6 +358,8 @@ mod tests {
     use super::*;
     use annals::{Options, Query, QueryItem, ReadOptions, Store};
 
+    /// Goal: every kind of exchange command, and a symbol's definition, appended as events decodes
+    /// back to what was appended, each tagged so that an order's events can be read by its tag.
     #[test]
     fn every_command_round_trips_with_its_tags() {
         let store = Store::open_in_memory(Options::default()).unwrap();
@@ -436,6 +438,8 @@ mod tests {
         assert_eq!(decode("SomethingElse", b"").unwrap(), None);
     }
 
+    /// Goal: a trade record names both orders and both accounts, is tagged with each, and decodes
+    /// back from its event as it was.
     #[test]
     fn trades_carry_both_orders_and_accounts() {
         let mut engine = crate::Engine::new(&[SymbolSpec { tick: 1, lot: 1 }]);

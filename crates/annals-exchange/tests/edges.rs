@@ -84,6 +84,8 @@ fn rejected(reports: &[Report]) -> Option<Reject> {
     }
 }
 
+/// Goal: cancelling the first order in a price level's queue takes it out for good: a taker
+/// sweeping the level trades with the orders behind it, in time order.
 #[test]
 fn cancel_the_head_of_a_queue_then_sweep() {
     let mut b = bench();
@@ -98,6 +100,8 @@ fn cancel_the_head_of_a_queue_then_sweep() {
     assert!(b.queue(Sell).is_empty());
 }
 
+/// Goal: cancelling an order in the middle of a queue keeps the orders around it in time order: a
+/// taker fills the first, then part of the last, whose rest stays in the book.
 #[test]
 fn cancel_the_middle_of_a_queue_then_sweep() {
     let mut b = bench();
@@ -112,6 +116,8 @@ fn cancel_the_middle_of_a_queue_then_sweep() {
     assert_eq!(b.queue(Sell), [(3, 100, 3)]);
 }
 
+/// Goal: an immediate-or-cancel order filled exactly at the end of a price level has nothing to
+/// cancel, and leaves the next level untouched and now the best ask.
 #[test]
 fn ioc_sweep_ending_exactly_on_a_level_boundary() {
     let mut b = bench();
@@ -130,6 +136,8 @@ fn ioc_sweep_ending_exactly_on_a_level_boundary() {
     assert_eq!(b.engine.bbo(0).ask, Some((102, 5)));
 }
 
+/// Goal: the unfilled rest of a crossing order rests in the book as the new best price, and a later
+/// order fills it.
 #[test]
 fn a_resting_residual_becomes_the_best_and_is_fillable() {
     let mut b = bench();
@@ -142,6 +150,8 @@ fn a_resting_residual_becomes_the_best_and_is_fillable() {
     assert_eq!(b.engine.bbo(0), Bbo::default());
 }
 
+/// Goal: a buy order amended to a price that crosses the book trades at the resting seller's price,
+/// not its own.
 #[test]
 fn amend_into_a_cross_trades_at_the_makers_price_buying() {
     let mut b = bench();
@@ -152,6 +162,8 @@ fn amend_into_a_cross_trades_at_the_makers_price_buying() {
     assert!(b.engine.order(2).is_none());
 }
 
+/// Goal: a sell order amended to a price that crosses the book trades at the resting buyer's price,
+/// and its rest then rests at its new price.
 #[test]
 fn amend_into_a_cross_trades_at_the_makers_price_selling() {
     let mut b = bench();
@@ -163,6 +175,9 @@ fn amend_into_a_cross_trades_at_the_makers_price_selling() {
     assert_eq!(b.queue(Sell), [(2, 90, 3)]);
 }
 
+/// Goal: amending one order at a price level keeps the time priority of the others. An order moved
+/// away and back goes to the end of the queue; a smaller quantity keeps its place, a larger one
+/// loses it.
 #[test]
 fn repricing_one_of_two_keeps_the_others_priority() {
     let mut b = bench();
@@ -180,6 +195,8 @@ fn repricing_one_of_two_keeps_the_others_priority() {
     assert_eq!(b.queue(Sell), [(2, 100, 4), (1, 100, 5), (3, 100, 6)]);
 }
 
+/// Goal: a partly filled order can be amended down to a quantity below what is left and then
+/// cancelled, and the book and the reports show what it has left.
 #[test]
 fn cancel_and_amend_of_a_partially_filled_order() {
     let mut b = bench();
@@ -208,6 +225,8 @@ fn cancel_and_amend_of_a_partially_filled_order() {
     );
 }
 
+/// Goal: a cancel or an amend of an order that is filled, already cancelled or unknown is refused
+/// with the reason, and a cancel from an account that does not own the order is refused.
 #[test]
 fn cancel_and_amend_of_done_or_unknown_orders_are_refused() {
     let mut b = bench();
@@ -234,6 +253,8 @@ fn cancel_and_amend_of_done_or_unknown_orders_are_refused() {
     );
 }
 
+/// Goal: an account's client order id is refused while its order is live and may be used again once
+/// the order is cancelled or filled; exchange order ids are never reused.
 #[test]
 fn client_ids_are_reusable_once_their_order_is_done() {
     let mut b = bench();
@@ -274,6 +295,8 @@ fn client_ids_are_reusable_once_their_order_is_done() {
     );
 }
 
+/// Goal: a limit order that crosses the book trades only at prices up to its limit, and its rest
+/// then rests at its limit.
 #[test]
 fn a_marketable_limit_stops_at_its_own_limit() {
     let mut b = bench();
@@ -286,6 +309,8 @@ fn a_marketable_limit_stops_at_its_own_limit() {
     assert_eq!(b.engine.bbo(0).ask, Some((102, 5)));
 }
 
+/// Goal: once the top price level empties, the best price is the next level's, and an emptied book
+/// shows no level at all; a new order at the old top price starts a fresh level.
 #[test]
 fn no_phantom_best_price_after_the_top_level_empties() {
     let mut b = bench();
@@ -301,6 +326,8 @@ fn no_phantom_best_price_after_the_top_level_empties() {
     assert_eq!(b.engine.depth(0, Buy, 10), [(100, 1, 1)]);
 }
 
+/// Goal: the book orders and matches prices at the top of the price range without overflow: a
+/// market buy reaches the highest level, and a sell reaches a bid just below it.
 #[test]
 fn prices_near_the_largest_representable_value() {
     let mut b = bench();
@@ -316,6 +343,8 @@ fn prices_near_the_largest_representable_value() {
     assert_eq!(trades, [(3, 10, top - 2, 5)]);
 }
 
+/// Goal: one taker filling a very long queue at one price trades with every maker, ends filled and
+/// leaves an empty book.
 #[test]
 fn one_taker_sweeps_5000_makers_at_one_price() {
     let mut b = bench();
@@ -340,6 +369,8 @@ fn one_taker_sweeps_5000_makers_at_one_price() {
     assert_eq!(b.engine.bbo(0), Bbo::default());
 }
 
+/// Goal: a fill-or-kill order the book cannot fill whole is refused and leaves the book exactly as
+/// it was; one the book can just fill trades whole.
 #[test]
 fn a_partial_fok_leaves_the_book_untouched() {
     let mut b = bench();
@@ -354,6 +385,8 @@ fn a_partial_fok_leaves_the_book_untouched() {
     assert_eq!(trades.len(), 2);
 }
 
+/// Goal: a post-only order that would trade is refused, one that would not rests, and amending it
+/// into a cross is refused and leaves it as it was.
 #[test]
 fn post_only_rests_or_is_refused() {
     let mut b = bench();
@@ -372,6 +405,8 @@ fn post_only_rests_or_is_refused() {
     assert_eq!(b.queue(Buy), [(3, 99, 1)]);
 }
 
+/// Goal: an order whose price is off the symbol's tick or not positive, whose quantity is off its
+/// lot or zero, or whose symbol is unknown is refused with the reason.
 #[test]
 fn invalid_ticks_lots_and_symbols_are_refused() {
     let mut engine = Engine::new(&[SymbolSpec { tick: 5, lot: 10 }]);
@@ -421,6 +456,8 @@ fn self_trade(stp: Stp) -> (Vec<Report>, Bench) {
     (out, b)
 }
 
+/// Goal: with self-trade prevention cancelling the newest, a taker that would trade with its own
+/// account's resting order is cancelled whole, and the book keeps both resting orders.
 #[test]
 fn self_trade_cancel_newest() {
     let (out, b) = self_trade(Stp::CancelNewest);
@@ -439,6 +476,8 @@ fn self_trade_cancel_newest() {
     assert_eq!(b.queue(Sell), [(1, 100, 5), (2, 100, 5)]);
 }
 
+/// Goal: with self-trade prevention cancelling the oldest, the own resting order is cancelled, the
+/// taker trades with another account's order, and its rest rests.
 #[test]
 fn self_trade_cancel_oldest() {
     let (out, b) = self_trade(Stp::CancelOldest);
@@ -465,6 +504,8 @@ fn self_trade_cancel_oldest() {
     assert!(b.queue(Sell).is_empty());
 }
 
+/// Goal: with self-trade prevention cancelling both, the own resting order and the taker are both
+/// cancelled, and another account's order stays in the book.
 #[test]
 fn self_trade_cancel_both() {
     let (out, b) = self_trade(Stp::CancelBoth);
@@ -489,6 +530,9 @@ fn self_trade_cancel_both() {
     assert!(b.queue(Buy).is_empty());
 }
 
+/// Goal: with self-trade prevention by decrement, the taker and the own resting order both lose the
+/// quantity they would have traded, without a trade, and the taker's rest trades with another
+/// account.
 #[test]
 fn self_trade_decrement() {
     let (out, b) = self_trade(Stp::Decrement);
@@ -522,6 +566,7 @@ fn self_trade_decrement() {
     assert_eq!(b.queue(Sell), [(2, 100, 2)]);
 }
 
+/// Goal: an order that allows self-trades trades with its own account's resting order.
 #[test]
 fn self_trade_allowed_when_asked() {
     let (out, _) = self_trade(Stp::Allow);
@@ -536,6 +581,8 @@ fn self_trade_allowed_when_asked() {
     }));
 }
 
+/// Goal: cancel-all cancels every live order of one account in the symbol given, or in every symbol
+/// when none is given, and leaves other accounts' orders alone.
 #[test]
 fn cancel_all_cancels_an_accounts_orders_in_one_symbol_or_all() {
     let mut engine = Engine::new(&[SymbolSpec { tick: 1, lot: 1 }; 2]);

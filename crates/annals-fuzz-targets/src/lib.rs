@@ -168,8 +168,8 @@ mod tests {
             .join(target)
     }
 
-    /// Every input kept in the corpora, replayed: none panics. A target whose corpus is missing
-    /// or empty fails, so that the replay cannot pass by reading nothing.
+    /// Goal: every input kept in the corpora, replayed, runs without a panic. A target whose corpus
+    /// is missing or empty fails, so that the replay cannot pass by reading nothing.
     #[test]
     fn every_corpus_input_replays_without_a_panic() {
         for (target, run) in TARGETS {

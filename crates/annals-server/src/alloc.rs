@@ -94,6 +94,9 @@ mod tests {
 
     const MIB: usize = 1 << 20;
 
+    /// Goal: a block moved between the small-block and the large-block allocator by a resize keeps
+    /// its bytes, and a large zeroed block reads as zeros. Method: a small block grown past the
+    /// boundary, grown again, shrunk back below it, its bytes checked.
     #[test]
     fn blocks_keep_their_bytes_across_the_large_boundary() {
         let alloc = Split;

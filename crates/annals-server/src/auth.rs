@@ -271,6 +271,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    /// Goal: with no API keys every request is let in; with keys, a request without one, with
+    /// another scheme or an unknown key is unauthenticated, and a known key may do only what its
+    /// scopes allow.
     #[test]
     fn scopes_and_keys() {
         let mut keys = ApiKeys::default();
@@ -310,6 +313,9 @@ mod tests {
         }
     }
 
+    /// Goal: a key bound to accounts acts only for those accounts, a key without a binding for any;
+    /// a second binding of one key adds accounts, a key both bound and unbound is refused, and a
+    /// bad accounts list in a key file is refused naming its line.
     #[test]
     fn keys_bound_to_accounts() {
         let mut keys = ApiKeys::default();
@@ -349,6 +355,8 @@ mod tests {
         assert!(keys.load_file(&path).is_err());
     }
 
+    /// Goal: a key too short, an unknown scope or a key without scopes is refused, and a bad line
+    /// in a key file is refused naming its line, the lines before it kept.
     #[test]
     fn bad_key_definitions_are_rejected() {
         let mut keys = ApiKeys::default();

@@ -799,6 +799,8 @@ pub fn split_list(value: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// Goal: the server's settings come from the defaults, then the configuration file, then the
+    /// environment, each overriding the one before, and unrelated variables are ignored.
     #[test]
     fn file_then_env_override_defaults() {
         let dir = tempfile::tempdir().unwrap();
@@ -843,6 +845,8 @@ body_timeout_ms = 500
         assert!(config.exposed());
     }
 
+    /// Goal: a mistyped configuration key or a bad value from the environment is refused with a
+    /// reason that says what is wrong, rather than ignored.
     #[test]
     fn bad_files_and_values_are_rejected_with_reasons() {
         let dir = tempfile::tempdir().unwrap();

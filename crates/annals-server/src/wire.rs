@@ -481,6 +481,9 @@ mod depth_tests {
 mod tests {
     use super::*;
 
+    /// Goal: event data is written as a JSON string exactly when it is UTF-8, the string reading
+    /// back to the same bytes, and otherwise nothing is written. Method: texts of every kind, and
+    /// every byte value at every position of a word.
     #[test]
     fn bytes_are_written_as_a_string_exactly_when_they_are_utf8() {
         let texts: [&[u8]; 8] = [
@@ -520,6 +523,8 @@ mod tests {
         }
     }
 
+    /// Goal: the server's hand-written JSON strings and numbers read back as what was written,
+    /// escapes included.
     #[test]
     fn strings_round_trip_through_json() {
         for s in [
@@ -542,8 +547,10 @@ mod tests {
         }
     }
 
-    /// Every character that needs escaping, at every offset of a string long enough for the
-    /// eight-byte skip, next to plain ASCII, bytes of 0x80 and above, and 0x20 and 0x7f.
+    /// Goal: the JSON string writer escapes what must be escaped, and nothing else, wherever it
+    /// lies in a string. Method: every character that needs escaping, at every offset of a string
+    /// long enough for the word-at-a-time skip, next to plain ASCII, characters beyond ASCII, the
+    /// space and DEL.
     #[test]
     fn escapes_are_found_at_every_offset() {
         let specials = ['"', '\\', '\n', '\u{0}', '\u{1f}', '\u{7f}', ' ', 'é', '🦀'];
@@ -570,6 +577,9 @@ mod tests {
         }
     }
 
+    /// Goal: metadata given as key/value pairs over gRPC reads back as the same pairs in order,
+    /// values that are not strings come back as JSON text, and metadata that is not an object comes
+    /// back as one entry.
     #[test]
     fn metadata_pairs_round_trip() {
         let pairs = [("a", "1"), ("b", "x\"y"), ("a", "2")];
@@ -594,6 +604,8 @@ mod tests {
         assert!(metadata_entries(b"").is_empty());
     }
 
+    /// Goal: an append body's events carry their data and metadata as sent, escapes undone, and a
+    /// body with an unknown field or data of the wrong type is refused with a reason.
     #[test]
     fn append_body_borrows_plain_data_and_rejects_unknown_fields() {
         let body = Bytes::from_static(

@@ -9,7 +9,8 @@
 //! - the README's durability table has one whole row per class;
 //! - nothing cites a document outside the repository;
 //! - every public function of the library is called or tested;
-//! - no test file passes a size cap.
+//! - no test file passes a size cap;
+//! - every test says its goal in its doc comment.
 //!
 //! No crate's modules import each other in a circle of more than two files: tidy_imports.rs.
 //! Each check collects every finding before it fails, so one run lists all the drift.
@@ -835,6 +836,82 @@ fn test_files_are_short() {
     assert!(
         problems.is_empty(),
         "test files over {TEST_FILE_LINES_MAX} lines (split them by topic):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// Tests that do not yet say their goal, by name: to be given their goal. Keep it empty; a
+/// name here that has since been given its goal fails the rule until it is taken out.
+const GOAL_TO_COME: [&str; 0] = [];
+
+/// The name of the function a line declares (`fn name`), if it declares one.
+fn declared_fn(line: &str) -> Option<&str> {
+    line.match_indices("fn ").find_map(|(at, _)| {
+        let rest = &line[at + "fn ".len()..];
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        (end > 0).then(|| &rest[..end])
+    })
+}
+
+/// Goal: every test tells its reader what it makes sure of: each `#[test]` in a crate's tests/
+/// or src/ has a doc comment with `Goal:` (the behaviour a user or operator relies on), so a
+/// failure says what is lost. Method: over the Rust files git tracks under crates/*/tests and
+/// crates/*/src, the doc comment and attributes right above each `#[test]` line are searched
+/// for `Goal:`; the test's name is the next function declared.
+#[test]
+fn every_test_says_its_goal() {
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    let mut waiting: BTreeSet<&str> = BTreeSet::new();
+    for (path, text) in tracked_text() {
+        let parts: Vec<&str> = path.split('/').collect();
+        let in_crate = parts.len() > 3
+            && parts[0] == "crates"
+            && (parts[2] == "tests" || parts[2] == "src")
+            && path.ends_with(".rs");
+        if !in_crate {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
+            if line.trim() != "#[test]" {
+                continue;
+            }
+            seen += 1;
+            let (n, name) = lines[at + 1..]
+                .iter()
+                .enumerate()
+                .find_map(|(k, l)| declared_fn(l).map(|name| (at + 1 + k, name)))
+                .unwrap_or((at, "(no function)"));
+            let has_goal = lines[..at]
+                .iter()
+                .rev()
+                .take_while(|l| {
+                    let l = l.trim();
+                    l.starts_with("///") || l.starts_with("#[")
+                })
+                .any(|l| l.contains("Goal:"));
+            if has_goal {
+                continue;
+            }
+            if let Some(name) = GOAL_TO_COME.iter().find(|allowed| **allowed == name) {
+                waiting.insert(*name);
+            } else {
+                problems.push(format!("{path}:{}: {name}", n + 1));
+            }
+        }
+    }
+    for name in GOAL_TO_COME.iter().filter(|name| !waiting.contains(**name)) {
+        problems.push(format!(
+            "{name} is in GOAL_TO_COME but lacks nothing (take it out)"
+        ));
+    }
+    assert!(seen > 0, "the tests were found");
+    assert!(
+        problems.is_empty(),
+        "tests whose doc comment has no `Goal:` (say what the test makes sure of):\n{}",
         problems.join("\n")
     );
 }

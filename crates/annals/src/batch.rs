@@ -376,6 +376,8 @@ impl fmt::Write for BodyWriter<'_> {
 mod tests {
     use super::*;
 
+    /// Goal: the fast decimal writer writes every number as the standard formatting does, at every
+    /// length and at the edges of the range.
     #[test]
     fn decimal_agrees_with_formatting() {
         let mut out = [0u8; 20];
@@ -401,6 +403,8 @@ mod tests {
         }
     }
 
+    /// Goal: an event batch, whether built field by field or from whole events, encodes to the same
+    /// bytes and checksum as an append of the same events.
     #[test]
     fn encodes_as_append_does() {
         let limits = Limits::default();
@@ -427,6 +431,9 @@ mod tests {
         }
     }
 
+    /// Goal: every input a batch refuses (an empty type, a bad tag, too many tags or events, an
+    /// event too large, no events) is refused with its reason and leaves nothing of the refused
+    /// event in the batch.
     #[test]
     fn refusals_leave_the_batch_as_it_was() {
         let limits = Limits {

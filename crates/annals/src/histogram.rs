@@ -69,6 +69,8 @@ pub struct HistogramSnapshot {
 mod tests {
     use super::*;
 
+    /// Goal: the latency histogram counts each value in the bucket of the next power of two, the
+    /// buckets are cumulative, and count and sum are exact.
     #[test]
     fn buckets_are_cumulative_powers_of_two() {
         let h = Log2Histogram::default();
@@ -90,6 +92,7 @@ mod tests {
             .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
     }
 
+    /// Goal: a histogram that recorded nothing reports no count and no buckets.
     #[test]
     fn empty_histogram_has_no_buckets() {
         let s = Log2Histogram::default().snapshot();

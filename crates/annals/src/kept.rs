@@ -273,6 +273,9 @@ mod tests {
         }
     }
 
+    /// Goal: a kept mirror's clean-close marker reads back as written, and a marker that is cut, of
+    /// another version, inconsistent, out of order, with extra fields or not a number is not
+    /// trusted.
     #[test]
     fn a_marker_reads_back_and_a_bad_one_does_not() {
         let c = closed(10);
@@ -296,6 +299,9 @@ mod tests {
         }
     }
 
+    /// Goal: a kept mirror is claimed by one holder at a time and trusted only after a clean close,
+    /// until an open consumes it; an open that failed before writing leaves it trusted, and a wiped
+    /// mirror is empty.
     #[test]
     fn a_mirror_is_trusted_once_after_a_clean_close() {
         let io: Arc<dyn Io> = Arc::new(SimIo::new(1));

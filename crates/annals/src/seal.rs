@@ -793,6 +793,9 @@ mod tests {
             .collect()
     }
 
+    /// Goal: sealing an append hides the subjects' data in its bytes and keeps its tracking; its
+    /// entries open back to their data and metadata; erasing either subject of an event hides it
+    /// while other events stay readable; and an append naming an erased subject is refused.
     #[test]
     fn sealed_entries_open_to_their_data_and_erasure_of_either_subject_hides_it() {
         let s = subjects();
@@ -832,6 +835,8 @@ mod tests {
         ));
     }
 
+    /// Goal: a sealed entry whose bytes were changed, or opened without its key, is reported as
+    /// damage and never returned as data.
     #[test]
     fn a_tampered_envelope_or_a_wrong_key_is_damage_not_data() {
         let s = subjects();
@@ -852,6 +857,8 @@ mod tests {
         ));
     }
 
+    /// Goal: a subject's key wrapped under the master key unwraps only with that master key and for
+    /// that subject, and the master key's check tells the right key from another.
     #[test]
     fn keys_wrap_under_the_master_key_only() {
         let master = MasterKey::generate().unwrap();
@@ -872,6 +879,8 @@ mod tests {
         assert!(!master_matches(&other, &check));
     }
 
+    /// Goal: a client cannot append an erasure receipt, while the store's own receipt is appended
+    /// unsealed, in the clear.
     #[test]
     fn a_clients_receipt_is_refused_and_the_stores_own_stays_clear() {
         let s = subjects();

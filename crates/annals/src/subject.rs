@@ -135,6 +135,9 @@ impl SubjectOptions {
 mod tests {
     use super::*;
 
+    /// Goal: a master key reads back from its hexadecimal form, surrounding space allowed, never
+    /// shows in debug output, and a key of the wrong length or with other characters is refused
+    /// with the reason.
     #[test]
     fn a_master_key_reads_back_from_its_hex_and_hides_itself() {
         let key = MasterKey::generate().unwrap();
@@ -149,6 +152,8 @@ mod tests {
             .contains("hexadecimal"));
     }
 
+    /// Goal: a tag names a subject when it begins with one of the subject prefixes and has more
+    /// after it, and subject options without a prefix are refused.
     #[test]
     fn a_subject_tag_begins_with_a_prefix_and_has_more() {
         let s = SubjectOptions::new(["customer:", "employee:"], MasterKey([7; 32]));

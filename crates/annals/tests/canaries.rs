@@ -6,6 +6,9 @@ mod common;
 use annals::canary::{select, Canary};
 use common::harness::*;
 
+/// Goal: every test harness notices the breakage it is meant to catch, so that its passing on the
+/// real store means something. Method: each deliberately broken store is selected in turn and its
+/// harness must report it.
 #[test]
 fn every_harness_catches_its_canary() {
     for (canary, caught) in [

@@ -17,9 +17,9 @@ use common::api::*;
 use common::harness::{small_options, DIR};
 use common::read_all;
 
-/// `Stats::waiting` counts callers until their outcome is in, whether they polled for it or
-/// slept, blocked or awaited, succeeded or failed, and an async append dropped while waiting
-/// stops counting.
+/// Goal: `Stats::waiting` counts callers until their outcome is in, whether they polled for it or
+/// slept, blocked or awaited, succeeded or failed, and an async append dropped while waiting stops
+/// counting.
 #[test]
 fn waiting_callers_are_counted_until_their_outcome_is_in() {
     let dir = tempfile::tempdir().unwrap();

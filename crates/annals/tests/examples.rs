@@ -61,6 +61,8 @@ mod username {
             .tag(format!("account:{account}"))
     }
 
+    /// Goal: the unique username example claims a name nobody holds: registering appends one claim
+    /// carrying the name.
     #[test]
     fn a_free_name_is_claimed() {
         let store = given(&[claimed("a1", "other")]);
@@ -70,6 +72,7 @@ mod username {
         assert_eq!(new[0].data(), b"ada");
     }
 
+    /// Goal: the unique username example refuses a name another account holds, and appends nothing.
     #[test]
     fn a_taken_name_is_refused() {
         let store = given(&[claimed("a1", "ada")]);
@@ -78,6 +81,7 @@ mod username {
         assert!(events_after(&store, 1).is_empty());
     }
 
+    /// Goal: deleting an account releases its username, and another account can then claim it.
     #[test]
     fn a_released_name_is_claimable_again() {
         let store = given(&[claimed("a1", "ada")]);
@@ -90,6 +94,8 @@ mod username {
         assert_eq!(types(&events_after(&store, 3)), ["UsernameClaimed"]);
     }
 
+    /// Goal: accounts racing to claim one name never share it: exactly one claim succeeds and only
+    /// it is appended. Method: many threads register the same name at once.
     #[test]
     fn racing_claims_for_one_name_give_one_owner() {
         let store = Arc::new(given(&[]));
@@ -105,6 +111,7 @@ mod idempotency {
     use super::idempotency_token::{place_order, Placed};
     use super::*;
 
+    /// Goal: the idempotency token example records an order placed with a token it has not seen.
     #[test]
     fn a_new_token_records_the_order() {
         let store = given(&[]);
@@ -112,6 +119,8 @@ mod idempotency {
         assert_eq!(types(&events_after(&store, 0)), ["OrderPlaced"]);
     }
 
+    /// Goal: a request repeated with a token already used answers with the order first placed under
+    /// it, and records nothing new.
     #[test]
     fn a_repeated_token_answers_with_the_original_and_records_nothing() {
         let store = given(&[NewEvent::new("OrderPlaced", "o-1")
@@ -124,6 +133,8 @@ mod idempotency {
         assert!(events_after(&store, 1).is_empty());
     }
 
+    /// Goal: copies of one request sent at once with one token record the order once; the others
+    /// are told it is a duplicate. Method: many threads place an order with the same token.
     #[test]
     fn racing_copies_of_one_request_record_it_once() {
         let store = Arc::new(given(&[]));
@@ -154,6 +165,8 @@ mod opt_in {
     use super::opt_in_token::{confirm, issue};
     use super::*;
 
+    /// Goal: the opt-in token example confirms a sign-up with the token it issued, and refuses the
+    /// token when it is used again.
     #[test]
     fn an_issued_token_confirms_once() {
         let store = given(&[]);
@@ -165,6 +178,7 @@ mod opt_in {
         assert_eq!(store.head(), 2);
     }
 
+    /// Goal: a confirmation with a token that was never issued is refused, and appends nothing.
     #[test]
     fn an_unknown_token_is_refused() {
         let store = given(&[]);
@@ -175,6 +189,8 @@ mod opt_in {
         assert_eq!(store.head(), 0);
     }
 
+    /// Goal: confirmations racing with one token confirm the sign-up once. Method: many threads
+    /// confirm the same issued token at once.
     #[test]
     fn racing_confirmations_confirm_once() {
         let store = Arc::new(given(&[]));
@@ -202,6 +218,8 @@ mod price {
         events_after(store, 1)[0].appended_at_us()
     }
 
+    /// Goal: the product price example accepts an order at the product's current price, however
+    /// long after the change.
     #[test]
     fn the_current_price_is_accepted() {
         let store = price_changes();
@@ -210,6 +228,8 @@ mod price {
         assert_eq!(types(&events_after(&store, 2)), ["OrderPlaced"]);
     }
 
+    /// Goal: an order at the price a product had just before its last change is still accepted
+    /// within the grace period after the change.
     #[test]
     fn the_previous_price_is_honoured_within_the_grace_period() {
         let store = price_changes();
@@ -217,6 +237,8 @@ mod price {
         assert_eq!(store.head(), 3);
     }
 
+    /// Goal: an order at the previous price is refused once the grace period after the change is
+    /// over, and appends nothing.
     #[test]
     fn the_previous_price_is_refused_after_the_grace_period() {
         let store = price_changes();
@@ -225,6 +247,8 @@ mod price {
         assert_eq!(store.head(), 2);
     }
 
+    /// Goal: an order is refused at a price the product had before its previous one, at a price it
+    /// never had, and for a product that does not exist.
     #[test]
     fn an_older_or_invented_price_is_refused() {
         let store = price_changes();
@@ -246,6 +270,8 @@ mod account {
     use super::aggregate::{balance, deposit, open, withdraw, Account};
     use super::*;
 
+    /// Goal: the aggregate example keeps an account's rules: a withdrawal beyond the balance is
+    /// refused, money moves only in an opened account, and an account opens once.
     #[test]
     fn deposits_and_withdrawals_keep_the_balance_non_negative() {
         let store = given(&[]);
@@ -267,6 +293,9 @@ mod account {
         assert!(open(&store, "a").is_err());
     }
 
+    /// Goal: withdrawals racing on one account never take it below zero: as many succeed as the
+    /// balance covers, and the balance is what is left. Method: many threads withdraw from one
+    /// account at once.
     #[test]
     fn racing_withdrawals_never_overdraw() {
         let store = Arc::new(given(&[]));
@@ -312,6 +341,8 @@ mod courses {
         }
     }
 
+    /// Goal: the course subscriptions example defines a course once; defining it again is refused
+    /// and appends nothing.
     #[test]
     fn a_course_is_defined_once() {
         let store = given(&[]);
@@ -324,6 +355,8 @@ mod courses {
         assert_eq!(events_after(&store, 1).len(), 0);
     }
 
+    /// Goal: a student joins a course that has a free seat, the subscription tagged with both the
+    /// course and the student.
     #[test]
     fn a_student_joins_a_course_with_a_free_seat() {
         let store = given(&[defined("c1", 2), subscribed("c1", "ada")]);
@@ -336,6 +369,7 @@ mod courses {
         );
     }
 
+    /// Goal: subscribing to a course that was never defined is refused.
     #[test]
     fn a_course_that_does_not_exist_is_refused() {
         let store = given(&[defined("c1", 2)]);
@@ -345,6 +379,8 @@ mod courses {
         );
     }
 
+    /// Goal: subscribing to a course whose seats are all taken is refused with its capacity, and
+    /// appends nothing.
     #[test]
     fn a_full_course_is_refused() {
         let store = given(&[
@@ -359,6 +395,7 @@ mod courses {
         assert!(events_after(&store, 3).is_empty());
     }
 
+    /// Goal: a student already subscribed to a course cannot subscribe to it again.
     #[test]
     fn joining_twice_is_refused() {
         let store = given(&[defined("c1", 5), subscribed("c1", "ada")]);
@@ -368,6 +405,8 @@ mod courses {
         );
     }
 
+    /// Goal: a student at the limit of courses is refused one more, and leaving one course makes
+    /// room for another.
     #[test]
     fn a_fourth_course_is_refused() {
         let store = given(&[
@@ -392,6 +431,8 @@ mod courses {
         );
     }
 
+    /// Goal: a student leaving a full course frees the seat for another student, and leaving a
+    /// course one is not in is refused.
     #[test]
     fn leaving_frees_a_seat_and_leaving_twice_is_refused() {
         let store = given(&[defined("c1", 1), subscribed("c1", "ada")]);
@@ -404,6 +445,8 @@ mod courses {
         subscribe(&store, "c1", "bob").unwrap();
     }
 
+    /// Goal: a course's capacity can be raised or lowered but not below the students subscribed,
+    /// subscriptions follow the new capacity, and a course that does not exist is refused.
     #[test]
     fn capacity_changes_but_not_below_the_subscribed() {
         let store = given(&[
@@ -428,6 +471,8 @@ mod courses {
         );
     }
 
+    /// Goal: the async form of the subscribe command decides as the blocking one does: it takes the
+    /// last seat and refuses a full course. A cache that keeps nothing still works.
     #[test]
     fn the_async_command_decides_alike() {
         use super::course_subscriptions::subscribe_async;
@@ -450,6 +495,10 @@ mod courses {
         assert!(courses.is_empty(), "a cache of capacity 0 keeps nothing");
     }
 
+    /// Goal: the subscribe command that keeps course states in a cache still decides on the whole
+    /// log: what others appended since the state was kept (a student leaving, a capacity change) is
+    /// read on top of it. Method: subscribe through the cache, change the course without it, and
+    /// check each decision and the events appended.
     #[test]
     fn the_cached_command_sees_what_others_appended_since() {
         use super::course_subscriptions::{subscribe_cached, CourseCache};
@@ -484,6 +533,8 @@ mod courses {
         );
     }
 
+    /// Goal: students racing for a course's seats never overfill it: exactly as many succeed as
+    /// there are seats. Method: more threads than seats subscribe at once.
     #[test]
     fn racing_for_the_last_seats() {
         let store = Arc::new(given(&[defined("c1", 5)]));
@@ -494,6 +545,8 @@ mod courses {
         assert_eq!(events_after(&store, 1).len(), 5);
     }
 
+    /// Goal: one student subscribing to many courses at once still stops at the limit of courses.
+    /// Method: threads subscribe the same student to a different course each.
     #[test]
     fn one_student_racing_past_the_limit() {
         let store = Arc::new(given(
@@ -517,6 +570,8 @@ mod invoices {
         NewEvent::new("InvoiceCreated", number.to_string()).tag(format!("invoice:{number}"))
     }
 
+    /// Goal: the invoice numbers example gives the first invoice number one, tagged with the
+    /// invoice and the customer.
     #[test]
     fn the_first_invoice_is_number_one() {
         let store = given(&[NewEvent::new("CustomerRegistered", "")]);
@@ -531,6 +586,8 @@ mod invoices {
         );
     }
 
+    /// Goal: a new invoice takes the number after the last invoice's, whatever other events came
+    /// between.
     #[test]
     fn the_next_invoice_follows_the_last() {
         let store = given(&[invoice(1), invoice(2), NewEvent::new("Other", "9")]);
@@ -542,6 +599,8 @@ mod invoices {
         );
     }
 
+    /// Goal: a creator whose number was taken by an invoice appended meanwhile has its append
+    /// refused by the condition, and creating again takes the next free number.
     #[test]
     fn a_condition_that_fails_is_decided_again() {
         // A creator that read 2 as the last number meets invoice 3 appended meanwhile.
@@ -558,6 +617,8 @@ mod invoices {
         );
     }
 
+    /// Goal: invoices created at once take distinct numbers with no gap, each retried until it
+    /// succeeds. Method: many threads create an invoice at once, with retries enough for all.
     #[test]
     fn racing_creators_take_distinct_numbers() {
         let store = Arc::new(given(&[]));

@@ -101,10 +101,11 @@ fn periodic_checkpoints() {
     common::check_index_matches_scan(&store).unwrap();
 }
 
-/// Regression: a store opened from its checkpoint and closed without new appends wrote a
-/// checkpoint whose "last record" offset was 0, so the next open judged it stale and rebuilt
-/// the whole index. Method: open, append, close; then open and close twice more without
-/// appending; every open must use the checkpoint.
+/// Goal: a store reopened and closed without appends keeps a checkpoint the next open uses.
+/// Regression: a store opened from its checkpoint and closed without new appends wrote a checkpoint
+/// whose "last record" offset was zero, so the next open judged it stale and rebuilt the whole
+/// index. Method: open, append, close; then open and close again a few times without appending;
+/// every open must use the checkpoint.
 #[test]
 fn reopening_without_appends_keeps_the_checkpoint() {
     let io = SimIo::new(21);

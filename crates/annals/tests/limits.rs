@@ -197,11 +197,11 @@ fn queue_depth_limit() {
     assert_eq!(store.append(&[event()], None).unwrap(), 3);
 }
 
-/// Regression: a rejected append (bad input, or a full queue with `fail_when_full`) once left an
-/// "unanswered" error in the calling thread's reusable completion slot, and the thread's next,
-/// valid append returned that stale error. Replies are now armed only when a request is queued
-/// and disarmed if it never reaches the writer. Method: alternate rejections and appends on
-/// one thread.
+/// Goal: a thread's valid append answers with its own outcome after a rejected one. Regression: a
+/// rejected append (bad input, or a full queue with `fail_when_full`) once left an "unanswered"
+/// error in the calling thread's reusable completion slot, and the thread's next, valid append
+/// returned that stale error. Replies are now armed only when a request is queued and disarmed if
+/// it never reaches the writer. Method: alternate rejections and appends on one thread.
 #[test]
 fn rejected_append_leaves_no_stale_outcome() {
     let store = sim_store(small_options());

@@ -4,6 +4,10 @@ mod common;
 use annals::{AppendCondition, NewEvent, Options, Query, QueryItem, ReadOptions, Store};
 use common::*;
 
+/// Goal: appends, reads and a failing append condition give what a simple model of the log gives,
+/// on a real directory, and a store reopened after a clean close takes its index from the
+/// checkpoint and reads the same. Method: numbered events with a few types and tags, compared with
+/// the model before and after the reopening.
 #[test]
 fn append_read_condition_reopen() {
     let dir = tempfile::tempdir().unwrap();

@@ -53,6 +53,10 @@ fn all(store: &Store) -> Vec<annals::Event> {
         .collect()
 }
 
+/// Goal: a subject's events read back whole while its key lives, and an erasure hides the data of
+/// every event naming it (for either of two subjects), leaves a receipt, refuses later appends
+/// naming the subject and holds across a restart; the data is never in the data directory's bytes,
+/// and verification finds a key or an erasure for every sealed event.
 #[test]
 fn a_subjects_events_are_sealed_read_back_and_erased_for_good() {
     let dir = tempfile::tempdir().unwrap();
@@ -193,6 +197,8 @@ fn a_subjects_events_are_sealed_read_back_and_erased_for_good() {
     std::fs::write(&keys, saved).unwrap();
 }
 
+/// Goal: a store with sealed subjects refuses to open with another master key or with none, and
+/// changes no byte of its files in refusing.
 #[test]
 fn a_wrong_or_missing_master_key_is_refused_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -295,6 +301,8 @@ fn an_opening_that_leaves_out_a_used_prefix_is_refused_and_writes_nothing() {
     assert!(raw_files_hold(dir.path(), marker.as_bytes()).is_empty());
 }
 
+/// Goal: a store opened without data subjects stores data as given, not sealed, and refuses to
+/// erase a subject.
 #[test]
 fn a_store_without_subjects_stores_data_as_given() {
     let dir = tempfile::tempdir().unwrap();

@@ -70,6 +70,8 @@ fn ids_sort_and_drop_repeats_inline_and_on_the_heap() {
     }
 }
 
+/// Goal: the index's fast byte comparison for names agrees with plain equality at every length and
+/// wherever two names differ.
 #[test]
 fn same_bytes_agrees_with_slice_equality() {
     let base: Vec<u8> = (0..40u8).map(|b| b.wrapping_mul(37)).collect();
@@ -129,6 +131,9 @@ fn a_name_map_keeps_every_id_and_spreads_names_over_its_shards() {
     }
 }
 
+/// Goal: a tag shard keeps each tag's positions apart and whole while its table grows through many
+/// tags and batches. Method: many tags of many lengths spread over positions, added in a small
+/// batch then a large one, each tag's list compared with the positions given.
 #[test]
 fn a_tag_shard_keeps_every_tag_apart_through_growth() {
     let hasher = TagHasher::new();

@@ -767,6 +767,8 @@ mod tests {
         assert_eq!(file[8..12], 2u32.to_le_bytes());
     }
 
+    /// Goal: rotating the master key keeps every subject's key and every erasure, wraps keys made
+    /// afterwards under the new master key, and the old master key is refused from then on.
     #[test]
     fn a_rotated_master_key_wraps_the_same_keys_and_the_old_one_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -792,6 +794,9 @@ mod tests {
         );
     }
 
+    /// Goal: a key file whose end was torn by a crash opens with the records before the tear, and
+    /// new keys are written after them. Method: the file cut in its last record, then in a key
+    /// record.
     #[test]
     fn a_torn_key_record_is_cut_off() {
         let dir = tempfile::tempdir().unwrap();
@@ -824,6 +829,8 @@ mod tests {
         assert!(matches!(store.state("customer:3"), KeyState::Live(_)));
     }
 
+    /// Goal: threads asking at once for keys of the same tags get one key per tag, the same key
+    /// each time, before and after a reopening.
     #[test]
     fn concurrent_new_keys_get_one_key_per_tag() {
         let dir = tempfile::tempdir().unwrap();

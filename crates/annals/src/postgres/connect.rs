@@ -331,6 +331,8 @@ impl SideConnection {
 mod tests {
     use super::*;
 
+    /// Goal: the TLS settings of a PostgreSQL connection string are taken out of it, from a URL or
+    /// from key=value pairs, the rest of the string left as it was.
     #[test]
     fn tls_settings_are_taken_from_urls_and_pairs() {
         let (rest, mode, root) = take_tls_settings(
@@ -355,6 +357,8 @@ mod tests {
         assert_eq!((rest.as_str(), mode), ("postgres://u@h/db", None));
     }
 
+    /// Goal: the sslmode of a connection string decides whether the connection is encrypted; an
+    /// unknown mode or a missing root certificate file is refused naming it.
     #[test]
     fn sslmode_decides_encryption_and_unknown_modes_are_refused() {
         for (mode, encrypted) in [("disable", false), ("prefer", false), ("allow", false)] {

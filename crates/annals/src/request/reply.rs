@@ -288,6 +288,8 @@ mod tests {
         }
     }
 
+    /// Goal: answering a batch of async callers wakes only the first, which wakes the others when
+    /// it runs; each finds its own answer and none is woken twice.
     #[test]
     fn a_batch_of_async_answers_wakes_one_caller_which_wakes_the_others() {
         let callers = Callers::new(5);
@@ -314,6 +316,9 @@ mod tests {
         assert_eq!(callers.woken(), [1, 1, 1, 1, 1], "nobody is woken twice");
     }
 
+    /// Goal: a batch's wake-ups reach every caller still asleep even when callers before them never
+    /// slept, stopped waiting, or dropped their wait unpolled; a lone answer wakes its caller
+    /// directly.
     #[test]
     fn callers_that_stopped_waiting_or_never_slept_pass_the_wake_ups_on() {
         // Caller 0 polls without sleeping (never registered a waker), caller 1 stops waiting
@@ -355,6 +360,8 @@ mod tests {
         assert!(matches!(callers.poll(0, &mut wait), Poll::Ready(Ok(9))));
     }
 
+    /// Goal: a caller waiting for its append polls instead of sleeping only while it waits alone,
+    /// the disk syncs fast, and its polling budget lasts; otherwise it sleeps at once.
     #[test]
     fn only_a_lone_caller_polls_and_only_on_a_fast_disk() {
         let store =
