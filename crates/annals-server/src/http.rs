@@ -47,28 +47,97 @@ pub(crate) const SSE: &str = "text/event-stream";
 /// subjects, the OpenAPI document, the console). The crate root gathers those: they use this
 /// module's helpers, so this module names none of them. Every route passes `edge`.
 pub(crate) fn router(state: Arc<AppState>, routes: Router<Arc<AppState>>) -> Router {
+    let read = |op| Guard::new(&state, Scopes::READ, Some(op));
+    let admin = Guard::new(&state, Scopes::ADMIN, None);
+    let metrics = Guard::new(&state, Scopes::METRICS, None);
     routes
-        .route("/v1/read", get(read))
-        .route("/v1/append", post(append))
-        .route("/v1/head", get(head))
-        .route("/v1/subscribe", get(subscribe))
-        .route("/v1/tracking", get(tracking))
-        .route("/v1/admin/check", get(check))
-        .route("/v1/admin/stats", get(admin_stats))
-        .route("/v1/readmodels", get(read_models))
-        .route("/v1/readmodels/{name}", get(read_model))
+        .route("/v1/read", read(Op::Read).on(get(read_events)))
+        .route(
+            "/v1/append",
+            Guard::new(&state, Scopes::APPEND, Some(Op::Append)).on(post(append)),
+        )
+        .route("/v1/head", read(Op::Head).on(get(head)))
+        .route("/v1/subscribe", read(Op::Subscribe).on(get(subscribe)))
+        .route("/v1/tracking", read(Op::Tracking).on(get(tracking)))
+        .route("/v1/admin/check", admin.on(get(check)))
+        .route("/v1/admin/stats", metrics.on(get(admin_stats)))
+        .route("/v1/readmodels", read(Op::ReadModel).on(get(read_models)))
+        .route(
+            "/v1/readmodels/{name}",
+            read(Op::ReadModel).on(get(read_model)),
+        )
         .route(
             "/v1/admin/readmodels/{name}/rebuild",
-            post(rebuild_read_model),
+            Guard::new(&state, Scopes::ADMIN, Some(Op::ReadModel)).on(post(rebuild_read_model)),
         )
         .route("/health", get(health))
         .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
+        .route("/metrics", metrics.on(get(metrics_exposition)))
         .route("/favicon.ico", get(favicon))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge))
         .with_state(state)
+}
+
+/// What a route asks of a request before its handler runs: a key holding `scope`, and the
+/// operation its requests are timed and counted under (None: not counted). Every route but
+/// the open ones (`/health`, `/ready`, `/favicon.ico`) is served through one, so that a new
+/// handler can forget neither.
+#[derive(Clone)]
+pub(crate) struct Guard {
+    state: Arc<AppState>,
+    scope: Scopes,
+    op: Option<Op>,
+}
+
+impl Guard {
+    pub(crate) fn new(state: &Arc<AppState>, scope: Scopes, op: Option<Op>) -> Guard {
+        Guard {
+            state: state.clone(),
+            scope,
+            op,
+        }
+    }
+
+    /// `route` behind this guard: authorized before any extractor runs (the key's grant in
+    /// the request's extensions, for handlers that act for exchange accounts), then timed to
+    /// its answer (for a stream: its first response) and counted by outcome.
+    pub(crate) fn on(
+        &self,
+        route: axum::routing::MethodRouter<Arc<AppState>>,
+    ) -> axum::routing::MethodRouter<Arc<AppState>> {
+        route.route_layer(axum::middleware::from_fn_with_state(self.clone(), guard))
+    }
+}
+
+async fn guard(
+    State(guard): State<Guard>,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let started = Instant::now();
+    let response = match grant(&guard.state, request.headers(), guard.scope) {
+        Ok(grant) => {
+            request.extensions_mut().insert(grant);
+            next.run(request).await
+        }
+        Err(refused) => refused.into_response(),
+    };
+    if let Some(op) = guard.op {
+        // A handler marks an answer whose status does not tell (a failed condition is a 200).
+        let outcome = match response.extensions().get::<Outcome>() {
+            Some(outcome) => *outcome,
+            None if response.status().is_server_error() => Outcome::ServerError,
+            None if response.status().is_client_error() => Outcome::ClientError,
+            None => Outcome::Ok,
+        };
+        guard
+            .state
+            .metrics
+            .record(Api::Http, op, outcome, started.elapsed());
+    }
+    response
 }
 
 /// What every request passes through on its way in and out: a browser page of another
@@ -370,14 +439,14 @@ pub(crate) fn accepts(headers: &HeaderMap, media: &str) -> bool {
         .any(|v| v.split(',').any(|m| m.trim().starts_with(media)))
 }
 
-async fn read(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let started = Instant::now();
-    let result = read_inner(&state, &request);
-    finish(&state, Op::Read, started, result)
+async fn read_events(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    read_inner(&state, &request)
 }
 
 fn read_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiError> {
-    authorize(state, request.headers(), Scopes::READ)?;
     let params = params(state, request, &["query", "options"])?;
     let query = wire::parse_query(params.query.as_deref())?;
     // The options parse straight into the store's type, unknown fields refused.
@@ -482,17 +551,13 @@ impl ReadEncoder {
 
 async fn append(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
-    let result = append_inner(&state, request, started).await;
-    let outcome = match &result {
-        Ok((_, conflict)) if *conflict => Outcome::Conflict,
-        Ok(_) => Outcome::Ok,
-        Err(e) => outcome_of(e),
-    };
-    state
-        .metrics
-        .record(Api::Http, Op::Append, outcome, started.elapsed());
-    match result {
-        Ok((response, _)) => response,
+    match append_inner(&state, request, started).await {
+        Ok((mut response, conflict)) => {
+            if conflict {
+                response.extensions_mut().insert(Outcome::Conflict);
+            }
+            response
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -502,7 +567,6 @@ async fn append_inner(
     request: Request,
     started: Instant,
 ) -> Result<(Response, bool), ApiError> {
-    authorize(state, request.headers(), Scopes::APPEND)?;
     if request.uri().query().is_some() {
         return Err(ApiError::bad_request(
             "invalid_parameter",
@@ -646,22 +710,19 @@ pub(crate) async fn read_body(state: &AppState, request: Request) -> Result<Byte
     })
 }
 
-async fn head(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let started = Instant::now();
-    let result = authorize(&state, &headers, Scopes::READ).map(|()| {
-        let mut out = Vec::with_capacity(32);
-        out.extend_from_slice(b"{\"head\":");
-        wire::write_u64(&mut out, state.store.head());
-        out.push(b'}');
-        json_response(StatusCode::OK, out)
-    });
-    finish(&state, Op::Head, started, result)
+async fn head(State(state): State<Arc<AppState>>) -> Response {
+    let mut out = Vec::with_capacity(32);
+    out.extend_from_slice(b"{\"head\":");
+    wire::write_u64(&mut out, state.store.head());
+    out.push(b'}');
+    json_response(StatusCode::OK, out)
 }
 
-async fn tracking(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let started = Instant::now();
-    let result = (|| {
-        authorize(&state, request.headers(), Scopes::READ)?;
+async fn tracking(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
         struct TrackingParams {
@@ -679,18 +740,17 @@ async fn tracking(State(state): State<Arc<AppState>>, request: Request) -> Respo
             StatusCode::OK,
             serde_json::json!({ "source": params.source, "position": position }).to_string(),
         ))
-    })();
-    finish(&state, Op::Tracking, started, result)
+    }
 }
 
-async fn subscribe(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let started = Instant::now();
-    let result = subscribe_inner(&state, &request);
-    finish(&state, Op::Subscribe, started, result)
+async fn subscribe(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    subscribe_inner(&state, &request)
 }
 
 fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiError> {
-    authorize(state, request.headers(), Scopes::READ)?;
     let params = params(state, request, &["query", "after"])?;
     let query = wire::parse_query(params.query.as_deref())?;
     let sse = accepts(request.headers(), SSE);
@@ -823,10 +883,7 @@ impl Follower {
 
 /// Checks the live log (every record's CRC and sequence, the index against the log) up to the
 /// current head, on a blocking thread; appends go on meanwhile. Admin scope.
-async fn check(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers, Scopes::ADMIN) {
-        return e.into_response();
-    }
+async fn check(State(state): State<Arc<AppState>>) -> Response {
     let store = state.store.clone();
     match tokio::task::spawn_blocking(move || store.check(&mut |_, _| {})).await {
         Ok(Ok(report)) => {
@@ -853,13 +910,9 @@ async fn check(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respon
 }
 
 /// Every read model's status: position, checkpoint, head, lag, counters.
-async fn read_models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let started = Instant::now();
-    let result = authorize(&state, &headers, Scopes::READ).map(|()| {
-        let body = serde_json::json!({ "readModels": state.read_models.statuses() });
-        json_response(StatusCode::OK, body.to_string())
-    });
-    finish(&state, Op::ReadModel, started, result)
+async fn read_models(State(state): State<Arc<AppState>>) -> Response {
+    let body = serde_json::json!({ "readModels": state.read_models.statuses() });
+    json_response(StatusCode::OK, body.to_string())
 }
 
 /// Longest wait a client may ask for with `waitMs`.
@@ -871,21 +924,12 @@ const READ_MODEL_WAIT_MAX: Duration = Duration::from_secs(10);
 async fn read_model(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
-    headers: HeaderMap,
     uri: http::Uri,
-) -> Response {
-    let started = Instant::now();
-    let result = read_model_inner(&state, &name, &headers, uri.query().unwrap_or("")).await;
-    finish(&state, Op::ReadModel, started, result)
+) -> Result<Response, ApiError> {
+    read_model_inner(&state, &name, uri.query().unwrap_or("")).await
 }
 
-async fn read_model_inner(
-    state: &AppState,
-    name: &str,
-    headers: &HeaderMap,
-    query: &str,
-) -> Result<Response, ApiError> {
-    authorize(state, headers, Scopes::READ)?;
+async fn read_model_inner(state: &AppState, name: &str, query: &str) -> Result<Response, ApiError> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
     struct ModelParams {
@@ -946,22 +990,16 @@ async fn read_model_inner(
 async fn rebuild_read_model(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let started = Instant::now();
-    let result = authorize(&state, &headers, Scopes::ADMIN).and_then(|()| {
-        if state.read_models.rebuild(&name) {
-            let body = serde_json::json!({ "name": name, "rebuilding": true });
-            Ok(json_response(StatusCode::ACCEPTED, body.to_string()))
-        } else {
-            Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_read_model",
-                format!("no read model named {name:?}; GET /v1/readmodels lists them"),
-            ))
-        }
-    });
-    finish(&state, Op::ReadModel, started, result)
+) -> Result<Response, ApiError> {
+    if !state.read_models.rebuild(&name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_read_model",
+            format!("no read model named {name:?}; GET /v1/readmodels lists them"),
+        ));
+    }
+    let body = serde_json::json!({ "name": name, "rebuilding": true });
+    Ok(json_response(StatusCode::ACCEPTED, body.to_string()))
 }
 
 /// Liveness: the process serves. 503 only while the store is poisoned, which a restart (a
@@ -1023,10 +1061,7 @@ fn unready_reasons(state: &AppState) -> Vec<String> {
 
 /// The store's statistics as JSON (metrics scope): the shape `annals stats --store` prints, with
 /// the server's readiness, subscribers and connections.
-async fn admin_stats(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers, Scopes::METRICS) {
-        return e.into_response();
-    }
+async fn admin_stats(State(state): State<Arc<AppState>>) -> Response {
     let mut value = crate::stats::store_json(&state.store);
     let reasons = unready_reasons(&state);
     value["ready"] = reasons.is_empty().into();
@@ -1045,10 +1080,7 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
     json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string())
 }
 
-async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers, Scopes::METRICS) {
-        return e.into_response();
-    }
+async fn metrics_exposition(State(state): State<Arc<AppState>>) -> Response {
     let scrape = crate::metrics::Scrape {
         server: state.metrics.counts(),
         stats: state.store.stats(),

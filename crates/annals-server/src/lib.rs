@@ -202,7 +202,10 @@ impl Server {
         let mut tasks = Vec::new();
         // The routes other modules own join the HTTP API's here, at the root: they use
         // `http`'s helpers, so `http` names none of them.
-        let mut routes = openapi::routes(subjects::routes(exchange::routes(axum::Router::new())));
+        let mut routes = openapi::routes(
+            &state,
+            subjects::routes(&state, exchange::routes(axum::Router::new())),
+        );
         if state.config.console {
             routes = console::routes(routes);
         }

@@ -3,24 +3,24 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use http::StatusCode;
 use serde_json::{json, Value};
 
 use crate::auth::Scopes;
-use crate::http::{authorize, json_response};
+use crate::http::{json_response, Guard};
 use crate::AppState;
 
 /// The document's route, `GET /v1/openapi.json` (read scope).
-pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<AppState>> {
-    router.route("/v1/openapi.json", axum::routing::get(serve))
+pub(crate) fn routes(
+    state: &Arc<AppState>,
+    router: axum::Router<Arc<AppState>>,
+) -> axum::Router<Arc<AppState>> {
+    let read = Guard::new(state, Scopes::READ, None);
+    router.route("/v1/openapi.json", read.on(axum::routing::get(serve)))
 }
 
-async fn serve(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&state, &headers, Scopes::READ) {
-        return e.into_response();
-    }
+async fn serve() -> Response {
     json_response(StatusCode::OK, document())
 }
 

@@ -1,21 +1,25 @@
 //! Data subjects over HTTP: `POST /v1/admin/erase` erases one (admin scope).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::StatusCode;
 use serde::Deserialize;
 
 use crate::auth::Scopes;
-use crate::http::{append_error, authorize, json_response, read_body};
-use crate::metrics::{Api, Op};
+use crate::http::{append_error, json_response, read_body, Guard};
+use crate::metrics::Op;
 use crate::wire::ApiError;
 use crate::AppState;
 
-pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<AppState>> {
-    router.route("/v1/admin/erase", axum::routing::post(erase))
+pub(crate) fn routes(
+    state: &Arc<AppState>,
+    router: axum::Router<Arc<AppState>>,
+) -> axum::Router<Arc<AppState>> {
+    // Counted with the appends: an erasure appends its receipt.
+    let admin = Guard::new(state, Scopes::ADMIN, Some(Op::Append));
+    router.route("/v1/admin/erase", admin.on(axum::routing::post(erase)))
 }
 
 /// What an erasure did, as `POST /v1/admin/erase` and `annals erase --json` answer it.
@@ -38,24 +42,11 @@ struct EraseBody {
 
 /// Erases the data subject `tag` names: its key deleted, a receipt appended; answers how
 /// many events it made unreadable. Idempotent.
-async fn erase(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let started = Instant::now();
-    let result = erase_inner(&state, request).await;
-    let outcome = match &result {
-        Ok(_) => crate::metrics::Outcome::Ok,
-        Err(e) => crate::http::outcome_of(e),
-    };
-    state
-        .metrics
-        .record(Api::Http, Op::Append, outcome, started.elapsed());
-    match result {
-        Ok(response) => response,
-        Err(e) => e.into_response(),
-    }
+async fn erase(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
+    erase_inner(&state, request).await
 }
 
 async fn erase_inner(state: &Arc<AppState>, request: Request) -> Result<Response, ApiError> {
-    authorize(state, request.headers(), Scopes::ADMIN)?;
     let body = read_body(state, request).await?;
     let parsed: EraseBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(

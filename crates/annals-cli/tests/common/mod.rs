@@ -5,6 +5,7 @@
 
 pub mod answers;
 pub mod claims;
+pub mod cli;
 
 use std::path::Path;
 use std::process::Command;
