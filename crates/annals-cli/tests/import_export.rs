@@ -6,10 +6,6 @@ mod common;
 use common::cli::{lines, ok, run, with_stdin, without_append_times};
 use common::ServerProcess;
 
-fn stderr_of(args: &[&str]) -> String {
-    run(args).2
-}
-
 /// An export's lines compared as values: the times of appends left out, and in the receipts
 /// of erasures the time of the erasure too (an import's erasures are made anew).
 fn comparable(ndjson: &str) -> Vec<serde_json::Value> {
