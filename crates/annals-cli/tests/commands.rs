@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::cli::{lines, ok, run, with_stdin, without_append_times};
+use std::process::Stdio;
+
+use common::cli::{annals, lines, ok, run, run_with_stdin, with_stdin, without_append_times};
 use common::ServerProcess;
 
 /// The same scenario on a directory and against a server: append from arguments (with a
