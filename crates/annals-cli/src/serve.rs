@@ -214,8 +214,10 @@ fn start_log() -> Result<(), String> {
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Failure> {
-    start_log()?;
-    let config = resolve(args)?;
+    // What the flags, the environment and the file say is the configuration: a refusal of it
+    // exits as one (78), so that a supervisor does not restart a start that cannot succeed.
+    start_log().map_err(|e| Failure::of_kind("config", e))?;
+    let config = resolve(args).map_err(|e| Failure::of_kind("config", e))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.runtime_threads())
         .enable_all()

@@ -346,9 +346,9 @@ fn a_failed_start_leaves_no_store_behind() {
 
 /// Goal: a start that fails exits with a status a supervisor can act on: 78 (`EX_CONFIG`)
 /// when the configuration must change, 75 (`EX_TEMPFAIL`) when the same start may succeed
-/// later. Method: `annals serve` listening beyond loopback without API keys (refused by the
-/// configuration), then on a data directory another process holds open; each exit status,
-/// and the message naming why.
+/// later. Method: `annals serve` given an address with a typo, then listening beyond
+/// loopback without API keys (both refused by the configuration), then on a data directory
+/// another process holds open; each exit status, and the message naming why.
 #[test]
 fn a_failed_start_exits_with_a_status_a_supervisor_can_act_on() {
     let work = tempfile::tempdir().unwrap();
@@ -367,6 +367,16 @@ fn a_failed_start_exits_with_a_status_a_supervisor_can_act_on() {
     };
     let dir = work.path().join("data");
     let dir = dir.to_str().unwrap();
+    // A typo in the address, and a configuration refused once read, exit alike.
+    let (status, err) = serve(&[
+        "--data-dir",
+        dir,
+        "--http",
+        "127.0.0.1:port",
+        "--grpc",
+        "off",
+    ]);
+    assert_eq!(status, Some(78), "{err}");
     let (status, err) = serve(&["--data-dir", dir, "--http", "0.0.0.0:0", "--grpc", "off"]);
     assert_eq!(status, Some(78), "{err}");
     assert!(err.contains("without API keys"), "{err}");

@@ -76,23 +76,16 @@ pub fn write(fixture: &Path, from: &Path) {
 /// Every file under `dir` with its size, by path relative to `dir`, sorted: what a fixture
 /// holds, for a test to check its shape.
 pub fn files(dir: &Path) -> Vec<(String, u64)> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let relative = path
-                    .strip_prefix(dir)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                found.push((relative, entry.metadata().map_or(0, |m| m.len())));
-            }
-        }
-    }
-    found.sort();
-    found
+    crate::walk(dir)
+        .into_iter()
+        .map(|path| {
+            let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+            let relative = path
+                .strip_prefix(dir)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (relative, size)
+        })
+        .collect()
 }

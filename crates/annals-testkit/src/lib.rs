@@ -720,6 +720,19 @@ pub fn python() -> Option<PathBuf> {
 /// Every file under `dir` whose bytes hold `needle`: where a marker that must never be stored
 /// in the clear was found.
 pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    walk(dir)
+        .into_iter()
+        .filter(|path| {
+            std::fs::read(path)
+                .unwrap_or_default()
+                .windows(needle.len())
+                .any(|w| w == needle)
+        })
+        .collect()
+}
+
+/// Every file under `dir`, recursively, sorted (none when it cannot be read).
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -727,15 +740,12 @@ pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
             let path = entry.path();
             if path.is_dir() {
                 stack.push(path);
-            } else if std::fs::read(&path)
-                .unwrap_or_default()
-                .windows(needle.len())
-                .any(|w| w == needle)
-            {
+            } else {
                 found.push(path);
             }
         }
     }
+    found.sort();
     found
 }
 

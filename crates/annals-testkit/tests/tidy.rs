@@ -799,20 +799,10 @@ const TEST_FILE_LINES_MAX: usize = 1000;
 
 /// The Rust files under `dir`, recursively.
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                found.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
+    annals_testkit::walk(dir)
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+        .collect()
 }
 
 /// Goal: every test file stays readable as one topic: none passes [`TEST_FILE_LINES_MAX`]
