@@ -1,6 +1,7 @@
 //! `annals restore` and `annals backup verify`: reading back what `serve --backup` shipped
 //! into object storage.
 
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -50,8 +51,7 @@ pub enum BackupCommand {
 }
 
 fn tty() -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { libc::isatty(2) == 1 }
+    std::io::stderr().is_terminal()
 }
 
 /// The microseconds since the epoch an RFC 3339 time stands for.

@@ -2,6 +2,7 @@
 //! of either), append by append with positions, append times and tracking kept, then compares
 //! both logs.
 
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use annals::{CopyPhase, Options};
@@ -79,8 +80,7 @@ pub fn run(args: CopyArgs) -> Result<(), Failure> {
         )
         .into());
     }
-    // SAFETY: isatty only inspects the descriptor.
-    let tty = unsafe { libc::isatty(2) } == 1;
+    let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut shown = Instant::now() - Duration::from_secs(1);
     let report = annals::copy(&from, &to, &mut |phase, reached, head| {

@@ -2,7 +2,7 @@
 //! works on a data directory (`--dir`, the store opened in this process) or against a running
 //! server (`--url`, `--api-key`). Events travel as the HTTP API's JSON lines in both cases.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -376,15 +376,13 @@ where
 
 /// Percent-encodes everything but unreserved characters (for query values and path segments).
 pub(crate) fn percent(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 2);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+    const RESERVED: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    utf8_percent_encode(s, RESERVED).to_string()
 }
 
 /// An event as the HTTP API takes it: data that is not UTF-8 as base64 with its
@@ -547,8 +545,7 @@ struct Progress {
 
 impl Progress {
     fn new(verb: &'static str) -> Self {
-        // SAFETY: isatty only inspects the descriptor.
-        let tty = unsafe { libc::isatty(2) } == 1;
+        let tty = std::io::stderr().is_terminal();
         Progress {
             started: Instant::now(),
             last: Instant::now(),

@@ -1,5 +1,6 @@
 //! `annals verify` and `annals stats`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use crate::failure::Failure;
@@ -95,8 +96,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), Failure> {
         return verify_database(&store, options, args.json);
     }
     let dir = PathBuf::from(store);
-    // SAFETY: isatty only inspects the descriptor.
-    let tty = unsafe { libc::isatty(2) } == 1;
+    let tty = std::io::stderr().is_terminal();
     let started = std::time::Instant::now();
     let report = annals::verify_with_progress(&dir, &mut |done, of| {
         if tty {
@@ -147,8 +147,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), Failure> {
 /// `verify postgres://...`: opening loads every row of the log, each checked (well-formed,
 /// gapless); then the live check reads every event back and compares the index with the log.
 fn verify_database(url: &str, options: Options, json: bool) -> Result<(), Failure> {
-    // SAFETY: isatty only inspects the descriptor.
-    let tty = unsafe { libc::isatty(2) } == 1;
+    let tty = std::io::stderr().is_terminal();
     if tty {
         eprintln!(
             "loading the log from {} ...",
@@ -244,8 +243,7 @@ pub fn stats(args: StatsArgs) -> Result<(), Failure> {
     if !dir.join(annals::files::segment(1)).exists() {
         return Err(format!("{} holds no Annals store", dir.display()).into());
     }
-    // SAFETY: isatty only inspects the descriptor.
-    if unsafe { libc::isatty(2) } == 1 {
+    if std::io::stderr().is_terminal() {
         eprintln!(
             "opening {} (a store without a checkpoint is indexed first)...",
             dir.display()

@@ -1,13 +1,13 @@
 //! A small blocking HTTP client for the commands that work against a running server
-//! (`--url`, `--api-key`): one keep-alive connection, answers read whole or streamed line by
-//! line.
+//! (`--url`, `--api-key`): ureq over rustls (aws-lc), redirects not followed, no timeouts,
+//! answers read whole or streamed line by line.
 
+use std::io::{BufRead, BufReader};
 use std::net::ToSocketAddrs;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use ureq::http;
 
 /// Where a running server is and how to reach it: shared by every command that can work
 /// against one.
@@ -43,121 +43,79 @@ impl RemoteArgs {
 }
 
 pub struct Remote {
-    runtime: tokio::runtime::Runtime,
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    authority: String,
+    agent: ureq::Agent,
+    /// `http(s)://host:port`, which request paths follow.
+    base: String,
+    /// The URL as given, for messages.
+    url: String,
     authorization: Option<String>,
 }
 
-/// The TLS client configuration: the given CA certificate (PEM), or the system's roots.
-fn tls_config(
-    ca_cert: Option<&std::path::Path>,
-) -> Result<tokio_rustls::rustls::ClientConfig, String> {
+/// The roots to trust: the given CA certificate (PEM), or the system's.
+fn root_certs(ca_cert: Option<&std::path::Path>) -> Result<ureq::tls::RootCerts, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
-    use tokio_rustls::rustls;
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_cert {
+    let certs: Vec<CertificateDer<'static>> = match ca_cert {
         Some(path) => {
-            for cert in CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?
-            {
-                let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            let error = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+            let mut certs = Vec::new();
+            // Each is checked as a root here, so that a bad file is reported and not skipped.
+            let mut check = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(path).map_err(|e| error(&e))? {
+                let cert = cert.map_err(|e| error(&e))?;
+                check.add(cert.clone()).map_err(|e| error(&e))?;
+                certs.push(cert);
             }
+            certs
         }
-        None => {
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(cert);
-            }
-        }
-    }
-    Ok(
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    )
+        None => rustls_native_certs::load_native_certs().certs,
+    };
+    Ok(certs
+        .iter()
+        .map(|c| ureq::tls::Certificate::from_der(c).to_owned())
+        .into())
 }
 
 impl Remote {
     /// Connects to `url` (http:// or https://; for https, `ca_cert` names the CA to trust,
-    /// else the system's roots are used).
+    /// else the system's roots are used). The connection itself is made by the first request.
     pub fn connect(
         url: &str,
         api_key: Option<&str>,
         ca_cert: Option<&std::path::Path>,
     ) -> Result<Remote, String> {
-        let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
-            (Some(rest), _) => (true, rest),
-            (None, Some(rest)) => (false, rest),
+        let (scheme, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+            (Some(rest), _) => ("https", rest),
+            (None, Some(rest)) => ("http", rest),
             _ => return Err(format!("{url}: expected an http:// or https:// URL")),
         };
-        let authority = rest
-            .trim_end_matches('/')
-            .trim_end_matches("/v1")
-            .to_string();
-        let addr = authority
+        let authority = rest.trim_end_matches('/').trim_end_matches("/v1");
+        authority
             .to_socket_addrs()
             .map_err(|e| format!("{url}: {e}"))?
             .next()
             .ok_or_else(|| format!("{url}: no address"))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+        let mut tls = ureq::tls::TlsConfig::builder()
+            .provider(ureq::tls::TlsProvider::Rustls)
+            .unversioned_rustls_crypto_provider(Arc::new(
+                rustls::crypto::aws_lc_rs::default_provider(),
+            ));
+        if scheme == "https" {
+            tls = tls.root_certs(root_certs(ca_cert)?);
+        }
+        let agent = ureq::Agent::config_builder()
+            .tls_config(tls.build())
+            // Error statuses are answers whose body says why; redirects are not followed, and
+            // no proxy from the environment is used.
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .proxy(None)
             .build()
-            .map_err(|e| e.to_string())?;
-        let host = authority
-            .rsplit_once(':')
-            .map_or(authority.as_str(), |(h, _)| h)
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let connector = if tls {
-            Some(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
-                tls_config(ca_cert)?,
-            )))
-        } else {
-            None
-        };
-        let sender = runtime.block_on(async {
-            let stream = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-            let _ = stream.set_nodelay(true);
-            match connector {
-                None => {
-                    let (sender, connection) =
-                        hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                            .await
-                            .map_err(|e| format!("{url}: {e}"))?;
-                    tokio::spawn(connection);
-                    Ok::<_, String>(sender)
-                }
-                Some(connector) => {
-                    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host)
-                        .map_err(|e| format!("{url}: {e}"))?;
-                    let stream = connector
-                        .connect(name, stream)
-                        .await
-                        .map_err(|e| format!("TLS with {url}: {e}"))?;
-                    let (sender, connection) =
-                        hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                            .await
-                            .map_err(|e| format!("{url}: {e}"))?;
-                    tokio::spawn(connection);
-                    Ok(sender)
-                }
-            }
-        })?;
+            .new_agent();
         Ok(Remote {
-            runtime,
-            sender,
-            authority,
+            agent,
+            base: format!("{scheme}://{authority}"),
+            url: url.to_string(),
             authorization: api_key.map(|k| format!("Bearer {k}")),
         })
     }
@@ -168,38 +126,60 @@ impl Remote {
         path: &str,
         accept: &str,
         body: Vec<u8>,
-    ) -> Result<hyper::Response<Incoming>, String> {
+    ) -> Result<http::Response<ureq::Body>, String> {
         let mut request = http::Request::builder()
             .method(method)
-            .uri(path)
-            .header("host", self.authority.as_str())
+            .uri(format!("{}{path}", self.base))
             .header("accept", accept)
             .header("content-type", "application/json");
         if let Some(a) = &self.authorization {
             request = request.header("authorization", a.as_str());
         }
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        let sender = &mut self.sender;
-        self.runtime
-            .block_on(async { sender.send_request(request).await })
-            .map_err(|e| format!("request failed: {e}"))
+        let answer = if body.is_empty() && method == "GET" {
+            self.agent.run(request.body(()).map_err(|e| e.to_string())?)
+        } else {
+            self.agent
+                .run(request.body(body).map_err(|e| e.to_string())?)
+        };
+        answer.map_err(|e| self.failed(e))
+    }
+
+    /// What a failed request says: the connection refused, TLS that failed, or else.
+    fn failed(&self, error: ureq::Error) -> String {
+        use std::io::ErrorKind;
+        let url = &self.url;
+        match &error {
+            ureq::Error::Rustls(_) | ureq::Error::Tls(_) => format!("TLS with {url}: {error}"),
+            ureq::Error::Io(e) if e.get_ref().is_some_and(|e| e.is::<rustls::Error>()) => {
+                format!("TLS with {url}: {e}")
+            }
+            ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => {
+                format!("cannot connect to {url}: {error}")
+            }
+            ureq::Error::Io(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionRefused
+                        | ErrorKind::AddrNotAvailable
+                        | ErrorKind::HostUnreachable
+                        | ErrorKind::NetworkUnreachable
+                ) =>
+            {
+                format!("cannot connect to {url}: {e}")
+            }
+            _ => format!("request failed: {error}"),
+        }
     }
 
     /// A request whose answer is read whole; an error status becomes the server's message.
     pub fn call(&mut self, method: &str, path: &str, body: Vec<u8>) -> Result<Bytes, String> {
-        let response = self.send(method, path, "application/json", body)?;
+        let mut response = self.send(method, path, "application/json", body)?;
         let status = response.status();
-        let bytes = self
-            .runtime
-            .block_on(response.into_body().collect())
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let bytes = read_whole(response.body_mut())?;
         if !status.is_success() {
             return Err(server_error(status, &bytes));
         }
-        Ok(bytes)
+        Ok(bytes.into())
     }
 
     /// A request whose answer is NDJSON, handed over line by line as it arrives; `line`
@@ -209,41 +189,35 @@ impl Remote {
         path: &str,
         mut line: impl FnMut(&[u8]) -> Result<bool, String>,
     ) -> Result<(), String> {
-        let response = self.send("GET", path, "application/x-ndjson", Vec::new())?;
+        let mut response = self.send("GET", path, "application/x-ndjson", Vec::new())?;
         let status = response.status();
-        let mut body = response.into_body();
         if !status.is_success() {
-            let bytes = self
-                .runtime
-                .block_on(body.collect())
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            return Err(server_error(status, &bytes));
+            return Err(server_error(status, &read_whole(response.body_mut())?));
         }
+        let mut reader = BufReader::new(response.into_body().into_reader());
         let mut pending: Vec<u8> = Vec::new();
         loop {
-            let frame = self.runtime.block_on(body.frame());
-            let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| format!("the stream broke: {e}"))?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            pending.extend_from_slice(&data);
-            let mut start = 0;
-            while let Some(at) = pending[start..].iter().position(|&b| b == b'\n') {
-                let keep_going = line(&pending[start..start + at])?;
-                start += at + 1;
-                if !keep_going {
-                    return Ok(());
-                }
+            pending.clear();
+            let read = reader
+                .read_until(b'\n', &mut pending)
+                .map_err(|e| format!("the stream broke: {e}"))?;
+            if read == 0 {
+                return Ok(());
             }
-            pending.drain(..start);
+            let text = pending.strip_suffix(b"\n").unwrap_or(&pending);
+            if !line(text)? {
+                return Ok(());
+            }
         }
-        if !pending.is_empty() {
-            line(&pending)?;
-        }
-        Ok(())
     }
+}
+
+/// A body read whole, however long.
+fn read_whole(body: &mut ureq::Body) -> Result<Vec<u8>, String> {
+    body.with_config()
+        .limit(u64::MAX)
+        .read_to_vec()
+        .map_err(|e| e.to_string())
 }
 
 fn server_error(status: http::StatusCode, body: &[u8]) -> String {
