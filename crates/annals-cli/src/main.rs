@@ -33,6 +33,10 @@ enum Command {
     ///
     /// Example: annals serve --data-dir ./data --http 127.0.0.1:7400
     Serve(serve::ServeArgs),
+    /// The server's configuration: `annals config show` prints what `annals serve` would
+    /// run with.
+    #[command(subcommand)]
+    Config(serve::ConfigCommand),
     /// Append events: one from the arguments, or NDJSON lines from standard input.
     ///
     /// Examples:
@@ -141,6 +145,7 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<(), Failure> = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Config(command) => serve::config(command),
         Command::Append(args) => data::append(args),
         Command::Read(args) => data::read(args),
         Command::Tail(args) => data::tail(args),

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use annals_server::{config, Config, Server};
+use annals_server::config::Layer;
+use annals_server::{Config, Server};
 
 use crate::failure::Failure;
 
@@ -38,6 +39,18 @@ pub struct ServeArgs {
     /// with `annals restore`. Env: ANNALS_BACKUP
     #[arg(long, value_name = "URL")]
     backup: Option<String>,
+    /// How long the backup's lease holds after the shipping server last renewed it: how soon
+    /// another server may take the backup over once this one is gone.
+    /// Env: ANNALS_BACKUP_LEASE_SECONDS. Default: 30
+    #[arg(long, value_name = "SECONDS")]
+    backup_lease_seconds: Option<u64>,
+    /// The background scrub's rate, re-reading sealed segments to find damage early; 0 turns
+    /// it off. Env: ANNALS_SCRUB_BYTES_PER_SECOND. Default: 8 MiB
+    #[arg(long, value_name = "BYTES")]
+    scrub_bytes_per_second: Option<u64>,
+    /// The scrub's pause before each pass. Env: ANNALS_SCRUB_PAUSE_SECONDS. Default: 600
+    #[arg(long, value_name = "SECONDS")]
+    scrub_pause_seconds: Option<f64>,
     /// Serve as a read replica of the backup another server writes at URL (as --backup
     /// names it): reads, subscriptions, read models and the console, following the backup as
     /// it grows; appends are refused, naming the primary. No data directory: the log's copy
@@ -106,74 +119,92 @@ pub struct ServeArgs {
     no_console: bool,
 }
 
-/// Defaults, then the config file, then the environment, then flags.
-fn resolve(args: ServeArgs) -> Result<Config, String> {
-    let mut config = Config::default();
+/// The effective configuration: the defaults, then the config file, then the environment,
+/// then the flags, each replacing what the one before set; `warn` hears of each variable
+/// beginning `ANNALS_` that names no setting (a misspelt one would otherwise do nothing).
+fn resolve(args: &ServeArgs, warn: impl Fn(String)) -> Result<Config, String> {
     let file = args
         .config
         .clone()
         .or_else(|| std::env::var_os("ANNALS_CONFIG").map(PathBuf::from));
-    if let Some(file) = file {
-        config.apply_file(&file)?;
+    let (env, unknown) = Layer::env(std::env::vars())?;
+    for name in unknown {
+        warn(format!(
+            "{name} names no setting of annals serve; it is ignored"
+        ));
     }
-    config.apply_env(std::env::vars())?;
-    if let Some(dir) = args.data_dir {
-        config.data_dir = dir;
-        config.postgres = None;
+    let file = file.map(|f| Layer::file(&f)).transpose()?;
+    Config::load(file.into_iter().chain([env, flags(args)?]))
+}
+
+/// The flags given, as the last layer.
+fn flags(args: &ServeArgs) -> Result<Layer, String> {
+    fn put<T: serde::Serialize>(l: &mut Layer, key: &str, v: &Option<T>) -> Result<(), String> {
+        match v {
+            Some(v) => l.set(key, v),
+            None => Ok(()),
+        }
     }
-    if let Some(store) = &args.store {
-        config.set_store(store);
-    }
-    if let Some(mirror) = args.mirror {
-        config.mirror = Some(mirror);
-    }
-    if let Some(reserve) = args.disk_reserve {
-        config.disk_reserve_bytes = Some(reserve);
-    }
-    if let Some(url) = args.backup {
-        config.backup = Some(url);
-    }
-    if let Some(url) = args.replica_of {
-        config.replica_of = Some(url);
-    }
-    if let Some(tags) = args.subject_tags {
-        config.subject_tags = config::split_list(&tags);
-    }
-    if let Some(file) = args.master_key_file {
-        config.master_key_file = Some(file);
-    }
-    if let Some(http) = args.http {
-        config.http_listen =
-            config::parse_listen(&http)?.ok_or("the HTTP listener cannot be off")?;
-    }
-    if let Some(grpc) = args.grpc {
-        config.grpc_listen = config::parse_listen(&grpc)?;
-    }
-    if let Some(d) = args.durability {
-        config.durability = d.parse()?;
-    }
-    if let Some(keys) = args.api_keys_file {
-        config.api_keys.load_file(&keys)?;
-    }
-    if let Some(n) = args.worker_threads {
-        config.worker_threads = Some(n.max(1));
-    }
-    if let Some(mode) = args.exchange {
-        config.set_exchange_mode(&mode)?;
-    }
-    if let (Some(cert), Some(key)) = (args.tls_cert, args.tls_key) {
-        config.tls = Some(annals_server::TlsFiles { cert, key });
-    }
-    for origin in &args.allow_origin {
-        config.add_allowed_origin(origin)?;
+    let mut l = Layer::new("the command line");
+    let store = args
+        .store
+        .clone()
+        .or(args.data_dir.clone().map(|d| d.display().to_string()));
+    put(&mut l, "store", &store)?;
+    put(&mut l, "mirror", &args.mirror)?;
+    put(&mut l, "disk_reserve_bytes", &args.disk_reserve)?;
+    put(&mut l, "backup", &args.backup)?;
+    put(&mut l, "backup_lease_seconds", &args.backup_lease_seconds)?;
+    put(&mut l, "replica_of", &args.replica_of)?;
+    put(
+        &mut l,
+        "scrub_bytes_per_second",
+        &args.scrub_bytes_per_second,
+    )?;
+    put(&mut l, "scrub_pause_seconds", &args.scrub_pause_seconds)?;
+    put(&mut l, "subject_tags", &args.subject_tags)?;
+    put(&mut l, "master_key_file", &args.master_key_file)?;
+    put(&mut l, "http_listen", &args.http)?;
+    put(&mut l, "grpc_listen", &args.grpc)?;
+    put(&mut l, "durability", &args.durability)?;
+    put(&mut l, "api_keys_file", &args.api_keys_file)?;
+    put(&mut l, "worker_threads", &args.worker_threads)?;
+    put(&mut l, "exchange.mode", &args.exchange)?;
+    put(&mut l, "tls.cert", &args.tls_cert)?;
+    put(&mut l, "tls.key", &args.tls_key)?;
+    if !args.allow_origin.is_empty() {
+        l.set("allowed_origins", &args.allow_origin)?;
     }
     if args.allow_unauthenticated_network {
-        config.allow_unauthenticated_network = true;
+        l.set("allow_unauthenticated_network", true)?;
     }
     if args.no_console {
-        config.console = false;
+        l.set("console", false)?;
     }
-    Ok(config)
+    Ok(l)
+}
+
+/// `annals config`: the configuration `annals serve` runs with.
+#[derive(clap::Subcommand)]
+pub enum ConfigCommand {
+    /// Print the configuration that `annals serve` with these flags would run with (the
+    /// defaults, the file, the environment and the flags), as TOML a config file takes, with
+    /// passwords in URLs and API keys shown as ***. A configuration the server would refuse
+    /// is refused here, with the same reason and exit status.
+    Show(ServeArgs),
+}
+
+pub fn config(command: ConfigCommand) -> Result<(), Failure> {
+    let ConfigCommand::Show(args) = command;
+    let checked = resolve(&args, |w| eprintln!("warning: {w}")).and_then(|config| {
+        config.keys()?;
+        config.subjects()?;
+        Ok(config)
+    });
+    let config = checked.map_err(|e| Failure::of_kind("config", e))?;
+    let text = toml::to_string(&config.redacted()).map_err(|e| e.to_string())?;
+    print!("{text}");
+    Ok(())
 }
 
 /// The server's log: events (a failed accept, a slow shutdown, a component that did not stop
@@ -217,7 +248,8 @@ pub fn run(args: ServeArgs) -> Result<(), Failure> {
     // What the flags, the environment and the file say is the configuration: a refusal of it
     // exits as one (78), so that a supervisor does not restart a start that cannot succeed.
     start_log().map_err(|e| Failure::of_kind("config", e))?;
-    let config = resolve(args).map_err(|e| Failure::of_kind("config", e))?;
+    let config =
+        resolve(&args, |w| tracing::warn!("{w}")).map_err(|e| Failure::of_kind("config", e))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.runtime_threads())
         .enable_all()
@@ -230,7 +262,10 @@ pub fn run(args: ServeArgs) -> Result<(), Failure> {
 const GIB: f64 = (1u64 << 30) as f64;
 
 async fn serve(config: Config) -> Result<(), Failure> {
-    let keys = config.api_keys.len();
+    let keys = config
+        .keys()
+        .map_err(|e| Failure::of_kind("config", e))?
+        .len();
     let threads = config.runtime_threads();
     let tls = config.tls.is_some();
     let exposed = config.exposed();
@@ -333,8 +368,8 @@ async fn serve(config: Config) -> Result<(), Failure> {
         println!(
             "annals: exchange {} ({}): {} commands in the journal, {} replayed{}, {} live \
              orders, {} symbols added, ready in {:.1} ms; http {scheme}://{}/v1/exchange",
-            exchange.mode,
-            exchange.mode.class(),
+            exchange.mode(),
+            exchange.mode().class(),
             started.commands,
             started.replayed,
             started

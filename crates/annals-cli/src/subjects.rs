@@ -161,12 +161,9 @@ impl SubjectArgs {
     /// The store options' data subjects, read and checked as `annals serve` does (the master
     /// key read from its file); none when neither is given.
     pub fn options(&self) -> Result<Option<annals::SubjectOptions>, String> {
-        let mut config = annals_server::Config::default();
-        if let Some(tags) = &self.subject_tags {
-            config.subject_tags = annals_server::config::split_list(tags);
-        }
-        config.master_key_file = self.master_key_file.clone();
-        config.subjects()
+        use annals_server::config;
+        let tags = self.subject_tags.as_deref().map(config::split_list);
+        config::subjects(&tags.unwrap_or_default(), self.master_key_file.as_deref())
     }
 }
 

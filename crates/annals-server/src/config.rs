@@ -1,45 +1,39 @@
-//! Server configuration: defaults, then a TOML file, then `ANNALS_*` environment variables,
-//! then command-line flags (applied by the caller), each overriding the one before.
+//! Server configuration: every setting of `annals serve` in one struct, [`Config`], layered by
+//! figment: the defaults, then a TOML file, then `ANNALS_*` environment variables, then
+//! command-line flags, each replacing what the one before set. A setting has one name,
+//! dotted where it sits in a table (`limits.body_bytes_max`): that is its key in the file;
+//! its variable is `ANNALS_` and the name in capitals with `_` for the dots
+//! (`ANNALS_LIMITS_BODY_BYTES_MAX`). docs/SERVER.md has the table of every setting with its
+//! four names, which a test holds to [`settings`].
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use annals::{Durability, Limits};
-use serde::Deserialize;
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::{Deserialize, Serialize};
 
 use crate::auth::{ApiKeys, Scopes};
 use crate::readmodels::ReadModelSpec;
 
 pub use annals::is_database_url as is_postgres_url;
 
-/// A connection URL with its password, if any, replaced by `***`.
-pub fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((user_info, hosts)) => match user_info.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{hosts}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
+pub const DEFAULT_HTTP_PORT: u16 = 7400;
+/// The port UmaDB's clients and documentation use.
+pub const DEFAULT_GRPC_PORT: u16 = 50051;
 
 /// Everything `annals serve` needs to run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Config {
-    pub data_dir: PathBuf,
-    /// A PostgreSQL connection string: the log lives in that database instead of `data_dir`
-    /// (see `annals::Store::open_postgres`).
-    pub postgres: Option<String>,
-    /// With `postgres` or `replica_of`: where the store keeps its copy of the log across
-    /// restarts (`annals::Location`'s `mirror`); None: a temporary directory.
+    /// Where the log lives: a data directory, or a PostgreSQL URL (`postgres://` or
+    /// `postgresql://`; see `annals::Store::open_postgres`). `data_dir` is its other name.
+    pub store: String,
+    /// With a store on PostgreSQL or a replica: where the store keeps its copy of the log
+    /// across restarts (`annals::Location`'s `mirror`); None: a temporary directory.
     pub mirror: Option<PathBuf>,
     /// Free space the store leaves alone (`annals::Options::disk_reserve_bytes`); None: one
     /// segment's size.
@@ -49,78 +43,194 @@ pub struct Config {
     pub backup: Option<String>,
     /// How long the backup's lease holds after its last renewal (`annals::BackupOptions::
     /// lease`): how soon another server may take the backup over once this one is gone.
-    pub backup_lease: Duration,
+    pub backup_lease_seconds: u64,
     /// Serve as a read replica of the backup at this URL (`annals::Store::open_replica`)
     /// instead of a store of its own.
     pub replica_of: Option<String>,
-    /// The background scrub of sealed segments (`annals::Options::scrub`); None: off.
-    pub scrub: Option<annals::ScrubOptions>,
+    /// The background scrub of sealed segments (`annals::Options::scrub`): its rate, 0 for
+    /// none, and its pause before each pass.
+    pub scrub_bytes_per_second: u64,
+    pub scrub_pause_seconds: f64,
     /// Tag prefixes naming data subjects, whose events are stored encrypted
-    /// (`annals::Options::subjects`); empty: none.
+    /// (`annals::Options::subjects`); empty: none. A list, or one comma-separated string.
+    #[serde(deserialize_with = "list")]
     pub subject_tags: Vec<String>,
     /// The file holding the master key (64 hexadecimal characters) that encrypts the
     /// subjects' keys.
     pub master_key_file: Option<PathBuf>,
     /// HTTP listen address; loopback unless asked otherwise.
+    #[serde(with = "listen")]
     pub http_listen: SocketAddr,
-    /// gRPC (UmaDB protocol) listen address; `None` disables gRPC.
+    /// gRPC (UmaDB protocol) listen address; `off` (None) disables gRPC.
+    #[serde(with = "optional_listen")]
     pub grpc_listen: Option<SocketAddr>,
+    #[serde(with = "text")]
     pub durability: Durability,
-    pub api_keys: ApiKeys,
+    /// API keys given inline: a list of `{ key, scopes, accounts }` tables, or one string
+    /// `key=scope,scope;key2=scope` (the form for the environment).
+    #[serde(deserialize_with = "keys")]
+    pub api_keys: Vec<KeyEntry>,
+    /// A file of API keys, one `key scope,scope [accounts=1,2]` per line.
+    pub api_keys_file: Option<PathBuf>,
     pub tls: Option<TlsFiles>,
-    pub limits: ServerLimits,
     /// Threads of the network runtime; `None` means one fewer than the cores (at least one),
     /// leaving a core to the store's writer and syncer threads, which a second runtime thread
     /// would fight for the CPU (docs/DECISIONS.md, R1).
     pub worker_threads: Option<usize>,
-    /// Read models the server keeps up to date (see [`crate::readmodels`]).
-    pub read_models: Vec<ReadModelSpec>,
     /// Web origins (`scheme://host:port`) whose pages may call the HTTP API from a browser,
     /// besides the server's own. Other origins are refused.
+    #[serde(deserialize_with = "list")]
     pub allowed_origins: Vec<String>,
     /// Listen beyond loopback with no API keys, serving anyone who can connect. Refused
     /// unless set.
     pub allow_unauthenticated_network: bool,
-    /// Serve the web console at `/` on the HTTP listener (see `console.rs`). Default: on.
+    /// Serve the web console at `/` on the HTTP listener (see `console.rs`).
     pub console: bool,
+    pub limits: ServerLimits,
+    /// Read models the server keeps up to date (see [`crate::readmodels`]).
+    pub read_models: Vec<ReadModelSpec>,
     /// The matching engine the server hosts, journaled in its store; `None`: no exchange.
     pub exchange: Option<ExchangeConfig>,
 }
 
+impl Default for Config {
+    fn default() -> Self {
+        let scrub = annals::ScrubOptions::default();
+        Config {
+            store: "annals-data".into(),
+            mirror: None,
+            disk_reserve_bytes: None,
+            backup: None,
+            backup_lease_seconds: annals::BackupOptions::new("").lease.as_secs(),
+            replica_of: None,
+            scrub_bytes_per_second: scrub.bytes_per_second,
+            scrub_pause_seconds: scrub.pause.as_secs_f64(),
+            subject_tags: Vec::new(),
+            master_key_file: None,
+            http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
+            grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
+            durability: Durability::Synced,
+            api_keys: Vec::new(),
+            api_keys_file: None,
+            tls: None,
+            worker_threads: None,
+            allowed_origins: Vec::new(),
+            allow_unauthenticated_network: false,
+            console: true,
+            limits: ServerLimits::default(),
+            read_models: Vec::new(),
+            exchange: None,
+        }
+    }
+}
+
+/// An API key given in the configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    pub key: String,
+    pub scopes: Vec<String>,
+    /// Exchange accounts the key may act for and watch; absent: any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accounts: Option<Vec<u64>>,
+}
+
+/// A PEM certificate chain and its private key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// The hosted exchange (`[exchange]` in the file, `--exchange MODE` on the command line).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ExchangeConfig {
-    /// How the journal is made durable. The store's durability must fit: d3-pipelined and
-    /// d3-per-order need d3, d2-critical needs d2; d0 journals nothing.
-    pub mode: annals_exchange::Mode,
+    /// How the journal is made durable; `off` hosts no exchange. The store's durability
+    /// must fit: d3-pipelined and d3-per-order need d3, d2-critical needs d2; d0 journals
+    /// nothing.
+    #[serde(with = "exchange_mode")]
+    pub mode: Option<annals_exchange::Mode>,
+    /// For d2-critical: orders of at least this quantity are journaled before their answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critical_qty: Option<u64>,
     /// Symbols the exchange must have (their ids are their places here); more can be added
     /// through `POST /v1/admin/exchange/symbols`.
-    pub symbols: Vec<annals_exchange::SymbolSpec>,
+    pub symbols: Vec<SymbolEntry>,
     /// A snapshot after this many commands (0: never), and at a clean stop.
     pub snapshot_every: u64,
     /// Requests waiting for the matcher before new ones get 503.
     pub queue_depth: usize,
 }
 
-impl ExchangeConfig {
-    pub fn new(mode: annals_exchange::Mode) -> ExchangeConfig {
+/// A symbol's trading rules as the configuration gives them.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SymbolEntry {
+    pub tick: u64,
+    pub lot: u64,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
         let defaults = annals_exchange::ServiceOptions::default();
         ExchangeConfig {
-            mode,
+            mode: Some(annals_exchange::Mode::Pipelined),
+            critical_qty: None,
             symbols: Vec::new(),
             snapshot_every: defaults.snapshot_every,
             queue_depth: defaults.queue_depth,
         }
     }
+}
 
-    /// Checks the mode against the store's durability.
+impl ExchangeConfig {
+    pub fn new(mode: annals_exchange::Mode) -> ExchangeConfig {
+        ExchangeConfig {
+            mode: Some(mode),
+            ..ExchangeConfig::default()
+        }
+    }
+
+    /// The journal's mode, with its critical quantity for d2-critical.
+    pub fn mode(&self) -> annals_exchange::Mode {
+        match (self.mode, self.critical_qty) {
+            (Some(annals_exchange::Mode::Critical { .. }), Some(critical_qty)) => {
+                annals_exchange::Mode::Critical { critical_qty }
+            }
+            (mode, _) => mode.unwrap_or(annals_exchange::Mode::Pipelined),
+        }
+    }
+
+    pub fn symbols(&self) -> Vec<annals_exchange::SymbolSpec> {
+        let spec = |s: &SymbolEntry| annals_exchange::SymbolSpec {
+            tick: s.tick,
+            lot: s.lot,
+        };
+        self.symbols.iter().map(spec).collect()
+    }
+
+    /// Checks the settings, and the mode against the store's durability.
     pub fn check(&self, durability: Durability) -> Result<(), String> {
-        match self.mode.store_durability() {
+        let mode = self.mode();
+        if self.critical_qty.is_some() && !matches!(mode, annals_exchange::Mode::Critical { .. }) {
+            return Err("exchange.critical_qty applies only to mode d2-critical".into());
+        }
+        if let Some(i) = self.symbols.iter().position(|s| s.tick == 0 || s.lot == 0) {
+            return Err(format!(
+                "exchange symbol {i}: tick and lot must be positive"
+            ));
+        }
+        if self.queue_depth == 0 {
+            return Err("exchange.queue_depth must be at least 1".into());
+        }
+        match mode.store_durability() {
             None => Ok(()),
             Some(needed) if needed == durability => Ok(()),
             Some(needed) => Err(format!(
                 "exchange mode {} needs the store in {} (--durability {}), not {}",
-                self.mode,
+                mode,
                 needed,
                 match needed {
                     Durability::Synced => "d3",
@@ -132,59 +242,9 @@ impl ExchangeConfig {
     }
 }
 
-/// The `[exchange]` section of the file.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExchangeFile {
-    pub mode: Option<String>,
-    pub critical_qty: Option<u64>,
-    #[serde(default)]
-    pub symbols: Vec<SymbolFile>,
-    pub snapshot_every: Option<u64>,
-    pub queue_depth: Option<usize>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SymbolFile {
-    pub tick: u64,
-    pub lot: u64,
-}
-
-/// Parses an exchange mode, with a critical quantity for d2-critical.
-pub fn parse_exchange_mode(
-    text: &str,
-    critical_qty: Option<u64>,
-) -> Result<annals_exchange::Mode, String> {
-    let mode: annals_exchange::Mode = text.parse()?;
-    match (mode, critical_qty) {
-        (annals_exchange::Mode::Critical { .. }, Some(critical_qty)) => {
-            Ok(annals_exchange::Mode::Critical { critical_qty })
-        }
-        (_, Some(_)) => Err("exchange critical_qty applies only to mode d2-critical".into()),
-        (mode, None) => Ok(mode),
-    }
-}
-
-impl Config {
-    /// The runtime threads to start (see [`Config::worker_threads`]).
-    pub fn runtime_threads(&self) -> usize {
-        self.worker_threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
-        })
-    }
-}
-
-/// A PEM certificate chain and its private key.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-/// Limits the server enforces on clients, on top of the store's own [`Limits`].
-#[derive(Debug, Clone)]
+/// Limits the server enforces on clients, and the store's own ([`ServerLimits::store`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerLimits {
     /// Bytes in one HTTP request body (also the largest gRPC message accepted).
     pub body_bytes_max: usize,
@@ -207,17 +267,29 @@ pub struct ServerLimits {
     /// The same, for one connection.
     pub stream_bytes_per_connection_max: usize,
     /// Time a client has to send its request headers.
+    #[serde(rename = "header_timeout_ms", with = "millis")]
     pub header_timeout: Duration,
     /// Time a client has to send its whole request body.
+    #[serde(rename = "body_timeout_ms", with = "millis")]
     pub body_timeout: Duration,
     /// Time in-flight requests get to finish on shutdown before connections are cut.
+    #[serde(rename = "drain_timeout_ms", with = "millis")]
     pub drain_timeout: Duration,
-    /// The store's limits: event size, events per append, tags, query size, queue depth.
-    pub store: Limits,
+    // The store's limits (`annals::Limits`, documented there), in the same table.
+    pub event_bytes_max: usize,
+    pub events_per_append_max: usize,
+    pub append_bytes_max: usize,
+    pub tags_per_event_max: usize,
+    pub tag_bytes_max: usize,
+    pub type_bytes_max: usize,
+    pub query_items_max: usize,
+    pub query_item_values_max: usize,
+    pub queue_depth_max: usize,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
+        let store = Limits::default();
         ServerLimits {
             body_bytes_max: 16 << 20,
             query_param_bytes_max: 64 << 10,
@@ -231,485 +303,352 @@ impl Default for ServerLimits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
-            store: Limits::default(),
+            event_bytes_max: store.event_bytes_max,
+            events_per_append_max: store.events_per_append_max,
+            append_bytes_max: store.append_bytes_max,
+            tags_per_event_max: store.tags_per_event_max,
+            tag_bytes_max: store.tag_bytes_max,
+            type_bytes_max: store.type_bytes_max,
+            query_items_max: store.query_items_max,
+            query_item_values_max: store.query_item_values_max,
+            queue_depth_max: store.queue_depth_max,
         }
     }
 }
 
-pub const DEFAULT_HTTP_PORT: u16 = 7400;
-/// The port UmaDB's clients and documentation use.
-pub const DEFAULT_GRPC_PORT: u16 = 50051;
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            data_dir: PathBuf::from("annals-data"),
-            postgres: None,
-            mirror: None,
-            disk_reserve_bytes: None,
-            backup: None,
-            backup_lease: annals::BackupOptions::new("").lease,
-            replica_of: None,
-            scrub: Some(annals::ScrubOptions::default()),
-            subject_tags: Vec::new(),
-            master_key_file: None,
-            http_listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
-            grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT))),
-            durability: Durability::Synced,
-            api_keys: ApiKeys::default(),
-            tls: None,
-            limits: ServerLimits::default(),
-            worker_threads: None,
-            read_models: Vec::new(),
-            allowed_origins: Vec::new(),
-            allow_unauthenticated_network: false,
-            console: true,
-            exchange: None,
+impl ServerLimits {
+    /// The store's limits: event size, events per append, tags, query size, queue depth.
+    pub fn store(&self) -> Limits {
+        Limits {
+            event_bytes_max: self.event_bytes_max,
+            events_per_append_max: self.events_per_append_max,
+            append_bytes_max: self.append_bytes_max,
+            tags_per_event_max: self.tags_per_event_max,
+            tag_bytes_max: self.tag_bytes_max,
+            type_bytes_max: self.type_bytes_max,
+            query_items_max: self.query_items_max,
+            query_item_values_max: self.query_item_values_max,
+            queue_depth_max: self.queue_depth_max,
         }
     }
 }
 
-/// The configuration file, every field optional.
-///
-/// ```toml
-/// data_dir = "/var/lib/annals"     # or store = "postgres://...", with
-/// # mirror = "/var/lib/annals-mirror"  # where a PostgreSQL store's (or replica's) copy is kept
-/// disk_reserve_bytes = 67108864     # free space left alone; default: one segment
-/// backup = "s3://bucket/prefix"      # ship the log there continuously (s3://, gs://, az://, file://)
-/// # replica_of = "s3://bucket/prefix"  # serve reads from the backup another server writes
-/// scrub_bytes_per_second = 8388608   # re-read sealed segments at most this fast; 0: no scrub
-/// scrub_pause_seconds = 600          # the wait before each pass of the scrub
-/// backup_lease_seconds = 30          # how soon another server may take a backup over
-/// subject_tags = ["customer:"]       # tags naming data subjects: their events are encrypted
-/// master_key_file = "/etc/annals/master.key"  # 64 hex characters (annals master-key new)
-/// http_listen = "127.0.0.1:7400"
-/// grpc_listen = "127.0.0.1:50051"   # "off" disables gRPC
-/// durability = "d3"
-/// worker_threads = 1                 # network threads; default: cores - 1
-/// api_keys_file = "/etc/annals/keys"
-/// [tls]
-/// cert = "/etc/annals/cert.pem"
-/// key = "/etc/annals/key.pem"
-/// [limits]
-/// body_bytes_max = 16777216
-/// event_bytes_max = 1048576
-/// [[read_models]]
-/// name = "seats-by-course"
-/// types = ["StudentEnrolled"]
-/// group_by = "course:"
-/// [exchange]
-/// mode = "d3-pipelined"
-/// symbols = [{ tick = 1, lot = 1 }, { tick = 5, lot = 100 }]
-/// snapshot_every = 1000000
-/// ```
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigFile {
-    pub data_dir: Option<PathBuf>,
-    /// A directory, or a PostgreSQL URL (postgres://...) for the database backend.
-    pub store: Option<String>,
-    /// With a store on PostgreSQL: the directory its copy of the log is kept in.
-    pub mirror: Option<PathBuf>,
-    /// Free space of the log's file system left alone; appends that need a new segment are
-    /// refused below it.
-    pub disk_reserve_bytes: Option<u64>,
-    /// Ship the log continuously into this object storage URL.
-    pub backup: Option<String>,
-    /// Serve reads from the backup another server writes at this URL.
-    pub replica_of: Option<String>,
-    /// The scrub's rate (0: no scrub) and its pause before each pass.
-    pub scrub_bytes_per_second: Option<u64>,
-    pub scrub_pause_seconds: Option<f64>,
-    pub backup_lease_seconds: Option<u64>,
-    /// Tag prefixes naming data subjects, and the file with the master key.
-    pub subject_tags: Option<Vec<String>>,
-    pub master_key_file: Option<PathBuf>,
-    pub http_listen: Option<String>,
-    pub grpc_listen: Option<String>,
-    pub durability: Option<String>,
-    /// Inline keys: `{ key = "...", scopes = ["read", "append"], accounts = [7] }` (accounts,
-    /// optional, binds the key to those exchange accounts).
-    #[serde(default)]
-    pub api_keys: Vec<KeyEntry>,
-    pub api_keys_file: Option<PathBuf>,
-    pub tls: Option<TlsFiles>,
-    pub worker_threads: Option<usize>,
-    #[serde(default)]
-    pub allowed_origins: Vec<String>,
-    pub allow_unauthenticated_network: Option<bool>,
-    /// Serve the web console at `/` (default true).
-    pub console: Option<bool>,
-    #[serde(default)]
-    pub limits: LimitsFile,
-    #[serde(default)]
-    pub read_models: Vec<ReadModelSpec>,
-    pub exchange: Option<ExchangeFile>,
+/// One layer of settings from one source (a file, the environment, the flags), each setting
+/// at its dotted name; a figment provider.
+#[derive(Debug)]
+pub struct Layer {
+    name: String,
+    dict: Dict,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeyEntry {
-    pub key: String,
-    pub scopes: Vec<String>,
-    /// Exchange accounts the key may act for and watch; absent: any.
-    pub accounts: Option<Vec<u64>>,
-}
+/// Variables beginning `ANNALS_` that are not settings of the server: the file's path, the
+/// log's level, and the command line's client.
+const OTHER_VARIABLES: &[&str] = &["CONFIG", "LOG", "URL", "API_KEY", "CA_CERT"];
 
-/// Limits that may be set in the file; absent ones keep their defaults.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsFile {
-    pub body_bytes_max: Option<usize>,
-    pub query_param_bytes_max: Option<usize>,
-    pub connections_max: Option<usize>,
-    pub connections_per_peer_max: Option<usize>,
-    pub header_list_bytes_max: Option<usize>,
-    pub streams_per_connection_max: Option<u32>,
-    pub subscribers_max: Option<usize>,
-    pub stream_bytes_max: Option<usize>,
-    pub stream_bytes_per_connection_max: Option<usize>,
-    pub header_timeout_ms: Option<u64>,
-    pub body_timeout_ms: Option<u64>,
-    pub drain_timeout_ms: Option<u64>,
-    pub event_bytes_max: Option<usize>,
-    pub events_per_append_max: Option<usize>,
-    pub append_bytes_max: Option<usize>,
-    pub tags_per_event_max: Option<usize>,
-    pub tag_bytes_max: Option<usize>,
-    pub type_bytes_max: Option<usize>,
-    pub query_items_max: Option<usize>,
-    pub query_item_values_max: Option<usize>,
-    pub queue_depth_max: Option<usize>,
-}
+impl Layer {
+    pub fn new(name: impl Into<String>) -> Layer {
+        Layer {
+            name: name.into(),
+            dict: Dict::new(),
+        }
+    }
 
-/// An environment variable that turns something on or off.
-fn switch(name: &str, value: &str) -> Result<bool, String> {
-    match value {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" | "" => Ok(false),
-        _ => Err(format!(
-            "{name}: {value:?} is not true or false (on or off)"
-        )),
+    /// Sets the setting at `key` (dotted for a table's).
+    pub fn set(&mut self, key: &str, value: impl Serialize) -> Result<(), String> {
+        let value = Value::serialize(value).map_err(|e| format!("{key}: {e}"))?;
+        let (tables, last) = match key.rsplit_once('.') {
+            Some((tables, last)) => (tables.split('.').collect(), last),
+            None => (Vec::new(), key),
+        };
+        let mut dict = &mut self.dict;
+        for table in tables {
+            let entry = dict
+                .entry(table.to_string())
+                .or_insert_with(|| Value::from(Dict::new()));
+            if entry.as_dict().is_none() {
+                *entry = Value::from(Dict::new());
+            }
+            dict = match entry {
+                Value::Dict(_, d) => d,
+                _ => unreachable!("made a table above"),
+            };
+        }
+        dict.insert(last.to_string(), value);
+        Ok(())
+    }
+
+    /// The TOML file at `path`.
+    pub fn file(path: &Path) -> Result<Layer, String> {
+        let name = format!("config file {}", path.display());
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| format!("{name}: {e}"))?;
+        if let Some(dir) = table.remove("data_dir") {
+            if table.contains_key("store") {
+                return Err(format!(
+                    "{name}: data_dir and store name one setting: give one"
+                ));
+            }
+            table.insert("store".into(), dir);
+        }
+        let Value::Dict(_, dict) = Value::serialize(table).map_err(|e| format!("{name}: {e}"))?
+        else {
+            unreachable!("a TOML document is a table");
+        };
+        Ok(Layer { name, dict })
+    }
+
+    /// The `ANNALS_*` variables among `vars` (normally `std::env::vars()`) that name settings.
+    /// A value that begins with `[` or `{` is read as a TOML value (a list of tables, say);
+    /// any other is a string, read as the setting needs it (a number, `on` or `off`). A
+    /// variable that names no setting is returned, for the caller to warn of.
+    pub fn env(
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(Layer, Vec<String>), String> {
+        let known = settings();
+        let mut layer = Layer::new("the environment");
+        let mut unknown = Vec::new();
+        for (name, value) in vars {
+            let Some(rest) = name.strip_prefix("ANNALS_") else {
+                continue;
+            };
+            if OTHER_VARIABLES.contains(&rest) {
+                continue;
+            }
+            let Some(key) = setting_of_variable(rest, &known) else {
+                unknown.push(name);
+                continue;
+            };
+            if value.trim_start().starts_with(['[', '{']) {
+                let parsed: toml::Table =
+                    toml::from_str(&format!("v = {value}")).map_err(|e| format!("{name}: {e}"))?;
+                layer.set(&key, &parsed["v"])?;
+            } else {
+                layer.set(&key, value)?;
+            }
+        }
+        Ok((layer, unknown))
     }
 }
 
-/// Parses a listen address; `off` (for gRPC) disables the listener.
-pub fn parse_listen(value: &str) -> Result<Option<SocketAddr>, String> {
-    if value.eq_ignore_ascii_case("off") {
-        return Ok(None);
+impl Provider for Layer {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.name.clone())
     }
-    value.parse().map(Some).map_err(|_| {
-        format!("invalid listen address {value:?}: expected host:port, like 127.0.0.1:7400")
-    })
+
+    fn data(&self) -> figment::Result<Map<Profile, Dict>> {
+        Ok(Map::from([(Profile::Default, self.dict.clone())]))
+    }
 }
 
-fn required_listen(value: &str, what: &str) -> Result<SocketAddr, String> {
-    parse_listen(value)?.ok_or_else(|| format!("{what} cannot be off"))
+/// The setting an `ANNALS_` variable names (without its prefix), if any: the setting whose
+/// dotted name in capitals, dots as `_`, it is; `EXCHANGE` is `exchange.mode`, `DATA_DIR`
+/// is `store`.
+fn setting_of_variable(rest: &str, known: &BTreeMap<String, &'static str>) -> Option<String> {
+    match rest {
+        "EXCHANGE" => return Some("exchange.mode".into()),
+        "DATA_DIR" => return Some("store".into()),
+        _ => {}
+    }
+    known
+        .keys()
+        .find(|key| variable(key) == format!("ANNALS_{rest}"))
+        .cloned()
+}
+
+/// The environment variable of a setting.
+pub fn variable(key: &str) -> String {
+    format!("ANNALS_{}", key.replace('.', "_").to_ascii_uppercase())
+}
+
+/// Every setting's dotted name, with the kind of value it takes: the keys of a configuration
+/// with every optional setting given, down to tables (a list of tables is one setting).
+pub fn settings() -> BTreeMap<String, &'static str> {
+    let full = Config {
+        mirror: Some(PathBuf::new()),
+        disk_reserve_bytes: Some(0),
+        backup: Some(String::new()),
+        replica_of: Some(String::new()),
+        master_key_file: Some(PathBuf::new()),
+        api_keys_file: Some(PathBuf::new()),
+        tls: Some(TlsFiles {
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+        }),
+        worker_threads: Some(1),
+        exchange: Some(ExchangeConfig {
+            critical_qty: Some(1),
+            ..ExchangeConfig::default()
+        }),
+        ..Config::default()
+    };
+    let mut out = BTreeMap::new();
+    fn walk(prefix: &str, dict: &Dict, out: &mut BTreeMap<String, &'static str>) {
+        for (key, value) in dict {
+            let name = match prefix {
+                "" => key.clone(),
+                _ => format!("{prefix}.{key}"),
+            };
+            let kind = match value {
+                Value::Dict(_, inner) => {
+                    walk(&name, inner, out);
+                    continue;
+                }
+                Value::Array(..) => "list",
+                Value::Bool(..) => "bool",
+                Value::Num(..) => "number",
+                _ => "string",
+            };
+            out.insert(name, kind);
+        }
+    }
+    if let Ok(Value::Dict(_, dict)) = Value::serialize(&full) {
+        walk("", &dict, &mut out);
+    }
+    out
 }
 
 impl Config {
-    /// Where the log lives: a directory, or a PostgreSQL URL (`postgres://` or
-    /// `postgresql://`).
-    pub fn set_store(&mut self, store: &str) {
-        if is_postgres_url(store) {
-            self.postgres = Some(store.to_owned());
-        } else {
-            self.postgres = None;
-            self.data_dir = PathBuf::from(store);
+    /// The configuration the layers give over the defaults, each replacing what the ones
+    /// before set, checked.
+    pub fn load(layers: impl IntoIterator<Item = Layer>) -> Result<Config, String> {
+        let mut figment =
+            Figment::from(figment::providers::Serialized::defaults(Config::default()));
+        for layer in layers {
+            figment = figment.merge(layer);
         }
+        let mut config: Config = figment.extract_lossy().map_err(|e| {
+            e.into_iter()
+                .map(|e| {
+                    let from = e
+                        .metadata
+                        .as_ref()
+                        .map_or_else(String::new, |m| format!(" (from {})", m.name));
+                    match e.path.is_empty() {
+                        true => format!("{}{from}", e.kind),
+                        false => format!("{}: {}{from}", e.path.join("."), e.kind),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Checks what one setting's type cannot say, and settles the exchange's `off`.
+    fn check(&mut self) -> Result<(), String> {
+        if self.backup_lease_seconds == 0 {
+            return Err(
+                "backup_lease_seconds: the backup's lease must hold for at least one \
+                        second"
+                    .into(),
+            );
+        }
+        let pause = self.scrub_pause_seconds;
+        if !(pause.is_finite() && pause > 0.0) {
+            return Err(format!(
+                "scrub_pause_seconds: the scrub's pause must be a positive number of seconds, \
+                 not {pause}"
+            ));
+        }
+        if self.worker_threads == Some(0) {
+            return Err("worker_threads: at least one network thread is needed".into());
+        }
+        self.allowed_origins = std::mem::take(&mut self.allowed_origins)
+            .iter()
+            .map(|o| allowed_origin(o))
+            .collect::<Result<_, _>>()?;
+        let mut names = std::collections::HashSet::new();
+        for spec in &self.read_models {
+            spec.validate()?;
+            if !names.insert(&spec.name) {
+                return Err(format!("read model {:?} is declared twice", spec.name));
+            }
+        }
+        if self.exchange.as_ref().is_some_and(|e| e.mode.is_none()) {
+            self.exchange = None;
+        }
+        if let Some(exchange) = &self.exchange {
+            exchange.check(self.durability)?;
+        }
+        Ok(())
+    }
+
+    /// The runtime threads to start (see [`Config::worker_threads`]).
+    pub fn runtime_threads(&self) -> usize {
+        self.worker_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+        })
+    }
+
+    /// The PostgreSQL URL the log lives in, when `store` is one.
+    pub fn postgres(&self) -> Option<&str> {
+        is_postgres_url(&self.store).then_some(self.store.as_str())
+    }
+
+    /// The backup's lease.
+    pub fn backup_lease(&self) -> Duration {
+        Duration::from_secs(self.backup_lease_seconds)
+    }
+
+    /// The scrub's options; None when its rate is 0.
+    pub fn scrub(&self) -> Option<annals::ScrubOptions> {
+        (self.scrub_bytes_per_second > 0).then(|| annals::ScrubOptions {
+            bytes_per_second: self.scrub_bytes_per_second,
+            pause: Duration::from_secs_f64(self.scrub_pause_seconds),
+        })
     }
 
     /// Where the log lives, for messages: the directory, or the database without its password.
     pub fn store_description(&self) -> String {
-        match (&self.replica_of, &self.postgres) {
+        match (&self.replica_of, self.postgres()) {
             (Some(url), _) => format!("a read replica of the backup at {url}"),
             (None, Some(url)) => format!("PostgreSQL {}", redact_password(url)),
-            (None, None) => self.data_dir.display().to_string(),
+            (None, None) => self.store.clone(),
         }
     }
 
-    /// Applies a configuration file on top of `self`.
-    pub fn apply_file(&mut self, path: &Path) -> Result<(), String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
-        let file: ConfigFile =
-            toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
-        if let Some(dir) = file.data_dir {
-            self.data_dir = dir;
-        }
-        if let Some(store) = file.store {
-            self.set_store(&store);
-        }
-        if let Some(mirror) = file.mirror {
-            self.mirror = Some(mirror);
-        }
-        if let Some(reserve) = file.disk_reserve_bytes {
-            self.disk_reserve_bytes = Some(reserve);
-        }
-        if let Some(url) = file.backup {
-            self.backup = Some(url);
-        }
-        if let Some(url) = file.replica_of {
-            self.replica_of = Some(url);
-        }
-        if let Some(rate) = file.scrub_bytes_per_second {
-            self.set_scrub_rate(rate);
-        }
-        if let Some(pause) = file.scrub_pause_seconds {
-            self.set_scrub_pause(pause)?;
-        }
-        if let Some(seconds) = file.backup_lease_seconds {
-            self.set_backup_lease(seconds)?;
-        }
-        if let Some(tags) = file.subject_tags {
-            self.subject_tags = tags;
-        }
-        if let Some(file) = file.master_key_file {
-            self.master_key_file = Some(file);
-        }
-        if let Some(v) = file.http_listen {
-            self.http_listen = required_listen(&v, "http_listen")?;
-        }
-        if let Some(v) = file.grpc_listen {
-            self.grpc_listen = parse_listen(&v)?;
-        }
-        if let Some(v) = file.durability {
-            self.durability = v.parse()?;
-        }
-        for entry in file.api_keys {
+    /// The API keys: those given inline and those in the keys file.
+    pub fn keys(&self) -> Result<ApiKeys, String> {
+        let mut keys = ApiKeys::default();
+        for entry in &self.api_keys {
             let scopes = Scopes::parse_list(entry.scopes.iter().map(String::as_str))?;
-            self.api_keys
-                .insert_bound(entry.key, scopes, entry.accounts)?;
+            keys.insert_bound(entry.key.clone(), scopes, entry.accounts.clone())?;
         }
-        if let Some(keys) = file.api_keys_file {
-            self.api_keys.load_file(&keys)?;
+        if let Some(file) = &self.api_keys_file {
+            keys.load_file(file)?;
         }
-        if let Some(tls) = file.tls {
-            self.tls = Some(tls);
-        }
-        if let Some(n) = file.worker_threads {
-            self.worker_threads = Some(n.max(1));
-        }
-        for origin in file.allowed_origins {
-            self.add_allowed_origin(&origin)
-                .map_err(|e| format!("config file {}: {e}", path.display()))?;
-        }
-        if let Some(console) = file.console {
-            self.console = console;
-        }
-        if let Some(allow) = file.allow_unauthenticated_network {
-            self.allow_unauthenticated_network = allow;
-        }
-        self.limits.apply(&file.limits);
-        for spec in file.read_models {
-            spec.validate()
-                .map_err(|e| format!("config file {}: {e}", path.display()))?;
-            if self.read_models.iter().any(|s| s.name == spec.name) {
-                return Err(format!(
-                    "config file {}: read model {:?} is declared twice",
-                    path.display(),
-                    spec.name
-                ));
-            }
-            self.read_models.push(spec);
-        }
-        if let Some(file) = file.exchange {
-            let mode = parse_exchange_mode(file.mode.as_deref().unwrap_or("d3"), file.critical_qty)
-                .map_err(|e| format!("config file {}: {e}", path.display()))?;
-            let mut exchange = ExchangeConfig::new(mode);
-            for (i, s) in file.symbols.iter().enumerate() {
-                if s.tick == 0 || s.lot == 0 {
-                    return Err(format!(
-                        "config file {}: exchange symbol {i}: tick and lot must be positive",
-                        path.display()
-                    ));
-                }
-                exchange.symbols.push(annals_exchange::SymbolSpec {
-                    tick: s.tick,
-                    lot: s.lot,
-                });
-            }
-            if let Some(n) = file.snapshot_every {
-                exchange.snapshot_every = n;
-            }
-            if let Some(n) = file.queue_depth {
-                exchange.queue_depth = n.max(1);
-            }
-            self.exchange = Some(exchange);
-        }
-        Ok(())
+        Ok(keys)
     }
 
-    /// The scrub's rate; 0 turns it off.
-    fn set_scrub_rate(&mut self, bytes_per_second: u64) {
-        if bytes_per_second == 0 {
-            self.scrub = None;
-        } else {
-            self.scrub
-                .get_or_insert_with(Default::default)
-                .bytes_per_second = bytes_per_second;
-        }
-    }
-
-    fn set_backup_lease(&mut self, seconds: u64) -> Result<(), String> {
-        if seconds == 0 {
-            return Err("the backup's lease must hold for at least one second".into());
-        }
-        self.backup_lease = Duration::from_secs(seconds);
-        Ok(())
-    }
-
-    fn set_scrub_pause(&mut self, seconds: f64) -> Result<(), String> {
-        if !(seconds.is_finite() && seconds > 0.0) {
-            return Err(format!(
-                "the scrub's pause must be a positive number of seconds, not {seconds}"
-            ));
-        }
-        if let Some(scrub) = &mut self.scrub {
-            scrub.pause = Duration::from_secs_f64(seconds);
-        }
-        Ok(())
-    }
-
-    /// Applies `ANNALS_*` variables from `vars` (normally `std::env::vars()`).
-    pub fn apply_env(
-        &mut self,
-        vars: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<(), String> {
-        let mut cert = None;
-        let mut key = None;
-        for (name, value) in vars {
-            match name.as_str() {
-                "ANNALS_DATA_DIR" => self.data_dir = PathBuf::from(value),
-                "ANNALS_STORE" => self.set_store(&value),
-                "ANNALS_MIRROR" => self.mirror = Some(PathBuf::from(value)),
-                "ANNALS_BACKUP" => self.backup = Some(value),
-                "ANNALS_REPLICA_OF" => self.replica_of = Some(value),
-                "ANNALS_SUBJECT_TAGS" => self.subject_tags = split_list(&value),
-                "ANNALS_MASTER_KEY_FILE" => self.master_key_file = Some(PathBuf::from(value)),
-                "ANNALS_SCRUB_BYTES_PER_SECOND" => self.set_scrub_rate(
-                    value
-                        .parse()
-                        .map_err(|_| format!("{name}: {value:?} is not a number of bytes"))?,
-                ),
-                "ANNALS_BACKUP_LEASE_SECONDS" => {
-                    self.set_backup_lease(value.parse().map_err(|_| {
-                        format!("{name}: {value:?} is not a whole number of seconds")
-                    })?)?
-                }
-                "ANNALS_SCRUB_PAUSE_SECONDS" => self.set_scrub_pause(
-                    value
-                        .parse()
-                        .map_err(|_| format!("{name}: {value:?} is not a number of seconds"))?,
-                )?,
-                "ANNALS_DISK_RESERVE_BYTES" => {
-                    self.disk_reserve_bytes = Some(
-                        value
-                            .parse()
-                            .map_err(|_| format!("{name}: {value:?} is not a number of bytes"))?,
-                    )
-                }
-                "ANNALS_HTTP_LISTEN" => self.http_listen = required_listen(&value, &name)?,
-                "ANNALS_GRPC_LISTEN" => self.grpc_listen = parse_listen(&value)?,
-                "ANNALS_DURABILITY" => self.durability = value.parse()?,
-                "ANNALS_API_KEYS" => self.api_keys.parse_inline(&value)?,
-                "ANNALS_API_KEYS_FILE" => self.api_keys.load_file(Path::new(&value))?,
-                "ANNALS_TLS_CERT" => cert = Some(PathBuf::from(value)),
-                "ANNALS_TLS_KEY" => key = Some(PathBuf::from(value)),
-                "ANNALS_EXCHANGE" => self.set_exchange_mode(&value)?,
-                "ANNALS_ALLOWED_ORIGINS" => {
-                    for origin in value.split(',').filter(|o| !o.trim().is_empty()) {
-                        self.add_allowed_origin(origin)?;
-                    }
-                }
-                "ANNALS_CONSOLE" => self.console = switch(&name, &value)?,
-                "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK" => {
-                    self.allow_unauthenticated_network = switch(&name, &value)?
-                }
-                "ANNALS_WORKER_THREADS" => {
-                    let n: usize = value
-                        .parse()
-                        .map_err(|_| format!("ANNALS_WORKER_THREADS: not a number: {value:?}"))?;
-                    self.worker_threads = Some(n.max(1));
-                }
-                _ => {}
+    /// The configuration as `annals config show` prints it: passwords in URLs and API keys
+    /// replaced by `***`.
+    pub fn redacted(&self) -> Config {
+        let mut shown = self.clone();
+        let url = |u: &mut Option<String>| {
+            if let Some(u) = u {
+                *u = redact_password(u);
             }
+        };
+        shown.store = redact_password(&shown.store);
+        url(&mut shown.backup);
+        url(&mut shown.replica_of);
+        for entry in &mut shown.api_keys {
+            entry.key = "***".into();
         }
-        match (cert, key) {
-            (Some(cert), Some(key)) => self.tls = Some(TlsFiles { cert, key }),
-            (None, None) => {}
-            _ => return Err("ANNALS_TLS_CERT and ANNALS_TLS_KEY must be given together".into()),
-        }
-        Ok(())
-    }
-
-    /// Hosts the exchange in `mode` ("off" removes it), keeping other exchange settings.
-    pub fn set_exchange_mode(&mut self, mode: &str) -> Result<(), String> {
-        if mode.eq_ignore_ascii_case("off") {
-            self.exchange = None;
-            return Ok(());
-        }
-        let mode = parse_exchange_mode(mode, None)?;
-        match &mut self.exchange {
-            Some(exchange) => {
-                // Keep a configured critical quantity when the mode stays d2-critical.
-                if !matches!(
-                    (exchange.mode, mode),
-                    (
-                        annals_exchange::Mode::Critical { .. },
-                        annals_exchange::Mode::Critical { .. }
-                    )
-                ) {
-                    exchange.mode = mode;
-                }
-            }
-            None => self.exchange = Some(ExchangeConfig::new(mode)),
-        }
-        Ok(())
-    }
-
-    /// Adds a web origin allowed to call the API from a browser: `scheme://host[:port]`.
-    pub fn add_allowed_origin(&mut self, origin: &str) -> Result<(), String> {
-        let origin = origin.trim().trim_end_matches('/');
-        let valid = (origin.starts_with("http://") || origin.starts_with("https://"))
-            && !origin["https://".len().min(origin.len())..].contains('/');
-        if !valid {
-            return Err(format!(
-                "allowed origin {origin:?}: expected scheme://host[:port], as a browser sends it"
-            ));
-        }
-        self.allowed_origins.push(origin.to_ascii_lowercase());
-        Ok(())
+        shown
     }
 
     /// The data subjects the store is opened with: the tag prefixes and the master key read
     /// from its file. Tags without a key file, or a key file without tags, are refused.
     pub fn subjects(&self) -> Result<Option<annals::SubjectOptions>, String> {
-        match (&self.master_key_file, self.subject_tags.is_empty()) {
-            (None, true) => Ok(None),
-            (None, false) => Err("subject tags need the master key that encrypts the \
-                 subjects' keys: --master-key-file FILE (annals master-key new prints one)"
-                .into()),
-            (Some(file), true) => Err(format!(
-                "a master key file ({}) without subject tags: name the tag prefixes of data \
-                 subjects (--subject-tags customer:,employee:)",
-                file.display()
-            )),
-            (Some(file), false) => {
-                let text = std::fs::read_to_string(file).map_err(|e| {
-                    format!("cannot read the master key file {}: {e}", file.display())
-                })?;
-                let key = annals::MasterKey::from_hex(&text)
-                    .map_err(|e| format!("the master key file {}: {e}", file.display()))?;
-                let subjects = annals::SubjectOptions::new(self.subject_tags.clone(), key);
-                Ok(Some(subjects))
-            }
-        }
+        subjects(&self.subject_tags, self.master_key_file.as_deref())
     }
 
     /// The reason to refuse this configuration at start, if any: a listener beyond loopback
     /// with no API keys, unless explicitly allowed.
-    pub fn refusal(&self) -> Option<String> {
+    pub fn refusal(&self, keys: &ApiKeys) -> Option<String> {
         if self.replica_of.is_some() && (self.backup.is_some() || self.exchange.is_some()) {
             return Some(
                 "a read replica serves reads only: it ships no backup of its own and hosts no \
@@ -717,7 +656,7 @@ impl Config {
                     .into(),
             );
         }
-        if self.exposed() && self.api_keys.is_empty() && !self.allow_unauthenticated_network {
+        if self.exposed() && keys.is_empty() && !self.allow_unauthenticated_network {
             return Some(format!(
                 "refusing to listen beyond loopback (http {}, grpc {}) without API keys: anyone \
                  who can connect could read and append. Configure keys (--api-keys-file FILE, \
@@ -738,50 +677,60 @@ impl Config {
     }
 }
 
-impl ServerLimits {
-    fn apply(&mut self, file: &LimitsFile) {
-        fn set<T: Copy>(target: &mut T, value: Option<T>) {
-            if let Some(v) = value {
-                *target = v;
-            }
+/// The data subjects of a store: `tags` (prefixes) and the master key read from `key_file`.
+/// Tags without a key file, or a key file without tags, are refused.
+pub fn subjects(
+    tags: &[String],
+    key_file: Option<&Path>,
+) -> Result<Option<annals::SubjectOptions>, String> {
+    match (key_file, tags.is_empty()) {
+        (None, true) => Ok(None),
+        (None, false) => Err("subject tags need the master key that encrypts the \
+             subjects' keys: --master-key-file FILE (annals master-key new prints one)"
+            .into()),
+        (Some(file), true) => Err(format!(
+            "a master key file ({}) without subject tags: name the tag prefixes of data \
+             subjects (--subject-tags customer:,employee:)",
+            file.display()
+        )),
+        (Some(file), false) => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read the master key file {}: {e}", file.display()))?;
+            let key = annals::MasterKey::from_hex(&text)
+                .map_err(|e| format!("the master key file {}: {e}", file.display()))?;
+            Ok(Some(annals::SubjectOptions::new(tags.to_vec(), key)))
         }
-        set(&mut self.body_bytes_max, file.body_bytes_max);
-        set(&mut self.query_param_bytes_max, file.query_param_bytes_max);
-        set(&mut self.connections_max, file.connections_max);
-        set(
-            &mut self.connections_per_peer_max,
-            file.connections_per_peer_max,
-        );
-        set(&mut self.header_list_bytes_max, file.header_list_bytes_max);
-        set(
-            &mut self.streams_per_connection_max,
-            file.streams_per_connection_max,
-        );
-        set(&mut self.subscribers_max, file.subscribers_max);
-        set(&mut self.stream_bytes_max, file.stream_bytes_max);
-        set(
-            &mut self.stream_bytes_per_connection_max,
-            file.stream_bytes_per_connection_max,
-        );
-        if let Some(ms) = file.header_timeout_ms {
-            self.header_timeout = Duration::from_millis(ms);
-        }
-        if let Some(ms) = file.body_timeout_ms {
-            self.body_timeout = Duration::from_millis(ms);
-        }
-        if let Some(ms) = file.drain_timeout_ms {
-            self.drain_timeout = Duration::from_millis(ms);
-        }
-        let s = &mut self.store;
-        set(&mut s.event_bytes_max, file.event_bytes_max);
-        set(&mut s.events_per_append_max, file.events_per_append_max);
-        set(&mut s.append_bytes_max, file.append_bytes_max);
-        set(&mut s.tags_per_event_max, file.tags_per_event_max);
-        set(&mut s.tag_bytes_max, file.tag_bytes_max);
-        set(&mut s.type_bytes_max, file.type_bytes_max);
-        set(&mut s.query_items_max, file.query_items_max);
-        set(&mut s.query_item_values_max, file.query_item_values_max);
-        set(&mut s.queue_depth_max, file.queue_depth_max);
+    }
+}
+
+/// A web origin allowed to call the API from a browser, checked: `scheme://host[:port]`.
+fn allowed_origin(origin: &str) -> Result<String, String> {
+    let origin = origin.trim().trim_end_matches('/');
+    let valid = (origin.starts_with("http://") || origin.starts_with("https://"))
+        && !origin["https://".len().min(origin.len())..].contains('/');
+    if !valid {
+        return Err(format!(
+            "allowed origin {origin:?}: expected scheme://host[:port], as a browser sends it"
+        ));
+    }
+    Ok(origin.to_ascii_lowercase())
+}
+
+/// A connection URL with its password, if any, replaced by `***`.
+pub fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{hosts}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
 }
 
@@ -795,18 +744,189 @@ pub fn split_list(value: &str) -> Vec<String> {
         .collect()
 }
 
+/// A list of strings, or one comma-separated string.
+fn list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        One(String),
+        Many(Vec<String>),
+    }
+    match Either::deserialize(d).map_err(|_| {
+        serde::de::Error::custom("expected a list of strings, or one comma-separated string")
+    })? {
+        Either::One(text) => Ok(split_list(&text)),
+        Either::Many(items) => Ok(items),
+    }
+}
+
+/// API keys: a list of tables, or one string `key=scope,scope;key2=scope`.
+fn keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<KeyEntry>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Inline(String),
+        Entries(Vec<KeyEntry>),
+    }
+    let either = Either::deserialize(d).map_err(|_| {
+        serde::de::Error::custom(
+            "expected a list of { key, scopes, accounts } tables, or one string \
+             key=scope,scope;key2=scope",
+        )
+    })?;
+    let text = match either {
+        Either::Entries(entries) => return Ok(entries),
+        Either::Inline(text) => text,
+    };
+    let mut entries = Vec::new();
+    for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, scopes) = part.split_once('=').ok_or_else(|| {
+            serde::de::Error::custom("API keys are written key=scope,scope;key2=scope")
+        })?;
+        entries.push(KeyEntry {
+            key: key.trim().to_string(),
+            scopes: split_list(scopes),
+            accounts: None,
+        });
+    }
+    Ok(entries)
+}
+
+/// A value written as text: parsed with `FromStr`, written with `Display`.
+mod text {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<T: Display, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map_err(|e| serde::de::Error::custom(format!("{text:?}: {e}")))
+    }
+}
+
+/// A listen address.
+mod listen {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &SocketAddr, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+        parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+
+    pub fn parse(text: &str) -> Result<SocketAddr, String> {
+        text.parse().map_err(|_| {
+            format!("invalid listen address {text:?}: expected host:port, like 127.0.0.1:7400")
+        })
+    }
+}
+
+/// A listen address, or `off`.
+mod optional_listen {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(addr) => s.collect_str(addr),
+            None => s.serialize_str("off"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        super::listen::parse(&text)
+            .map(Some)
+            .map_err(|e| serde::de::Error::custom(format!("{e}, or off")))
+    }
+}
+
+/// The exchange's mode, or `off`.
+mod exchange_mode {
+    use annals_exchange::Mode;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<Mode>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(mode) => s.collect_str(mode),
+            None => s.serialize_str("off"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Mode>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A duration in whole milliseconds.
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(value.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Goal: the server's settings come from the defaults, then the configuration file, then the
-    /// environment, each overriding the one before, and unrelated variables are ignored.
-    #[test]
-    fn file_then_env_override_defaults() {
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Layer {
+        let (layer, unknown) = Layer::env(vars(pairs)).unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        layer
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, Layer) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("annals.toml");
-        std::fs::write(
-            &path,
+        std::fs::write(&path, text).unwrap();
+        let layer = Layer::file(&path).unwrap();
+        (dir, layer)
+    }
+
+    /// Goal: the server's settings come from the defaults, then the configuration file, then the
+    /// environment, then the flags, each replacing what the one before set, nested tables
+    /// included, and unrelated variables are ignored.
+    #[test]
+    fn file_then_env_then_flags_override_defaults() {
+        let (_dir, from_file) = file(
             r#"
 data_dir = "/srv/annals"
 grpc_listen = "off"
@@ -817,72 +937,231 @@ api_keys = [{ key = "file-key-0123456789", scopes = ["read"] }]
 [limits]
 tags_per_event_max = 4
 body_timeout_ms = 500
+[exchange]
+mode = "d2-critical"
+critical_qty = 7
+symbols = [{ tick = 1, lot = 1 }]
 "#,
-        )
-        .unwrap();
-        let mut config = Config::default();
-        config.apply_file(&path).unwrap();
-        assert_eq!(config.data_dir, PathBuf::from("/srv/annals"));
+        );
+        let config = Config::load([from_file]).unwrap();
+        assert_eq!(config.store, "/srv/annals");
         assert_eq!(config.grpc_listen, None);
         assert_eq!(config.durability, Durability::SyncedLater);
         assert_eq!(config.mirror, Some(PathBuf::from("/srv/mirror")));
-        assert_eq!(config.backup_lease, Duration::from_secs(12));
-        assert_eq!(config.limits.store.tags_per_event_max, 4);
+        assert_eq!(config.backup_lease(), Duration::from_secs(12));
+        assert_eq!(config.limits.store().tags_per_event_max, 4);
         assert_eq!(config.limits.body_timeout, Duration::from_millis(500));
-        assert!(!config.api_keys.is_empty());
-        config
-            .apply_env([
-                ("ANNALS_DURABILITY".to_string(), "d3".to_string()),
-                ("ANNALS_HTTP_LISTEN".to_string(), "0.0.0.0:9000".to_string()),
-                ("ANNALS_MIRROR".to_string(), "/var/mirror".to_string()),
-                ("ANNALS_BACKUP_LEASE_SECONDS".to_string(), "5".to_string()),
-                ("UNRELATED".to_string(), "x".to_string()),
-            ])
-            .unwrap();
+        assert_eq!(config.keys().unwrap().len(), 1);
+        let exchange = config.exchange.as_ref().unwrap();
+        assert_eq!(
+            exchange.mode(),
+            annals_exchange::Mode::Critical { critical_qty: 7 }
+        );
+
+        let (_dir, from_file) = file("durability = \"d2\"\n[limits]\ntags_per_event_max = 4\n");
+        let mut flags = Layer::new("flags");
+        flags.set("scrub_bytes_per_second", 0).unwrap();
+        flags.set("tls.cert", "c.pem").unwrap();
+        flags.set("tls.key", "k.pem").unwrap();
+        let config = Config::load([
+            from_file,
+            env(&[
+                ("ANNALS_DURABILITY", "d3"),
+                ("ANNALS_HTTP_LISTEN", "0.0.0.0:9000"),
+                ("ANNALS_STORE", "postgres://annals:secret@db/annals"),
+                ("ANNALS_LIMITS_BODY_BYTES_MAX", "1000"),
+                ("ANNALS_CONSOLE", "off"),
+                ("ANNALS_SUBJECT_TAGS", "customer:, employee:"),
+                (
+                    "ANNALS_READ_MODELS",
+                    r#"[{ name = "seats", types = ["Enrolled"] }]"#,
+                ),
+                ("ANNALS_LOG", "debug"),
+                ("UNRELATED", "x"),
+            ]),
+            flags,
+        ])
+        .unwrap();
         assert_eq!(config.durability, Durability::Synced);
-        assert_eq!(config.backup_lease, Duration::from_secs(5));
-        assert_eq!(config.mirror, Some(PathBuf::from("/var/mirror")));
         assert!(config.exposed());
+        assert_eq!(
+            config.postgres(),
+            Some("postgres://annals:secret@db/annals")
+        );
+        assert_eq!(config.limits.body_bytes_max, 1000);
+        assert_eq!(config.limits.store().tags_per_event_max, 4);
+        assert!(!config.console);
+        assert_eq!(config.subject_tags, ["customer:", "employee:"]);
+        assert_eq!(config.read_models[0].name, "seats");
+        assert!(config.scrub().is_none());
+        assert_eq!(config.tls.unwrap().key, PathBuf::from("k.pem"));
     }
 
-    /// Goal: a mistyped configuration key or a bad value from the environment is refused with a
-    /// reason that says what is wrong, rather than ignored.
+    /// Goal: a mistyped setting, in the file or the environment, or a bad value is refused
+    /// with a reason that names the setting and where it came from, rather than ignored.
     #[test]
-    fn bad_files_and_values_are_rejected_with_reasons() {
+    fn bad_files_and_values_are_refused_with_reasons() {
+        let refused = |layers: Vec<Layer>| Config::load(layers).unwrap_err();
+        let (_dir, typo) = file("data_dri = \"x\"\n");
+        let err = refused(vec![typo]);
+        assert!(
+            err.contains("unknown field") && err.contains("config file"),
+            "{err}"
+        );
+        let (_dir, typo) = file("[limits]\nbody_bytes = 1\n");
+        assert!(refused(vec![typo]).contains("limits.body_bytes"));
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("annals.toml");
-        std::fs::write(&path, "data_dri = \"x\"\n").unwrap();
-        let err = Config::default().apply_file(&path).unwrap_err();
-        assert!(err.contains("unknown field"), "{err}");
-        let err = Config::default()
-            .apply_env([("ANNALS_DURABILITY".to_string(), "d9".to_string())])
-            .unwrap_err();
-        assert!(err.contains("unknown durability"), "{err}");
-        let err = Config::default()
-            .apply_env([("ANNALS_TLS_CERT".to_string(), "c.pem".to_string())])
-            .unwrap_err();
-        assert!(err.contains("together"), "{err}");
-        let err = Config::default()
-            .apply_env([(
-                "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK".to_string(),
-                "maybe".to_string(),
-            )])
-            .unwrap_err();
-        assert!(err.contains("not true or false"), "{err}");
-        let err = Config::default()
-            .apply_env([(
-                "ANNALS_ALLOWED_ORIGINS".to_string(),
-                "evil.example".to_string(),
-            )])
-            .unwrap_err();
-        assert!(err.contains("scheme://host"), "{err}");
-        for lease in ["0", "-1", "soon"] {
-            let err = Config::default()
-                .apply_env([("ANNALS_BACKUP_LEASE_SECONDS".to_string(), lease.to_string())])
-                .unwrap_err();
-            assert!(err.contains("second"), "{lease}: {err}");
+        let both = dir.path().join("both.toml");
+        std::fs::write(&both, "data_dir = \"a\"\nstore = \"b\"\n").unwrap();
+        assert!(Layer::file(&both).unwrap_err().contains("one setting"));
+
+        let (_, unknown) = Layer::env(vars(&[("ANNALS_DURABILTY", "d3")])).unwrap();
+        assert_eq!(unknown, ["ANNALS_DURABILTY"]);
+        for (name, value, says) in [
+            ("ANNALS_DURABILITY", "d9", "unknown durability"),
+            ("ANNALS_TLS_CERT", "c.pem", "missing field `key`"),
+            (
+                "ANNALS_ALLOW_UNAUTHENTICATED_NETWORK",
+                "maybe",
+                "expected a boolean",
+            ),
+            ("ANNALS_ALLOWED_ORIGINS", "evil.example", "scheme://host"),
+            ("ANNALS_BACKUP_LEASE_SECONDS", "0", "second"),
+            ("ANNALS_BACKUP_LEASE_SECONDS", "-1", "backup_lease_seconds"),
+            (
+                "ANNALS_BACKUP_LEASE_SECONDS",
+                "soon",
+                "backup_lease_seconds",
+            ),
+            ("ANNALS_SCRUB_PAUSE_SECONDS", "0", "positive"),
+            ("ANNALS_HTTP_LISTEN", "nowhere", "host:port"),
+            ("ANNALS_HTTP_LISTEN", "off", "host:port"),
+            ("ANNALS_WORKER_THREADS", "0", "at least one"),
+            ("ANNALS_EXCHANGE", "d2", "needs the store in d2"),
+            ("ANNALS_API_KEYS", "no-equals-sign", "key=scope"),
+            ("ANNALS_READ_MODELS", "[{ name = 5 }]", "read_models"),
+        ] {
+            let err = refused(vec![env(&[(name, value)])]);
+            assert!(err.contains(says), "{name}={value}: {err}");
+            assert!(
+                err.contains("environment") || !err.contains("from"),
+                "{err}"
+            );
         }
-        assert!(parse_listen("nowhere").is_err());
-        assert_eq!(parse_listen("OFF").unwrap(), None);
+        let err = Config::load([env(&[("ANNALS_API_KEYS", "short=read")])])
+            .unwrap()
+            .keys()
+            .unwrap_err();
+        assert!(err.contains("16 characters"), "{err}");
+        let off = Config::load([env(&[
+            ("ANNALS_GRPC_LISTEN", "OFF"),
+            ("ANNALS_EXCHANGE", "off"),
+        ])])
+        .unwrap();
+        assert_eq!((off.grpc_listen, off.exchange.is_none()), (None, true));
+    }
+
+    /// Goal: what `annals config show` prints hides passwords in URLs and API keys, and is a
+    /// configuration file that loads back to the same settings.
+    #[test]
+    fn shown_configuration_is_redacted_and_loads_back() {
+        let mut flags = Layer::new("flags");
+        flags
+            .set("store", "postgres://annals:secret@db/annals")
+            .unwrap();
+        flags.set("backup", "s3://key:secret2@host/bucket").unwrap();
+        flags.set("exchange.mode", "d3-per-order").unwrap();
+        let config = Config::load([
+            env(&[("ANNALS_API_KEYS", "key-0123456789abcdef=read,append")]),
+            flags,
+        ])
+        .unwrap();
+        let text = toml::to_string(&config.redacted()).unwrap();
+        for secret in ["secret", "key-0123456789abcdef"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        let (_dir, shown) = file(&text);
+        let again = Config::load([shown]).unwrap();
+        assert_eq!(
+            toml::to_string(&again).unwrap(),
+            text,
+            "the shown configuration loads back as it is"
+        );
+    }
+
+    /// Goal: docs/SERVER.md's table of settings names every setting, with its variable and
+    /// default, and nothing that is not one; a new setting cannot go undocumented.
+    #[test]
+    fn the_settings_table_is_complete_and_true() {
+        let doc = include_str!("../../../docs/SERVER.md");
+        // An exchange's settings default to those of an `[exchange]` table given empty.
+        let with_exchange = Config {
+            exchange: Some(ExchangeConfig::default()),
+            ..Config::default()
+        };
+        let defaults = match Value::serialize(with_exchange).unwrap() {
+            Value::Dict(_, d) => d,
+            _ => unreachable!(),
+        };
+        let default_of = |key: &str| -> String {
+            let mut value = None;
+            let mut dict = Some(&defaults);
+            for part in key.split('.') {
+                value = dict.and_then(|d| d.get(part));
+                dict = value.and_then(Value::as_dict);
+            }
+            match value {
+                None | Some(Value::Empty(..)) => "none".into(),
+                Some(Value::Dict(..)) => "none".into(),
+                Some(Value::Array(_, a)) if a.is_empty() => "none".into(),
+                Some(Value::String(_, s)) => s.clone(),
+                Some(Value::Num(_, n)) => match (n.to_u128_lossy(), n.to_f64()) {
+                    (Some(whole), _) => whole.to_string(),
+                    (None, Some(f)) => f.to_string(),
+                    (None, None) => unreachable!("a number is whole or not"),
+                },
+                Some(Value::Bool(_, b)) => b.to_string(),
+                Some(other) => format!("{other:?}"),
+            }
+        };
+        let mut rows = BTreeMap::new();
+        for line in doc.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let name = cells[1].trim_matches('`').to_string();
+            rows.insert(
+                name,
+                (
+                    cells[2].to_string(),
+                    cells[3].to_string(),
+                    cells[4].to_string(),
+                ),
+            );
+        }
+        let mut expected = Vec::new();
+        for key in settings().keys() {
+            let (variable, default) = (variable(key), default_of(key));
+            let row = rows.get(key);
+            let (_, env, def) = row.map_or(("", "", ""), |(f, e, d)| {
+                (f.as_str(), e.as_str(), d.as_str())
+            });
+            // The first name in the variable's cell is the rule's; others may follow.
+            let env = env
+                .split(['`', ' ', ','])
+                .find(|w| !w.is_empty())
+                .unwrap_or("");
+            if env != variable || def.trim_matches('`') != default {
+                expected.push(format!("| `{key}` | ? | `{variable}` | `{default}` |"));
+            }
+        }
+        let extra: Vec<_> = rows
+            .keys()
+            .filter(|k| !settings().contains_key(*k))
+            .collect();
+        assert!(
+            expected.is_empty() && extra.is_empty(),
+            "docs/SERVER.md's settings table is out of date; rows wanted:\n{}\nnot settings: \
+             {extra:?}",
+            expected.join("\n")
+        );
     }
 }

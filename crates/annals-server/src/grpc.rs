@@ -238,25 +238,21 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 impl Service {
     fn authorize(&self, metadata: &MetadataMap, needed: Scopes) -> Result<(), Status> {
         let header = metadata.get("authorization").map(|v| v.as_bytes());
-        self.state
-            .config
-            .api_keys
-            .check(header, needed)
-            .map_err(|denied| {
-                self.state.metrics.auth_failure();
-                match denied {
-                    Denied::Unauthenticated => status(
-                        Code::Unauthenticated,
-                        ErrorType::Authentication,
-                        denied.message(),
-                    ),
-                    Denied::Forbidden(_) => status(
-                        Code::PermissionDenied,
-                        ErrorType::Authentication,
-                        denied.message(),
-                    ),
-                }
-            })
+        self.state.keys.check(header, needed).map_err(|denied| {
+            self.state.metrics.auth_failure();
+            match denied {
+                Denied::Unauthenticated => status(
+                    Code::Unauthenticated,
+                    ErrorType::Authentication,
+                    denied.message(),
+                ),
+                Denied::Forbidden(_) => status(
+                    Code::PermissionDenied,
+                    ErrorType::Authentication,
+                    denied.message(),
+                ),
+            }
+        })
     }
 
     fn record<T>(&self, op: Op, started: Instant, result: &Result<T, Status>) {

@@ -37,13 +37,13 @@ impl Hosted {
             let _ = sender.send(Arc::new(Published { first, outputs }));
         });
         let options = annals_exchange::ServiceOptions {
-            mode: config.mode,
-            symbols: config.symbols.clone(),
+            mode: config.mode(),
+            symbols: config.symbols(),
             snapshot_every: config.snapshot_every,
             queue_depth: config.queue_depth,
             ..annals_exchange::ServiceOptions::default()
         };
-        let journal = (config.mode != Mode::Memory).then_some(store);
+        let journal = (config.mode() != Mode::Memory).then_some(store);
         let exchange = tokio::task::spawn_blocking(move || Exchange::start(journal, options, sink))
             .await
             .map_err(|e| e.to_string())?

@@ -315,8 +315,7 @@ pub(crate) fn grant(
     needed: Scopes,
 ) -> Result<crate::auth::Grant, ApiError> {
     state
-        .config
-        .api_keys
+        .keys
         .grant(headers.get(AUTHORIZATION).map(|v| v.as_bytes()), needed)
         .map_err(|denied| {
             state.metrics.auth_failure();

@@ -32,6 +32,7 @@ pub mod subjects;
 pub mod wire;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,36 +65,32 @@ impl Server {
     /// opened is checked first, and a data directory this start made (or found empty) is
     /// removed again when the start fails after opening it.
     pub async fn start(config: Config) -> Result<Server, StartError> {
-        // Refused before the store is opened (and its directory locked);
-        // `start_with_store` checks again for callers that open the store themselves.
-        if let Some(refusal) = config.refusal() {
-            return Err(StartError::Config(refusal));
-        }
-        // A port in use or unreadable TLS files are refused before the store is made.
+        // A configuration refused, a port in use or unreadable TLS files are refused before
+        // the store is made (and its directory locked).
         let bound = Bound::bind(&config).await?;
         let mut options = Options {
             durability: config.durability,
             ..Options::default()
         };
-        options.limits = config.limits.store.clone();
+        options.limits = config.limits.store();
         options.disk_reserve_bytes = config.disk_reserve_bytes;
         options.backup = config.backup.as_ref().map(|url| annals::BackupOptions {
-            lease: config.backup_lease,
+            lease: config.backup_lease(),
             ..annals::BackupOptions::new(url)
         });
-        options.scrub = config.scrub.clone();
+        options.scrub = config.scrub();
         options.subjects = config.subjects().map_err(StartError::Config)?;
         // On PostgreSQL or as a replica, the copy of the log is kept in `--mirror` when given.
-        let location = match (&config.replica_of, &config.postgres) {
+        let location = match (&config.replica_of, config.postgres()) {
             (Some(url), _) => annals::Location::Replica {
                 backup: annals::BackupOptions::new(url),
                 copy: config.mirror.clone(),
             },
             (None, Some(url)) => annals::Location::Postgres {
-                url: url.clone(),
+                url: url.to_owned(),
                 mirror: config.mirror.clone(),
             },
-            (None, None) => annals::Location::Directory(config.data_dir.clone()),
+            (None, None) => annals::Location::Directory(PathBuf::from(&config.store)),
         };
         // What the backup's checks refuse (a prefix holding another store, say) is known only
         // once the store is open: a directory made by this start is removed if it fails.
@@ -137,9 +134,6 @@ impl Server {
 
     /// Serves an already opened store.
     pub async fn start_with_store(config: Config, store: Arc<Store>) -> Result<Server, StartError> {
-        if let Some(refusal) = config.refusal() {
-            return Err(StartError::Config(refusal));
-        }
         let bound = Bound::bind(&config).await?;
         Self::serve_store(config, store, bound).await
     }
@@ -155,6 +149,7 @@ impl Server {
             http: http_listener,
             grpc: grpc_listener,
             tls,
+            keys,
         } = bound;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let metrics = Arc::new(Metrics::default());
@@ -181,6 +176,7 @@ impl Server {
         let state = Arc::new(AppState {
             store: store.clone(),
             config: config.clone(),
+            keys,
             metrics,
             read_models: read_models.clone(),
             exchange: exchange.clone(),
@@ -290,10 +286,16 @@ struct Bound {
     http: tokio::net::TcpListener,
     grpc: Option<tokio::net::TcpListener>,
     tls: Option<serve::Tls>,
+    keys: auth::ApiKeys,
 }
 
 impl Bound {
+    /// Checks the configuration (the keys read, a start it refuses), then binds.
     async fn bind(config: &Config) -> Result<Bound, StartError> {
+        let keys = config.keys().map_err(StartError::Config)?;
+        if let Some(refusal) = config.refusal(&keys) {
+            return Err(StartError::Config(refusal));
+        }
         let tls = match &config.tls {
             Some(files) => Some(serve::load_tls(files).map_err(StartError::Tls)?),
             None => None,
@@ -308,7 +310,12 @@ impl Bound {
             Some(addr) => Some(listen("grpc", addr).await?),
             None => None,
         };
-        Ok(Bound { http, grpc, tls })
+        Ok(Bound {
+            http,
+            grpc,
+            tls,
+            keys,
+        })
     }
 }
 
@@ -319,9 +326,9 @@ enum Made {
     Nothing,
     /// The first missing directory on the way to the data directory (so that no empty parent
     /// made by `create_dir_all` is left either).
-    Tree(std::path::PathBuf),
+    Tree(PathBuf),
     /// An empty data directory: what it will hold is removed, the directory stays.
-    Contents(std::path::PathBuf),
+    Contents(PathBuf),
 }
 
 impl Made {

@@ -16,6 +16,8 @@ use crate::{budget, hosted_exchange, wire, Config, HostedModels, Metrics};
 pub(crate) struct AppState {
     pub store: Arc<Store>,
     pub config: Config,
+    /// The API keys the configuration gives.
+    pub keys: crate::auth::ApiKeys,
     pub metrics: Arc<Metrics>,
     pub read_models: Arc<HostedModels>,
     /// The exchange, when the server hosts one.
@@ -97,7 +99,7 @@ impl AppState {
             if let Some(condition) = condition {
                 condition
                     .fail_if_events_match
-                    .validate(&self.config.limits.store)?;
+                    .validate(&self.config.limits.store())?;
             }
             return Ok(0);
         }
