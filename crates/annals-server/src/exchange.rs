@@ -10,7 +10,6 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
 
 use annals::{Query, QueryItem, ReadOptions};
 use annals_exchange::codec::{self, TradeRecord};
@@ -33,8 +32,7 @@ use tokio::sync::broadcast;
 use crate::auth::{Grant, Scopes};
 use crate::hosted_exchange::{Hosted, Published};
 use crate::http::{
-    accepts, authorize, check_subscribers, finish, grant, json_response, live_response, read_body,
-    SSE,
+    accepts, check_subscribers, json_response, live_response, read_body, Guard, SSE,
 };
 use crate::metrics::Op;
 use crate::wire::ApiError;
@@ -44,27 +42,42 @@ use crate::AppState;
 const LEVELS_MAX: usize = 1_000;
 const TRADES_MAX: usize = 1_000;
 
-pub(crate) fn routes(router: axum::Router<Arc<AppState>>) -> axum::Router<Arc<AppState>> {
+/// The exchange's routes, each behind its guard: commands need the append scope, adding a
+/// symbol the admin scope, the rest the read scope; commands are timed as orders, the rest
+/// as market data.
+pub(crate) fn routes(
+    state: &Arc<AppState>,
+    router: axum::Router<Arc<AppState>>,
+) -> axum::Router<Arc<AppState>> {
     use axum::routing::{get, post};
+    let order = Guard::new(state, Scopes::APPEND, Some(Op::Order));
+    let admin = Guard::new(state, Scopes::ADMIN, Some(Op::Order));
+    let market = Guard::new(state, Scopes::READ, Some(Op::Market));
     router
-        .route("/v1/exchange", get(status))
-        .route("/v1/exchange/orders", post(place))
-        .route("/v1/exchange/orders/{id}", get(order))
-        .route("/v1/exchange/orders/{id}/cancel", post(cancel))
-        .route("/v1/exchange/orders/{id}/amend", post(amend))
+        .route("/v1/exchange", market.on(get(status)))
+        .route("/v1/exchange/orders", order.on(post(place)))
+        .route("/v1/exchange/orders/{id}", market.on(get(self::order)))
+        .route("/v1/exchange/orders/{id}/cancel", order.on(post(cancel)))
+        .route("/v1/exchange/orders/{id}/amend", order.on(post(amend)))
         .route(
             "/v1/exchange/accounts/{account}/cancel-all",
-            post(cancel_all),
+            order.on(post(cancel_all)),
         )
         .route(
             "/v1/exchange/accounts/{account}/reports",
-            get(account_reports),
+            market.on(get(account_reports)),
         )
-        .route("/v1/exchange/symbols", get(symbols))
-        .route("/v1/admin/exchange/symbols", post(add_symbol))
-        .route("/v1/exchange/symbols/{symbol}/depth", get(depth))
-        .route("/v1/exchange/symbols/{symbol}/trades", get(trades))
-        .route("/v1/exchange/symbols/{symbol}/stream", get(market_stream))
+        .route("/v1/exchange/symbols", market.on(get(symbols)))
+        .route("/v1/admin/exchange/symbols", admin.on(post(add_symbol)))
+        .route("/v1/exchange/symbols/{symbol}/depth", market.on(get(depth)))
+        .route(
+            "/v1/exchange/symbols/{symbol}/trades",
+            market.on(get(trades)),
+        )
+        .route(
+            "/v1/exchange/symbols/{symbol}/stream",
+            market.on(get(market_stream)),
+        )
 }
 
 fn hosted(state: &AppState) -> Result<&Hosted, ApiError> {
@@ -320,33 +333,32 @@ async fn run_command(
     state: Arc<AppState>,
     request: Request,
     parse: impl AsyncFnOnce(&AppState, Request) -> Result<(Command, Option<u64>), ApiError>,
-) -> Response {
-    let started = Instant::now();
-    let result = async {
-        let grant = grant(&state, request.headers(), Scopes::APPEND)?;
-        let hosted = hosted(&state)?;
-        if request.uri().query().is_some() {
-            return Err(ApiError::bad_request(
-                "invalid_parameter",
-                "exchange commands take no query parameters; send them in the JSON body",
-            ));
-        }
-        let (command, qty) = parse(&state, request).await?;
-        let account = match command {
-            Command::Place(p) => p.account,
-            Command::Cancel { account, .. }
-            | Command::Amend { account, .. }
-            | Command::CancelAll { account, .. } => account,
-        };
-        check_account(&grant, account)?;
-        let executed = submit(hosted, command).await?;
-        Ok(json_response(
-            StatusCode::OK,
-            executed_json(&executed, qty).to_string(),
-        ))
+) -> Result<Response, ApiError> {
+    let grant = request
+        .extensions()
+        .get::<Grant>()
+        .cloned()
+        .expect("exchange commands are served behind a guard, which grants");
+    let hosted = hosted(&state)?;
+    if request.uri().query().is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_parameter",
+            "exchange commands take no query parameters; send them in the JSON body",
+        ));
     }
-    .await;
-    finish(&state, Op::Order, started, result)
+    let (command, qty) = parse(&state, request).await?;
+    let account = match command {
+        Command::Place(p) => p.account,
+        Command::Cancel { account, .. }
+        | Command::Amend { account, .. }
+        | Command::CancelAll { account, .. } => account,
+    };
+    check_account(&grant, account)?;
+    let executed = submit(hosted, command).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        executed_json(&executed, qty).to_string(),
+    ))
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -422,7 +434,7 @@ pub(crate) struct PlaceBody {
     self_trade: Option<StpField>,
 }
 
-async fn place(State(state): State<Arc<AppState>>, request: Request) -> Response {
+async fn place(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
     run_command(state, request, async |state, request| {
         let b: PlaceBody = body(state, request, "order").await?;
         let kind = match b.kind.unwrap_or(KindField::Limit) {
@@ -490,7 +502,7 @@ async fn cancel(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     request: Request,
-) -> Response {
+) -> Result<Response, ApiError> {
     run_command(state, request, async |state, request| {
         let id = id_param("id", &id)?;
         let b: CancelBody = body(state, request, "cancel").await?;
@@ -525,7 +537,7 @@ async fn amend(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     request: Request,
-) -> Response {
+) -> Result<Response, ApiError> {
     run_command(state, request, async |state, request| {
         let id = id_param("id", &id)?;
         let b: AmendBody = body(state, request, "amend").await?;
@@ -556,7 +568,7 @@ async fn cancel_all(
     State(state): State<Arc<AppState>>,
     Path(account): Path<String>,
     request: Request,
-) -> Response {
+) -> Result<Response, ApiError> {
     run_command(state, request, async |state, request| {
         let account = id_param("account", &account)?;
         let b: CancelAllBody = body(state, request, "cancel-all").await?;
@@ -585,156 +597,136 @@ pub(crate) struct SymbolBody {
 }
 
 /// Adds a symbol (admin scope); answers its id once journaled.
-async fn add_symbol(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let started = Instant::now();
-    let result = async {
-        authorize(&state, request.headers(), Scopes::ADMIN)?;
-        let hosted = hosted(&state)?;
-        let b: SymbolBody = body(&state, request, "symbol").await?;
-        if b.tick == 0 || b.lot == 0 {
-            return Err(ApiError::bad_request(
-                "invalid_body",
-                "a symbol's tick and lot must be positive",
-            ));
-        }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        hosted
-            .exchange
-            .try_add_symbol(
-                SymbolSpec {
-                    tick: b.tick,
-                    lot: b.lot,
-                },
-                move |r| {
-                    let _ = tx.send(r);
-                },
-            )
-            .map_err(|e| exchange_error(&e))?;
-        let symbol = rx
-            .await
-            .unwrap_or(Err(ExchangeError::Stopped))
-            .map_err(|e| exchange_error(&e))?;
-        Ok(json_response(
-            StatusCode::CREATED,
-            json!({ "symbol": symbol, "tick": b.tick, "lot": b.lot }).to_string(),
-        ))
+async fn add_symbol(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let hosted = hosted(&state)?;
+    let b: SymbolBody = body(&state, request, "symbol").await?;
+    if b.tick == 0 || b.lot == 0 {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "a symbol's tick and lot must be positive",
+        ));
     }
-    .await;
-    finish(&state, Op::Order, started, result)
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    hosted
+        .exchange
+        .try_add_symbol(
+            SymbolSpec {
+                tick: b.tick,
+                lot: b.lot,
+            },
+            move |r| {
+                let _ = tx.send(r);
+            },
+        )
+        .map_err(|e| exchange_error(&e))?;
+    let symbol = rx
+        .await
+        .unwrap_or(Err(ExchangeError::Stopped))
+        .map_err(|e| exchange_error(&e))?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        json!({ "symbol": symbol, "tick": b.tick, "lot": b.lot }).to_string(),
+    ))
 }
 
 /// The exchange's mode, what starting it found, and its counters (scope read).
-async fn status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let started = Instant::now();
-    let result = (|| {
-        authorize(&state, &headers, Scopes::READ)?;
-        let hosted = hosted(&state)?;
-        let start = hosted.exchange.start_report();
-        let stats = hosted.exchange.stats();
-        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-        let mode = hosted.exchange.mode();
-        Ok(json_response(
-            StatusCode::OK,
-            json!({
-                "mode": mode.label(),
-                "durability": mode.class(),
-                "started": {
-                    "position": start.position,
-                    "snapshotPosition": start.snapshot_position,
-                    "skippedSnapshots": start.skipped_snapshots,
-                    "replayed": start.replayed,
-                    "commands": start.commands,
-                    "liveOrders": start.live_orders,
-                    "millis": start.millis,
-                },
-                "commands": load(&stats.commands),
-                "trades": load(&stats.trades),
-                "queries": load(&stats.queries),
-                "snapshots": load(&stats.snapshots),
-                "snapshotPosition": load(&stats.snapshot_position),
-                "snapshotError": *stats.snapshot_error.lock(),
-                "snapshotFailures": load(&stats.snapshot_failures),
-            })
-            .to_string(),
-        ))
-    })();
-    finish(&state, Op::Market, started, result)
+async fn status(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let hosted = hosted(&state)?;
+    let start = hosted.exchange.start_report();
+    let stats = hosted.exchange.stats();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let mode = hosted.exchange.mode();
+    Ok(json_response(
+        StatusCode::OK,
+        json!({
+            "mode": mode.label(),
+            "durability": mode.class(),
+            "started": {
+                "position": start.position,
+                "snapshotPosition": start.snapshot_position,
+                "skippedSnapshots": start.skipped_snapshots,
+                "replayed": start.replayed,
+                "commands": start.commands,
+                "liveOrders": start.live_orders,
+                "millis": start.millis,
+            },
+            "commands": load(&stats.commands),
+            "trades": load(&stats.trades),
+            "queries": load(&stats.queries),
+            "snapshots": load(&stats.snapshots),
+            "snapshotPosition": load(&stats.snapshot_position),
+            "snapshotError": *stats.snapshot_error.lock(),
+            "snapshotFailures": load(&stats.snapshot_failures),
+        })
+        .to_string(),
+    ))
 }
 
 /// An order's state: live (with what is left), filled, cancelled; 404 when never accepted.
 async fn order(
     State(state): State<Arc<AppState>>,
+    Extension(grant): Extension<Grant>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let started = Instant::now();
-    let result = async {
-        let grant = grant(&state, &headers, Scopes::READ)?;
-        let hosted = hosted(&state)?;
-        let id = id_param("id", &id)?;
-        let (status, _) = ask(hosted, move |engine| engine.status(id)).await?;
-        let body = match status {
-            // A key bound to accounts does not see other accounts' live orders.
-            OrderStatus::Live(v) if !grant.allows(v.account) => {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "unknown_order",
-                    format!("no order {id} of this key's accounts is live"),
-                ))
-            }
-            OrderStatus::Live(v) => json!({
-                "orderId": v.id, "status": "live", "account": v.account, "symbol": v.symbol,
-                "side": side_name(v.side), "price": v.price, "leaves": v.leaves,
-                "clientOrderId": v.client_id,
-            }),
-            OrderStatus::Filled => json!({ "orderId": id, "status": "filled" }),
-            OrderStatus::Cancelled => json!({ "orderId": id, "status": "cancelled" }),
-            OrderStatus::Unknown => {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "unknown_order",
-                    format!("no order {id} was ever accepted"),
-                ))
-            }
-        };
-        Ok(json_response(StatusCode::OK, body.to_string()))
-    }
-    .await;
-    finish(&state, Op::Market, started, result)
+) -> Result<Response, ApiError> {
+    let hosted = hosted(&state)?;
+    let id = id_param("id", &id)?;
+    let (status, _) = ask(hosted, move |engine| engine.status(id)).await?;
+    let body = match status {
+        // A key bound to accounts does not see other accounts' live orders.
+        OrderStatus::Live(v) if !grant.allows(v.account) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_order",
+                format!("no order {id} of this key's accounts is live"),
+            ))
+        }
+        OrderStatus::Live(v) => json!({
+            "orderId": v.id, "status": "live", "account": v.account, "symbol": v.symbol,
+            "side": side_name(v.side), "price": v.price, "leaves": v.leaves,
+            "clientOrderId": v.client_id,
+        }),
+        OrderStatus::Filled => json!({ "orderId": id, "status": "filled" }),
+        OrderStatus::Cancelled => json!({ "orderId": id, "status": "cancelled" }),
+        OrderStatus::Unknown => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_order",
+                format!("no order {id} was ever accepted"),
+            ))
+        }
+    };
+    Ok(json_response(StatusCode::OK, body.to_string()))
 }
 
 /// Every symbol with its rules and best bid and offer.
-async fn symbols(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let started = Instant::now();
-    let result = async {
-        authorize(&state, &headers, Scopes::READ)?;
-        let hosted = hosted(&state)?;
-        let (list, _) = ask(hosted, |engine| {
-            engine
-                .specs()
-                .into_iter()
-                .enumerate()
-                .map(|(i, spec)| (i as u32, spec, engine.bbo(i as u32)))
-                .collect::<Vec<_>>()
+async fn symbols(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let hosted = hosted(&state)?;
+    let (list, _) = ask(hosted, |engine| {
+        engine
+            .specs()
+            .into_iter()
+            .enumerate()
+            .map(|(i, spec)| (i as u32, spec, engine.bbo(i as u32)))
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let symbols: Vec<Value> = list
+        .iter()
+        .map(|(symbol, spec, bbo)| {
+            let mut v = bbo_json(bbo);
+            v["symbol"] = json!(symbol);
+            v["tick"] = json!(spec.tick);
+            v["lot"] = json!(spec.lot);
+            v
         })
-        .await?;
-        let symbols: Vec<Value> = list
-            .iter()
-            .map(|(symbol, spec, bbo)| {
-                let mut v = bbo_json(bbo);
-                v["symbol"] = json!(symbol);
-                v["tick"] = json!(spec.tick);
-                v["lot"] = json!(spec.lot);
-                v
-            })
-            .collect();
-        Ok(json_response(
-            StatusCode::OK,
-            json!({ "symbols": symbols }).to_string(),
-        ))
-    }
-    .await;
-    finish(&state, Op::Market, started, result)
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        json!({ "symbols": symbols }).to_string(),
+    ))
 }
 
 #[derive(Deserialize, Default)]
@@ -821,23 +813,16 @@ fn book_json(symbol: u32, (bids, asks): &(Levels, Levels)) -> Value {
 async fn depth(
     State(state): State<Arc<AppState>>,
     Path(symbol): Path<String>,
-    headers: HeaderMap,
     uri: Uri,
-) -> Response {
-    let started = Instant::now();
-    let result = async {
-        authorize(&state, &headers, Scopes::READ)?;
-        let hosted = hosted(&state)?;
-        let (symbol, levels) = symbol_and_levels(&symbol, &uri)?;
-        let (found, _) = ask(hosted, move |engine| book(engine, symbol, levels)).await?;
-        let found = found.ok_or_else(|| unknown_symbol(symbol))?;
-        Ok(json_response(
-            StatusCode::OK,
-            book_json(symbol, &found).to_string(),
-        ))
-    }
-    .await;
-    finish(&state, Op::Market, started, result)
+) -> Result<Response, ApiError> {
+    let hosted = hosted(&state)?;
+    let (symbol, levels) = symbol_and_levels(&symbol, &uri)?;
+    let (found, _) = ask(hosted, move |engine| book(engine, symbol, levels)).await?;
+    let found = found.ok_or_else(|| unknown_symbol(symbol))?;
+    Ok(json_response(
+        StatusCode::OK,
+        book_json(symbol, &found).to_string(),
+    ))
 }
 
 fn trade_json(t: &TradeRecord) -> Value {
@@ -852,50 +837,44 @@ fn trade_json(t: &TradeRecord) -> Value {
 async fn trades(
     State(state): State<Arc<AppState>>,
     Path(symbol): Path<String>,
-    headers: HeaderMap,
     uri: Uri,
-) -> Response {
-    let started = Instant::now();
-    let result = (|| {
-        authorize(&state, &headers, Scopes::READ)?;
-        let hosted = hosted(&state)?;
-        let symbol = symbol_param(&symbol)?;
-        let params: LimitParams = query_params(&uri, "limit")?;
-        let limit = bounded(params.limit, 50, TRADES_MAX, "limit")?;
-        if hosted.exchange.mode() == Mode::Memory {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "not_journaled",
-                "the exchange runs in d0 and journals no trades",
-            ));
-        }
-        let query = Query::item(
-            QueryItem::types([codec::TRADE_EXECUTED]).and_tags([format!("symbol:{symbol}")]),
-        );
-        let events = state
-            .store
-            .read(&query, ReadOptions::backwards().limit(limit as u64))
-            .map_err(|e| crate::http::read_error(&e))?;
-        let mut out = Vec::with_capacity(limit);
-        for event in events {
-            let event = event.map_err(|e| crate::http::read_error(&e))?;
-            let trade = codec::decode_trade(&event).map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "exchange_replay",
-                    e.to_string(),
-                )
-            })?;
-            let mut v = trade_json(&trade);
-            v["position"] = json!(event.position());
-            out.push(v);
-        }
-        Ok(json_response(
-            StatusCode::OK,
-            json!({ "symbol": symbol, "trades": out }).to_string(),
-        ))
-    })();
-    finish(&state, Op::Market, started, result)
+) -> Result<Response, ApiError> {
+    let hosted = hosted(&state)?;
+    let symbol = symbol_param(&symbol)?;
+    let params: LimitParams = query_params(&uri, "limit")?;
+    let limit = bounded(params.limit, 50, TRADES_MAX, "limit")?;
+    if hosted.exchange.mode() == Mode::Memory {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_journaled",
+            "the exchange runs in d0 and journals no trades",
+        ));
+    }
+    let query = Query::item(
+        QueryItem::types([codec::TRADE_EXECUTED]).and_tags([format!("symbol:{symbol}")]),
+    );
+    let events = state
+        .store
+        .read(&query, ReadOptions::backwards().limit(limit as u64))
+        .map_err(|e| crate::http::read_error(&e))?;
+    let mut out = Vec::with_capacity(limit);
+    for event in events {
+        let event = event.map_err(|e| crate::http::read_error(&e))?;
+        let trade = codec::decode_trade(&event).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "exchange_replay",
+                e.to_string(),
+            )
+        })?;
+        let mut v = trade_json(&trade);
+        v["position"] = json!(event.position());
+        out.push(v);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        json!({ "symbol": symbol, "trades": out }).to_string(),
+    ))
 }
 
 /// What a stream sends: one symbol's market data, or one account's execution reports.
@@ -1018,78 +997,67 @@ async fn market_stream(
     Path(symbol): Path<String>,
     headers: HeaderMap,
     uri: Uri,
-) -> Response {
-    let started = Instant::now();
-    let result = async {
-        authorize(&state, &headers, Scopes::READ)?;
-        let hosted = hosted(&state)?;
-        let (symbol, levels) = symbol_and_levels(&symbol, &uri)?;
-        check_subscribers(&state)?;
-        // Subscribe before asking, so nothing published after the book is missed.
-        let outputs = hosted.outputs.subscribe();
-        let (found, next) = ask(hosted, move |engine| book(engine, symbol, levels)).await?;
-        let found = found.ok_or_else(|| unknown_symbol(symbol))?;
-        let mut watcher = Watcher {
-            outputs,
-            filter: Filter::Symbol(symbol),
-            next,
-            sse: accepts(&headers, SSE),
-            shutdown: state.shutdown.clone(),
-            _gauge: state.metrics.subscriber(),
-            first: None,
-            ended: false,
-        };
-        let mut first = Vec::new();
-        watcher.frame(&mut first, next, "book", &book_json(symbol, &found));
-        watcher.first = Some(Bytes::from(first));
-        let budget = StreamBudget::of(&state, connection.as_deref());
-        Ok(stream_response(watcher, budget))
-    }
-    .await;
-    finish(&state, Op::Market, started, result)
+) -> Result<Response, ApiError> {
+    let hosted = hosted(&state)?;
+    let (symbol, levels) = symbol_and_levels(&symbol, &uri)?;
+    check_subscribers(&state)?;
+    // Subscribe before asking, so nothing published after the book is missed.
+    let outputs = hosted.outputs.subscribe();
+    let (found, next) = ask(hosted, move |engine| book(engine, symbol, levels)).await?;
+    let found = found.ok_or_else(|| unknown_symbol(symbol))?;
+    let mut watcher = Watcher {
+        outputs,
+        filter: Filter::Symbol(symbol),
+        next,
+        sse: accepts(&headers, SSE),
+        shutdown: state.shutdown.clone(),
+        _gauge: state.metrics.subscriber(),
+        first: None,
+        ended: false,
+    };
+    let mut first = Vec::new();
+    watcher.frame(&mut first, next, "book", &book_json(symbol, &found));
+    watcher.first = Some(Bytes::from(first));
+    let budget = StreamBudget::of(&state, connection.as_deref());
+    Ok(stream_response(watcher, budget))
 }
 
 /// An account's execution reports as they become durable.
 async fn account_reports(
     State(state): State<Arc<AppState>>,
+    Extension(grant): Extension<Grant>,
     connection: Option<Extension<ConnectionBudget>>,
     Path(account): Path<String>,
     headers: HeaderMap,
     uri: Uri,
-) -> Response {
-    let started = Instant::now();
-    let result = async {
-        let grant = grant(&state, &headers, Scopes::READ)?;
-        let hosted = hosted(&state)?;
-        let account = id_param("account", &account)?;
-        check_account(&grant, account)?;
-        if uri.query().is_some() {
-            return Err(ApiError::bad_request(
-                "invalid_parameter",
-                "the reports stream takes no query parameters",
-            ));
-        }
-        check_subscribers(&state)?;
-        let outputs = hosted.outputs.subscribe();
-        // Line the stream up with the matcher: reports from the next output on.
-        let ((), next) = ask(hosted, |_| ()).await?;
-        let sse = accepts(&headers, SSE);
-        let first = sse.then(|| Bytes::from(format!(": reports of account {account}\n\n")));
-        let budget = StreamBudget::of(&state, connection.as_deref());
-        Ok(stream_response(
-            Watcher {
-                outputs,
-                filter: Filter::Account(account),
-                next,
-                sse,
-                shutdown: state.shutdown.clone(),
-                _gauge: state.metrics.subscriber(),
-                first,
-                ended: false,
-            },
-            budget,
-        ))
+) -> Result<Response, ApiError> {
+    let hosted = hosted(&state)?;
+    let account = id_param("account", &account)?;
+    check_account(&grant, account)?;
+    if uri.query().is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_parameter",
+            "the reports stream takes no query parameters",
+        ));
     }
-    .await;
-    finish(&state, Op::Market, started, result)
+    check_subscribers(&state)?;
+    let outputs = hosted.outputs.subscribe();
+    // Line the stream up with the matcher: reports from the next output on.
+    let ((), next) = ask(hosted, |_| ()).await?;
+    let sse = accepts(&headers, SSE);
+    let first = sse.then(|| Bytes::from(format!(": reports of account {account}\n\n")));
+    let budget = StreamBudget::of(&state, connection.as_deref());
+    Ok(stream_response(
+        Watcher {
+            outputs,
+            filter: Filter::Account(account),
+            next,
+            sse,
+            shutdown: state.shutdown.clone(),
+            _gauge: state.metrics.subscriber(),
+            first,
+            ended: false,
+        },
+        budget,
+    ))
 }

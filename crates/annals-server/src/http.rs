@@ -275,41 +275,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Counts a request (by its outcome and time) and turns its result into the answer.
-pub(crate) fn finish(
-    state: &AppState,
-    op: Op,
-    started: Instant,
-    result: Result<Response, ApiError>,
-) -> Response {
-    let outcome = match &result {
-        Ok(_) => Outcome::Ok,
-        Err(e) => outcome_of(e),
-    };
-    state
-        .metrics
-        .record(Api::Http, op, outcome, started.elapsed());
-    result.unwrap_or_else(IntoResponse::into_response)
-}
-
-pub(crate) fn outcome_of(error: &ApiError) -> Outcome {
-    if error.status.is_server_error() {
-        Outcome::ServerError
-    } else {
-        Outcome::ClientError
-    }
-}
-
-pub(crate) fn authorize(
-    state: &AppState,
-    headers: &HeaderMap,
-    needed: Scopes,
-) -> Result<(), ApiError> {
-    grant(state, headers, needed).map(|_| ())
-}
-
-/// Like [`authorize`], answering what the key may do (the exchange accounts it is bound to).
-pub(crate) fn grant(
+/// Checks the request's key for `needed`, answering what the key may do (the exchange
+/// accounts it is bound to).
+fn grant(
     state: &AppState,
     headers: &HeaderMap,
     needed: Scopes,

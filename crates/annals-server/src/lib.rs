@@ -200,7 +200,7 @@ impl Server {
         // `http`'s helpers, so `http` names none of them.
         let mut routes = openapi::routes(
             &state,
-            subjects::routes(&state, exchange::routes(axum::Router::new())),
+            subjects::routes(&state, exchange::routes(&state, axum::Router::new())),
         );
         if state.config.console {
             routes = console::routes(routes);
