@@ -265,7 +265,8 @@ fn print_stats(store: &Store, json: bool) -> Result<(), String> {
     let stats = store.stats();
     let report = store.open_report().clone();
     if json {
-        let mut value = annals_server::stats::store_json(store);
+        let mut value = serde_json::to_value(annals_server::stats::store_stats(store))
+            .map_err(|e| e.to_string())?;
         // The durability class is a running server's setting, not the store's: this command
         // opened the store in a class of its own choosing, which says nothing about it.
         if let Some(fields) = value.as_object_mut() {

@@ -222,7 +222,8 @@ pub fn erase(args: EraseArgs) -> Result<(), Failure> {
             store.close().map_err(|e| e.to_string())?;
             match erased? {
                 None => return Ok(dry_run(&args.tag, &holding, args.json)?),
-                Some(e) => annals_server::subjects::erasure_json(&e),
+                Some(e) => serde_json::to_value(annals_server::answers::Erased::from(&e))
+                    .map_err(|e| e.to_string())?,
             }
         }
     };

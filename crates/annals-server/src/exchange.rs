@@ -26,13 +26,17 @@ use http::{HeaderMap, StatusCode, Uri};
 use serde::Deserialize;
 
 use crate::budget::{ConnectionBudget, StreamBudget};
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::broadcast;
 
+use crate::answers::{
+    Book, CancelledBecause, CommandResult, ExchangeStarted, ExchangeStatus, ExecutionReport, Level,
+    OrderStanding, OrderState, Quote, SideName, SymbolAdded, SymbolQuote, Symbols, Trade, Trades,
+};
 use crate::auth::{Grant, Scopes};
 use crate::hosted_exchange::{Hosted, Published};
 use crate::http::{
-    accepts, check_subscribers, json_response, live_response, read_body, Guard, SSE,
+    accepts, answer_response, check_subscribers, live_response, read_body, Guard, SSE,
 };
 use crate::metrics::Op;
 use crate::wire::ApiError;
@@ -186,10 +190,10 @@ async fn ask<T: Send + 'static>(
         .map_err(|e| exchange_error(&e))
 }
 
-fn side_name(side: Side) -> &'static str {
+fn side_name(side: Side) -> SideName {
     match side {
-        Side::Buy => "buy",
-        Side::Sell => "sell",
+        Side::Buy => SideName::Buy,
+        Side::Sell => SideName::Sell,
     }
 }
 
@@ -209,12 +213,13 @@ fn reject_name(reason: Reject) -> &'static str {
     }
 }
 
-fn report_json(report: &Report) -> Value {
+fn report(report: &Report) -> ExecutionReport {
     match *report {
-        Report::Accepted { id } => json!({ "type": "accepted", "orderId": id }),
-        Report::Rejected { id, reason } => {
-            json!({ "type": "rejected", "orderId": id, "reason": reject_name(reason) })
-        }
+        Report::Accepted { id } => ExecutionReport::Accepted { order_id: id },
+        Report::Rejected { id, reason } => ExecutionReport::Rejected {
+            order_id: id,
+            reason: reject_name(reason),
+        },
         Report::Trade {
             symbol,
             price,
@@ -223,10 +228,15 @@ fn report_json(report: &Report) -> Value {
             taker,
             taker_side,
             time,
-        } => json!({
-            "type": "trade", "symbol": symbol, "price": price, "qty": qty, "maker": maker,
-            "taker": taker, "takerSide": side_name(taker_side), "time": time,
-        }),
+        } => ExecutionReport::Trade {
+            symbol,
+            price,
+            qty,
+            maker,
+            taker,
+            taker_side: side_name(taker_side),
+            time,
+        },
         Report::Fill {
             id,
             account,
@@ -234,40 +244,51 @@ fn report_json(report: &Report) -> Value {
             qty,
             leaves,
             role,
-        } => json!({
-            "type": "fill", "orderId": id, "account": account, "price": price, "qty": qty,
-            "leaves": leaves, "role": match role { Role::Maker => "maker", Role::Taker => "taker" },
-        }),
+        } => ExecutionReport::Fill {
+            order_id: id,
+            account,
+            price,
+            qty,
+            leaves,
+            role: match role {
+                Role::Maker => crate::answers::Role::Maker,
+                Role::Taker => crate::answers::Role::Taker,
+            },
+        },
         Report::Cancelled {
             id,
             qty,
             leaves,
             reason,
-        } => json!({
-            "type": "cancelled", "orderId": id, "qty": qty, "leaves": leaves,
-            "reason": match reason {
-                CancelReason::Requested => "requested",
-                CancelReason::SelfTrade => "self_trade",
-                CancelReason::Unfilled => "unfilled",
+        } => ExecutionReport::Cancelled {
+            order_id: id,
+            qty,
+            leaves,
+            reason: match reason {
+                CancelReason::Requested => CancelledBecause::Requested,
+                CancelReason::SelfTrade => CancelledBecause::SelfTrade,
+                CancelReason::Unfilled => CancelledBecause::Unfilled,
             },
-        }),
-        Report::Amended { id, price, qty } => {
-            json!({ "type": "amended", "orderId": id, "price": price, "qty": qty })
-        }
+        },
+        Report::Amended { id, price, qty } => ExecutionReport::Amended {
+            order_id: id,
+            price,
+            qty,
+        },
     }
 }
 
 /// The answer to a command: the order it named, where that order stands after it, and every
 /// report it produced.
-fn executed_json(executed: &Executed, qty: Option<u64>) -> Value {
+fn command_result(executed: &Executed, qty: Option<u64>) -> CommandResult {
     let id = executed.id;
-    let mut status = "live";
+    let mut status = OrderStanding::Live;
     let mut leaves = qty;
     let mut reason = None;
-    for report in &executed.reports {
-        match *report {
+    for r in &executed.reports {
+        match *r {
             Report::Rejected { id: r, reason: why } if r == id => {
-                status = "rejected";
+                status = OrderStanding::Rejected;
                 reason = Some(reject_name(why));
             }
             Report::Fill {
@@ -275,7 +296,7 @@ fn executed_json(executed: &Executed, qty: Option<u64>) -> Value {
             } if f == id => {
                 leaves = Some(l);
                 if l == 0 {
-                    status = "filled";
+                    status = OrderStanding::Filled;
                 }
             }
             Report::Cancelled {
@@ -283,14 +304,24 @@ fn executed_json(executed: &Executed, qty: Option<u64>) -> Value {
             } if c == id => {
                 leaves = Some(l);
                 if l == 0 {
-                    status = "cancelled";
+                    status = OrderStanding::Cancelled;
                 }
             }
             Report::Amended { id: a, qty: q, .. } if a == id => leaves = Some(q),
             _ => {}
         }
     }
-    let reports: Vec<Value> = executed.reports.iter().map(report_json).collect();
+    let reports = executed.reports.iter().map(report).collect();
+    let mut result = CommandResult {
+        order_id: Some(id),
+        cancelled: None,
+        status: Some(status),
+        reason,
+        leaves: leaves.filter(|_| status == OrderStanding::Live),
+        position: executed.position,
+        time: executed.time,
+        reports,
+    };
     if id == 0 {
         // A cancel-all names no order: it says how many it cancelled.
         let cancelled = executed
@@ -298,34 +329,28 @@ fn executed_json(executed: &Executed, qty: Option<u64>) -> Value {
             .iter()
             .filter(|r| matches!(r, Report::Cancelled { leaves: 0, .. }))
             .count();
-        return json!({
-            "cancelled": cancelled,
-            "position": executed.position,
-            "time": executed.time,
-            "reports": reports,
-        });
+        result = CommandResult {
+            order_id: None,
+            cancelled: Some(cancelled as u64),
+            status: None,
+            reason: None,
+            leaves: None,
+            ..result
+        };
     }
-    let mut body = json!({
-        "orderId": id,
-        "status": status,
-        "position": executed.position,
-        "time": executed.time,
-        "reports": reports,
-    });
-    if let Some(reason) = reason {
-        body["reason"] = json!(reason);
-    }
-    if status == "live" {
-        if let Some(leaves) = leaves {
-            body["leaves"] = json!(leaves);
-        }
-    }
-    body
+    result
 }
 
-fn bbo_json(bbo: &Bbo) -> Value {
-    let level = |l: Option<(u64, u64)>| l.map(|(price, qty)| json!({ "price": price, "qty": qty }));
-    json!({ "bid": level(bbo.bid), "ask": level(bbo.ask) })
+/// A symbol's best bid and offer, with its rules when given.
+fn quote(symbol: u32, bbo: &Bbo, spec: Option<&SymbolSpec>) -> SymbolQuote {
+    let level = |l: Option<(u64, u64)>| l.map(|(price, qty)| Quote { price, qty });
+    SymbolQuote {
+        symbol,
+        tick: spec.map(|s| s.tick),
+        lot: spec.map(|s| s.lot),
+        bid: level(bbo.bid),
+        ask: level(bbo.ask),
+    }
 }
 
 /// Counts a command request and answers it.
@@ -355,9 +380,9 @@ async fn run_command(
     };
     check_account(&grant, account)?;
     let executed = submit(hosted, command).await?;
-    Ok(json_response(
+    Ok(answer_response(
         StatusCode::OK,
-        executed_json(&executed, qty).to_string(),
+        &command_result(&executed, qty),
     ))
 }
 
@@ -626,10 +651,12 @@ async fn add_symbol(
         .await
         .unwrap_or(Err(ExchangeError::Stopped))
         .map_err(|e| exchange_error(&e))?;
-    Ok(json_response(
-        StatusCode::CREATED,
-        json!({ "symbol": symbol, "tick": b.tick, "lot": b.lot }).to_string(),
-    ))
+    let added = SymbolAdded {
+        symbol,
+        tick: b.tick,
+        lot: b.lot,
+    };
+    Ok(answer_response(StatusCode::CREATED, &added))
 }
 
 /// The exchange's mode, what starting it found, and its counters (scope read).
@@ -639,30 +666,27 @@ async fn status(State(state): State<Arc<AppState>>) -> Result<Response, ApiError
     let stats = hosted.exchange.stats();
     let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     let mode = hosted.exchange.mode();
-    Ok(json_response(
-        StatusCode::OK,
-        json!({
-            "mode": mode.label(),
-            "durability": mode.class(),
-            "started": {
-                "position": start.position,
-                "snapshotPosition": start.snapshot_position,
-                "skippedSnapshots": start.skipped_snapshots,
-                "replayed": start.replayed,
-                "commands": start.commands,
-                "liveOrders": start.live_orders,
-                "millis": start.millis,
-            },
-            "commands": load(&stats.commands),
-            "trades": load(&stats.trades),
-            "queries": load(&stats.queries),
-            "snapshots": load(&stats.snapshots),
-            "snapshotPosition": load(&stats.snapshot_position),
-            "snapshotError": *stats.snapshot_error.lock(),
-            "snapshotFailures": load(&stats.snapshot_failures),
-        })
-        .to_string(),
-    ))
+    let answer = ExchangeStatus {
+        mode: mode.label(),
+        durability: mode.class(),
+        started: ExchangeStarted {
+            position: start.position,
+            snapshot_position: start.snapshot_position,
+            skipped_snapshots: start.skipped_snapshots.clone(),
+            replayed: start.replayed,
+            commands: start.commands,
+            live_orders: start.live_orders as u64,
+            millis: start.millis,
+        },
+        commands: load(&stats.commands),
+        trades: load(&stats.trades),
+        queries: load(&stats.queries),
+        snapshots: load(&stats.snapshots),
+        snapshot_position: load(&stats.snapshot_position),
+        snapshot_error: stats.snapshot_error.lock().clone(),
+        snapshot_failures: load(&stats.snapshot_failures),
+    };
+    Ok(answer_response(StatusCode::OK, &answer))
 }
 
 /// An order's state: live (with what is left), filled, cancelled; 404 when never accepted.
@@ -683,13 +707,18 @@ async fn order(
                 format!("no order {id} of this key's accounts is live"),
             ))
         }
-        OrderStatus::Live(v) => json!({
-            "orderId": v.id, "status": "live", "account": v.account, "symbol": v.symbol,
-            "side": side_name(v.side), "price": v.price, "leaves": v.leaves,
-            "clientOrderId": v.client_id,
-        }),
-        OrderStatus::Filled => json!({ "orderId": id, "status": "filled" }),
-        OrderStatus::Cancelled => json!({ "orderId": id, "status": "cancelled" }),
+        OrderStatus::Live(v) => OrderState {
+            order_id: v.id,
+            status: OrderStanding::Live,
+            account: Some(v.account),
+            symbol: Some(v.symbol),
+            side: Some(side_name(v.side)),
+            price: Some(v.price),
+            leaves: Some(v.leaves),
+            client_order_id: Some(v.client_id),
+        },
+        OrderStatus::Filled => OrderState::done(id, OrderStanding::Filled),
+        OrderStatus::Cancelled => OrderState::done(id, OrderStanding::Cancelled),
         OrderStatus::Unknown => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -698,7 +727,7 @@ async fn order(
             ))
         }
     };
-    Ok(json_response(StatusCode::OK, body.to_string()))
+    Ok(answer_response(StatusCode::OK, &body))
 }
 
 /// Every symbol with its rules and best bid and offer.
@@ -713,20 +742,11 @@ async fn symbols(State(state): State<Arc<AppState>>) -> Result<Response, ApiErro
             .collect::<Vec<_>>()
     })
     .await?;
-    let symbols: Vec<Value> = list
+    let symbols = list
         .iter()
-        .map(|(symbol, spec, bbo)| {
-            let mut v = bbo_json(bbo);
-            v["symbol"] = json!(symbol);
-            v["tick"] = json!(spec.tick);
-            v["lot"] = json!(spec.lot);
-            v
-        })
+        .map(|(symbol, spec, bbo)| quote(*symbol, bbo, Some(spec)))
         .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        json!({ "symbols": symbols }).to_string(),
-    ))
+    Ok(answer_response(StatusCode::OK, &Symbols { symbols }))
 }
 
 #[derive(Deserialize, Default)]
@@ -799,14 +819,16 @@ fn unknown_symbol(symbol: u32) -> ApiError {
     )
 }
 
-fn book_json(symbol: u32, (bids, asks): &(Levels, Levels)) -> Value {
+fn book_of(symbol: u32, (bids, asks): &(Levels, Levels)) -> Book {
     let side = |levels: &Levels| {
-        levels
-            .iter()
-            .map(|&(price, qty, orders)| json!({ "price": price, "qty": qty, "orders": orders }))
-            .collect::<Vec<_>>()
+        let level = |&(price, qty, orders)| Level { price, qty, orders };
+        levels.iter().map(level).collect()
     };
-    json!({ "symbol": symbol, "bids": side(bids), "asks": side(asks) })
+    Book {
+        symbol,
+        bids: side(bids),
+        asks: side(asks),
+    }
 }
 
 /// A book's depth: up to `levels` price levels a side (default 10).
@@ -819,17 +841,18 @@ async fn depth(
     let (symbol, levels) = symbol_and_levels(&symbol, &uri)?;
     let (found, _) = ask(hosted, move |engine| book(engine, symbol, levels)).await?;
     let found = found.ok_or_else(|| unknown_symbol(symbol))?;
-    Ok(json_response(
-        StatusCode::OK,
-        book_json(symbol, &found).to_string(),
-    ))
+    Ok(answer_response(StatusCode::OK, &book_of(symbol, &found)))
 }
 
-fn trade_json(t: &TradeRecord) -> Value {
-    json!({
-        "symbol": t.symbol, "price": t.price, "qty": t.qty, "takerSide": side_name(t.taker_side),
-        "time": t.time,
-    })
+fn trade(t: &TradeRecord, position: Option<u64>) -> Trade {
+    Trade {
+        symbol: t.symbol,
+        price: t.price,
+        qty: t.qty,
+        taker_side: side_name(t.taker_side),
+        time: t.time,
+        position,
+    }
 }
 
 /// The latest trades of a symbol, newest first: a backwards DCB read of the journal's
@@ -867,14 +890,13 @@ async fn trades(
                 e.to_string(),
             )
         })?;
-        let mut v = trade_json(&trade);
-        v["position"] = json!(event.position());
-        out.push(v);
+        out.push(self::trade(&trade, Some(event.position())));
     }
-    Ok(json_response(
-        StatusCode::OK,
-        json!({ "symbol": symbol, "trades": out }).to_string(),
-    ))
+    let answer = Trades {
+        symbol,
+        trades: out,
+    };
+    Ok(answer_response(StatusCode::OK, &answer))
 }
 
 /// What a stream sends: one symbol's market data, or one account's execution reports.
@@ -897,7 +919,9 @@ struct Watcher {
 }
 
 impl Watcher {
-    fn frame(&self, out: &mut Vec<u8>, seq: u64, event: &str, data: &Value) {
+    fn frame(&self, out: &mut Vec<u8>, seq: u64, event: &str, data: &impl serde::Serialize) {
+        // The answers hold numbers, text and lists: they always serialize.
+        let data = serde_json::to_value(data).expect("an answer serializes");
         if self.sse {
             out.extend_from_slice(format!("id: {seq}\nevent: {event}\ndata: ").as_bytes());
             out.extend_from_slice(data.to_string().as_bytes());
@@ -949,17 +973,15 @@ impl Watcher {
                 }
                 match (self.filter, output) {
                     (Filter::Symbol(s), Output::Trade(t)) if t.symbol == s => {
-                        self.frame(&mut out, seq, "trade", &trade_json(t))
+                        self.frame(&mut out, seq, "trade", &trade(t, None))
                     }
                     (Filter::Symbol(s), Output::Bbo { symbol, bbo }) if *symbol == s => {
-                        let mut data = bbo_json(bbo);
-                        data["symbol"] = json!(s);
-                        self.frame(&mut out, seq, "bbo", &data)
+                        self.frame(&mut out, seq, "bbo", &quote(s, bbo, None))
                     }
                     (Filter::Account(a), Output::Execution { account, report })
                         if *account == a =>
                     {
-                        self.frame(&mut out, seq, "report", &report_json(report))
+                        self.frame(&mut out, seq, "report", &self::report(report))
                     }
                     _ => {}
                 }
@@ -1016,7 +1038,7 @@ async fn market_stream(
         ended: false,
     };
     let mut first = Vec::new();
-    watcher.frame(&mut first, next, "book", &book_json(symbol, &found));
+    watcher.frame(&mut first, next, "book", &book_of(symbol, &found));
     watcher.first = Some(Bytes::from(first));
     let budget = StreamBudget::of(&state, connection.as_deref());
     Ok(stream_response(watcher, budget))

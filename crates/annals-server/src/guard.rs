@@ -76,7 +76,11 @@ fn replacement(head: &[u8]) -> Option<Vec<u8>> {
     if !bodyless {
         return None;
     }
-    let body = serde_json::json!({ "error": message, "kind": kind }).to_string();
+    let error = crate::answers::Error {
+        error: message.into(),
+        kind: kind.into(),
+    };
+    let body = serde_json::to_string(&error).expect("an error serializes");
     Some(
         format!(
             "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

@@ -23,6 +23,7 @@ use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_T
 use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
+use crate::answers;
 use crate::auth::Scopes;
 use crate::budget::StreamBudget;
 use crate::metrics::{Api, Op, Outcome};
@@ -345,6 +346,15 @@ fn by_kind(kind: &'static str, message: String) -> ApiError {
     ApiError::new(answer.http, answer.http_kind, message)
 }
 
+/// A typed answer (`answers.rs`) as JSON.
+pub(crate) fn answer_response(status: StatusCode, answer: &impl serde::Serialize) -> Response {
+    // The answers hold numbers, text, lists and maps keyed by text: they always serialize.
+    json_response(
+        status,
+        serde_json::to_vec(answer).expect("an answer serializes"),
+    )
+}
+
 pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
     let mut response = Response::new(body.into());
     *response.status_mut() = status;
@@ -569,25 +579,29 @@ async fn append_inner(
     let result = state
         .append(&events, parsed.condition.as_ref(), options)
         .await;
-    let mut out = Vec::with_capacity(128);
-    out.extend_from_slice(b"{\"durationInMicroseconds\":");
-    let conflict = match result {
-        Ok(position) => {
-            wire::write_u64(&mut out, started.elapsed().as_micros() as u64);
-            out.extend_from_slice(b",\"appendConditionFailed\":false,\"position\":");
-            wire::write_u64(&mut out, position);
-            false
-        }
-        Err(AppendError::ConditionFailed { position }) => {
-            wire::write_u64(&mut out, started.elapsed().as_micros() as u64);
-            out.extend_from_slice(b",\"appendConditionFailed\":true,\"conflictPosition\":");
-            wire::write_u64(&mut out, position);
-            true
-        }
+    let micros = started.elapsed().as_micros() as u64;
+    let (answer, conflict) = match result {
+        Ok(position) => (
+            answers::Appended {
+                duration_in_microseconds: micros,
+                append_condition_failed: false,
+                position: Some(position),
+                conflict_position: None,
+            },
+            false,
+        ),
+        Err(AppendError::ConditionFailed { position }) => (
+            answers::Appended {
+                duration_in_microseconds: micros,
+                append_condition_failed: true,
+                position: None,
+                conflict_position: Some(position),
+            },
+            true,
+        ),
         Err(e) => return Err(append_error(&e)),
     };
-    out.push(b'}');
-    Ok((json_response(StatusCode::OK, out), conflict))
+    Ok((answer_response(StatusCode::OK, &answer), conflict))
 }
 
 /// The options an append's `durability` field asks for. A class is a minimum: an append is
@@ -678,11 +692,10 @@ pub(crate) async fn read_body(state: &AppState, request: Request) -> Result<Byte
 }
 
 async fn head(State(state): State<Arc<AppState>>) -> Response {
-    let mut out = Vec::with_capacity(32);
-    out.extend_from_slice(b"{\"head\":");
-    wire::write_u64(&mut out, state.store.head());
-    out.push(b'}');
-    json_response(StatusCode::OK, out)
+    let head = answers::Head {
+        head: state.store.head(),
+    };
+    answer_response(StatusCode::OK, &head)
 }
 
 async fn tracking(
@@ -703,10 +716,11 @@ async fn tracking(
                 )
             })?;
         let position = state.store.tracking(&params.source);
-        Ok(json_response(
-            StatusCode::OK,
-            serde_json::json!({ "source": params.source, "position": position }).to_string(),
-        ))
+        let answer = answers::TrackingPosition {
+            source: params.source,
+            position,
+        };
+        Ok(answer_response(StatusCode::OK, &answer))
     }
 }
 
@@ -854,19 +868,25 @@ async fn check(State(state): State<Arc<AppState>>) -> Response {
     let store = state.store.clone();
     match tokio::task::spawn_blocking(move || store.check(&mut |_, _| {})).await {
         Ok(Ok(report)) => {
-            let body = serde_json::json!({
-                "ok": report.problem.is_none(),
-                "head": report.head,
-                "events": report.events,
-                "problem": report.problem,
-                "seconds": report.seconds,
-            });
-            json_response(StatusCode::OK, body.to_string())
+            let answer = answers::Check {
+                ok: report.problem.is_none(),
+                head: Some(report.head),
+                events: Some(report.events),
+                problem: report.problem,
+                seconds: Some(report.seconds),
+            };
+            answer_response(StatusCode::OK, &answer)
         }
-        Ok(Err(e)) => json_response(
-            StatusCode::OK,
-            serde_json::json!({ "ok": false, "problem": e.to_string() }).to_string(),
-        ),
+        Ok(Err(e)) => {
+            let answer = answers::Check {
+                ok: false,
+                head: None,
+                events: None,
+                problem: Some(e.to_string()),
+                seconds: None,
+            };
+            answer_response(StatusCode::OK, &answer)
+        }
         Err(e) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "check_failed",
@@ -878,8 +898,10 @@ async fn check(State(state): State<Arc<AppState>>) -> Response {
 
 /// Every read model's status: position, checkpoint, head, lag, counters.
 async fn read_models(State(state): State<Arc<AppState>>) -> Response {
-    let body = serde_json::json!({ "readModels": state.read_models.statuses() });
-    json_response(StatusCode::OK, body.to_string())
+    let answer = answers::ReadModels {
+        read_models: state.read_models.statuses(),
+    };
+    answer_response(StatusCode::OK, &answer)
 }
 
 /// Longest wait a client may ask for with `waitMs`.
@@ -947,10 +969,7 @@ async fn read_model_inner(state: &AppState, name: &str, query: &str) -> Result<R
     } else {
         StatusCode::GATEWAY_TIMEOUT
     };
-    Ok(json_response(
-        status,
-        serde_json::to_string(&view).expect("a view serializes"),
-    ))
+    Ok(answer_response(status, &view))
 }
 
 /// Asks a read model to fold again from the first event (admin scope); answers 202 at once.
@@ -965,8 +984,11 @@ async fn rebuild_read_model(
             format!("no read model named {name:?}; GET /v1/readmodels lists them"),
         ));
     }
-    let body = serde_json::json!({ "name": name, "rebuilding": true });
-    Ok(json_response(StatusCode::ACCEPTED, body.to_string()))
+    let answer = answers::Rebuilding {
+        name,
+        rebuilding: true,
+    };
+    Ok(answer_response(StatusCode::ACCEPTED, &answer))
 }
 
 /// Liveness: the process serves. 503 only while the store is poisoned, which a restart (a
@@ -982,36 +1004,36 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         .scrub
         .as_ref()
         .and_then(|s| (!s.damaged.is_empty()).then(|| s.damaged.join("; ")));
+    use answers::HealthStatus;
     let status = match (&stats.poisoned, &stats.disk_full, &damaged) {
-        (Some(_), _, _) => "poisoned",
-        (None, _, Some(_)) => "damaged",
-        (None, Some(_), None) => "disk_full",
-        (None, None, None) => "ok",
+        (Some(_), _, _) => HealthStatus::Poisoned,
+        (None, _, Some(_)) => HealthStatus::Damaged,
+        (None, Some(_), None) => HealthStatus::DiskFull,
+        (None, None, None) => HealthStatus::Ok,
     };
-    let body = serde_json::json!({
-        "status": status,
-        "head": stats.head,
-        "durability": stats.durability,
-        "reason": stats.poisoned.as_ref().or(damaged.as_ref()).or(stats.disk_full.as_ref()),
-        "diskFreeBytes": stats.disk_free_bytes,
-        "backup": stats.backup.as_ref().map(|b| serde_json::json!({
-            "state": b.state,
-            "lagPositions": b.lag_positions,
-            "lagSeconds": b.lag_seconds,
-        })),
-        "replica": stats.replica.as_ref().map(|r| serde_json::json!({
-            "state": r.state,
-            "lagPositions": r.lag_positions,
-            "lagSeconds": r.lag_seconds,
-            "lastPollAgeSeconds": r.last_poll_age_seconds,
-        })),
-    });
-    let status = if stats.poisoned.is_some() {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
+    let answer = answers::Health {
+        status,
+        head: stats.head,
+        durability: stats.durability,
+        reason: (stats.poisoned.clone().or(damaged)).or(stats.disk_full.clone()),
+        disk_free_bytes: stats.disk_free_bytes,
+        backup: stats.backup.as_ref().map(|b| answers::HealthBackup {
+            state: b.state,
+            lag_positions: b.lag_positions,
+            lag_seconds: b.lag_seconds,
+        }),
+        replica: stats.replica.as_ref().map(|r| answers::HealthReplica {
+            state: r.state,
+            lag_positions: r.lag_positions,
+            lag_seconds: r.lag_seconds,
+            last_poll_age_seconds: r.last_poll_age_seconds,
+        }),
     };
-    json_response(status, body.to_string())
+    let code = match status {
+        HealthStatus::Poisoned => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::OK,
+    };
+    answer_response(code, &answer)
 }
 
 /// Readiness: whether the server can now keep what it promises, for a load balancer to send
@@ -1029,22 +1051,27 @@ fn unready_reasons(state: &AppState) -> Vec<String> {
 /// The store's statistics as JSON (metrics scope): the shape `annals stats --store` prints, with
 /// the server's readiness, subscribers and connections.
 async fn admin_stats(State(state): State<Arc<AppState>>) -> Response {
-    let mut value = crate::stats::store_json(&state.store);
     let reasons = unready_reasons(&state);
-    value["ready"] = reasons.is_empty().into();
-    value["unready_reasons"] = reasons.into();
-    value["subscribers"] = state.metrics.subscribers().into();
-    value["connections"] = state.metrics.connections().into();
-    json_response(StatusCode::OK, value.to_string())
+    let answer = answers::ServerStats {
+        store: crate::stats::store_stats(&state.store),
+        ready: reasons.is_empty(),
+        unready_reasons: reasons,
+        subscribers: state.metrics.subscribers(),
+        connections: state.metrics.connections(),
+    };
+    answer_response(StatusCode::OK, &answer)
 }
 
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let reasons = unready_reasons(&state);
-    if reasons.is_empty() {
-        return json_response(StatusCode::OK, r#"{"status":"ok"}"#.to_string());
-    }
-    let body = serde_json::json!({ "status": "unavailable", "reasons": reasons });
-    json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string())
+    let (code, status) = match reasons.is_empty() {
+        true => (StatusCode::OK, answers::ReadyStatus::Ok),
+        false => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            answers::ReadyStatus::Unavailable,
+        ),
+    };
+    answer_response(code, &answers::Ready { status, reasons })
 }
 
 async fn metrics_exposition(State(state): State<Arc<AppState>>) -> Response {

@@ -7,6 +7,7 @@
 //! [`annals::Store::append_async`], so no runtime thread ever blocks on the writer or an fsync.
 
 pub mod alloc;
+pub mod answers;
 pub mod auth;
 mod budget;
 pub mod config;

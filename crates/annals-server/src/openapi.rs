@@ -46,8 +46,9 @@ fn merge(mut a: Value, b: Value) -> Value {
 }
 
 /// The schemas of the request bodies and parameters, generated from the types the handlers
-/// parse them into (serde's own attributes included), so that they cannot drift.
-fn request_schemas() -> Value {
+/// parse them into, and of the answers, from the types they serialize (`answers.rs`):
+/// serde's own attributes included, so that they cannot drift.
+fn schemas() -> Value {
     let mut generator = schemars::generate::SchemaSettings::draft2020_12()
         .with(|s| {
             s.definitions_path = "/components/schemas".into();
@@ -67,6 +68,7 @@ fn request_schemas() -> Value {
     ] {
         debug_assert!(schema.get("$ref").is_some(), "{schema:?} is a named schema");
     }
+    crate::answers::register(&mut generator);
     let mut schemas = Value::Object(generator.take_definitions(true));
     schemas["Name"] = annals::schema::name(&mut generator).to_value();
     schemas
@@ -78,16 +80,6 @@ fn document() -> String {
         "description": "URL-encoded JSON Query. Absent, empty or {\"items\":[]} matches every event.",
         "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Query" } } }
     });
-    // The /health answer, apart: the whole document in one json! would pass its macro's
-    // recursion limit.
-    let health = json!({ "type": "object",
-        "properties": { "status": { "enum": ["ok", "disk_full", "damaged"] }, "head": { "type": "integer" }, "durability": { "type": "string" },
-            "reason": { "type": ["string", "null"] }, "diskFreeBytes": { "type": ["integer", "null"] },
-            "backup": { "type": ["object", "null"], "properties": { "state": { "type": "string" }, "lagPositions": { "type": "integer" }, "lagSeconds": { "type": "number" } } },
-            "replica": { "type": ["object", "null"], "description": "A read replica's following of its backup.", "properties": { "state": { "enum": ["following", "failing"] }, "lagPositions": { "type": "integer" }, "lagSeconds": { "type": "number" }, "lastPollAgeSeconds": { "type": "number" } } } } });
-    let ready = json!({ "type": "object", "required": ["status"],
-        "properties": { "status": { "enum": ["ok", "unavailable"] },
-            "reasons": { "type": "array", "items": { "type": "string" }, "description": "Why not ready, each beginning with its kind: poisoned, disk_full, backup_failing (the class is D4 and the backup fails), replica_failing, replica_stale (no successful poll of the backup for 30 s), shutting_down." } } });
     let doc = json!({
         "openapi": "3.1.0",
         "info": {
@@ -99,64 +91,7 @@ fn document() -> String {
             "securitySchemes": {
                 "apiKey": { "type": "http", "scheme": "bearer", "description": "An API key with the scopes read, append or admin (admin implies both others). Required only when keys are configured." }
             },
-            "schemas": {
-                "ReadModel": {
-                    "type": "object",
-                    "required": ["name", "kind", "running", "position", "checkpointPosition", "head", "lag"],
-                    "properties": {
-                        "name": { "type": "string" },
-                        "kind": { "enum": ["state", "effects"] },
-                        "running": { "type": "boolean" },
-                        "position": { "type": "integer", "description": "Every matching event at or below it is folded." },
-                        "checkpointPosition": { "type": "integer", "description": "Where the durable checkpoint stands; a restart resumes after it." },
-                        "head": { "type": "integer" },
-                        "lag": { "type": "integer", "description": "head - position." },
-                        "eventsApplied": { "type": "integer" },
-                        "checkpoints": { "type": "integer" },
-                        "effectsAppended": { "type": "integer" },
-                        "rebuilds": { "type": "integer" },
-                        "resumedFrom": { "type": "integer" },
-                        "rebuiltBecause": { "type": ["string", "null"] },
-                        "error": { "type": ["string", "null"] },
-                        "groupBy": { "type": ["string", "null"] },
-                        "total": { "type": "integer", "description": "Events counted." },
-                        "keyCount": { "type": "integer" },
-                        "key": { "type": "string" },
-                        "count": { "type": "integer", "description": "Events counted under key (0 when none)." }
-                    }
-                },
-                "Error": {
-                    "type": "object", "required": ["error", "kind"],
-                    "properties": {
-                        "error": { "type": "string", "description": "What is wrong, for people." },
-                        "kind": { "type": "string", "description": "A stable machine-readable kind, e.g. malformed_json, too_many_tags, body_too_large, unauthenticated, queue_full." }
-                    }
-                },
-                "SequencedEvent": {
-                    "type": "object", "required": ["type", "tags", "data", "position", "appendedAt"],
-                    "properties": {
-                        "type": { "type": "string" },
-                        "tags": { "type": "array", "items": { "type": "string" } },
-                        "data": { "type": "string", "description": "The stored bytes as a UTF-8 string (base64 when dataEncoding says so)." },
-                        "position": { "type": "integer", "minimum": 1 },
-                        "dataEncoding": { "type": "string", "enum": ["base64"], "description": "Present only when the data is not UTF-8. An append takes the event's data and dataEncoding as they are read." },
-                        "erased": { "type": "boolean", "description": "Present (true) only when the event's data subject was erased: its data and metadata are gone (data is empty)." },
-                        "id": { "type": "string", "format": "uuid" },
-                        "metadata": { "description": "The metadata given at append, when any: its JSON, or, when it is not JSON, its bytes in base64 (metadataEncoding says so)." },
-                        "metadataEncoding": { "type": "string", "enum": ["base64"], "description": "Present only when the metadata is not JSON. An append takes the event's metadata and metadataEncoding as they are read." },
-                        "appendedAt": { "type": "integer", "description": "Microseconds since the Unix epoch." }
-                    }
-                },
-                "AppendResponse": {
-                    "type": "object", "required": ["durationInMicroseconds", "appendConditionFailed"],
-                    "properties": {
-                        "durationInMicroseconds": { "type": "integer" },
-                        "appendConditionFailed": { "type": "boolean" },
-                        "position": { "type": "integer", "description": "The last appended event's position (absent when the condition failed)." },
-                        "conflictPosition": { "type": "integer", "description": "The first event that made the condition fail (only when it failed)." }
-                    }
-                }
-            }
+            "schemas": {}
         },
         "security": [ {}, { "apiKey": [] } ],
         "paths": {
@@ -184,7 +119,7 @@ fn document() -> String {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendRequest" } } } },
                 "responses": merge(json!({
                     "200": { "description": "Appended (durable in D3), or the condition failed.",
-                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendResponse" } } } },
+                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Appended" } } } },
                     "400": error_response("Malformed JSON, unknown fields, wrong types, data that is not base64 although its dataEncoding says so (the message names the event's index), or a limit broken (events, tags, sizes)."),
                     "408": error_response("The body did not arrive within the body timeout."),
                     "409": error_response("A tracking position not above the one recorded for its source, or d4 asked of a server without a backup (off_machine_unavailable), or an event naming an erased data subject (subject_erased)."),
@@ -197,8 +132,7 @@ fn document() -> String {
             "/v1/head": { "get": {
                 "summary": "The position of the last acknowledged event, 0 when empty (scope read).",
                 "responses": merge(json!({
-                    "200": { "description": "The head.", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["head"], "properties": { "head": { "type": "integer" } } } } } }
+                    "200": { "description": "The head.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Head" } } } }
                 }), auth_errors())
             } },
             "/v1/subscribe": { "get": {
@@ -220,24 +154,20 @@ fn document() -> String {
                 "summary": "The tracking position recorded for a source (scope read).",
                 "parameters": [ { "name": "source", "in": "query", "required": true, "schema": { "type": "string" } } ],
                 "responses": merge(json!({
-                    "200": { "description": "The position, null when none is recorded.", "content": { "application/json": { "schema": {
-                        "type": "object", "properties": { "source": { "type": "string" }, "position": { "type": ["integer", "null"] } } } } } },
+                    "200": { "description": "The position, null when none is recorded.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/TrackingPosition" } } } },
                     "400": error_response("Missing or unknown parameters.")
                 }), auth_errors())
             } },
             "/v1/admin/check": { "get": {
                 "summary": "Check the live log up to the current head without stopping the server: every record's CRC and sequence, and the index against the log (scope admin).",
                 "responses": merge(json!({
-                    "200": { "description": "The result; ok is false with the first problem found.", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["ok"], "properties": {
-                            "ok": { "type": "boolean" }, "head": { "type": "integer" }, "events": { "type": "integer" },
-                            "problem": { "type": ["string", "null"] }, "seconds": { "type": "number" } } } } } }
+                    "200": { "description": "The result; ok is false with the first problem found.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Check" } } } }
                 }), auth_errors())
             } },
             "/v1/admin/stats": { "get": {
                 "summary": "The store's statistics (scope metrics; admin implies it): head, class, counters, fsync latency, index, disk, backup, replica and database state, in the shape annals stats --store prints, with the server's readiness, subscribers and connections. annals stats --url prints it.",
                 "responses": merge(json!({
-                    "200": { "description": "The statistics; fields a backend does not have are null.", "content": { "application/json": { "schema": stats_schema() } } }
+                    "200": { "description": "The statistics; fields a backend does not have are null.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ServerStats" } } } }
                 }), auth_errors())
             } },
             "/v1/admin/erase": { "post": {
@@ -246,13 +176,7 @@ fn document() -> String {
                     "type": "object", "required": ["tag"], "additionalProperties": false,
                     "properties": { "tag": { "type": "string", "description": "The subject's tag, beginning with one of the server's subject tag prefixes (--subject-tags)." } } } } } },
                 "responses": merge(json!({
-                    "200": { "description": "Erased (or erased before: already is true).", "content": { "application/json": { "schema": {
-                        "type": "object", "required": ["tag", "events", "receipt", "already", "erasedAtUs"], "properties": {
-                            "tag": { "type": "string" }, "events": { "type": "integer", "description": "Events carrying the tag, now unreadable." },
-                            "receipt": { "type": "integer", "description": "The position of the erasure's receipt." },
-                            "already": { "type": "boolean" }, "erasedAtUs": { "type": "integer" },
-                            "inBackup": { "type": ["boolean", "null"], "description": "With a backup: whether its copy of the keys no longer holds the subject's key (false: object storage did not answer within 10 s; it is replaced once it does). Null: no backup." },
-                            "readModelsRebuilt": { "type": "array", "items": { "type": "string" }, "description": "The hosted read models that had folded the subject's events: each is built again as it meets the receipt." } } } } } },
+                    "200": { "description": "Erased (or erased before: already is true).", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Erased" } } } },
                     "400": error_response("A malformed body, or a tag that names no data subject (not_a_subject)."),
                     "409": error_response("The server keeps no data subjects (no_subjects).")
                 }), auth_errors())
@@ -260,8 +184,7 @@ fn document() -> String {
             "/v1/readmodels": { "get": {
                 "summary": "Every read model the server keeps (declared under [[read_models]] in the configuration file) with its position, checkpoint, lag and counters (scope read).",
                 "responses": merge(json!({
-                    "200": { "description": "The read models.", "content": { "application/json": { "schema": {
-                        "type": "object", "properties": { "readModels": { "type": "array", "items": { "$ref": "#/components/schemas/ReadModel" } } } } } } }
+                    "200": { "description": "The read models.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ReadModels" } } } }
                 }), auth_errors())
             } },
             "/v1/readmodels/{name}": { "get": {
@@ -283,7 +206,7 @@ fn document() -> String {
                 "summary": "Discard a read model's checkpoint and state and fold again from the first event, in the background (scope admin).",
                 "parameters": [ { "name": "name", "in": "path", "required": true, "schema": { "type": "string" } } ],
                 "responses": merge(json!({
-                    "202": { "description": "The rebuild is under way; GET /v1/readmodels/{name} shows its progress." },
+                    "202": { "description": "The rebuild is under way; GET /v1/readmodels/{name} shows its progress.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Rebuilding" } } } },
                     "404": error_response("No read model of that name.")
                 }), auth_errors())
             } },
@@ -295,16 +218,16 @@ fn document() -> String {
                 "summary": "Liveness: the process serves (readiness is /ready); open without a key.",
                 "security": [],
                 "responses": {
-                    "200": { "description": "Serving; the body tells the store's, its backup's and its replication's states.", "content": { "application/json": { "schema": health } } },
-                    "503": { "description": "The store is poisoned by a failed write or fsync; it acknowledges nothing until reopened (restarted)." }
+                    "200": { "description": "Serving; the body tells the store's, its backup's and its replication's states.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Health" } } } },
+                    "503": { "description": "The store is poisoned by a failed write or fsync; it acknowledges nothing until reopened (restarted): status poisoned.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Health" } } } }
                 }
             } },
             "/ready": { "get": {
                 "summary": "Readiness: whether the server can now keep what it promises; open without a key.",
                 "security": [],
                 "responses": {
-                    "200": { "description": "Ready: {\"status\":\"ok\"}.", "content": { "application/json": { "schema": ready } } },
-                    "503": { "description": "Not ready: {\"status\":\"unavailable\",\"reasons\":[...]}.", "content": { "application/json": { "schema": ready } } }
+                    "200": { "description": "Ready: {\"status\":\"ok\"}.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Ready" } } } },
+                    "503": { "description": "Not ready: {\"status\":\"unavailable\",\"reasons\":[...]}.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Ready" } } } }
                 }
             } },
             "/metrics": { "get": {
@@ -314,7 +237,7 @@ fn document() -> String {
         }
     });
     let mut doc = doc;
-    doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), request_schemas());
+    doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), schemas());
     let (paths, schemas) = exchange();
     doc["paths"] = merge(doc["paths"].take(), paths);
     doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), schemas);
@@ -393,52 +316,12 @@ fn exchange() -> (Value, Value) {
 }
 
 fn exchange_operations() -> (Value, Value) {
-    let schemas = json!({
-                "ExecutionReport": {
-                    "type": "object", "required": ["type"],
-                    "description": "One thing a command did. type accepted or rejected (orderId, reason), fill (orderId, account, price, qty, leaves, role maker|taker), cancelled (orderId, qty, leaves, reason requested|self_trade|unfilled), amended (orderId, price, qty), trade (symbol, price, qty, maker, taker, takerSide, time).",
-                    "properties": {
-                        "type": { "enum": ["accepted", "rejected", "fill", "cancelled", "amended", "trade"] },
-                        "orderId": { "type": "integer" },
-                        "reason": { "type": "string", "description": "For rejected: unknown_symbol, invalid_price, invalid_quantity, duplicate_order_id, duplicate_client_order_id, would_take, not_fillable, unknown_order, already_filled, already_cancelled, not_owner." },
-                        "account": { "type": "integer" }, "price": { "type": "integer" }, "qty": { "type": "integer" },
-                        "leaves": { "type": "integer" }, "role": { "enum": ["maker", "taker"] },
-                        "symbol": { "type": "integer" }, "maker": { "type": "integer" }, "taker": { "type": "integer" },
-                        "takerSide": { "enum": ["buy", "sell"] }, "time": { "type": "integer" }
-                    }
-                },
-                "CommandResult": {
-                    "type": "object", "required": ["position", "time", "reports"],
-                    "description": "Sent once the command is durable in the exchange's mode (for d3 modes: after the fdatasync that covers it). A cancel-all names no order: it answers cancelled instead of orderId and status.",
-                    "properties": {
-                        "orderId": { "type": "integer", "description": "The order named; for a place, the id the exchange gave it." },
-                        "cancelled": { "type": "integer", "description": "Cancel-all only: the orders it cancelled." },
-                        "status": { "enum": ["live", "filled", "cancelled", "rejected"], "description": "Where the named order stands after the command." },
-                        "reason": { "type": "string", "description": "Why it was rejected." },
-                        "leaves": { "type": "integer", "description": "Quantity still open, when live." },
-                        "position": { "type": "integer", "description": "The journal position through which the command is durable (0 in d0)." },
-                        "time": { "type": "integer", "description": "The time the exchange gave the command, nanoseconds since the Unix epoch." },
-                        "reports": { "type": "array", "items": { "$ref": "#/components/schemas/ExecutionReport" } }
-                    }
-                },
-                "Book": {
-                    "type": "object", "required": ["symbol", "bids", "asks"],
-                    "properties": {
-                        "symbol": { "type": "integer" },
-                        "bids": { "type": "array", "items": { "$ref": "#/components/schemas/Level" }, "description": "Best (highest) first." },
-                        "asks": { "type": "array", "items": { "$ref": "#/components/schemas/Level" }, "description": "Best (lowest) first." }
-                    }
-                },
-                "Level": {
-                    "type": "object", "required": ["price", "qty", "orders"],
-                    "properties": { "price": { "type": "integer" }, "qty": { "type": "integer" }, "orders": { "type": "integer" } }
-                }
-    });
+    let schemas = json!({});
     let paths = json!({
             "/v1/exchange": { "get": {
                 "summary": "The hosted exchange: its mode and durability class, what starting it found (snapshot, commands replayed), and its counters (scope read).",
                 "responses": merge(json!({
-                    "200": { "description": "The exchange's status.", "content": { "application/json": {} } },
+                    "200": { "description": "The exchange's status.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ExchangeStatus" } } } },
                     "404": error_response("The server hosts no exchange (start it with --exchange MODE).")
                 }), auth_errors())
             } },
@@ -457,7 +340,7 @@ fn exchange_operations() -> (Value, Value) {
                 "summary": "Where an order stands: live (account, symbol, side, price, leaves), filled or cancelled (scope read).",
                 "parameters": [ { "name": "id", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 0 } } ],
                 "responses": merge(json!({
-                    "200": { "description": "The order's state.", "content": { "application/json": {} } },
+                    "200": { "description": "The order's state.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/OrderState" } } } },
                     "404": error_response("No order with this id was ever accepted, or no exchange.")
                 }), auth_errors())
             } },
@@ -505,14 +388,14 @@ fn exchange_operations() -> (Value, Value) {
             "/v1/exchange/symbols": { "get": {
                 "summary": "Every symbol: its id, tick, lot and best bid and offer (scope read).",
                 "responses": merge(json!({
-                    "200": { "description": "The symbols.", "content": { "application/json": {} } }
+                    "200": { "description": "The symbols.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Symbols" } } } }
                 }), auth_errors())
             } },
             "/v1/admin/exchange/symbols": { "post": {
                 "summary": "Add a symbol with its tick and lot sizes (scope admin); journaled, answered with its id once durable.",
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AddSymbol" } } } },
                 "responses": merge(json!({
-                    "201": { "description": "Added.", "content": { "application/json": {} } },
+                    "201": { "description": "Added.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SymbolAdded" } } } },
                     "400": error_response("Malformed body, or a zero tick or lot.")
                 }), auth_errors())
             } },
@@ -535,7 +418,7 @@ fn exchange_operations() -> (Value, Value) {
                     { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000, "default": 50 } }
                 ],
                 "responses": merge(json!({
-                    "200": { "description": "The trades, each with its journal position.", "content": { "application/json": {} } },
+                    "200": { "description": "The trades, each with its journal position.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Trades" } } } },
                     "400": error_response("Bad limit or symbol."),
                     "409": error_response("The exchange runs in d0 and journals no trades.")
                 }), auth_errors())
@@ -557,33 +440,6 @@ fn exchange_operations() -> (Value, Value) {
             } }
     });
     (paths, schemas)
-}
-
-/// The schema of `GET /v1/admin/stats`'s answer (`stats.rs`): the fields tools read, and
-/// more the store may add.
-fn stats_schema() -> Value {
-    let integer = json!({ "type": "integer" });
-    let text_or_null = json!({ "type": ["string", "null"] });
-    let object_or_null = json!({ "type": ["object", "null"] });
-    json!({
-        "type": "object",
-        "required": ["head", "backend", "durability", "ready", "unready_reasons"],
-        "properties": {
-            "head": integer, "backend": { "type": "string" },
-            "durability": { "type": "string", "description": "The server's class: d0 to d4, or replica." },
-            "appends": integer, "events_appended": integer, "conditions_failed": integer,
-            "fsyncs": integer, "fsync_us_mean": { "type": "number" }, "queue_depth": integer,
-            "index_bytes": integer, "segments": integer,
-            "poisoned": text_or_null, "disk_full": text_or_null,
-            "disk_free_bytes": { "type": ["integer", "null"] },
-            "backup": object_or_null, "replica": object_or_null,
-            "database": object_or_null, "scrub": object_or_null,
-            "open_ms": { "type": "number" }, "index_source": { "type": "string" },
-            "ready": { "type": "boolean" },
-            "unready_reasons": { "type": "array", "items": { "type": "string" }, "description": "As GET /ready gives them." },
-            "subscribers": integer, "connections": integer
-        }
-    })
 }
 
 #[cfg(test)]

@@ -106,7 +106,8 @@ pub struct HostedModels {
 }
 
 /// What a client reads of one model.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[schemars(rename = "ReadModel")]
 #[serde(rename_all = "camelCase")]
 pub struct ModelView {
     #[serde(flatten)]

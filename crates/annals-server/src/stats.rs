@@ -2,17 +2,17 @@
 //! a running server and `annals stats --store` prints them for a closed store. `annals stats
 //! --url` prints the server's answer; nothing reads them back out of the Prometheus text.
 
+use crate::answers::StoreStats;
 use annals::{IndexSource, Store};
-use serde_json::Value;
 
-/// The store's statistics (`annals::Stats`, serialized) with how its opening had its index.
-pub fn store_json(store: &Store) -> Value {
+/// The store's statistics with how its opening had its index.
+pub fn store_stats(store: &Store) -> StoreStats {
     let report = store.open_report();
-    // Stats holds numbers, text and maps keyed by text: it always serializes.
-    let mut value = serde_json::to_value(store.stats()).expect("stats serialize to JSON");
-    value["open_ms"] = report.open_ms.into();
-    value["index_source"] = index_source(&report.index).into();
-    value
+    StoreStats {
+        stats: store.stats(),
+        open_ms: report.open_ms,
+        index_source: index_source(&report.index),
+    }
 }
 
 /// How the opened store's index was had, in words.

@@ -8,7 +8,7 @@ use http::StatusCode;
 use serde::Deserialize;
 
 use crate::auth::Scopes;
-use crate::http::{append_error, json_response, read_body, Guard};
+use crate::http::{answer_response, append_error, read_body, Guard};
 use crate::metrics::Op;
 use crate::wire::ApiError;
 use crate::AppState;
@@ -20,18 +20,6 @@ pub(crate) fn routes(
     // Counted with the appends: an erasure appends its receipt.
     let admin = Guard::new(state, Scopes::ADMIN, Some(Op::Append));
     router.route("/v1/admin/erase", admin.on(axum::routing::post(erase)))
-}
-
-/// What an erasure did, as `POST /v1/admin/erase` and `annals erase --json` answer it.
-pub fn erasure_json(e: &annals::Erasure) -> serde_json::Value {
-    serde_json::json!({
-        "tag": e.tag,
-        "events": e.events,
-        "receipt": e.receipt,
-        "already": e.already,
-        "erasedAtUs": e.erased_at_us,
-        "inBackup": e.in_backup,
-    })
 }
 
 #[derive(Deserialize)]
@@ -72,9 +60,11 @@ async fn erase_inner(state: &Arc<AppState>, request: Request) -> Result<Response
     })?;
     match erased {
         Ok((e, rebuilt)) => {
-            let mut body = erasure_json(&e);
-            body["readModelsRebuilt"] = rebuilt.into();
-            Ok(json_response(StatusCode::OK, body.to_string()))
+            let answer = crate::answers::Erased {
+                read_models_rebuilt: Some(rebuilt),
+                ..crate::answers::Erased::from(&e)
+            };
+            Ok(answer_response(StatusCode::OK, &answer))
         }
         Err(e) => Err(append_error(&e)),
     }

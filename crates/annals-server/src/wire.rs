@@ -217,7 +217,11 @@ impl ApiError {
     }
 
     pub fn body(&self) -> String {
-        serde_json::json!({ "error": self.message, "kind": self.kind }).to_string()
+        let answer = crate::answers::Error {
+            error: self.message.clone(),
+            kind: self.kind.to_string(),
+        };
+        serde_json::to_string(&answer).expect("an error serializes")
     }
 }
 

@@ -58,6 +58,7 @@ impl Log2Histogram {
 
 /// A histogram as cumulative counts: `buckets` holds `(upper bound, count of values <= it)`
 /// in increasing order, the form Prometheus expects.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct HistogramSnapshot {
     pub buckets: Vec<(u64, u64)>,

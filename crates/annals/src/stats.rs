@@ -46,6 +46,7 @@ pub struct MirrorKind {
 }
 
 /// A snapshot of the store's state and counters.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Stats {
     pub head: u64,
@@ -125,6 +126,7 @@ pub struct Stats {
 }
 
 /// How far a read replica has followed its backup (see `Store::open_replica`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ReplicaStats {
     pub url: String,
@@ -217,6 +219,7 @@ impl Stats {
 }
 
 /// What the background scrub found (see `Options::scrub`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ScrubStats {
     /// Passes over every sealed segment finished.
@@ -231,6 +234,7 @@ pub struct ScrubStats {
 }
 
 /// Where the continuous backup stands (see `Options::backup`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BackupStats {
     pub url: String,
@@ -257,6 +261,7 @@ pub struct BackupStats {
 }
 
 /// What [`Store::check`] found.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LiveCheck {
     /// The head the check ran up to.
@@ -269,6 +274,7 @@ pub struct LiveCheck {
 }
 
 /// Counters of the PostgreSQL backend.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct DatabaseStats {
     /// Group commits (one statement, one database commit each).

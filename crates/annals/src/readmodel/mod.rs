@@ -246,6 +246,7 @@ impl Default for RunnerOptions {
 }
 
 /// What a runner keeps up to date.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunnerKind {
@@ -256,6 +257,7 @@ pub enum RunnerKind {
 }
 
 /// A runner's progress, for status commands and metrics.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadModelStatus {
