@@ -255,6 +255,24 @@ fn trading_over_http() {
         "{metrics}"
     );
     assert!(metrics.contains("op=\"exchange_order\""));
+    // Per symbol: the trades the journal holds for symbol 0, and their quantity; symbol 1's
+    // series are there from its start.
+    let volume: u64 = trades["trades"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["qty"].as_u64().unwrap())
+        .sum();
+    for needed in [
+        format!(
+            "annals_exchange_symbol_trades_total{{symbol=\"0\"}} {}",
+            prices.len()
+        ),
+        format!("annals_exchange_symbol_volume_total{{symbol=\"0\"}} {volume}"),
+        "annals_exchange_symbol_trades_total{symbol=\"1\"}".to_string(),
+    ] {
+        assert!(metrics.contains(&needed), "missing {needed} in\n{metrics}");
+    }
 }
 
 /// Goal: bad input gets a clear error and changes nothing: malformed JSON, unknown fields,

@@ -663,8 +663,9 @@ fn metrics_in_prometheus_format() {
     assert!(r.header("content-type").unwrap().starts_with("text/plain"));
     let text = r.text();
     for needed in [
-        "annals_requests_total{api=\"http\",op=\"append\"} 5",
-        "annals_requests_total{api=\"http\",op=\"read\"} 1",
+        "annals_requests_total{api=\"http\",op=\"append\",outcome=\"ok\"} 5",
+        "annals_requests_total{api=\"http\",op=\"append\",outcome=\"condition_failed\"} 0",
+        "annals_requests_total{api=\"http\",op=\"read\",outcome=\"ok\"} 1",
         "annals_events_appended_total 5",
         "annals_events_read_total 5",
         "annals_head_position 5",

@@ -124,6 +124,38 @@ pub struct ServiceStats {
     /// Snapshots that could not be saved (a full disk, say); the next one due tries again.
     /// They never stop matching or journaling.
     pub snapshot_failures: AtomicU64,
+    /// Trades and the quantity traded, by symbol (its place here), since the start.
+    pub symbols: parking_lot::RwLock<Vec<SymbolStats>>,
+}
+
+/// One symbol's counters.
+#[derive(Debug, Default)]
+pub struct SymbolStats {
+    pub trades: AtomicU64,
+    pub volume: AtomicU64,
+}
+
+impl ServiceStats {
+    /// Counters for every symbol up to `symbols`, so that each is there from its start.
+    fn add_symbols(&self, symbols: usize) {
+        let mut all = self.symbols.write();
+        if all.len() < symbols {
+            all.resize_with(symbols, SymbolStats::default);
+        }
+    }
+
+    /// Counts `trades` printed by one command.
+    fn count_trades<'a>(&self, trades: impl Iterator<Item = &'a TradeRecord>) {
+        let mut symbols = self.symbols.upgradable_read();
+        for trade in trades {
+            let at = trade.symbol as usize;
+            if at >= symbols.len() {
+                symbols.with_upgraded(|all| all.resize_with(at + 1, SymbolStats::default));
+            }
+            symbols[at].trades.fetch_add(1, Ordering::Relaxed);
+            symbols[at].volume.fetch_add(trade.qty, Ordering::Relaxed);
+        }
+    }
 }
 
 type Reply<T> = Box<dyn FnOnce(Result<T, ExchangeError>) + Send>;
@@ -206,6 +238,7 @@ impl Exchange {
         start.millis = began.elapsed().as_secs_f64() * 1e3;
         let (requests, inbox) = std::sync::mpsc::sync_channel(options.queue_depth.max(1));
         let stats = Arc::new(ServiceStats::default());
+        stats.add_symbols(sequencer.engine().symbols());
         let mut matcher = Matcher {
             last_bbo: (0..sequencer.engine().symbols())
                 .map(|s| sequencer.engine().bbo(s as SymbolId))
@@ -436,6 +469,7 @@ impl Matcher {
             Request::AddSymbol { spec, reply } => match self.sequencer.add_symbol(spec) {
                 Ok(symbol) => {
                     self.last_bbo.push(Bbo::default());
+                    self.stats.add_symbols(self.last_bbo.len());
                     self.pending.push(Box::new(move |released: Released| {
                         reply(released.map(|_| symbol))
                     }));
@@ -501,6 +535,14 @@ impl Matcher {
         let trades = (self.outputs.len() - trades_before) as u64;
         if trades > 0 {
             self.stats.trades.fetch_add(trades, Ordering::Relaxed);
+            self.stats.count_trades(
+                self.outputs[trades_before..]
+                    .iter()
+                    .filter_map(|o| match o {
+                        Output::Trade(t) => Some(t),
+                        _ => None,
+                    }),
+            );
         }
         if all_symbols {
             for symbol in 0..self.last_bbo.len() {

@@ -74,10 +74,8 @@ impl Op {
 
 #[derive(Default)]
 struct OpMetrics {
-    requests: AtomicU64,
-    client_errors: AtomicU64,
-    server_errors: AtomicU64,
-    conflicts: AtomicU64,
+    /// Requests by how they ended, in [`OUTCOMES`]' order.
+    outcomes: [AtomicU64; OUTCOMES.len()],
     duration_us: Log2Histogram,
 }
 
@@ -95,9 +93,28 @@ pub struct Metrics {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Ok,
+    /// An append whose condition failed: answered (200), with nothing appended.
     Conflict,
     ClientError,
     ServerError,
+}
+
+const OUTCOMES: [Outcome; 4] = [
+    Outcome::Ok,
+    Outcome::Conflict,
+    Outcome::ClientError,
+    Outcome::ServerError,
+];
+
+impl Outcome {
+    fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Conflict => "condition_failed",
+            Outcome::ClientError => "client_error",
+            Outcome::ServerError => "server_error",
+        }
+    }
 }
 
 impl Metrics {
@@ -106,20 +123,12 @@ impl Metrics {
     }
 
     pub fn record(&self, api: Api, op: Op, outcome: Outcome, took: Duration) {
+        debug_assert!(
+            outcome != Outcome::Conflict || op == Op::Append,
+            "only appends have a condition to fail"
+        );
         let m = self.op(api, op);
-        m.requests.fetch_add(1, Ordering::Relaxed);
-        match outcome {
-            Outcome::Ok => {}
-            Outcome::Conflict => {
-                m.conflicts.fetch_add(1, Ordering::Relaxed);
-            }
-            Outcome::ClientError => {
-                m.client_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            Outcome::ServerError => {
-                m.server_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        m.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
         m.duration_us.record(took.as_micros() as u64);
     }
 
@@ -158,10 +167,7 @@ impl Metrics {
                 ops.push(OpCounts {
                     api: api.name(),
                     op: op.name(),
-                    requests: m.requests.load(Ordering::Relaxed),
-                    client_errors: m.client_errors.load(Ordering::Relaxed),
-                    server_errors: m.server_errors.load(Ordering::Relaxed),
-                    conflicts: m.conflicts.load(Ordering::Relaxed),
+                    outcomes: m.outcomes.each_ref().map(|n| n.load(Ordering::Relaxed)),
                     duration_us: m.duration_us.snapshot(),
                 });
             }
@@ -181,10 +187,7 @@ impl Metrics {
 pub struct OpCounts {
     api: &'static str,
     op: &'static str,
-    requests: u64,
-    client_errors: u64,
-    server_errors: u64,
-    conflicts: u64,
+    outcomes: [u64; OUTCOMES.len()],
     duration_us: HistogramSnapshot,
 }
 
@@ -223,6 +226,8 @@ pub struct ExchangeCounts {
     pub snapshot_position: u64,
     pub snapshot_failures: u64,
     pub snapshot_failing: bool,
+    /// Trades and quantity traded, by symbol id.
+    pub symbols: Vec<(u64, u64)>,
 }
 
 impl ExchangeCounts {
@@ -236,6 +241,17 @@ impl ExchangeCounts {
             snapshot_position: s.snapshot_position.load(Ordering::Relaxed),
             snapshot_failures: s.snapshot_failures.load(Ordering::Relaxed),
             snapshot_failing: s.snapshot_error.lock().is_some(),
+            symbols: s
+                .symbols
+                .read()
+                .iter()
+                .map(|c| {
+                    (
+                        c.trades.load(Ordering::Relaxed),
+                        c.volume.load(Ordering::Relaxed),
+                    )
+                })
+                .collect(),
         }
     }
 }
@@ -407,31 +423,24 @@ impl Out<'_> {
     }
 
     fn server(&mut self, s: &ServerCounts) -> std::fmt::Result {
-        let labelled = |field: fn(&OpCounts) -> u64| {
-            s.ops
+        // Every outcome of every operation, from the start, so that a rate over a series that
+        // first moves late counts from 0; only appends have a condition to fail.
+        let by_outcome = s.ops.iter().flat_map(|o| {
+            OUTCOMES
                 .iter()
-                .map(move |o| ([("api", o.api), ("op", o.op)], field(o)))
-        };
+                .filter(move |&&outcome| outcome != Outcome::Conflict || o.op == "append")
+                .map(move |&outcome| {
+                    let labels = [("api", o.api), ("op", o.op), ("outcome", outcome.name())];
+                    (labels, o.outcomes[outcome as usize])
+                })
+        });
         self.counters(
             "annals_requests",
-            "Requests by API and operation.",
-            labelled(|o| o.requests),
-        )?;
-        self.counters(
-            "annals_request_client_errors",
-            "Requests refused for bad input or missing authorization (4xx, gRPC client codes).",
-            labelled(|o| o.client_errors),
-        )?;
-        self.counters(
-            "annals_request_server_errors",
-            "Requests that failed in the server or the store (5xx, gRPC server codes).",
-            labelled(|o| o.server_errors),
-        )?;
-        // Only appends have a condition to fail.
-        self.counters(
-            "annals_append_conditions_failed_requests",
-            "Append requests whose condition failed.",
-            labelled(|o| o.conflicts).filter(|(labels, _)| labels[1].1 == "append"),
+            "Requests by API, operation and outcome: ok, condition_failed (an append answered \
+             with its condition failed), client_error (bad input or authorization: 4xx, gRPC \
+             client codes), server_error (the server or the store failed: 5xx, gRPC server \
+             codes).",
+            by_outcome,
         )?;
         self.histograms(
             "annals_request_duration_seconds",
@@ -869,6 +878,17 @@ impl Out<'_> {
             "annals_exchange_snapshot_failing",
             "1 while the last snapshot could not be saved.",
             u64::from(x.snapshot_failing),
+        )?;
+        let symbol = |i: usize| [("symbol", i.to_string())];
+        self.counters(
+            "annals_exchange_symbol_trades",
+            "Trades printed since the server started, by symbol.",
+            x.symbols.iter().enumerate().map(|(i, c)| (symbol(i), c.0)),
+        )?;
+        self.counters(
+            "annals_exchange_symbol_volume",
+            "Quantity traded since the server started, by symbol.",
+            x.symbols.iter().enumerate().map(|(i, c)| (symbol(i), c.1)),
         )
     }
 
@@ -1085,7 +1105,8 @@ mod tests {
         let text = exposition();
         let failed: Vec<&str> = text
             .lines()
-            .filter(|l| l.starts_with("annals_append_conditions_failed_requests_total{"))
+            .filter(|l| l.starts_with("annals_requests_total{"))
+            .filter(|l| l.contains("outcome=\"condition_failed\""))
             .collect();
         assert_eq!(failed.len(), 2, "{failed:?}");
         assert!(
