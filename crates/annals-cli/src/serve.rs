@@ -197,7 +197,10 @@ pub enum ConfigCommand {
 pub fn config(command: ConfigCommand) -> Result<(), Failure> {
     let ConfigCommand::Show(args) = command;
     let checked = resolve(&args, |w| eprintln!("warning: {w}")).and_then(|config| {
-        config.keys()?;
+        let keys = config.keys()?;
+        if let Some(refusal) = config.refusal(&keys) {
+            return Err(refusal);
+        }
         config.subjects()?;
         Ok(config)
     });

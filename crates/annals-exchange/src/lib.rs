@@ -21,6 +21,8 @@
 
 pub mod codec;
 mod engine;
+#[cfg(feature = "hosted")]
+pub mod hosted;
 mod journal;
 pub mod recovery;
 pub mod scenario;

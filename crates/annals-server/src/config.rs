@@ -125,7 +125,7 @@ impl Default for Config {
 }
 
 /// An API key given in the configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyEntry {
     pub key: String,
@@ -133,6 +133,17 @@ pub struct KeyEntry {
     /// Exchange accounts the key may act for and watch; absent: any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accounts: Option<Vec<u64>>,
+}
+
+impl std::fmt::Debug for KeyEntry {
+    /// The key itself is never written, so that a logged configuration does not give it away.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyEntry")
+            .field("key", &"***")
+            .field("scopes", &self.scopes)
+            .field("accounts", &self.accounts)
+            .finish()
+    }
 }
 
 /// A PEM certificate chain and its private key.
@@ -152,7 +163,8 @@ pub struct ExchangeConfig {
     /// nothing.
     #[serde(with = "exchange_mode")]
     pub mode: Option<annals_exchange::Mode>,
-    /// For d2-critical: orders of at least this quantity are journaled before their answer.
+    /// For d2-critical: orders of at least this quantity are journaled before their answer;
+    /// other modes leave it aside.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub critical_qty: Option<u64>,
     /// Symbols the exchange must have (their ids are their places here); more can be added
@@ -214,9 +226,8 @@ impl ExchangeConfig {
     /// Checks the settings, and the mode against the store's durability.
     pub fn check(&self, durability: Durability) -> Result<(), String> {
         let mode = self.mode();
-        if self.critical_qty.is_some() && !matches!(mode, annals_exchange::Mode::Critical { .. }) {
-            return Err("exchange.critical_qty applies only to mode d2-critical".into());
-        }
+        // A critical quantity is the d2-critical mode's; another mode given by a later layer
+        // (`--exchange d3`) leaves it aside.
         if let Some(i) = self.symbols.iter().position(|s| s.tick == 0 || s.lot == 0) {
             return Err(format!(
                 "exchange symbol {i}: tick and lot must be positive"
@@ -399,9 +410,9 @@ impl Layer {
     }
 
     /// The `ANNALS_*` variables among `vars` (normally `std::env::vars()`) that name settings.
-    /// A value that begins with `[` or `{` is read as a TOML value (a list of tables, say);
-    /// any other is a string, read as the setting needs it (a number, `on` or `off`). A
-    /// variable that names no setting is returned, for the caller to warn of.
+    /// A list's value that begins with `[` is read as a TOML list (of tables, say); any other
+    /// value is a string, read as the setting needs it (a number, `on` or `off`); an empty one
+    /// is as if unset. A variable that names no setting is returned, for the caller to warn of.
     pub fn env(
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(Layer, Vec<String>), String> {
@@ -419,9 +430,16 @@ impl Layer {
                 unknown.push(name);
                 continue;
             };
-            if value.trim_start().starts_with(['[', '{']) {
-                let parsed: toml::Table =
-                    toml::from_str(&format!("v = {value}")).map_err(|e| format!("{name}: {e}"))?;
+            // An empty variable is as if it were unset (`ANNALS_API_KEYS=${KEYS}` with KEYS
+            // unset must not replace the file's keys with none).
+            if value.is_empty() {
+                continue;
+            }
+            // A list may be given as a TOML value; its error names no part of the value, which
+            // may hold a key.
+            if known.get(&key) == Some(&"list") && value.trim_start().starts_with('[') {
+                let parsed: toml::Table = toml::from_str(&format!("v = {value}"))
+                    .map_err(|e| format!("{name}: not a TOML list: {}", e.message()))?;
                 layer.set(&key, &parsed["v"])?;
             } else {
                 layer.set(&key, value)?;
@@ -716,8 +734,10 @@ fn allowed_origin(origin: &str) -> Result<String, String> {
     Ok(origin.to_ascii_lowercase())
 }
 
-/// A connection URL with its password, if any, replaced by `***`.
+/// A connection URL with its password, if any, replaced by `***`: in its user information
+/// or as a `password` parameter of its query.
 pub fn redact_password(url: &str) -> String {
+    let url = &redact_password_parameter(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -734,6 +754,21 @@ pub fn redact_password(url: &str) -> String {
     }
 }
 
+/// `url` with the value of a `password=` query parameter replaced by `***`.
+fn redact_password_parameter(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let parameters: Vec<String> = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+            _ => p.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", parameters.join("&"))
+}
+
 /// A comma-separated list, trimmed, empty items dropped.
 pub fn split_list(value: &str) -> Vec<String> {
     value
@@ -746,43 +781,30 @@ pub fn split_list(value: &str) -> Vec<String> {
 
 /// A list of strings, or one comma-separated string.
 fn list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Either {
-        One(String),
-        Many(Vec<String>),
-    }
-    match Either::deserialize(d).map_err(|_| {
-        serde::de::Error::custom("expected a list of strings, or one comma-separated string")
-    })? {
-        Either::One(text) => Ok(split_list(&text)),
-        Either::Many(items) => Ok(items),
+    use serde::de::Error;
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(text) => Ok(split_list(&text)),
+        other => Vec::<String>::deserialize(other).map_err(|e| {
+            D::Error::custom(format!(
+                "{e}: expected a list of strings, or one comma-separated string"
+            ))
+        }),
     }
 }
 
 /// API keys: a list of tables, or one string `key=scope,scope;key2=scope`.
 fn keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<KeyEntry>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Either {
-        Inline(String),
-        Entries(Vec<KeyEntry>),
-    }
-    let either = Either::deserialize(d).map_err(|_| {
-        serde::de::Error::custom(
-            "expected a list of { key, scopes, accounts } tables, or one string \
-             key=scope,scope;key2=scope",
-        )
-    })?;
-    let text = match either {
-        Either::Entries(entries) => return Ok(entries),
-        Either::Inline(text) => text,
+    use serde::de::Error;
+    let text = match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(text) => text,
+        // The tables' own errors (an unknown field, a scope that is not a string) come through.
+        other => return Vec::<KeyEntry>::deserialize(other).map_err(D::Error::custom),
     };
     let mut entries = Vec::new();
     for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-        let (key, scopes) = part.split_once('=').ok_or_else(|| {
-            serde::de::Error::custom("API keys are written key=scope,scope;key2=scope")
-        })?;
+        let (key, scopes) = part
+            .split_once('=')
+            .ok_or_else(|| D::Error::custom("API keys are written key=scope,scope;key2=scope"))?;
         entries.push(KeyEntry {
             key: key.trim().to_string(),
             scopes: split_list(scopes),
@@ -1053,12 +1075,52 @@ symbols = [{ tick = 1, lot = 1 }]
             .keys()
             .unwrap_err();
         assert!(err.contains("16 characters"), "{err}");
+        let err = refused(vec![env(&[(
+            "ANNALS_API_KEYS",
+            r#"[{ key = "key-0123456789abcdef", scope = ["read"] }]"#,
+        )])]);
+        assert!(err.contains("unknown field `scope`"), "{err}");
+        let malformed = r#"[{ key = "secret-key-0123456789""#;
+        let err = Layer::env([("ANNALS_API_KEYS".to_string(), malformed.to_string())]).unwrap_err();
+        assert!(
+            !err.contains("secret-key"),
+            "a malformed value is not echoed: {err}"
+        );
         let off = Config::load([env(&[
             ("ANNALS_GRPC_LISTEN", "OFF"),
             ("ANNALS_EXCHANGE", "off"),
         ])])
         .unwrap();
         assert_eq!((off.grpc_listen, off.exchange.is_none()), (None, true));
+    }
+
+    /// Goal: an empty variable is as if unset (it does not replace the file's keys with none),
+    /// an IPv6 address is an address and not a TOML list, and a file's critical quantity does
+    /// not stop a later layer from choosing another exchange mode.
+    #[test]
+    fn empty_variables_ipv6_and_modes_are_read_as_meant() {
+        let (_dir, from_file) = file(
+            "api_keys = [{ key = \"file-key-0123456789\", scopes = [\"read\"] }]\n\
+             [exchange]\nmode = \"d2-critical\"\ncritical_qty = 7\n",
+        );
+        let config = Config::load([
+            from_file,
+            env(&[
+                ("ANNALS_API_KEYS", ""),
+                ("ANNALS_HTTP_LISTEN", "[::1]:7400"),
+                ("ANNALS_GRPC_LISTEN", "[::]:50051"),
+                ("ANNALS_EXCHANGE", "d3"),
+            ]),
+        ])
+        .unwrap();
+        assert_eq!(config.keys().unwrap().len(), 1, "the file's key is kept");
+        assert_eq!(config.http_listen, "[::1]:7400".parse().unwrap());
+        assert!(config.exposed(), "[::] is beyond loopback");
+        assert_eq!(
+            config.exchange.unwrap().mode(),
+            annals_exchange::Mode::Pipelined
+        );
+        assert!(!format!("{:?}", config.api_keys).contains("file-key"));
     }
 
     /// Goal: what `annals config show` prints hides passwords in URLs and API keys, and is a
@@ -1070,6 +1132,9 @@ symbols = [{ tick = 1, lot = 1 }]
             .set("store", "postgres://annals:secret@db/annals")
             .unwrap();
         flags.set("backup", "s3://key:secret2@host/bucket").unwrap();
+        flags
+            .set("replica_of", "s3://bucket/x?region=eu&password=secret3")
+            .unwrap();
         flags.set("exchange.mode", "d3-per-order").unwrap();
         let config = Config::load([
             env(&[("ANNALS_API_KEYS", "key-0123456789abcdef=read,append")]),
@@ -1077,6 +1142,7 @@ symbols = [{ tick = 1, lot = 1 }]
         ])
         .unwrap();
         let text = toml::to_string(&config.redacted()).unwrap();
+        assert!(text.contains("region=eu&password=***"), "{text}");
         for secret in ["secret", "key-0123456789abcdef"] {
             assert!(!text.contains(secret), "{text}");
         }

@@ -108,24 +108,14 @@ impl Guard {
         &self,
         route: axum::routing::MethodRouter<Arc<AppState>>,
     ) -> axum::routing::MethodRouter<Arc<AppState>> {
-        route.route_layer(axum::middleware::from_fn_with_state(self.clone(), guard))
+        route.route_layer(self.clone())
     }
-}
 
-async fn guard(
-    State(guard): State<Guard>,
-    mut request: Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let started = Instant::now();
-    let response = match grant(&guard.state, request.headers(), guard.scope) {
-        Ok(grant) => {
-            request.extensions_mut().insert(grant);
-            next.run(request).await
-        }
-        Err(refused) => refused.into_response(),
-    };
-    if let Some(op) = guard.op {
+    /// Counts a request that ended with `response`, begun at `started`.
+    fn count(&self, response: &Response, started: Instant) {
+        let Some(op) = self.op else {
+            return;
+        };
         // A handler marks an answer whose status does not tell (a failed condition is a 200).
         let outcome = match response.extensions().get::<Outcome>() {
             Some(outcome) => *outcome,
@@ -133,12 +123,70 @@ async fn guard(
             None if response.status().is_client_error() => Outcome::ClientError,
             None => Outcome::Ok,
         };
-        guard
-            .state
+        self.state
             .metrics
             .record(Api::Http, op, outcome, started.elapsed());
     }
-    response
+}
+
+// The guard is a tower layer of its own rather than `axum::middleware::from_fn`, whose `Next`
+// boxes and clones the route's service on every request (docs/DECISIONS.md, R41).
+impl<S> tower::Layer<S> for Guard {
+    type Service = Guarded<S>;
+
+    fn layer(&self, inner: S) -> Guarded<S> {
+        Guarded {
+            guard: self.clone(),
+            inner,
+        }
+    }
+}
+
+/// A route's service behind its [`Guard`].
+#[derive(Clone)]
+pub(crate) struct Guarded<S> {
+    guard: Guard,
+    inner: S,
+}
+
+impl<S> tower::Service<Request> for Guarded<S>
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        let started = Instant::now();
+        let guard = self.guard.clone();
+        match grant(&guard.state, request.headers(), guard.scope) {
+            Ok(grant) => {
+                request.extensions_mut().insert(grant);
+                let answered = self.inner.call(request);
+                Box::pin(async move {
+                    let response = answered.await?;
+                    guard.count(&response, started);
+                    Ok(response)
+                })
+            }
+            Err(refused) => {
+                let response = refused.into_response();
+                guard.count(&response, started);
+                Box::pin(std::future::ready(Ok(response)))
+            }
+        }
+    }
 }
 
 /// What every request passes through on its way in and out: a browser page of another

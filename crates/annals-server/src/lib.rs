@@ -15,7 +15,6 @@ mod console;
 mod exchange;
 mod grpc;
 mod guard;
-mod hosted_exchange;
 mod http;
 mod kinds;
 pub mod metrics;
@@ -54,7 +53,7 @@ pub struct Server {
     pub grpc_addr: Option<SocketAddr>,
     pub store: Arc<Store>,
     read_models: Arc<HostedModels>,
-    exchange: Option<Arc<hosted_exchange::Hosted>>,
+    exchange: Option<Arc<annals_exchange::hosted::Hosted>>,
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     drain_timeout: Duration,
@@ -163,7 +162,7 @@ impl Server {
                 .map_err(StartError::Hosted)?
         };
         let exchange = match &config.exchange {
-            Some(exchange) => match hosted_exchange::Hosted::start(exchange, store.clone()).await {
+            Some(exchange) => match exchange::start(exchange, store.clone()).await {
                 Ok(hosted) => Some(Arc::new(hosted)),
                 Err(e) => {
                     // The read models let go of the store, so that the caller can close it.

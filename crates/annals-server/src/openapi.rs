@@ -60,15 +60,11 @@ fn schemas() -> Value {
         generator.subschema_for::<annals::Query>(),
         generator.subschema_for::<annals::ReadOptions>(),
         generator.subschema_for::<annals::AppendCondition>(),
-        generator.subschema_for::<crate::exchange::PlaceBody>(),
-        generator.subschema_for::<crate::exchange::CancelBody>(),
-        generator.subschema_for::<crate::exchange::AmendBody>(),
-        generator.subschema_for::<crate::exchange::CancelAllBody>(),
-        generator.subschema_for::<crate::exchange::SymbolBody>(),
     ] {
         debug_assert!(schema.get("$ref").is_some(), "{schema:?} is a named schema");
     }
     crate::answers::register(&mut generator);
+    annals_exchange::hosted::register_schemas(&mut generator);
     let mut schemas = Value::Object(generator.take_definitions(true));
     schemas["Name"] = annals::schema::name(&mut generator).to_value();
     schemas
@@ -119,7 +115,7 @@ fn document() -> String {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendRequest" } } } },
                 "responses": merge(json!({
                     "200": { "description": "Appended (durable in D3), or the condition failed.",
-                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Appended" } } } },
+                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendResponse" } } } },
                     "400": error_response("Malformed JSON, unknown fields, wrong types, data that is not base64 although its dataEncoding says so (the message names the event's index), or a limit broken (events, tags, sizes)."),
                     "408": error_response("The body did not arrive within the body timeout."),
                     "409": error_response("A tracking position not above the one recorded for its source, or d4 asked of a server without a backup (off_machine_unavailable), or an event naming an erased data subject (subject_erased)."),

@@ -10,7 +10,7 @@ use annals::admission::Refusal;
 use annals::{AppendCondition, AppendError, AppendOptions, InputError, NewEvent, Store};
 use tokio::sync::watch;
 
-use crate::{budget, hosted_exchange, wire, Config, HostedModels, Metrics};
+use crate::{budget, wire, Config, HostedModels, Metrics};
 
 /// What the request handlers share.
 pub(crate) struct AppState {
@@ -21,7 +21,7 @@ pub(crate) struct AppState {
     pub metrics: Arc<Metrics>,
     pub read_models: Arc<HostedModels>,
     /// The exchange, when the server hosts one.
-    pub exchange: Option<Arc<hosted_exchange::Hosted>>,
+    pub exchange: Option<Arc<annals_exchange::hosted::Hosted>>,
     /// Turns true when the server starts shutting down; ends subscriptions.
     pub shutdown: watch::Receiver<bool>,
     /// The server's budget of bytes held by streamed answers.
