@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use annals::decide::{DecideError, Retry};
+use annals::snapshot::SnapshotPolicy;
 use annals::{Durability, Store};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
@@ -57,6 +58,19 @@ pub struct DecideArgs {
     /// 0 keeps none: every decision reads the course's whole history.
     #[arg(long, default_value_t = 0)]
     state_cache: usize,
+    /// Courses snapshotted by the store (`annals::snapshot`), saved after this many events
+    /// folded since the last snapshot; 0: no snapshots (with --state-cache or without).
+    #[arg(long, default_value_t = 0)]
+    snapshot_every: u64,
+}
+
+impl DecideArgs {
+    fn snapshots(&self) -> Option<SnapshotPolicy> {
+        (self.snapshot_every > 0).then_some(SnapshotPolicy {
+            every: self.snapshot_every,
+            slower_than: None,
+        })
+    }
 }
 
 /// The course-subscription decision, exactly as the example and its tests have it.
@@ -80,6 +94,7 @@ struct RunOutcome {
     /// CPU time of the whole process during the run, in microseconds.
     cpu_us: u64,
     seconds: f64,
+    snapshots: annals::snapshot::SnapshotCounts,
 }
 
 fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, String> {
@@ -133,6 +148,7 @@ fn one_run(args: &DecideArgs, durability: Durability) -> Result<RunOutcome, Stri
         fsync_us,
         cpu_us,
         seconds,
+        snapshots: store.snapshots().counts(),
     })
 }
 
@@ -200,6 +216,7 @@ fn run_threads(
                 course_ids.clone(),
             );
             let students = args.students;
+            let snapshots = args.snapshots();
             std::thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(c as u64);
                 let mut local = Histogram::<u64>::new(3).expect("histogram");
@@ -212,9 +229,14 @@ fn run_threads(
                     let course = &course_ids[rng.gen_range(0..course_ids.len())];
                     let student = rng.gen_range(0..students).to_string();
                     let started = Instant::now();
-                    let outcome = course_subscriptions::subscribe_cached(
-                        &store, &cache, course, &student, RETRY,
-                    );
+                    let outcome = match snapshots {
+                        Some(policy) => course_subscriptions::subscribe_snapshotted(
+                            &store, course, &student, policy, RETRY,
+                        ),
+                        None => course_subscriptions::subscribe_cached(
+                            &store, &cache, course, &student, RETRY,
+                        ),
+                    };
                     local
                         .record(started.elapsed().as_micros().max(1) as u64)
                         .ok();
@@ -264,6 +286,7 @@ fn run_tasks(
                     course_ids.clone(),
                 );
                 let students = args.students;
+                let snapshots = args.snapshots();
                 tokio::spawn(async move {
                     let mut rng = StdRng::seed_from_u64(c as u64);
                     let mut local = Histogram::<u64>::new(3).expect("histogram");
@@ -271,15 +294,30 @@ fn run_tasks(
                         let course = &course_ids[rng.gen_range(0..course_ids.len())];
                         let student = rng.gen_range(0..students).to_string();
                         let started = Instant::now();
-                        let outcome = course_subscriptions::subscribe_async(
-                            &store,
-                            &cache,
-                            course,
-                            &student,
-                            RETRY,
-                            tokio::time::sleep,
-                        )
-                        .await;
+                        let outcome = match snapshots {
+                            Some(policy) => {
+                                course_subscriptions::subscribe_snapshotted_async(
+                                    &store,
+                                    course,
+                                    &student,
+                                    policy,
+                                    RETRY,
+                                    tokio::time::sleep,
+                                )
+                                .await
+                            }
+                            None => {
+                                course_subscriptions::subscribe_async(
+                                    &store,
+                                    &cache,
+                                    course,
+                                    &student,
+                                    RETRY,
+                                    tokio::time::sleep,
+                                )
+                                .await
+                            }
+                        };
                         local
                             .record(started.elapsed().as_micros().max(1) as u64)
                             .ok();
@@ -331,6 +369,9 @@ pub fn run(args: DecideArgs) -> Result<Value, String> {
         "courses": args.courses,
         "students": args.students,
         "state_cache": args.state_cache,
+        "snapshot_every": args.snapshot_every,
+        "snapshots_saved": m.snapshots.saved,
+        "snapshot_hits": m.snapshots.hits,
         "durability": durability.label(),
         "decisions_per_sec": m.decisions_per_sec.round(),
         "decisions_per_sec_runs": rates,

@@ -7,6 +7,7 @@ mod bench_backup;
 mod bench_decide;
 mod bench_http;
 mod bench_postgres;
+mod bench_snapshot;
 mod bench_subjects;
 mod bench_umadb;
 mod exchange;
@@ -92,6 +93,12 @@ enum BenchCommand {
     ///
     /// Example: annals-bench subjects --runs 3
     Subjects(bench_subjects::SubjectsArgs),
+    /// Decisions' snapshots: a decision over a million events with a snapshot at most 1,000
+    /// events old, in the library and over HTTP, beside the same without one (decide); a
+    /// million snapshot keys: disk, memory, the time to load one (keys).
+    ///
+    /// Example: annals-bench snapshot --workload decide --events 1000000
+    Snapshot(bench_snapshot::SnapshotArgs),
 }
 
 /// Runs one benchmark and prints its JSON object.
@@ -108,6 +115,7 @@ fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Postgres(args) => bench_postgres::run(args)?,
         BenchCommand::Backup(args) => bench_backup::run(args)?,
         BenchCommand::Subjects(args) => bench_subjects::run(args)?,
+        BenchCommand::Snapshot(args) => bench_snapshot::run(args)?,
     };
     println!("{result}");
     Ok(())

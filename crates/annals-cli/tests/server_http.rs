@@ -565,6 +565,7 @@ fn openapi_describes_every_endpoint() {
             "/v1/admin/erase",
             "/v1/admin/exchange/symbols",
             "/v1/admin/readmodels/{name}/rebuild",
+            "/v1/admin/snapshots",
             "/v1/admin/stats",
             "/v1/append",
             "/v1/exchange",
@@ -583,6 +584,8 @@ fn openapi_describes_every_endpoint() {
             "/v1/read",
             "/v1/readmodels",
             "/v1/readmodels/{name}",
+            "/v1/snapshots",
+            "/v1/snapshots/read",
             "/v1/subscribe",
             "/v1/tracking"
         ]
@@ -614,10 +617,11 @@ fn openapi_describes_every_endpoint() {
                 assert_eq!(Stream::open(server.http, &path, &[]).status, 200, "{path}");
                 continue;
             }
-            let path = if path == "/v1/tracking" {
-                "/v1/tracking?source=s".to_owned()
-            } else {
-                path
+            let path = match path.as_str() {
+                "/v1/tracking" => "/v1/tracking?source=s".to_owned(),
+                "/v1/snapshots/read" => "/v1/snapshots/read?model=m&version=1".to_owned(),
+                "/v1/admin/snapshots" => "/v1/admin/snapshots?model=m".to_owned(),
+                _ => path,
             };
             let body = match path.as_str() {
                 "/v1/exchange/orders" => {
@@ -628,6 +632,9 @@ fn openapi_describes_every_endpoint() {
                 "/v1/exchange/accounts/1/cancel-all" => "{}".into(),
                 "/v1/admin/exchange/symbols" => r#"{"tick":1,"lot":1}"#.into(),
                 "/v1/admin/erase" => r#"{"tag":"customer:1"}"#.into(),
+                "/v1/snapshots" => {
+                    r#"{"model":"m","version":1,"query":{},"position":0,"state":{}}"#.into()
+                }
                 _ => append_body(&[("E", &[], "")], None),
             };
             let r = request(

@@ -233,6 +233,130 @@ pub enum ReadyStatus {
     Unavailable,
 }
 
+/// What a snapshot's save did.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotSaved {
+    /// False when a snapshot further on was kept instead (keptPosition).
+    pub saved: bool,
+    /// The snapshot's key: of the model's name, its version and the query's canonical form.
+    pub key: String,
+    pub position: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_position: Option<u64>,
+}
+
+/// Whether a read found a snapshot to start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotOutcome {
+    /// A snapshot that fits the log: fold the events after it into its state.
+    Hit,
+    /// None: fold the events from the start.
+    Miss,
+    /// None of this version; other versions of the model have one (versions).
+    Stale,
+    /// One is kept but does not fit the log (reason): fold from the start.
+    Unfit,
+}
+
+/// The snapshot a read with a snapshot starts with.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotFound {
+    pub outcome: SnapshotOutcome,
+    pub key: String,
+    /// A hit's: the last position its state folded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// A hit's: when it was saved, in microseconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saved_at_us: Option<u64>,
+    /// A hit's state, when it was saved as JSON.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<serde_json::Value>,
+    /// A hit's state, when it was saved as bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_base64: Option<String>,
+    /// Stale: the model's versions that have a snapshot of the query.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub versions: Option<Vec<u32>>,
+    /// Unfit: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A read with a snapshot: the snapshot, the head, and the events of the query after the
+/// snapshot through the head (as NDJSON: the first line without the events, then one event
+/// per line).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotRead {
+    pub snapshot: SnapshotFound,
+    /// Append under the query after this head.
+    pub head: u64,
+    pub events: Vec<SequencedEvent>,
+}
+
+/// A snapshot kept.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotEntry {
+    pub key: String,
+    pub model: String,
+    pub version: u32,
+    pub position: u64,
+    pub saved_at_us: u64,
+    pub age_seconds: f64,
+    /// Its size as kept (the state and its envelope).
+    pub bytes: u64,
+}
+
+impl SnapshotEntry {
+    pub fn new(info: annals::snapshot::SnapshotInfo, now_us: u64) -> SnapshotEntry {
+        SnapshotEntry {
+            key: info.key.to_hex(),
+            age_seconds: now_us.saturating_sub(info.saved_at_us) as f64 / 1e6,
+            model: info.name,
+            version: info.version,
+            position: info.position,
+            saved_at_us: info.saved_at_us,
+            bytes: info.bytes,
+        }
+    }
+}
+
+/// The snapshots of one version of a model.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotModel {
+    pub model: String,
+    pub version: u32,
+    pub count: u64,
+    pub bytes: u64,
+    pub newest_position: u64,
+    pub oldest_age_seconds: f64,
+}
+
+/// The snapshots kept: how many in all, those a listing matched (by model and version, each
+/// at most once per key; `snapshots` holds the first ones up to the limit).
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotList {
+    pub count: u64,
+    pub bytes: u64,
+    /// What the shelf takes where it lives (its file, or its table).
+    pub stored_bytes: u64,
+    pub matching: u64,
+    pub models: Vec<SnapshotModel>,
+    pub snapshots: Vec<SnapshotEntry>,
+}
+
+/// How many snapshots a removal removed.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SnapshotsRemoved {
+    pub removed: u64,
+}
+
 /// Registers every answer's schema with `generator`, under its type's name (the exchange's
 /// are `annals_exchange::hosted`'s).
 pub(crate) fn register(generator: &mut schemars::SchemaGenerator) {
@@ -250,6 +374,10 @@ pub(crate) fn register(generator: &mut schemars::SchemaGenerator) {
         generator.subschema_for::<Erased>(),
         generator.subschema_for::<Health>(),
         generator.subschema_for::<Ready>(),
+        generator.subschema_for::<SnapshotSaved>(),
+        generator.subschema_for::<SnapshotRead>(),
+        generator.subschema_for::<SnapshotList>(),
+        generator.subschema_for::<SnapshotsRemoved>(),
     ] {
         debug_assert!(schema.get("$ref").is_some(), "{schema:?} is a named schema");
     }

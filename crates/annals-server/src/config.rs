@@ -296,6 +296,7 @@ pub struct ServerLimits {
     pub query_items_max: usize,
     pub query_item_values_max: usize,
     pub queue_depth_max: usize,
+    pub snapshot_bytes_max: usize,
 }
 
 impl Default for ServerLimits {
@@ -323,6 +324,7 @@ impl Default for ServerLimits {
             query_items_max: store.query_items_max,
             query_item_values_max: store.query_item_values_max,
             queue_depth_max: store.queue_depth_max,
+            snapshot_bytes_max: store.snapshot_bytes_max,
         }
     }
 }
@@ -340,6 +342,7 @@ impl ServerLimits {
             query_items_max: self.query_items_max,
             query_item_values_max: self.query_item_values_max,
             queue_depth_max: self.queue_depth_max,
+            snapshot_bytes_max: self.snapshot_bytes_max,
         }
     }
 }

@@ -40,8 +40,8 @@ pub(crate) const STREAM_CHUNK_BYTES: usize = 1 << 20;
 /// How often an idle SSE stream sends a comment, so dead clients are noticed.
 pub(crate) const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
 
-const JSON: &str = "application/json";
-const NDJSON: &str = "application/x-ndjson";
+pub(crate) const JSON: &str = "application/json";
+pub(crate) const NDJSON: &str = "application/x-ndjson";
 pub(crate) const SSE: &str = "text/event-stream";
 
 /// The HTTP API's routes added to `routes`, the ones other modules own (the exchange, data
@@ -486,38 +486,9 @@ fn read_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiE
         .map_err(|e| read_error(&e))?;
     let ndjson = accepts(request.headers(), NDJSON);
     let head = iter.head();
-    let mut encoder = ReadEncoder {
-        iter,
-        ndjson,
-        started: false,
-        done: false,
-        state: state.clone(),
-    };
-    let first = encoder.next_chunk().map_err(|e| read_error(&e))?;
-    let body = if encoder.done {
-        Body::from(first)
-    } else {
-        let budget = StreamBudget::of(state, request.extensions().get());
-        let rest = futures_util::stream::unfold(encoder, move |mut encoder| {
-            let budget = budget.clone();
-            async move {
-                if encoder.done {
-                    return None;
-                }
-                // An error after the status is sent can only end the stream early; the client
-                // sees a truncated array. So does a budget that stays full.
-                let mut held = budget.reserve(READ_CHUNK_BYTES).await.ok()?;
-                let chunk = encoder.next_chunk().ok()?;
-                held.fit(chunk.len()).await.ok()?;
-                Some((Ok::<_, Infallible>(held.attach(chunk)), encoder))
-            }
-        });
-        Body::from_stream(futures_util::StreamExt::chain(
-            futures_util::stream::once(async move { Ok::<_, Infallible>(first) }),
-            rest,
-        ))
-    };
-    let mut response = Response::new(body);
+    let mut response = ReadEncoder::new(state, iter, ndjson)
+        .into_response(state, request)
+        .map_err(|e| read_error(&e))?;
     let headers = response.headers_mut();
     headers.insert(
         CONTENT_TYPE,
@@ -527,20 +498,79 @@ fn read_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiE
     Ok(response)
 }
 
-/// Turns a read iterator into chunks of a JSON array or of NDJSON.
-struct ReadEncoder {
+/// Turns a read iterator into chunks of a JSON array or of NDJSON, between a prefix and a
+/// suffix of its caller's (none for a plain read).
+pub(crate) struct ReadEncoder {
     iter: ReadIter,
     ndjson: bool,
     started: bool,
     done: bool,
     state: Arc<AppState>,
+    prefix: Vec<u8>,
+    suffix: &'static [u8],
 }
 
 impl ReadEncoder {
+    pub(crate) fn new(state: &Arc<AppState>, iter: ReadIter, ndjson: bool) -> ReadEncoder {
+        ReadEncoder {
+            iter,
+            ndjson,
+            started: false,
+            done: false,
+            state: state.clone(),
+            prefix: Vec::new(),
+            suffix: b"",
+        }
+    }
+
+    /// The events written after `prefix` and followed by `suffix`.
+    pub(crate) fn framed(mut self, prefix: Vec<u8>, suffix: &'static [u8]) -> ReadEncoder {
+        self.prefix = prefix;
+        self.suffix = suffix;
+        self
+    }
+
+    /// The answer: its first chunk written now (so that a failed read is an error status),
+    /// the rest streamed within the request's budget of held bytes.
+    pub(crate) fn into_response(
+        mut self,
+        state: &Arc<AppState>,
+        request: &Request,
+    ) -> Result<Response, ReadError> {
+        let first = self.next_chunk()?;
+        let body = if self.done {
+            Body::from(first)
+        } else {
+            let budget = StreamBudget::of(state, request.extensions().get());
+            let rest = futures_util::stream::unfold(self, move |mut encoder| {
+                let budget = budget.clone();
+                async move {
+                    if encoder.done {
+                        return None;
+                    }
+                    // An error after the status is sent can only end the stream early; the
+                    // client sees a truncated array. So does a budget that stays full.
+                    let mut held = budget.reserve(READ_CHUNK_BYTES).await.ok()?;
+                    let chunk = encoder.next_chunk().ok()?;
+                    held.fit(chunk.len()).await.ok()?;
+                    Some((Ok::<_, Infallible>(held.attach(chunk)), encoder))
+                }
+            });
+            Body::from_stream(futures_util::StreamExt::chain(
+                futures_util::stream::once(async move { Ok::<_, Infallible>(first) }),
+                rest,
+            ))
+        };
+        Ok(Response::new(body))
+    }
+
     fn next_chunk(&mut self) -> Result<Bytes, ReadError> {
         let mut out = Vec::with_capacity(4096);
-        if !self.started && !self.ndjson {
-            out.push(b'[');
+        if !self.started {
+            out.append(&mut self.prefix);
+            if !self.ndjson {
+                out.push(b'[');
+            }
         }
         let mut events = 0;
         while out.len() < READ_CHUNK_BYTES {
@@ -564,6 +594,7 @@ impl ReadEncoder {
                     if !self.ndjson {
                         out.push(b']');
                     }
+                    out.extend_from_slice(self.suffix);
                     break;
                 }
             }
@@ -1123,7 +1154,14 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_exposition(State(state): State<Arc<AppState>>) -> Response {
+    // The shelf's count may be a database's answer: off the runtime's threads.
+    let store = state.store.clone();
+    let shelf = tokio::task::spawn_blocking(move || store.snapshots().stats().ok())
+        .await
+        .ok()
+        .flatten();
     let scrape = crate::metrics::Scrape {
+        snapshots: (shelf, state.store.snapshots().counts()),
         server: state.metrics.counts(),
         stats: state.store.stats(),
         stream_bytes: (

@@ -25,6 +25,7 @@ pub mod readmodels;
 mod serve;
 #[cfg(test)]
 mod snapshot;
+mod snapshots;
 mod start;
 mod state;
 pub mod stats;
@@ -200,7 +201,10 @@ impl Server {
         // `http`'s helpers, so `http` names none of them.
         let mut routes = openapi::routes(
             &state,
-            subjects::routes(&state, exchange::routes(&state, axum::Router::new())),
+            snapshots::routes(
+                &state,
+                subjects::routes(&state, exchange::routes(&state, axum::Router::new())),
+            ),
         );
         if state.config.console {
             routes = console::routes(routes);

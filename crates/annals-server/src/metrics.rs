@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use annals::snapshot::{SnapshotCounts, SnapshotStats};
 use annals::{HistogramSnapshot, Log2Histogram, Stats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -34,10 +35,12 @@ pub enum Op {
     Order,
     /// Exchange queries and streams: an order, depth, trades, symbols, market data, reports.
     Market,
+    /// Decisions' snapshots: saves, reads with a snapshot, listings and removals.
+    Snapshot,
 }
 
 const APIS: [Api; 2] = [Api::Http, Api::Grpc];
-const OPS: [Op; 8] = [
+const OPS: [Op; 9] = [
     Op::Append,
     Op::Read,
     Op::Head,
@@ -46,6 +49,7 @@ const OPS: [Op; 8] = [
     Op::ReadModel,
     Op::Order,
     Op::Market,
+    Op::Snapshot,
 ];
 
 impl Api {
@@ -68,6 +72,7 @@ impl Op {
             Op::ReadModel => "readmodel",
             Op::Order => "exchange_order",
             Op::Market => "exchange_market",
+            Op::Snapshot => "snapshot",
         }
     }
 }
@@ -268,6 +273,9 @@ pub struct Scrape {
     pub exchange: Option<ExchangeCounts>,
     /// The process's own series (None where `/proc` cannot be read).
     pub process: Option<crate::process::ProcessStats>,
+    /// Decisions' snapshots: how many are kept (None when the shelf could not say) and what
+    /// their loads and saves did.
+    pub snapshots: (Option<SnapshotStats>, SnapshotCounts),
 }
 
 impl Scrape {
@@ -300,6 +308,7 @@ impl Collector for Scrape {
             self.stream_bytes.1,
         )?;
         out.read_models(&self.read_models)?;
+        out.snapshots(&self.snapshots)?;
         if let Some(exchange) = &self.exchange {
             out.exchange(exchange)?;
         }
@@ -771,6 +780,52 @@ impl Out<'_> {
     }
 
     /// The read models' series, labelled by name.
+    fn snapshots(
+        &mut self,
+        (stats, counts): &(Option<SnapshotStats>, SnapshotCounts),
+    ) -> std::fmt::Result {
+        if let Some(stats) = stats {
+            self.gauge(
+                "annals_snapshots",
+                "Decisions' snapshots kept (one per model, version and query).",
+                stats.count,
+            )?;
+            self.gauge(
+                "annals_snapshot_bytes",
+                "Their bytes (states and envelopes).",
+                stats.bytes,
+            )?;
+        }
+        self.counters(
+            "annals_snapshot_loads",
+            "Loads of a snapshot by what they found: hit, miss, stale (only other versions \
+             of the model) or unfit (does not fit the log).",
+            [
+                ("hit", counts.hits),
+                ("miss", counts.misses),
+                ("stale", counts.stale),
+                ("unfit", counts.unfit),
+            ]
+            .map(|(outcome, n)| ([("outcome", outcome)], n)),
+        )?;
+        self.counters(
+            "annals_snapshot_saves",
+            "Saves of a snapshot by outcome: saved, behind (one further on was kept) or \
+             refused (it folded a data subject erased since).",
+            [
+                ("saved", counts.saved),
+                ("behind", counts.behind),
+                ("refused", counts.refused),
+            ]
+            .map(|(outcome, n)| ([("outcome", outcome)], n)),
+        )?;
+        self.counter(
+            "annals_snapshots_purged",
+            "Snapshots removed because they folded a data subject erased since.",
+            counts.purged,
+        )
+    }
+
     fn read_models(&mut self, models: &[ModelCounts]) -> std::fmt::Result {
         type Field = fn(&ModelCounts) -> u64;
         let gauges: [(&str, &str, Field); 4] = [
@@ -1030,6 +1085,10 @@ mod tests {
             read_models: vec![model],
             exchange: Some(ExchangeCounts::of(&annals_exchange::ServiceStats::default())),
             process: None,
+            snapshots: (
+                Some(store.snapshots().stats().unwrap()),
+                store.snapshots().counts(),
+            ),
         }
         .exposition();
         store.close().unwrap();

@@ -60,6 +60,7 @@ fn schemas() -> Value {
         generator.subschema_for::<annals::Query>(),
         generator.subschema_for::<annals::ReadOptions>(),
         generator.subschema_for::<annals::AppendCondition>(),
+        generator.subschema_for::<crate::snapshots::SaveBody>(),
     ] {
         debug_assert!(schema.get("$ref").is_some(), "{schema:?} is a named schema");
     }
@@ -177,6 +178,60 @@ fn document() -> String {
                     "409": error_response("The server keeps no data subjects (no_subjects).")
                 }), auth_errors())
             } },
+            "/v1/snapshots": { "post": {
+                "summary": "Save a decision's snapshot (scope append): a model's state folded from the events of a query through a position, kept under the key of the model's name, version and the query's canonical form, one per key; a save behind the one kept is not kept (saved false).",
+                "description": "The state is opaque to the server: JSON (state) or bytes (stateBase64), at most limits.snapshot_bytes_max bytes. The server notes the data subjects whose events the query holds through the position, and forgets the snapshot when one of them is erased.",
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SnapshotSave" } } } },
+                "responses": merge(json!({
+                    "200": { "description": "Saved, or a snapshot further on was kept.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SnapshotSaved" } } } },
+                    "400": error_response("Malformed JSON, unknown fields, neither or both of state and stateBase64, an empty model name, or a query beyond the limits."),
+                    "409": error_response("The state folded events of a data subject erased since its position (subject_erased): fold again and save that."),
+                    "413": error_response("The body or the state exceeds the configured limit (snapshot_too_large)."),
+                    "422": error_response("The position is beyond the head (snapshot_beyond_head).")
+                }), auth_errors())
+            } },
+            "/v1/snapshots/read": { "get": {
+                "summary": "Read with a snapshot (scope read): the snapshot of a model, version and query when one fits the log, then the events of the query after it, then the head. Fold the events into the snapshot's state (or the initial state on a miss) and append under the query after the head.",
+                "description": "outcome says whether the snapshot was a hit, a miss, stale (only other versions of the model have one: versions) or unfit (one is kept that does not fit the log: reason); the header annals-snapshot says the same. NDJSON when Accept includes application/x-ndjson: the first line is the snapshot and the head, then one event per line.",
+                "parameters": [
+                    { "name": "model", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "version", "in": "query", "required": true, "schema": { "type": "integer", "minimum": 0 } },
+                    query_param
+                ],
+                "responses": merge(json!({
+                    "200": { "description": "The snapshot, the head and the events after the snapshot.",
+                             "headers": { "annals-head": { "schema": { "type": "integer" } },
+                                          "annals-snapshot": { "schema": { "type": "string", "enum": ["hit", "miss", "stale", "unfit"] } } },
+                             "content": {
+                                 "application/json": { "schema": { "$ref": "#/components/schemas/SnapshotRead" } },
+                                 "application/x-ndjson": { "schema": { "type": "object" } } } },
+                    "400": error_response("A missing model or version, or a malformed or oversize query."),
+                    "414": error_response("The query string exceeds the configured limit.")
+                }), auth_errors())
+            } },
+            "/v1/admin/snapshots": {
+                "get": {
+                    "summary": "The snapshots kept (scope admin): how many and their bytes, per model and version, and the first of them (limit, 1000 by default), optionally of one model and version.",
+                    "parameters": [
+                        { "name": "model", "in": "query", "required": false, "schema": { "type": "string" } },
+                        { "name": "version", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 } },
+                        { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 } }
+                    ],
+                    "responses": merge(json!({
+                        "200": { "description": "The snapshots.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SnapshotList" } } } }
+                    }), auth_errors())
+                },
+                "delete": {
+                    "summary": "Remove the snapshots of a model, or of one version of it (scope admin).",
+                    "parameters": [
+                        { "name": "model", "in": "query", "required": true, "schema": { "type": "string" } },
+                        { "name": "version", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 } }
+                    ],
+                    "responses": merge(json!({
+                        "200": { "description": "How many were removed.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SnapshotsRemoved" } } } }
+                    }), auth_errors())
+                }
+            },
             "/v1/readmodels": { "get": {
                 "summary": "Every read model the server keeps (declared under [[read_models]] in the configuration file) with its position, checkpoint, lag and counters (scope read).",
                 "responses": merge(json!({

@@ -245,7 +245,7 @@ fn constant(path: &str, name: &str) -> u32 {
 #[test]
 fn format_versions_match_the_data_directory_document() {
     let doc = std::fs::read_to_string(root().join("docs/internals/data-directory.md")).unwrap();
-    let table: [(&str, &str, &[&str]); 9] = [
+    let table: [(&str, &str, &[&str]); 10] = [
         (
             "crates/annals/src/segment.rs",
             "SEGMENT_VERSION",
@@ -298,9 +298,17 @@ fn format_versions_match_the_data_directory_document() {
             ],
         ),
         (
-            "crates/annals/src/state.rs",
+            "crates/annals/src/saved.rs",
             "VERSION",
             &["magic \"ANNALSST\", format version u32 ("],
+        ),
+        (
+            "crates/annals/src/shelf/files.rs",
+            "FORMAT",
+            &[
+                "decisions' snapshots  (version ",
+                "magic \"ANNALSSH\", format version u32 (",
+            ],
         ),
         (
             "crates/annals/src/postgres/sql.rs",

@@ -34,12 +34,12 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{AppendError, ReadError};
 use crate::event::{Event, NewEvent};
 use crate::query::{AppendCondition, Query, QueryItem, ReadOptions};
-use crate::state::StateKey;
+use crate::state::{StateKey, Subjects};
 use crate::store::Store;
 
 /// Something that folds the events of a query into a state: one [`Projection`], or a tuple of
@@ -64,17 +64,19 @@ pub trait Project {
         false
     }
 
-    /// Where a decision starts: returns the state to fold into and pushes, for each part of
-    /// the projection (itself, or each member of a tuple in order), its query and the position
-    /// through which that state already holds the query's events. By default the initial state,
-    /// holding nothing; a [`Cached`] projection starts from the state its cache kept. The
+    /// Where a decision on `store` starts: returns the state to fold into and pushes, for each
+    /// part of the projection (itself, or each member of a tuple in order), its query and the
+    /// position through which that state already holds the query's events. By default the
+    /// initial state, holding nothing; a [`Cached`] projection starts from the state its cache
+    /// kept, a [`Snapshotted`](crate::snapshot::Snapshotted) one from the store's snapshot. The
     /// query is lent when the projection lends it ([`Project::query_ref`]), else copied.
-    fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> Self::State {
+    fn start<'a>(&'a self, store: &Store, parts: &mut Vec<Part<'a>>) -> Self::State {
+        let _ = store;
         let query = match self.query_ref() {
             Some(query) => Cow::Borrowed(query),
             None => Cow::Owned(self.query()),
         };
-        parts.push(Part { query, folded: 0 });
+        parts.push(Part::new(query, 0));
         self.initial()
     }
 
@@ -91,8 +93,14 @@ pub trait Project {
         }
     }
 
-    /// Told the state a decision built: every matching event through `head` folded in.
-    fn built(&self, _state: &Self::State, _head: u64) {}
+    /// Told the state a decision built: every matching event through `built.head` folded in.
+    fn built(&self, _state: &Self::State, _built: &Built<'_>) {}
+
+    /// Whether [`Project::built`] needs the data subjects the state folded
+    /// ([`Built::subjects`]); the decision then notes them as it reads.
+    fn needs_subjects(&self) -> bool {
+        false
+    }
 }
 
 /// One part of a decision (see [`Project::start`]): a query, and the position through which the
@@ -101,6 +109,35 @@ pub trait Project {
 pub struct Part<'a> {
     pub query: Cow<'a, Query>,
     pub folded: u64,
+    /// The data subjects whose events the state it starts from folded (a snapshot's).
+    pub subjects: Vec<String>,
+}
+
+impl<'a> Part<'a> {
+    /// `query`, whose events the state holds through `folded`.
+    pub fn new(query: Cow<'a, Query>, folded: u64) -> Part<'a> {
+        Part {
+            query,
+            folded,
+            subjects: Vec::new(),
+        }
+    }
+}
+
+/// What a decision's read built, told to [`Project::built`].
+pub struct Built<'d> {
+    /// The store decided on.
+    pub store: &'d Store,
+    /// The head the read saw: every matching event through it is folded in.
+    pub head: u64,
+    /// Events the read folded (for a part of a tuple, the whole decision's).
+    pub events_read: u64,
+    /// How long the read and the fold took, the start's loading included.
+    pub elapsed: Duration,
+    /// The data subjects whose events the state folded (the states it started from, and the
+    /// events read), when the projection asked for them ([`Project::needs_subjects`]); for a
+    /// part of a tuple, the whole decision's.
+    pub subjects: &'d Subjects,
 }
 
 /// A query, an initial state and a fold.
@@ -302,20 +339,17 @@ where
         self.inner.only_last()
     }
 
-    fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> P::State {
+    fn start<'a>(&'a self, _store: &Store, parts: &mut Vec<Part<'a>>) -> P::State {
         let (folded, state) = match self.cache.get_key(&self.key) {
             Some(kept) => kept,
             None => (0, self.inner.initial()),
         };
-        parts.push(Part {
-            query: Cow::Borrowed(self.lent_query()),
-            folded,
-        });
+        parts.push(Part::new(Cow::Borrowed(self.lent_query()), folded));
         state
     }
 
-    fn built(&self, state: &P::State, head: u64) {
-        self.cache.put(&self.key, head, state);
+    fn built(&self, state: &P::State, built: &Built<'_>) {
+        self.cache.put(&self.key, built.head, state);
     }
 }
 
@@ -397,8 +431,8 @@ macro_rules! tuple_project {
                 $(self.$index.apply(&mut state.$index, event);)+
             }
 
-            fn start<'a>(&'a self, parts: &mut Vec<Part<'a>>) -> Self::State {
-                ($(self.$index.start(parts),)+)
+            fn start<'a>(&'a self, store: &Store, parts: &mut Vec<Part<'a>>) -> Self::State {
+                ($(self.$index.start(store, parts),)+)
             }
 
             fn parts(&self) -> usize {
@@ -415,8 +449,12 @@ macro_rules! tuple_project {
                 )+
             }
 
-            fn built(&self, state: &Self::State, head: u64) {
-                $(self.$index.built(&state.$index, head);)+
+            fn built(&self, state: &Self::State, built: &Built<'_>) {
+                $(self.$index.built(&state.$index, built);)+
+            }
+
+            fn needs_subjects(&self) -> bool {
+                false $(|| self.$index.needs_subjects())+
             }
         }
     };
@@ -486,8 +524,16 @@ impl Store {
     /// Builds the state of `projection` (one read over its query) and the condition that
     /// protects it.
     pub fn decide<P: Project>(&self, projection: &P) -> Result<Decision<P::State>, ReadError> {
+        let started = Instant::now();
         let mut parts = Vec::with_capacity(projection.parts());
-        let mut state = projection.start(&mut parts);
+        let mut state = projection.start(self, &mut parts);
+        let mut subjects = Subjects::default();
+        if projection.needs_subjects() {
+            subjects = Subjects::of(self);
+            for part in &mut parts {
+                subjects.extend(std::mem::take(&mut part.subjects));
+            }
+        }
         let (query, afters) = union_of_parts(&mut parts);
         let options = if projection.only_last() {
             ReadOptions::backwards().limit(1)
@@ -498,10 +544,19 @@ impl Store {
         let head = iter.head();
         let mut events_read = 0;
         for event in iter.by_ref() {
-            projection.apply_part(&mut state, &event?, &parts);
+            let event = event?;
+            subjects.see(&event);
+            projection.apply_part(&mut state, &event, &parts);
             events_read += 1;
         }
-        projection.built(&state, head);
+        let built = Built {
+            store: self,
+            head,
+            events_read,
+            elapsed: started.elapsed(),
+            subjects: &subjects,
+        };
+        projection.built(&state, &built);
         Ok(Decision {
             state,
             condition: AppendCondition::new(query, Some(head)),

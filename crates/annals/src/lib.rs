@@ -66,15 +66,18 @@ mod recovery;
 mod replica;
 mod request;
 mod route;
+mod saved;
 #[cfg(feature = "schema")]
 pub mod schema;
 mod scrub;
 mod seal;
 mod segment;
 mod shared;
+mod shelf;
 #[cfg(feature = "object-store")]
 mod ship;
 pub mod sim;
+pub mod snapshot;
 pub mod state;
 mod stats;
 mod store;

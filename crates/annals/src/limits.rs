@@ -24,6 +24,8 @@ pub struct Limits {
     pub query_item_values_max: usize,
     /// Appends waiting for the writer; a full queue applies backpressure.
     pub queue_depth_max: usize,
+    /// Bytes of one snapshot's state ([`crate::snapshot`]).
+    pub snapshot_bytes_max: usize,
 }
 
 impl Default for Limits {
@@ -38,6 +40,7 @@ impl Default for Limits {
             query_items_max: 10_000,
             query_item_values_max: 64,
             queue_depth_max: 4096,
+            snapshot_bytes_max: 16 << 20,
         }
     }
 }

@@ -157,6 +157,8 @@ pub(crate) struct Parts {
     /// Stopped in order at close, after the log.
     pub(crate) services: Services,
     pub(crate) companions: Arc<dyn Companions>,
+    /// Where decisions' snapshots are kept.
+    pub(crate) shelf: Box<dyn crate::shelf::Shelf>,
     pub(crate) copy: CopyDir,
     pub(crate) report: OpenReport,
 }

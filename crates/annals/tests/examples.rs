@@ -533,6 +533,56 @@ mod courses {
         );
     }
 
+    /// Goal: the subscribe command that starts the course from the store's snapshot decides as
+    /// the plain one does, blocking and async: a snapshot saved every two events, changes made
+    /// without it read on top, the course never overfilled, the snapshot's state the course's.
+    #[test]
+    fn the_snapshotted_command_decides_alike() {
+        use super::course_subscriptions::{
+            snapshotted_course, subscribe_snapshotted, subscribe_snapshotted_async,
+        };
+        use annals::snapshot::{Lookup, SnapshotPolicy};
+        let store = given(&[defined("c1", 4)]);
+        let policy = SnapshotPolicy {
+            every: 2,
+            slower_than: None,
+        };
+        let retry = annals::decide::Retry::default();
+        subscribe_snapshotted(&store, "c1", "ada", policy, retry).unwrap();
+        subscribe_snapshotted(&store, "c1", "bob", policy, retry).unwrap();
+        unsubscribe(&store, "c1", "ada").unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            for student in ["cy", "dan", "eve"] {
+                subscribe_snapshotted_async(
+                    &store,
+                    "c1",
+                    student,
+                    policy,
+                    retry,
+                    tokio::time::sleep,
+                )
+                .await
+                .unwrap();
+            }
+            let full =
+                subscribe_snapshotted_async(&store, "c1", "fay", policy, retry, tokio::time::sleep)
+                    .await;
+            assert_eq!(refusal(full), Refusal::CourseFull { capacity: 4 });
+        });
+        let model = snapshotted_course("c1", policy);
+        let Lookup::Hit(saved) = store.snapshots().load(model.id()).unwrap() else {
+            panic!("a snapshot of the course");
+        };
+        assert!(saved.position > 1);
+        let full = store.decide(&course_subscriptions::course("c1")).unwrap();
+        assert_eq!(store.decide(&model).unwrap().state, full.state);
+        assert_eq!(full.state.subscribed, 4);
+    }
+
     /// Goal: students racing for a course's seats never overfill it: exactly as many succeed as
     /// there are seats. Method: more threads than seats subscribe at once.
     #[test]

@@ -1,10 +1,11 @@
 //! An event-sourced aggregate (a bank account) on top of DCB (see README.md next to this file).
 
 use annals::decide::{DecideError, Decided, Projection, Retry};
+use annals::snapshot::{SnapshotPolicy, Snapshotted};
 use annals::{NewEvent, Options, Query, QueryItem, Store};
 
 /// The aggregate's state: whether the account is open, and its balance.
-#[derive(Clone, Default, Debug, PartialEq, Eq)]
+#[derive(Clone, Default, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Account {
     pub opened: bool,
     pub balance: i64,
@@ -29,6 +30,16 @@ fn account(id: &str) -> impl annals::decide::Project<State = Account> {
     )
 }
 
+/// The account as the store snapshots it: an account with years of movements is decided on by
+/// reading its movements since the last snapshot (saved after every 100), in any process.
+fn snapshotted_account(id: &str) -> Snapshotted<impl annals::decide::Project<State = Account>> {
+    let policy = SnapshotPolicy {
+        every: 100,
+        slower_than: None,
+    };
+    Snapshotted::new("account", 1, account(id)).policy(policy)
+}
+
 /// Runs one command on the account: `decide` turns the current state into new events.
 fn handle(
     store: &Store,
@@ -36,7 +47,7 @@ fn handle(
     decide: impl Fn(&Account) -> Result<Vec<(&'static str, i64)>, String>,
 ) -> Result<Decided, DecideError<String>> {
     store.decide_and_append(
-        &account(id),
+        &snapshotted_account(id),
         Retry {
             attempts: 100,
             ..Retry::default()

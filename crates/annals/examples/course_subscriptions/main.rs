@@ -4,6 +4,7 @@
 //! tests/decide.rs races; both include this file.
 
 use annals::decide::{DecideError, Decided, Project, Projection, Retry, StateCache};
+use annals::snapshot::{SnapshotPolicy, Snapshotted};
 use annals::{Event, NewEvent, Query, QueryItem, Store};
 
 /// How many courses one student may be subscribed to at a time.
@@ -63,7 +64,7 @@ fn number(event: &Event) -> u32 {
 }
 
 /// One course as far as subscriptions care.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Course {
     /// `None` until the course is defined.
     pub capacity: Option<u32>,
@@ -158,6 +159,59 @@ pub fn subscribe_cached(
 ) -> Outcome {
     let decision = (courses.cached(course(course_id)), student_courses(student));
     store.decide_and_append(&decision, retry, |state| rule(state, course_id, student))
+}
+
+/// A course whose state the store keeps as a snapshot: a decision reads only the course's
+/// events since the snapshot, in any process and on any server of the store, and saves a new
+/// one by `policy`. Raise the version (1) when the fold changes meaning.
+pub fn snapshotted_course(
+    course_id: &str,
+    policy: SnapshotPolicy,
+) -> Snapshotted<impl Project<State = Course>> {
+    Snapshotted::new("course", 1, course(course_id)).policy(policy)
+}
+
+/// [`subscribe_with`], starting the course from its snapshot (the student's few events are
+/// read whole).
+pub fn subscribe_snapshotted(
+    store: &Store,
+    course_id: &str,
+    student: &str,
+    policy: SnapshotPolicy,
+    retry: Retry,
+) -> Outcome {
+    let decision = (
+        snapshotted_course(course_id, policy),
+        student_courses(student),
+    );
+    store.decide_and_append(&decision, retry, |state| rule(state, course_id, student))
+}
+
+/// [`subscribe_snapshotted`] for async code (see [`subscribe_async`]).
+pub async fn subscribe_snapshotted_async<S, F>(
+    store: &Store,
+    course_id: &str,
+    student: &str,
+    policy: SnapshotPolicy,
+    retry: Retry,
+    sleep: S,
+) -> Outcome
+where
+    S: FnMut(std::time::Duration) -> F,
+    F: std::future::Future<Output = ()>,
+{
+    let decision = (
+        snapshotted_course(course_id, policy),
+        student_courses(student),
+    );
+    store
+        .decide_and_append_async(
+            &decision,
+            retry,
+            |state| rule(state, course_id, student),
+            sleep,
+        )
+        .await
 }
 
 /// The subscription rule, on the two projections' states.

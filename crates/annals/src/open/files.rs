@@ -17,6 +17,7 @@ use crate::parts::{CopyDir, Parts, Services};
 use crate::published::{Mark, Published};
 use crate::route::{Backend, Policy};
 use crate::shared::{CheckpointTrigger, Shared, SpareBodies};
+use crate::shelf::files::FileShelf;
 use crate::stats::OpenReport;
 use crate::store::Store;
 use crate::writer::{FileEngine, FileLog};
@@ -54,7 +55,9 @@ impl OnFiles {
         let log = log(files)?;
         let mut services = Services::default();
         services.push(engine);
+        let shelf = Box::new(FileShelf::new(shared.io.clone(), &shared.dir));
         Ok(Parts {
+            shelf,
             shared,
             log,
             services,

@@ -165,6 +165,9 @@ pub(super) fn open(
         Some(companions),
         copy,
     )?;
+    parts.shelf = Box::new(crate::postgres::snapshots::SnapshotTable::new(
+        crate::postgres::connect::Target::parse(url)?,
+    ));
     parts.report.mirror = Some(MirrorKind {
         kept: kept_mirror.map(Path::to_path_buf),
         resumed_at,

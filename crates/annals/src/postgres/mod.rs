@@ -70,6 +70,7 @@ pub(crate) mod connect;
 mod follow;
 pub(crate) mod keys;
 mod settle;
+pub(crate) mod snapshots;
 mod sql;
 
 use committer::*;

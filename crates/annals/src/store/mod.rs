@@ -25,6 +25,7 @@ use crate::record::{encode_append_tracked, EncodedAppend};
 use crate::request::{Reply, ReplyTo, Request};
 use crate::route::Backend;
 use crate::shared::{store_error, Shared};
+use crate::shelf::Keeper;
 use crate::subscription::Subscription;
 
 pub(crate) mod subjects;
@@ -48,6 +49,8 @@ pub struct Store {
     shipping: Option<Arc<dyn Shipping>>,
     /// Where read models' checkpoints and the exchange's snapshots are kept.
     companions: Arc<dyn Companions>,
+    /// Where decisions' snapshots are kept, with what their loads and saves share.
+    keeper: Arc<Keeper>,
     /// Where a copy of a log that lives elsewhere is kept; taken at close.
     copy: Option<CopyDir>,
     report: OpenReport,
@@ -63,6 +66,7 @@ impl Store {
             log,
             services,
             companions,
+            shelf,
             copy,
             report,
         } = parts;
@@ -78,6 +82,7 @@ impl Store {
             services,
             shipping: None,
             companions,
+            keeper: Arc::new(Keeper::new(shelf)),
             copy: Some(copy),
             report,
             off_machine: false,
@@ -405,6 +410,11 @@ impl Store {
     /// exchange's snapshots): the data directory on files, the database on PostgreSQL.
     pub fn companions(&self) -> Arc<dyn Companions> {
         self.companions.clone()
+    }
+
+    /// The snapshots' shelf and what their loads and saves share.
+    pub(crate) fn keeper(&self) -> &Keeper {
+        &self.keeper
     }
 
     /// The log is durable through this position (a lower bound).

@@ -174,12 +174,30 @@ impl Store {
             erasure.already |= erased.already;
             erasure.erased_at_us = erased.at_us;
             erasure.in_backup = self.erasure_in_backup(keys.image_generation(), true);
+            self.purge_snapshots(&erasure);
             return Ok(erasure);
         }
         let erased = keys.erase(tag, now_us(), self.head())?;
         let mut erasure = self.receipt(tag, erased.at_us, erased.already)?;
         erasure.in_backup = self.erasure_in_backup(keys.position().0, false);
+        self.purge_snapshots(&erasure);
         Ok(erasure)
+    }
+
+    /// Removes the snapshots that folded the erased subject's events. A failure is logged,
+    /// not answered (the erasure holds, and no such snapshot is served): the next use of the
+    /// snapshots purges them from the receipt.
+    fn purge_snapshots(&self, erasure: &Erasure) {
+        let keeper = self.keeper();
+        let erased = std::collections::HashMap::from([(erasure.tag.clone(), erasure.receipt)]);
+        match keeper.shelf.purge(&erased) {
+            Ok(purged) => keeper.counts.purged(purged),
+            Err(e) => {
+                tracing::warn!(error = %e, "the erased subject's snapshots are purged later");
+                let mut through = keeper.purged_through.lock();
+                *through = (*through).min(erasure.receipt.saturating_sub(1));
+            }
+        }
     }
 
     /// Wraps every subject's key under `new` in place of the master key it is under now: the
