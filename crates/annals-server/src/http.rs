@@ -503,7 +503,10 @@ fn read_inner(state: &Arc<AppState>, request: &Request) -> Result<Response, ApiE
 pub(crate) struct ReadEncoder {
     iter: ReadIter,
     ndjson: bool,
+    /// The prefix (and the array's opening) is written.
     started: bool,
+    /// An event is written (the next one follows a comma in an array).
+    wrote_event: bool,
     done: bool,
     state: Arc<AppState>,
     prefix: Vec<u8>,
@@ -516,6 +519,7 @@ impl ReadEncoder {
             iter,
             ndjson,
             started: false,
+            wrote_event: false,
             done: false,
             state: state.clone(),
             prefix: Vec::new(),
@@ -580,12 +584,12 @@ impl ReadEncoder {
                         wire::write_event(&mut out, &event);
                         out.push(b'\n');
                     } else {
-                        if self.started {
+                        if self.wrote_event {
                             out.push(b',');
                         }
                         wire::write_event(&mut out, &event);
                     }
-                    self.started = true;
+                    self.wrote_event = true;
                     events += 1;
                 }
                 Some(Err(e)) => return Err(e),

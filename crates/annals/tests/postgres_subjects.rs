@@ -376,3 +376,109 @@ fn a_copy_into_postgres_takes_the_subjects_keys_along() {
     assert!(matches!(e, AppendError::SubjectErased { .. }), "{e}");
     other.close().unwrap();
 }
+
+/// Goal: decisions' snapshots on PostgreSQL are shared by every server of the database and do
+/// not outlive an erasure: a snapshot one server saved is another's hit; after an erasure on one
+/// server, no server is served a snapshot that folded the subject (the other server too, though
+/// its mirror had not yet taken the receipt in), the table holds none and pg_dump shows none of
+/// the state's bytes, and a save of a state folded before the erasure is refused on either.
+#[test]
+fn snapshots_on_postgres_are_shared_and_do_not_outlive_an_erasure() {
+    use annals::decide::Projection;
+    use annals::snapshot::{Lookup, SnapshotError, SnapshotPolicy, Snapshotted};
+    use annals::{MasterKey, QueryItem, SubjectOptions};
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let options = Options {
+        subjects: Some(SubjectOptions::new(
+            ["customer:"],
+            MasterKey::generate().unwrap(),
+        )),
+        ..small_options()
+    };
+    let a = Store::open_postgres(&cluster.url(), options.clone()).unwrap();
+    let b = Store::open_postgres(&cluster.url(), options.clone()).unwrap();
+    let names = || {
+        Projection::new(
+            Query::item(QueryItem::types(["Named"])),
+            Vec::<String>::new(),
+            |names: &mut Vec<String>, event| {
+                names.push(String::from_utf8_lossy(event.data()).into_owned())
+            },
+        )
+    };
+    let policy = SnapshotPolicy {
+        every: 1,
+        slower_than: None,
+    };
+    let model = Snapshotted::new("names", 1, names()).policy(policy);
+    let named = |customer: u64, name: &str| {
+        NewEvent::new("Named", name.to_string()).tag(format!("customer:{customer}"))
+    };
+    a.append(&[named(1, "SNAPSHOT-MARKER-one")], None).unwrap();
+    a.append(&[named(2, "two")], None).unwrap();
+    assert_eq!(a.decide(&model).unwrap().state.len(), 2);
+    b.refresh().unwrap();
+    let Lookup::Hit(shared) = b.snapshots().load(model.id()).unwrap() else {
+        panic!("a's snapshot is b's");
+    };
+    assert_eq!(shared.position, 2);
+    assert_eq!(shared.subjects, ["customer:1", "customer:2"]);
+    let hex: String = b"SNAPSHOT-MARKER-one"
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    cluster.sql("CHECKPOINT");
+    assert!(
+        cluster.dump().contains(&hex),
+        "the snapshot's state is in the table"
+    );
+
+    // b erases; a's mirror has not necessarily taken the receipt in yet.
+    let erasure = b.erase_subject("customer:1").unwrap();
+    let found = a.snapshots().load(model.id()).unwrap();
+    assert!(
+        matches!(found, Lookup::Miss | Lookup::Unfit(_)),
+        "{found:?}"
+    );
+    assert_eq!(
+        cluster.sql_value("SELECT count(*) FROM annals_snapshots"),
+        "0"
+    );
+    cluster.sql("CHECKPOINT");
+    assert!(
+        !cluster.dump().contains(&hex),
+        "the snapshot's state is gone"
+    );
+    for store in [&a, &b] {
+        let refused = store
+            .snapshots()
+            .save_with_subjects(
+                model.id(),
+                erasure.receipt - 1,
+                vec!["customer:1".into(), "customer:2".into()],
+                b"[\"SNAPSHOT-MARKER-one\"]".to_vec(),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(refused, SnapshotError::SubjectErased { .. }),
+            "{refused}"
+        );
+    }
+    // A decision after the erasure folds the erased event without its data, and saves that.
+    a.refresh().unwrap();
+    let after = a.decide(&model).unwrap();
+    assert_eq!(after.state, ["", "two"]);
+    let Lookup::Hit(saved) = b.snapshots().load(model.id()).unwrap() else {
+        panic!("the snapshot saved after the erasure");
+    };
+    assert!(
+        saved.position >= erasure.receipt,
+        "{} {}",
+        saved.position,
+        erasure.receipt
+    );
+    a.close().unwrap();
+    b.close().unwrap();
+}
