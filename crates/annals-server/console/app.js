@@ -624,6 +624,45 @@ async function readModelsPage() {
   onLeave(() => clearInterval(timer));
 }
 
+// ---- Snapshots ---------------------------------------------------------------------------
+
+function age(seconds) {
+  if (seconds < 120) return Math.round(seconds) + ' s';
+  if (seconds < 7200) return Math.round(seconds / 60) + ' min';
+  if (seconds < 172800) return Math.round(seconds / 3600) + ' h';
+  return Math.round(seconds / 86400) + ' d';
+}
+
+async function snapshotsPage() {
+  const summary = el('p', { class: 'muted' });
+  const table = el('tbody');
+  main.replaceChildren(el('h2', { text: 'Snapshots' }), summary,
+    el('table', {}, el('thead', {}, el('tr', {}, ['Model', '#Version', '#Snapshots', '#Newest position', 'Oldest', '#Bytes', ''].map(header))), table));
+  async function refresh() {
+    const list = await apiJson('/v1/admin/snapshots?limit=0');
+    summary.textContent = fmt(list.count) + ' decisions\u2019 snapshots, ' + bytes(list.bytes) + ' (' + bytes(list.storedBytes) + ' where they are kept)';
+    table.replaceChildren();
+    if (!list.models.length) {
+      table.append(el('tr', {}, el('td', { colspan: '7', class: 'muted', text: 'No snapshots: decisions save them through annals::snapshot or POST /v1/snapshots.' })));
+    }
+    for (const m of list.models) {
+      table.append(el('tr', {},
+        el('td', { text: m.model }), el('td', { class: 'num', text: m.version }), el('td', { class: 'num', text: fmt(m.count) }),
+        el('td', { class: 'num', text: m.newestPosition }), el('td', { text: age(m.oldestAgeSeconds) }),
+        el('td', { class: 'num', text: bytes(m.bytes) }),
+        el('td', {}, el('button', { type: 'button', onclick: async () => {
+          try {
+            await api('/v1/admin/snapshots?model=' + encodeURIComponent(m.model) + '&version=' + m.version, { method: 'DELETE' });
+            await refresh();
+          } catch (e) { showError(e); }
+        } }, 'Remove'))));
+    }
+  }
+  await refresh();
+  const timer = setInterval(() => refresh().catch(showError), 5000);
+  onLeave(() => clearInterval(timer));
+}
+
 // ---- Exchange ----------------------------------------------------------------------------
 
 async function exchangePage() {
@@ -676,7 +715,8 @@ async function exchangePage() {
 // ---- Routing -----------------------------------------------------------------------------
 
 const pages = {
-  events: eventsPage, live: livePage, store: storePage, readmodels: readModelsPage, exchange: exchangePage,
+  events: eventsPage, live: livePage, store: storePage, readmodels: readModelsPage, snapshots: snapshotsPage,
+  exchange: exchangePage,
 };
 
 async function route() {

@@ -192,6 +192,25 @@ try {
     'a rebuild asked for from the page runs, and the model is up to date again');
   await shot(page, 'console-readmodels');
 
+  // Snapshots: two saved by a client over HTTP, shown per model with their position and age,
+  // and removed from the page.
+  for (const [model, position] of [['seats', 1], ['seats', 2]]) {
+    const r = await fetch(OPEN_URL + '/v1/snapshots', {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model, version: 1, position, state: { taken: position },
+        query: { items: [{ types: [], tags: ['course:c' + position] }] } }),
+    });
+    if (!r.ok) throw new Error('snapshot save ' + r.status + ': ' + await r.text());
+  }
+  await page.goto(OPEN_URL + '/#/snapshots');
+  await page.waitForFunction(() => document.querySelector('main tbody') && document.querySelector('main tbody').textContent.includes('seats'));
+  const snapshotRow = await page.textContent('main tbody');
+  check(/seats\s*1\s*2\s*2\s*[0-9]+ s/.test(snapshotRow), 'the snapshots page shows a model\'s count, newest position and age: ' + snapshotRow);
+  await shot(page, 'console-snapshots');
+  await page.click('main tbody button:has-text("Remove")');
+  await page.waitForFunction(() => document.querySelector('main tbody').textContent.includes('No snapshots'));
+  check(await page.isHidden('#error'), 'the page removes a model\'s snapshots');
+
   // Narrow screens: the events page fits a phone's width.
   await page.setViewportSize({ width: 390, height: 844 });
   await page.goto(OPEN_URL + '/#/events');
