@@ -97,6 +97,7 @@ fn snapshot_error(e: &SnapshotError) -> ApiError {
         SnapshotError::SubjectErased { .. } => {
             ApiError::new(StatusCode::CONFLICT, "subject_erased", message)
         }
+        SnapshotError::Invalid(e) => input_error(e),
         SnapshotError::Read(e) => read_error(e),
         SnapshotError::Store(e) => store_error(e),
     }
@@ -217,15 +218,32 @@ async fn read(State(state): State<Arc<AppState>>, request: Request) -> Result<Re
     })
     .await
     .map_err(failed_task)?;
-    let lookup = lookup.map_err(|e| read_error(&e))?;
+    // A snapshot that cannot be loaded costs a longer read, not an answer.
+    let mut lookup = lookup.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "a snapshot could not be loaded: read from the start");
+        Lookup::Miss
+    });
     let after = match &lookup {
         Lookup::Hit(saved) => saved.position,
         _ => 0,
     };
-    let iter = state
+    let mut iter = state
         .store
         .read(id.query(), ReadOptions::forwards().after(after))
         .map_err(|e| read_error(&e))?;
+    // The snapshot was checked before this read began: a subject it folded may have been
+    // erased since, and the events read show it erased. Then the client folds from the start.
+    if let Lookup::Hit(saved) = &lookup {
+        let erased = annals::state::erased_since(&state.store, &saved.subjects, saved.position)
+            .map_err(|e| read_error(&e))?;
+        if let Some((subject, receipt)) = erased {
+            lookup = Lookup::Unfit(annals::state::Unfit::SubjectErased { subject, receipt });
+            iter = state
+                .store
+                .read(id.query(), ReadOptions::forwards())
+                .map_err(|e| read_error(&e))?;
+        }
+    }
     let head = iter.head();
     let ndjson = accepts(request.headers(), NDJSON);
     let mut prefix = b"{\"snapshot\":".to_vec();

@@ -528,9 +528,15 @@ impl Store {
         let mut parts = Vec::with_capacity(projection.parts());
         let mut state = projection.start(self, &mut parts);
         let mut subjects = Subjects::default();
+        // The states started from that folded data subjects' events: where each began, and
+        // whose events it holds.
+        let mut started_from = Vec::new();
         if projection.needs_subjects() {
             subjects = Subjects::of(self);
             for part in &mut parts {
+                if !part.subjects.is_empty() {
+                    started_from.push((part.folded, part.subjects.clone()));
+                }
                 subjects.extend(std::mem::take(&mut part.subjects));
             }
         }
@@ -541,12 +547,29 @@ impl Store {
             ReadOptions::forwards()
         };
         let mut iter = self.read_after(&query, &afters, options)?;
+        // A state started from (a snapshot, checked when it was loaded) may hold the data of
+        // a subject erased since: the read below would show that subject's events erased, so
+        // the decision starts again from the initial state and reads everything.
+        let mut whole = false;
+        for (folded, names) in &started_from {
+            if crate::state::erased_since(self, names, *folded)?.is_some() {
+                whole = true;
+            }
+        }
+        if whole {
+            state = projection.initial();
+            subjects.clear();
+            iter = self.read(&query, options)?;
+        }
         let head = iter.head();
         let mut events_read = 0;
         for event in iter.by_ref() {
             let event = event?;
             subjects.see(&event);
-            projection.apply_part(&mut state, &event, &parts);
+            match whole {
+                true => projection.apply(&mut state, &event),
+                false => projection.apply_part(&mut state, &event, &parts),
+            }
             events_read += 1;
         }
         let built = Built {

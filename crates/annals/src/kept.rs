@@ -174,6 +174,11 @@ impl KeptMirror {
     }
 
     /// The file store's directory.
+    /// The directory itself (its `log/` is the copy of the log, wiped when it is rebuilt).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub(crate) fn log_dir(&self) -> PathBuf {
         self.dir.join(LOG)
     }

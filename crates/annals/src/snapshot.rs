@@ -15,14 +15,20 @@
 //!
 //! Erasure: a snapshot notes the data subjects whose events it folded. It is never served after
 //! one of them is erased (the check above), and its bytes are removed: by the erasure itself on
-//! the store that erased, and on every other copy of the log (a replica, another server of a
-//! database, a restore) by the first use of its snapshots after the copy takes in the erasure's
-//! receipt. A snapshot is not saved once a subject it folded is erased: a save checks, under
-//! the shelf's lock that a purge takes too, that no receipt after its position names one.
+//! the store that erased (on PostgreSQL, for every server of the database: the rows are deleted
+//! and the table vacuumed), and on any other copy of the log (a replica, a copy of a data
+//! directory) by the first use of its snapshots after the copy takes in the erasure's receipt.
+//! A snapshot is not saved once a subject it folded is erased: a save checks, under the
+//! shelf's lock that a purge takes too (on PostgreSQL, holding the subjects' rows of the keys'
+//! table), that no receipt after its position names one. A decision that started from a
+//! snapshot checks again once its read has begun: a subject erased in between makes it read
+//! everything instead (the read would show that subject's events erased).
 //!
 //! In a decision, [`Snapshotted`] wraps a projection: `decide` starts from the newest snapshot
 //! that fits, reads the events after it (one read, under one head, as always), and saves a new
-//! snapshot by a [`SnapshotPolicy`]. The condition is the one a full read gives.
+//! snapshot by a [`SnapshotPolicy`]. The condition is the one a full read gives, and so is the
+//! state, provided it reads back as it was written (serde's JSON: a field skipped, or a float
+//! that is not finite, does not).
 //!
 //! Backups do not carry snapshots: they are derived from the log, which a backup carries, and
 //! a restored store saves them again as its decisions run.
@@ -97,6 +103,9 @@ pub enum SnapshotError {
          at position {receipt}); fold again and save that"
     )]
     SubjectErased { subject: String, receipt: u64 },
+    /// Its query is beyond the store's limits.
+    #[error("the snapshot's query: {0}")]
+    Invalid(crate::error::InputError),
     #[error(transparent)]
     Read(#[from] ReadError),
     #[error(transparent)]
@@ -105,12 +114,13 @@ pub enum SnapshotError {
 
 impl SnapshotError {
     /// A stable name for the error (`snapshot_beyond_head`, `snapshot_too_large`,
-    /// `subject_erased`, or the read's or the store's kind).
+    /// `subject_erased`, or the query's, the read's or the store's kind).
     pub fn kind(&self) -> &'static str {
         match self {
             SnapshotError::BeyondHead { .. } => "snapshot_beyond_head",
             SnapshotError::TooLarge { .. } => "snapshot_too_large",
             SnapshotError::SubjectErased { .. } => "subject_erased",
+            SnapshotError::Invalid(e) => e.kind(),
             SnapshotError::Read(e) => e.kind(),
             SnapshotError::Store(e) => e.kind(),
         }
@@ -157,13 +167,23 @@ impl<'s> Snapshots<'s> {
             }
             Some(bytes) => match SavedState::decode(&bytes) {
                 Err(damage) => Lookup::Unfit(Unfit::Damaged(damage)),
-                Ok(saved) => match state::check(self.store, id, &saved)? {
-                    None => Lookup::Hit(saved),
-                    Some(unfit) => {
-                        self.drop_unfit(id, &saved, &unfit)?;
-                        Lookup::Unfit(unfit)
+                Ok(saved) => {
+                    let mut unfit = state::check(self.store, id, &saved)?;
+                    // Another server of the database saved it beyond what this one took in.
+                    if matches!(unfit, Some(Unfit::BeyondHead { .. }))
+                        && self.store.backend() == Backend::Postgres
+                    {
+                        self.store.refresh().map_err(ReadError::from)?;
+                        unfit = state::check(self.store, id, &saved)?;
                     }
-                },
+                    match unfit {
+                        None => Lookup::Hit(saved),
+                        Some(unfit) => {
+                            self.drop_unfit(id, &saved, &unfit);
+                            Lookup::Unfit(unfit)
+                        }
+                    }
+                }
             },
         };
         keeper.counts.looked_up(lookup.outcome());
@@ -171,11 +191,17 @@ impl<'s> Snapshots<'s> {
     }
 
     /// A snapshot that will never fit again is removed: one whose position holds another
-    /// event (another log), or one that folded a subject erased since (its bytes must go).
-    fn drop_unfit(&self, id: &StateId, saved: &SavedState, unfit: &Unfit) -> Result<(), ReadError> {
+    /// event (another log), one beyond the head of a log on files (which lost its tail and
+    /// would otherwise hold every later save behind it), or one that folded a subject erased
+    /// since (its bytes must go).
+    fn drop_unfit(&self, id: &StateId, saved: &SavedState, unfit: &Unfit) {
         let shelf = &self.store.keeper().shelf;
+        let own_log = self.store.backend() == Backend::Files;
         let done = match unfit {
             Unfit::Stale { .. } | Unfit::Damaged(_) => {
+                shelf.remove(&SnapshotFilter::key(id.key())).map(drop)
+            }
+            Unfit::BeyondHead { .. } if own_log => {
                 shelf.remove(&SnapshotFilter::key(id.key())).map(drop)
             }
             Unfit::SubjectErased { subject, receipt } => {
@@ -187,7 +213,6 @@ impl<'s> Snapshots<'s> {
         if let Err(e) = done {
             tracing::warn!(key = %saved.key, error = %e, "a snapshot that does not fit stays");
         }
-        Ok(())
     }
 
     /// Saves the state of `id` folded through `position`, having folded the events of the
@@ -200,41 +225,27 @@ impl<'s> Snapshots<'s> {
         subjects: Vec<String>,
         state: Vec<u8>,
     ) -> Result<Saved, SnapshotError> {
-        let max = self.store.options().limits.snapshot_bytes_max;
-        if state.len() > max {
-            return Err(SnapshotError::TooLarge {
-                bytes: state.len(),
-                max,
-            });
-        }
-        let head = self.store.head();
-        if position > head {
-            return Err(SnapshotError::BeyondHead { position, head });
-        }
+        self.admissible(id, position, &state)?;
         let appended_at_us = state::appended_at(self.store, position)?.unwrap_or(0);
         let saved = SavedState::new(id, position, appended_at_us, subjects, state);
         self.catch_up()?;
+        // On a database, what other servers committed counts: an erasure's receipt among it.
+        // Taken in before the shelf's transaction, which must not wait on the committer.
+        if self.store.backend() == Backend::Postgres && !saved.subjects.is_empty() {
+            self.store.refresh().map_err(ReadError::from)?;
+        }
         let keeper = self.store.keeper();
         let refused = Mutex::new(None);
         let failed = Mutex::new(None);
-        let admit = || {
-            // On a database, what other servers committed counts: an erasure's receipt among it.
-            if self.store.backend() == Backend::Postgres && !saved.subjects.is_empty() {
-                if let Err(e) = self.store.refresh() {
-                    *failed.lock() = Some(ReadError::from(e));
-                    return Err(io::Error::other("the log could not be read"));
-                }
+        let admit = || match state::erased_since(self.store, &saved.subjects, position) {
+            Ok(None) => Ok(true),
+            Ok(Some(erased)) => {
+                *refused.lock() = Some(erased);
+                Ok(false)
             }
-            match state::erased_since(self.store, &saved.subjects, position) {
-                Ok(None) => Ok(true),
-                Ok(Some(erased)) => {
-                    *refused.lock() = Some(erased);
-                    Ok(false)
-                }
-                Err(e) => {
-                    *failed.lock() = Some(e);
-                    Err(io::Error::other("the log could not be read"))
-                }
+            Err(e) => {
+                *failed.lock() = Some(e);
+                Err(io::Error::other("the log could not be read"))
             }
         };
         let put = keeper.shelf.put(&saved, &admit);
@@ -242,7 +253,7 @@ impl<'s> Snapshots<'s> {
             return Err(SnapshotError::Read(e));
         }
         let put = put.map_err(|e| self.shelf_error("save a snapshot", e))?;
-        keeper.counts.put(put);
+        keeper.counts.put(&put);
         match put {
             Shelved::Saved => Ok(Saved::Saved),
             Shelved::Behind { kept } => Ok(Saved::Behind { kept }),
@@ -250,25 +261,55 @@ impl<'s> Snapshots<'s> {
                 let (subject, receipt) = refused.into_inner().expect("the refusal's reason");
                 Err(SnapshotError::SubjectErased { subject, receipt })
             }
+            Shelved::Erased { subject } => {
+                // Erased on another server since this one took the log in: its receipt is
+                // in the database.
+                self.store.refresh().map_err(ReadError::from)?;
+                let receipt = state::erased_since(self.store, std::slice::from_ref(&subject), 0)?
+                    .map_or(0, |(_, receipt)| receipt);
+                Err(SnapshotError::SubjectErased { subject, receipt })
+            }
         }
+    }
+
+    /// Refuses a save that can never be kept: a state over the limit, a query over the limits,
+    /// a position beyond the head (on a database, beyond what the database holds).
+    fn admissible(&self, id: &StateId, position: u64, state: &[u8]) -> Result<(), SnapshotError> {
+        let limits = &self.store.options().limits;
+        if state.len() > limits.snapshot_bytes_max {
+            return Err(SnapshotError::TooLarge {
+                bytes: state.len(),
+                max: limits.snapshot_bytes_max,
+            });
+        }
+        id.query()
+            .validate(limits)
+            .map_err(SnapshotError::Invalid)?;
+        let mut head = self.store.head();
+        if position > head && self.store.backend() == Backend::Postgres {
+            head = self.store.refresh().map_err(ReadError::from)?;
+        }
+        if position > head {
+            return Err(SnapshotError::BeyondHead { position, head });
+        }
+        Ok(())
     }
 
     /// Saves the state of `id` folded through `position` by a fold the store does not see (a
     /// client's, over HTTP): the data subjects it folded are found in the log, from the
     /// snapshot kept for the key when it fits, else by reading the query's events through
-    /// `position` (on a store with data subjects only).
+    /// `position` (on a store with data subjects only). A subject erased at or before the
+    /// position is not one: its key was gone before its receipt was appended, so a read
+    /// through the position showed none of its data.
     pub fn save(
         &self,
         id: &StateId,
         position: u64,
         state: Vec<u8>,
     ) -> Result<Saved, SnapshotError> {
+        self.admissible(id, position, &state)?;
         let mut subjects = Subjects::of(self.store);
         if subjects.keeps() {
-            let head = self.store.head();
-            if position > head {
-                return Err(SnapshotError::BeyondHead { position, head });
-            }
             let mut after = 0;
             if let Lookup::Hit(kept) = self.load(id)? {
                 if kept.position <= position {
@@ -278,7 +319,20 @@ impl<'s> Snapshots<'s> {
             }
             subjects.read(self.store, id.query(), after, position)?;
         }
-        self.save_with_subjects(id, position, subjects.to_vec(), state)
+        let mut subjects = subjects.to_vec();
+        if !subjects.is_empty() {
+            let receipts = Query::item(QueryItem::types([SUBJECT_ERASED_TYPE]));
+            let mut before = std::collections::HashSet::new();
+            for receipt in self.store.read(&receipts, ReadOptions::forwards())? {
+                let receipt = receipt?;
+                if receipt.position() > position {
+                    break;
+                }
+                before.extend(receipt.tags().map(str::to_owned));
+            }
+            subjects.retain(|s| !before.contains(s));
+        }
+        self.save_with_subjects(id, position, subjects, state)
     }
 
     /// The snapshots `filter` names.
@@ -382,8 +436,11 @@ impl SnapshotPolicy {
 }
 
 /// A projection whose decisions start from the store's snapshot of it and save new ones (see
-/// the module documentation). Its state is saved as JSON (serde). Wrap the whole projection of
-/// a decision (a tuple included): the policy counts the events the decision read.
+/// the module documentation). Its state is saved as JSON (serde). Wrap the projection whose
+/// history is long: the whole projection of a decision, or one part of a tuple (its snapshot
+/// is then of that part alone, and the policy counts the events the whole decision read).
+/// Wrapping a [`Cached`](crate::decide::Cached) projection gains nothing: without a snapshot
+/// the cache's state is not started from.
 ///
 /// ```
 /// use annals::decide::{Projection, Retry};
@@ -496,6 +553,15 @@ where
             return initial;
         }
         let Some((saved, state)) = self.snapshot(store) else {
+            // An inner state that holds events already (a cache's) noted no subjects: it is
+            // not started from, so that what is saved names every subject it folded.
+            if parts[first..].iter().any(|part| part.folded > 0) {
+                for part in &mut parts[first..] {
+                    part.folded = 0;
+                    part.subjects.clear();
+                }
+                return self.inner.initial();
+            }
             return initial;
         };
         // The snapshot holds every part's events through its position, and nothing of what

@@ -496,3 +496,68 @@ fn the_rule_holds_across_snapshots() {
     assert_eq!(taken, 10);
     assert_eq!(store.decide(&course("c")).unwrap().state.enrolled.len(), 10);
 }
+
+/// A projection that erases a data subject right after its inner projection started (loaded
+/// its snapshot), before the decision's read: the race of an erasure with a decision.
+struct ErasingAfterStart<P> {
+    inner: P,
+    tag: &'static str,
+}
+
+impl<P: Project> Project for ErasingAfterStart<P> {
+    type State = P::State;
+    fn query(&self) -> Query {
+        self.inner.query()
+    }
+    fn initial(&self) -> P::State {
+        self.inner.initial()
+    }
+    fn apply(&self, state: &mut P::State, event: &Event) {
+        self.inner.apply(state, event);
+    }
+    fn start<'a>(&'a self, store: &Store, parts: &mut Vec<annals::decide::Part<'a>>) -> P::State {
+        let state = self.inner.start(store, parts);
+        store.erase_subject(self.tag).unwrap();
+        state
+    }
+    fn parts(&self) -> usize {
+        self.inner.parts()
+    }
+    fn apply_part(&self, state: &mut P::State, event: &Event, parts: &[annals::decide::Part<'_>]) {
+        self.inner.apply_part(state, event, parts);
+    }
+    fn built(&self, state: &P::State, built: &annals::decide::Built<'_>) {
+        self.inner.built(state, built);
+    }
+    fn needs_subjects(&self) -> bool {
+        self.inner.needs_subjects()
+    }
+}
+
+/// Goal: a subject erased after a decision loaded its snapshot and before its read does not
+/// reach the decision's state through the snapshot: the decision reads everything instead,
+/// its state is the full read's, and the snapshot it saves names no erased subject's data.
+#[test]
+fn an_erasure_while_a_decision_reads_sends_it_back_to_the_start() {
+    let master = MasterKey::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), with_subjects(&master));
+    store
+        .append(&[enrolled("c", "gus-unique-name")], None)
+        .unwrap();
+    store.append(&[enrolled("c", "hal")], None).unwrap();
+    store.decide(&snapshotted("c", 1)).unwrap();
+    let racing = ErasingAfterStart {
+        inner: snapshotted("c", 1),
+        tag: "student:gus-unique-name",
+    };
+    let decided = store.decide(&racing).unwrap();
+    assert!(
+        !decided.state.enrolled.contains_key("gus-unique-name"),
+        "{:?}",
+        decided.state
+    );
+    assert_eq!(decided.state, store.decide(&course("c")).unwrap().state);
+    assert_eq!(decided.events_read, 2, "it read everything");
+    assert!(!on_disk(&dir.path().join("snapshots"), b"gus-unique-name"));
+}

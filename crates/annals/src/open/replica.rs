@@ -131,6 +131,12 @@ fn follow(
     mirror: impl FnOnce(&Replica) -> MirrorKind,
 ) -> Result<Store, StoreError> {
     let shared = opened.shared.clone();
+    // A kept copy's snapshots live beside its log, which is wiped when it is rebuilt.
+    let shelf_dir = match &copy {
+        CopyDir::Kept { kept, .. } => Some(kept.dir().to_path_buf()),
+        _ => None,
+    };
+    let io = shared.io.clone();
     let mut kind = None;
     let mut parts = opened.into_parts(
         |files| {
@@ -142,5 +148,8 @@ fn follow(
         copy,
     )?;
     parts.report.mirror = kind;
+    if let Some(dir) = shelf_dir {
+        parts.shelf = Box::new(crate::shelf::files::FileShelf::new(io, &dir));
+    }
     Store::from_parts(parts)
 }

@@ -85,13 +85,19 @@ impl Shelf for SnapshotTable {
         let admitted = self.with(|c| {
             let mut tx = c.transaction()?;
             if !saved.subjects.is_empty() {
-                tx.query(
-                    "SELECT tag FROM annals_subject_keys WHERE tag = ANY($1) FOR SHARE",
+                // Held until the commit: an erasure of one of them waits for this save, and
+                // then deletes what it inserted.
+                let rows = tx.query(
+                    "SELECT tag, erased_at_us IS NOT NULL FROM annals_subject_keys
+                     WHERE tag = ANY($1) FOR SHARE",
                     &[&saved.subjects],
                 )?;
+                if let Some(row) = rows.iter().find(|row| row.get::<_, bool>(1)) {
+                    return Ok(Err(row.get::<_, String>(0)));
+                }
             }
             let Ok(true) = admit() else {
-                return Ok(None);
+                return Ok(Ok(None));
             };
             let params: [&(dyn ToSql + Sync); 7] = [
                 &key,
@@ -122,15 +128,14 @@ impl Shelf for SnapshotTable {
                     .map(|row| row.get::<_, i64>(0) as u64),
             };
             tx.commit()?;
-            Ok(Some(kept))
+            Ok(Ok(Some(kept)))
         })?;
         Ok(match admitted {
-            None => {
-                // A refusal or a failed check: which one, the caller's check knows.
-                Shelved::Refused
-            }
-            Some(None) => Shelved::Saved,
-            Some(Some(kept)) => Shelved::Behind { kept },
+            Err(subject) => Shelved::Erased { subject },
+            // A refusal or a failed check: which one, the caller's check knows.
+            Ok(None) => Shelved::Refused,
+            Ok(Some(None)) => Shelved::Saved,
+            Ok(Some(Some(kept))) => Shelved::Behind { kept },
         })
     }
 
@@ -180,16 +185,22 @@ impl Shelf for SnapshotTable {
     }
 
     fn purge(&self, erased: &HashMap<String, u64>) -> io::Result<u64> {
-        let erased: Vec<(String, i64)> = erased.iter().map(|(s, r)| (s.clone(), int(*r))).collect();
+        if erased.is_empty() {
+            return Ok(0);
+        }
+        let (subjects, receipts): (Vec<String>, Vec<i64>) =
+            erased.iter().map(|(s, r)| (s.clone(), int(*r))).unzip();
         self.with(|c| {
-            let mut purged = 0;
-            for (subject, receipt) in &erased {
-                purged += c.execute(
-                    "DELETE FROM annals_snapshots
-                     WHERE subjects @> ARRAY[$1::text] AND position < $2",
-                    &[subject, receipt],
-                )?;
-            }
+            let purged = c.execute(
+                "DELETE FROM annals_snapshots s
+                 USING unnest($1::text[], $2::bigint[]) AS e(subject, receipt)
+                 WHERE s.subjects @> ARRAY[e.subject] AND s.position < e.receipt",
+                &[&subjects, &receipts],
+            )?;
+            // A deleted row's bytes, and those of the versions an update superseded (one may
+            // hold the subject's data while the row no longer names it), stay in the table's
+            // pages until a vacuum: as the keys' table is, it is vacuumed now.
+            c.batch_execute("VACUUM annals_snapshots")?;
             Ok(purged)
         })
     }

@@ -317,7 +317,12 @@ impl ShelfFile {
 
     fn append(&mut self, bytes: &[u8]) -> io::Result<u64> {
         let at = self.end;
-        self.file.write_at(bytes, at)?;
+        if let Err(e) = self.file.write_at(bytes, at) {
+            // Some of it may be in the file: cut it off, so that neither a purge's scan (which
+            // stops at the end) nor the next open finds what the caller was told failed.
+            self.file.set_len(at)?;
+            return Err(e);
+        }
         self.end += bytes.len() as u64;
         Ok(at)
     }
@@ -427,6 +432,28 @@ impl ShelfFile {
     }
 }
 
+/// After a failed write or compaction the file may not be what the map says: the map is
+/// dropped, and the next call reads the file through again.
+fn forget_state(guard: &mut MutexGuard<'_, Option<ShelfFile>>, e: io::Error) -> io::Error {
+    **guard = None;
+    e
+}
+
+impl FileShelf {
+    /// Compacts the file when it holds more than twice what is live. A failure is logged, not
+    /// answered: what the caller asked for is done; the file is read through again next time.
+    fn compact_if_due(&self, guard: &mut MutexGuard<'_, Option<ShelfFile>>) {
+        let Some(open) = guard.as_mut() else { return };
+        if !open.wants_compaction() {
+            return;
+        }
+        if let Err(e) = open.compact(self.io.as_ref(), &self.dir, &HashMap::new()) {
+            tracing::warn!(error = %e, dir = %self.dir.display(), "a snapshot shelf's compaction failed");
+            **guard = None;
+        }
+    }
+}
+
 impl Shelf for FileShelf {
     fn put(
         &self,
@@ -450,11 +477,12 @@ impl Shelf for FileShelf {
             .ok()
             .filter(|&len| len <= BODY_MAX)
             .ok_or_else(|| invalid(format!("a snapshot of {} bytes", envelope.len())))?;
-        let at = open.append(&entry(PUT, &envelope))?;
+        let at = match open.append(&entry(PUT, &envelope)) {
+            Ok(at) => at,
+            Err(e) => return Err(forget_state(&mut guard, e)),
+        };
         open.note(saved, at + 5, len);
-        if open.wants_compaction() {
-            open.compact(self.io.as_ref(), &self.dir, &HashMap::new())?;
-        }
+        self.compact_if_due(&mut guard);
         Ok(Shelved::Saved)
     }
 
@@ -502,14 +530,13 @@ impl Shelf for FileShelf {
         for key in &keys {
             bytes.extend_from_slice(&entry(REMOVE, key.as_bytes()));
         }
-        open.append(&bytes)?;
-        open.file.sync_data()?;
+        if let Err(e) = open.append(&bytes).and_then(|_| open.file.sync_data()) {
+            return Err(forget_state(&mut guard, e));
+        }
         for key in &keys {
             open.forget(key);
         }
-        if open.wants_compaction() {
-            open.compact(self.io.as_ref(), &self.dir, &HashMap::new())?;
-        }
+        self.compact_if_due(&mut guard);
         Ok(keys.len() as u64)
     }
 
@@ -522,7 +549,8 @@ impl Shelf for FileShelf {
         if !open.holds_erased(erased)? {
             return Ok(0);
         }
-        open.compact(self.io.as_ref(), &self.dir, erased)
+        let compacted = open.compact(self.io.as_ref(), &self.dir, erased);
+        compacted.map_err(|e| forget_state(&mut guard, e))
     }
 
     fn stats(&self) -> io::Result<ShelfStats> {

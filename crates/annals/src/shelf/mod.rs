@@ -83,7 +83,7 @@ impl SnapshotFilter {
 }
 
 /// What became of a snapshot handed to [`Shelf::put`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shelved {
     /// It is the key's snapshot now.
     Saved,
@@ -91,6 +91,10 @@ pub enum Shelved {
     Behind { kept: u64 },
     /// The check it was put under refused it (it folded a subject erased since).
     Refused,
+    /// The keys' table says a subject it folded is erased (on a database: by another server,
+    /// since this one took the log in).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Erased { subject: String },
 }
 
 /// A shelf's size.
@@ -213,11 +217,11 @@ impl Counts {
         counter.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn put(&self, put: Shelved) {
+    pub(crate) fn put(&self, put: &Shelved) {
         let counter = match put {
             Shelved::Saved => &self.saved,
             Shelved::Behind { .. } => &self.behind,
-            Shelved::Refused => &self.refused,
+            Shelved::Refused | Shelved::Erased { .. } => &self.refused,
         };
         counter.fetch_add(1, Relaxed);
     }
