@@ -44,9 +44,10 @@ pub(crate) fn routes(
     state: &Arc<AppState>,
     mut router: axum::Router<Arc<AppState>>,
 ) -> axum::Router<Arc<AppState>> {
-    let order = Guard::new(state, Scopes::APPEND, Some(Op::Order));
-    let admin = Guard::new(state, Scopes::ADMIN, Some(Op::Order));
-    let market = Guard::new(state, Scopes::READ, Some(Op::Market));
+    // The exchange's handlers act for the key's accounts: they read its grant.
+    let order = Guard::new(state, Scopes::APPEND, Some(Op::Order)).lending_grant();
+    let admin = Guard::new(state, Scopes::ADMIN, Some(Op::Order)).lending_grant();
+    let market = Guard::new(state, Scopes::READ, Some(Op::Market)).lending_grant();
     for (path, access, route) in hosted::routes::<AppState>() {
         let guard = match access {
             Access::Command => &order,

@@ -90,6 +90,9 @@ pub(crate) struct Guard {
     state: Arc<AppState>,
     scope: Scopes,
     op: Option<Op>,
+    /// Whether the key's grant goes into the request's extensions (for handlers that act for
+    /// exchange accounts; the others need none, and the insertion allocates).
+    lends_grant: bool,
 }
 
 impl Guard {
@@ -98,12 +101,19 @@ impl Guard {
             state: state.clone(),
             scope,
             op,
+            lends_grant: false,
         }
     }
 
+    /// This guard, putting the key's grant into each request's extensions.
+    pub(crate) fn lending_grant(mut self) -> Guard {
+        self.lends_grant = true;
+        self
+    }
+
     /// `route` behind this guard: authorized before any extractor runs (the key's grant in
-    /// the request's extensions, for handlers that act for exchange accounts), then timed to
-    /// its answer (for a stream: its first response) and counted by outcome.
+    /// the request's extensions when the guard lends it), then timed to its answer (for a
+    /// stream: its first response) and counted by outcome.
     pub(crate) fn on(
         &self,
         route: axum::routing::MethodRouter<Arc<AppState>>,
@@ -156,9 +166,7 @@ where
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send + 'static>,
-    >;
+    type Future = GuardedFuture<S::Future>;
 
     fn poll_ready(
         &mut self,
@@ -172,20 +180,54 @@ where
         let guard = self.guard.clone();
         match grant(&guard.state, request.headers(), guard.scope) {
             Ok(grant) => {
-                request.extensions_mut().insert(grant);
-                let answered = self.inner.call(request);
-                Box::pin(async move {
-                    let response = answered.await?;
-                    guard.count(&response, started);
-                    Ok(response)
-                })
+                if guard.lends_grant {
+                    request.extensions_mut().insert(grant);
+                }
+                GuardedFuture {
+                    inner: Some(self.inner.call(request)),
+                    refused: None,
+                    guard,
+                    started,
+                }
             }
-            Err(refused) => {
-                let response = refused.into_response();
-                guard.count(&response, started);
-                Box::pin(std::future::ready(Ok(response)))
-            }
+            Err(refused) => GuardedFuture {
+                inner: None,
+                refused: Some(refused.into_response()),
+                guard,
+                started,
+            },
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A guarded route's answer: the route's own, or the guard's refusal; counted when ready.
+    pub(crate) struct GuardedFuture<F> {
+        #[pin]
+        inner: Option<F>,
+        refused: Option<Response>,
+        guard: Guard,
+        started: Instant,
+    }
+}
+
+impl<F> std::future::Future for GuardedFuture<F>
+where
+    F: std::future::Future<Output = Result<Response, Infallible>>,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let response = match this.inner.as_pin_mut() {
+            Some(inner) => std::task::ready!(inner.poll(cx))?,
+            None => this.refused.take().expect("a refusal is answered once"),
+        };
+        this.guard.count(&response, *this.started);
+        std::task::Poll::Ready(Ok(response))
     }
 }
 
