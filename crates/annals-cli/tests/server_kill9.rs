@@ -67,6 +67,7 @@ fn kill9_during_snapshot_saves_leaves_whole_snapshots() {
     use serde_json::{json, Value};
     let dir = tempfile::tempdir().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut hits = 0;
     let query =
         |c: usize| json!({"items": [{"types": ["Tick"], "tags": [format!("counter:{c}")]}]});
     for _round in 0..4 {
@@ -129,6 +130,7 @@ fn kill9_during_snapshot_saves_leaves_whole_snapshots() {
             match snapshot["outcome"].as_str().unwrap() {
                 "miss" => {}
                 "hit" => {
+                    hits += 1;
                     let position = snapshot["position"].as_u64().unwrap();
                     let events = server.read(&query(c).to_string(), "{}");
                     let through = events
@@ -146,4 +148,8 @@ fn kill9_during_snapshot_saves_leaves_whole_snapshots() {
         }
         drop(server);
     }
+    assert!(
+        hits > 0,
+        "no snapshot survived any kill: the saves were not exercised"
+    );
 }

@@ -134,7 +134,7 @@ fn bad_saves_get_clear_errors_and_change_nothing() {
     let cases = [
         (
             json!({"model": "m", "version": 1, "query": q, "position": 2, "state": 1}),
-            422,
+            409,
             "snapshot_beyond_head",
         ),
         (

@@ -185,17 +185,16 @@ fn document() -> String {
                 "responses": merge(json!({
                     "200": { "description": "Saved, or a snapshot further on was kept.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SnapshotSaved" } } } },
                     "400": error_response("Malformed JSON, unknown fields, neither or both of state and stateBase64, an empty model name, or a query beyond the limits."),
-                    "409": error_response("The state folded events of a data subject erased since its position (subject_erased): fold again and save that."),
-                    "413": error_response("The body or the state exceeds the configured limit (snapshot_too_large)."),
-                    "422": error_response("The position is beyond the head (snapshot_beyond_head).")
+                    "409": error_response("The position is beyond the head (snapshot_beyond_head), or the state folded events of a data subject erased since its position (subject_erased): fold again and save that."),
+                    "413": error_response("The body or the state exceeds the configured limit (snapshot_too_large).")
                 }), auth_errors())
             } },
             "/v1/snapshots/read": { "get": {
                 "summary": "Read with a snapshot (scope read): the snapshot of a model, version and query when one fits the log, then the events of the query after it, then the head. Fold the events into the snapshot's state (or the initial state on a miss) and append under the query after the head.",
                 "description": "outcome says whether the snapshot was a hit, a miss, stale (only other versions of the model have one: versions) or unfit (one is kept that does not fit the log: reason); the header annals-snapshot says the same. NDJSON when Accept includes application/x-ndjson: the first line is the snapshot and the head, then one event per line.",
                 "parameters": [
-                    { "name": "model", "in": "query", "required": true, "schema": { "type": "string" } },
-                    { "name": "version", "in": "query", "required": true, "schema": { "type": "integer", "minimum": 0 } },
+                    { "name": "model", "in": "query", "required": true, "schema": { "type": "string", "minLength": 1, "maxLength": 256 } },
+                    { "name": "version", "in": "query", "required": true, "schema": { "type": "integer", "minimum": 0, "maximum": 4294967295u32 } },
                     query_param
                 ],
                 "responses": merge(json!({
@@ -214,8 +213,8 @@ fn document() -> String {
                     "summary": "The snapshots kept (scope admin): how many and their bytes, per model and version, and the first of them (limit, 1000 by default), optionally of one model and version.",
                     "parameters": [
                         { "name": "model", "in": "query", "required": false, "schema": { "type": "string" } },
-                        { "name": "version", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 } },
-                        { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 } }
+                        { "name": "version", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0, "maximum": 4294967295u32 } },
+                        { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0, "maximum": 4294967295u32 } }
                     ],
                     "responses": merge(json!({
                         "200": { "description": "The snapshots.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SnapshotList" } } } }
@@ -225,7 +224,7 @@ fn document() -> String {
                     "summary": "Remove the snapshots of a model, or of one version of it (scope admin).",
                     "parameters": [
                         { "name": "model", "in": "query", "required": true, "schema": { "type": "string" } },
-                        { "name": "version", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 } }
+                        { "name": "version", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0, "maximum": 4294967295u32 } }
                     ],
                     "responses": merge(json!({
                         "200": { "description": "How many were removed.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/SnapshotsRemoved" } } } }

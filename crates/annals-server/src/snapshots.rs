@@ -56,28 +56,68 @@ pub(crate) fn routes(
 /// through the position.
 #[derive(Deserialize, schemars::JsonSchema)]
 #[schemars(rename = "SnapshotSave")]
+#[schemars(extend("oneOf" = [{"required": ["state"]}, {"required": ["stateBase64"]}]))]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct SaveBody<'a> {
-    /// The model's name (1 to 256 bytes).
+    /// The model's name (1 to 256 characters).
+    #[schemars(length(min = 1, max = 256))]
     model: String,
     /// The model's version: raise it when its fold changes meaning.
+    #[schemars(extend("maximum" = 4294967295u32))]
+    #[serde(deserialize_with = "whole")]
     version: u32,
     query: Query,
     /// The last position the state folded (at most the head).
+    #[serde(deserialize_with = "whole")]
     position: u64,
-    /// The state as JSON (or stateBase64).
-    #[serde(borrow, default)]
+    /// The state as JSON, any value (or stateBase64).
+    #[serde(borrow, default, deserialize_with = "present")]
     state: Option<&'a RawValue>,
-    /// The state as bytes, in base64 (or state).
-    #[serde(default)]
-    state_base64: Option<String>,
+    /// The state as bytes, in standard base64 with padding (or state).
+    #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "String")]
+    #[schemars(extend(
+        "contentEncoding" = "base64",
+        "pattern" = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+    ))]
+    state_base64: Option<Option<String>>,
 }
 
-fn model_name(name: &str) -> Result<(), ApiError> {
-    if name.is_empty() || name.len() > NAME_MAX {
+/// A whole number, written as JSON Schema's integers may be (`3` or `3.0`), in `T`'s range.
+fn whole<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    use serde::de::Error;
+    let number = serde_json::Number::deserialize(deserializer)?;
+    let value = match (number.as_u64(), number.as_f64()) {
+        (Some(n), _) => Some(n),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => {
+            Some(f as u64)
+        }
+        _ => None,
+    };
+    value
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| D::Error::custom(format!("{number} is not a whole number in range")))
+}
+
+/// A field that is there, whatever its value (`null` included).
+fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
+
+fn model_name(name: &str, kind: &'static str) -> Result<(), ApiError> {
+    let chars = name.chars().count();
+    if chars == 0 || chars > NAME_MAX {
         return Err(ApiError::bad_request(
-            "invalid_body",
-            format!("a model's name has 1 to {NAME_MAX} bytes"),
+            kind,
+            format!("a model's name has 1 to {NAME_MAX} characters"),
         ));
     }
     Ok(())
@@ -86,11 +126,11 @@ fn model_name(name: &str) -> Result<(), ApiError> {
 fn snapshot_error(e: &SnapshotError) -> ApiError {
     let message = e.to_string();
     match e {
-        SnapshotError::BeyondHead { .. } => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "snapshot_beyond_head",
-            message,
-        ),
+        // The server's state, not the request, is what it conflicts with: another server of
+        // the database may hold that position already.
+        SnapshotError::BeyondHead { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "snapshot_beyond_head", message)
+        }
         SnapshotError::TooLarge { .. } => {
             ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "snapshot_too_large", message)
         }
@@ -124,16 +164,22 @@ async fn save(State(state): State<Arc<AppState>>, request: Request) -> Result<Re
         };
         ApiError::bad_request(kind, format!("snapshot body: {e}"))
     })?;
-    model_name(&parsed.model)?;
+    model_name(&parsed.model, "invalid_body")?;
     parsed
         .query
         .validate(&state.config.limits.store())
         .map_err(|e| input_error(&e))?;
     let bytes = match (parsed.state, parsed.state_base64) {
         (Some(json), None) => json.get().as_bytes().to_vec(),
-        (None, Some(text)) => {
+        (None, Some(None)) => {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                "stateBase64 is a string of base64",
+            ))
+        }
+        (None, Some(Some(text))) => {
             let mut bytes = vec![BYTES];
-            base64::engine::general_purpose::STANDARD
+            wire::BASE64_IN
                 .decode_vec(text.as_bytes(), &mut bytes)
                 .map_err(|e| ApiError::bad_request("invalid_body", format!("stateBase64: {e}")))?;
             bytes
@@ -205,7 +251,7 @@ fn query_params<T: for<'de> Deserialize<'de>>(
 /// folds on to decide, and the condition it appends under is the query after that head.
 async fn read(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
     let params: ReadParams = query_params(&state, &request, "snapshot read")?;
-    model_name(&params.model)?;
+    model_name(&params.model, "invalid_parameter")?;
     let query = wire::parse_query(params.query.as_deref())?;
     query
         .validate(&state.config.limits.store())
@@ -327,7 +373,7 @@ fn write_lookup(out: &mut Vec<u8>, id: &StateId, lookup: &Lookup) {
 struct AdminParams {
     model: Option<String>,
     version: Option<u32>,
-    limit: Option<usize>,
+    limit: Option<u32>,
 }
 
 impl AdminParams {
@@ -364,7 +410,7 @@ async fn list(State(state): State<Arc<AppState>>, request: Request) -> Result<Re
     let now_us = now_us();
     let models = summarise(&listed, now_us);
     let total = listed.len() as u64;
-    let limit = params.limit.unwrap_or(LIST_LIMIT);
+    let limit = params.limit.map_or(LIST_LIMIT, |n| n as usize);
     let snapshots = listed
         .into_iter()
         .take(limit)

@@ -107,7 +107,7 @@ pub struct WireEvent<'a> {
 
 /// Standard base64 with padding, as reads write it; unused bits of the last symbol are
 /// ignored rather than refused, as the document's pattern for the field allows them.
-const BASE64_IN: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+pub(crate) const BASE64_IN: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
     &base64::alphabet::STANDARD,
     base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
 );

@@ -535,9 +535,8 @@ impl Store {
             subjects = Subjects::of(self);
             for part in &mut parts {
                 if !part.subjects.is_empty() {
-                    started_from.push((part.folded, part.subjects.clone()));
+                    started_from.push((part.folded, std::mem::take(&mut part.subjects)));
                 }
-                subjects.extend(std::mem::take(&mut part.subjects));
             }
         }
         let (query, afters) = union_of_parts(&mut parts);
@@ -558,8 +557,11 @@ impl Store {
         }
         if whole {
             state = projection.initial();
-            subjects.clear();
             iter = self.read(&query, options)?;
+        } else {
+            for (_, names) in started_from {
+                subjects.extend(names);
+            }
         }
         let head = iter.head();
         let mut events_read = 0;

@@ -15,14 +15,21 @@
 //!
 //! Erasure: a snapshot notes the data subjects whose events it folded. It is never served after
 //! one of them is erased (the check above), and its bytes are removed: by the erasure itself on
-//! the store that erased (on PostgreSQL, for every server of the database: the rows are deleted
-//! and the table vacuumed), and on any other copy of the log (a replica, a copy of a data
+//! the store that erased (on PostgreSQL, for every server of the database: the rows are
+//! deleted), and on any other copy of the log (a replica, a copy of a data
 //! directory) by the first use of its snapshots after the copy takes in the erasure's receipt.
 //! A snapshot is not saved once a subject it folded is erased: a save checks, under the
 //! shelf's lock that a purge takes too (on PostgreSQL, holding the subjects' rows of the keys'
 //! table), that no receipt after its position names one. A decision that started from a
-//! snapshot checks again once its read has begun: a subject erased in between makes it read
-//! everything instead (the read would show that subject's events erased).
+//! snapshot checks again once its read has begun: a subject whose erasure's receipt is in the
+//! log by then makes it read everything instead (the read would show that subject's events
+//! erased); an erasure still under way (its key deleted, its receipt not yet appended) can
+//! reach that decision's state, not a snapshot: its save is refused.
+//!
+//! A snapshot's state is kept in clear where the store keeps it (the subjects' events are
+//! sealed; a fold of them is not). Removing it unlinks its bytes on files; on PostgreSQL the
+//! row is deleted and the table vacuumed, but the database's write-ahead log and backups keep
+//! the bytes until they are recycled.
 //!
 //! In a decision, [`Snapshotted`] wraps a projection: `decide` starts from the newest snapshot
 //! that fits, reads the events after it (one read, under one head, as always), and saves a new
@@ -196,7 +203,9 @@ impl<'s> Snapshots<'s> {
     /// since (its bytes must go).
     fn drop_unfit(&self, id: &StateId, saved: &SavedState, unfit: &Unfit) {
         let shelf = &self.store.keeper().shelf;
-        let own_log = self.store.backend() == Backend::Files;
+        // A copy of a log rebuilt from elsewhere (a replica's) may be shorter than the one the
+        // snapshot was folded on, as a log on files that lost its tail is.
+        let own_log = matches!(self.store.backend(), Backend::Files | Backend::Replica);
         let done = match unfit {
             Unfit::Stale { .. } | Unfit::Damaged(_) => {
                 shelf.remove(&SnapshotFilter::key(id.key())).map(drop)
@@ -217,7 +226,8 @@ impl<'s> Snapshots<'s> {
 
     /// Saves the state of `id` folded through `position`, having folded the events of the
     /// data subjects `subjects` (see [`Subjects`]): its key's snapshot from now on, unless one
-    /// further on is kept.
+    /// further on is kept. A subject erased at or before the position is left out: a read
+    /// through the position showed none of its data.
     pub fn save_with_subjects(
         &self,
         id: &StateId,
@@ -226,6 +236,7 @@ impl<'s> Snapshots<'s> {
         state: Vec<u8>,
     ) -> Result<Saved, SnapshotError> {
         self.admissible(id, position, &state)?;
+        let subjects = self.not_erased_by(subjects, position)?;
         let appended_at_us = state::appended_at(self.store, position)?.unwrap_or(0);
         let saved = SavedState::new(id, position, appended_at_us, subjects, state);
         self.catch_up()?;
@@ -298,9 +309,7 @@ impl<'s> Snapshots<'s> {
     /// Saves the state of `id` folded through `position` by a fold the store does not see (a
     /// client's, over HTTP): the data subjects it folded are found in the log, from the
     /// snapshot kept for the key when it fits, else by reading the query's events through
-    /// `position` (on a store with data subjects only). A subject erased at or before the
-    /// position is not one: its key was gone before its receipt was appended, so a read
-    /// through the position showed none of its data.
+    /// `position` (on a store with data subjects only).
     pub fn save(
         &self,
         id: &StateId,
@@ -319,20 +328,31 @@ impl<'s> Snapshots<'s> {
             }
             subjects.read(self.store, id.query(), after, position)?;
         }
-        let mut subjects = subjects.to_vec();
-        if !subjects.is_empty() {
-            let receipts = Query::item(QueryItem::types([SUBJECT_ERASED_TYPE]));
-            let mut before = std::collections::HashSet::new();
-            for receipt in self.store.read(&receipts, ReadOptions::forwards())? {
-                let receipt = receipt?;
-                if receipt.position() > position {
-                    break;
-                }
-                before.extend(receipt.tags().map(str::to_owned));
-            }
-            subjects.retain(|s| !before.contains(s));
+        self.save_with_subjects(id, position, subjects.to_vec(), state)
+    }
+
+    /// `subjects` but those erased at or before `position`: a subject's key is gone before its
+    /// receipt is appended, so a read through the position showed none of its data, and a
+    /// state folded there holds none of it.
+    fn not_erased_by(
+        &self,
+        mut subjects: Vec<String>,
+        position: u64,
+    ) -> Result<Vec<String>, ReadError> {
+        if subjects.is_empty() {
+            return Ok(subjects);
         }
-        self.save_with_subjects(id, position, subjects, state)
+        let receipts = Query::item(QueryItem::types([SUBJECT_ERASED_TYPE]));
+        let mut before = std::collections::HashSet::new();
+        for receipt in self.store.read(&receipts, ReadOptions::forwards())? {
+            let receipt = receipt?;
+            if receipt.position() > position {
+                break;
+            }
+            before.extend(receipt.tags().map(str::to_owned));
+        }
+        subjects.retain(|s| !before.contains(s));
+        Ok(subjects)
     }
 
     /// The snapshots `filter` names.
@@ -586,7 +606,11 @@ where
 
     fn built(&self, state: &P::State, built: &Built<'_>) {
         self.inner.built(state, built);
-        if built.head == 0 || !self.policy.wants(built.events_read, built.elapsed) {
+        // A projection that reads only the last event is never started from a snapshot.
+        if self.inner.only_last()
+            || built.head == 0
+            || !self.policy.wants(built.events_read, built.elapsed)
+        {
             return;
         }
         let bytes = match serde_json::to_vec(state) {
