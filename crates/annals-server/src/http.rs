@@ -463,10 +463,24 @@ struct Params {
     after: Option<String>,
 }
 
-fn params(state: &AppState, request: &Request, allowed: &[&str]) -> Result<Params, ApiError> {
-    let Some(raw) = request.uri().query() else {
-        return Ok(Params::default());
-    };
+/// How a JSON body that does not parse is refused: malformed JSON, or JSON of another shape.
+pub(crate) fn body_error(what: &'static str) -> impl Fn(serde_json::Error) -> ApiError {
+    move |e| {
+        let kind = if e.is_syntax() || e.is_eof() {
+            "malformed_json"
+        } else {
+            "invalid_body"
+        };
+        ApiError::bad_request(kind, format!("{what}: {e}"))
+    }
+}
+
+/// The request's query string ("" when it has none), refused over the configured limit.
+pub(crate) fn query_string<'r>(
+    state: &AppState,
+    request: &'r Request,
+) -> Result<&'r str, ApiError> {
+    let raw = request.uri().query().unwrap_or("");
     let max = state.config.limits.query_param_bytes_max;
     if raw.len() > max {
         return Err(ApiError::new(
@@ -478,6 +492,14 @@ fn params(state: &AppState, request: &Request, allowed: &[&str]) -> Result<Param
             ),
         ));
     }
+    Ok(raw)
+}
+
+fn params(state: &AppState, request: &Request, allowed: &[&str]) -> Result<Params, ApiError> {
+    if request.uri().query().is_none() {
+        return Ok(Params::default());
+    }
+    let raw = query_string(state, request)?;
     let params: Params = serde_urlencoded::from_str(raw)
         .map_err(|e| ApiError::bad_request("invalid_parameter", format!("query string: {e}")))?;
     for (name, present) in [
@@ -676,14 +698,7 @@ async fn append_inner(
         ));
     }
     let body = read_body(state, request).await?;
-    let parsed: AppendBody = serde_json::from_slice(&body).map_err(|e| {
-        let kind = if e.is_syntax() || e.is_eof() {
-            "malformed_json"
-        } else {
-            "invalid_body"
-        };
-        ApiError::bad_request(kind, format!("append body: {e}"))
-    })?;
+    let parsed: AppendBody = serde_json::from_slice(&body).map_err(body_error("append body"))?;
     // Every event is decoded before any is appended, so that a bad one changes nothing.
     let events: Vec<NewEvent> = parsed
         .events

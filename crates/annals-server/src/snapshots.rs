@@ -23,8 +23,8 @@ use serde_json::value::RawValue;
 use crate::answers;
 use crate::auth::Scopes;
 use crate::http::{
-    accepts, answer_response, input_error, read_body, read_error, store_error, Guard, ReadEncoder,
-    JSON, NDJSON,
+    accepts, answer_response, body_error, input_error, query_string, read_body, read_error,
+    store_error, Guard, ReadEncoder, JSON, NDJSON,
 };
 use crate::metrics::Op;
 use crate::wire::{self, ApiError};
@@ -156,14 +156,7 @@ async fn save(State(state): State<Arc<AppState>>, request: Request) -> Result<Re
         ));
     }
     let body = read_body(&state, request).await?;
-    let parsed: SaveBody = serde_json::from_slice(&body).map_err(|e| {
-        let kind = if e.is_syntax() || e.is_eof() {
-            "malformed_json"
-        } else {
-            "invalid_body"
-        };
-        ApiError::bad_request(kind, format!("snapshot body: {e}"))
-    })?;
+    let parsed: SaveBody = serde_json::from_slice(&body).map_err(body_error("snapshot body"))?;
     model_name(&parsed.model, "invalid_body")?;
     parsed
         .query
@@ -230,19 +223,7 @@ fn query_params<T: for<'de> Deserialize<'de>>(
     request: &Request,
     what: &str,
 ) -> Result<T, ApiError> {
-    let raw = request.uri().query().unwrap_or("");
-    let max = state.config.limits.query_param_bytes_max;
-    if raw.len() > max {
-        return Err(ApiError::new(
-            StatusCode::URI_TOO_LONG,
-            "query_too_large",
-            format!(
-                "the query string has {} bytes (the limit is {max})",
-                raw.len()
-            ),
-        ));
-    }
-    serde_urlencoded::from_str(raw)
+    serde_urlencoded::from_str(query_string(state, request)?)
         .map_err(|e| ApiError::bad_request("invalid_parameter", format!("{what}: {e}")))
 }
 
