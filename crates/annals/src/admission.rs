@@ -8,7 +8,29 @@
 //!
 //! A refusal is an [`InputError::NotAdmitted`](crate::InputError::NotAdmitted): the whole
 //! append is refused and nothing of it is stored. Its `kind` is a stable word a front end
-//! answers as it is (the server's `"kind"`), its `index` the event it concerns, when one does.
+//! answers as it is (the server's `"kind"`), its `index` the event it concerns, when one does,
+//! and its `violations` what was wrong with each event, when a check judges them one by one.
+//!
+//! A check whose rules live in the log itself (event schemas, `crate::registry`) reads them
+//! through [`Admitting::log`], and answers with the rules' position as a [`Fence`]: the writer
+//! stores the append only if no event of the fence's types came after it, so that an append
+//! judged by rules that changed before it was stored is answered
+//! [`AppendError::AdmissionChanged`](crate::AppendError::AdmissionChanged) and stores nothing.
+
+/// The types of the events that hold the event-schema registry (`crate::registry`): a version
+/// of a type's schema, a type's enforcement, the store-wide policy. Only the registry appends
+/// them (as events carried past admission); a client's append of one is refused as
+/// [`InputError::ReservedType`](crate::InputError::ReservedType), with or without the registry.
+pub const REGISTRY_TYPES: [&str; 3] = [
+    "annals.SchemaVersion",
+    "annals.SchemaEnforcement",
+    "annals.SchemaPolicy",
+];
+
+/// Whether `event_type` is one of [`REGISTRY_TYPES`].
+pub fn is_registry_type(event_type: &str) -> bool {
+    event_type.starts_with("annals.Schema") && REGISTRY_TYPES.contains(&event_type)
+}
 
 /// One event of an append as an admission check sees it: its type, tags, data and metadata as
 /// the client gave them.
@@ -23,12 +45,89 @@ pub struct Candidate<'a> {
     pub metadata: &'a [u8],
 }
 
-/// An append as an admission check sees it: its events in order, and the tracking position
-/// recorded with them (its source and position), if any. Made only for a store with a check.
-#[derive(Debug, Clone)]
+/// An append as an admission check sees it: its events in order, the tracking position
+/// recorded with them (its source and position), if any, and the log it goes to. Made only for
+/// a store with a check.
 pub struct Admitting<'a> {
     pub events: Vec<Candidate<'a>>,
     pub tracking: Option<(&'a str, u64)>,
+    /// The store the append goes to, for a check whose rules are events in it.
+    pub log: &'a dyn LogView,
+}
+
+impl std::fmt::Debug for Admitting<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitting")
+            .field("events", &self.events)
+            .field("tracking", &self.tracking)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What an admission check may read of the log: its head, and the events of some types after
+/// a position (the store's own records, which are few: never a client's whole history).
+pub trait LogView {
+    /// The last position readers see.
+    fn head(&self) -> u64;
+    /// The first position after `after` holding an event of `types`, from the index: cheap.
+    fn first_of_types_after(&self, types: &[&str], after: u64) -> Option<u64>;
+    /// The events of `types` after `after` up to the head, in order.
+    fn events_of_types(&self, types: &[&str], after: u64) -> Result<Vec<Recorded>, String>;
+}
+
+/// An event as [`LogView::events_of_types`] answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub position: u64,
+    pub event_type: String,
+    pub data: Vec<u8>,
+}
+
+/// What an admission check answers for an append it admits: the rules' fence, if its rules
+/// live in the log (see the module's doc).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Admitted {
+    pub fence: Option<Fence>,
+}
+
+/// The append is stored only if no event of `types` came after `after`: the position of the
+/// rules that admitted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub types: Vec<String>,
+    pub after: u64,
+}
+
+impl Fence {
+    /// One fence holding both: every type of either, after the earlier position.
+    pub fn join(self, other: Fence) -> Fence {
+        let mut types = self.types;
+        for t in other.types {
+            if !types.contains(&t) {
+                types.push(t);
+            }
+        }
+        Fence {
+            types,
+            after: self.after.min(other.after),
+        }
+    }
+}
+
+/// What was wrong with one event, as a check that judges each event against a JSON Schema
+/// finds it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Violation {
+    /// The event's place in the append, from 0.
+    pub index: usize,
+    pub event_type: String,
+    /// The schema version it was checked against.
+    pub version: u32,
+    /// Where in the event's data, as a JSON Pointer ("" for the whole).
+    pub instance_path: String,
+    /// Which keyword of the schema, as a JSON Pointer.
+    pub schema_path: String,
+    pub message: String,
 }
 
 /// Why an admission check refused an append.
@@ -41,6 +140,8 @@ pub struct Refusal {
     pub index: Option<usize>,
     /// What was wrong, for people.
     pub reason: String,
+    /// Each event's faults, when the check judges events one by one; may be empty.
+    pub violations: Vec<Violation>,
 }
 
 impl Refusal {
@@ -49,6 +150,7 @@ impl Refusal {
             kind,
             index: Some(index),
             reason: reason.into(),
+            violations: Vec::new(),
         }
     }
 
@@ -57,6 +159,7 @@ impl Refusal {
             kind,
             index: None,
             reason: reason.into(),
+            violations: Vec::new(),
         }
     }
 }
@@ -73,12 +176,21 @@ impl std::fmt::Display for Refusal {
 /// A check every append made through the store must pass (see the module's doc). Checks run
 /// on callers' threads, several at once: they hold no lock a reader or the writer takes.
 pub trait Admission: Send + Sync + std::fmt::Debug {
-    fn admit(&self, append: &Admitting<'_>) -> Result<(), Refusal>;
+    fn admit(&self, append: &Admitting<'_>) -> Result<Admitted, Refusal>;
 }
 
-/// Several checks, run in order; the first refusal stands.
+/// Several checks, run in order; the first refusal stands, and the fences are joined.
 impl Admission for Vec<std::sync::Arc<dyn Admission>> {
-    fn admit(&self, append: &Admitting<'_>) -> Result<(), Refusal> {
-        self.iter().try_for_each(|check| check.admit(append))
+    fn admit(&self, append: &Admitting<'_>) -> Result<Admitted, Refusal> {
+        let mut fence: Option<Fence> = None;
+        for check in self {
+            if let Some(f) = check.admit(append)?.fence {
+                fence = Some(match fence {
+                    Some(before) => before.join(f),
+                    None => f,
+                });
+            }
+        }
+        Ok(Admitted { fence })
     }
 }

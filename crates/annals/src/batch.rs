@@ -108,7 +108,9 @@ impl EventBatch {
         let index = self.len();
         record::validate_type(index, event_type, &self.limits)?;
         // A batch is always a client's: the store makes its erasure receipts otherwise.
-        if event_type == crate::subject::SUBJECT_ERASED_TYPE {
+        if event_type == crate::subject::SUBJECT_ERASED_TYPE
+            || crate::admission::is_registry_type(event_type)
+        {
             return Err(InputError::ReservedType {
                 index,
                 event_type: event_type.into(),

@@ -211,7 +211,10 @@ pub enum InputError {
     NoSubjects,
     /// An event of the type erasures use for their receipts, appended by a client (with data
     /// subjects or without: such an event would read as a receipt once subjects were on).
-    #[error("event {index}: the type {event_type} is the store's own (erasure receipts)")]
+    #[error(
+        "event {index}: the type {event_type} is the store's own (erasure receipts, the schema \
+         registry)"
+    )]
     ReservedType { index: usize, event_type: String },
     /// Refused by the store's admission check ([`crate::Options::admission`]).
     #[error("{0}")]
@@ -290,6 +293,7 @@ pub const ERROR_KINDS: &[&str] = &[
     "reserved_type",
     "condition_failed",
     "tracking_not_increasing",
+    "admission_changed",
 ];
 
 /// Why an append did not happen, or may not have.
@@ -334,6 +338,14 @@ pub enum AppendError {
     /// Nothing was appended.
     #[error("the data subject {tag} was erased; events naming it are refused")]
     SubjectErased { tag: String },
+    /// The rules that admitted the append (event schemas, kept in the log) changed at
+    /// `position` before it was stored: nothing was appended. Send it again, to be judged by
+    /// the rules in force now.
+    #[error(
+        "the rules that admitted this append changed at position {position} before it was \
+         stored; nothing was appended, send it again"
+    )]
+    AdmissionChanged { position: u64 },
     /// The request is wrong: nothing was appended.
     #[error(transparent)]
     Input(#[from] InputError),
@@ -367,6 +379,7 @@ impl AppendError {
             AppendError::Unavailable { .. } => "database_unavailable",
             AppendError::QueueFull { .. } => "queue_full",
             AppendError::SubjectErased { .. } => "subject_erased",
+            AppendError::AdmissionChanged { .. } => "admission_changed",
             AppendError::Input(e) => e.kind(),
             AppendError::Store(e) => e.kind(),
         }
@@ -525,6 +538,7 @@ pub fn append_error_examples() -> Vec<AppendError> {
         },
         AppendError::QueueFull { depth: 1 },
         AppendError::SubjectErased { tag: "t".into() },
+        AppendError::AdmissionChanged { position: 1 },
     ]);
     all
 }
@@ -691,6 +705,7 @@ mod tests {
                 | AppendError::Unavailable { .. }
                 | AppendError::QueueFull { .. }
                 | AppendError::SubjectErased { .. }
+                | AppendError::AdmissionChanged { .. }
                 | AppendError::Input(_)
                 | AppendError::Store(_) => {}
             }

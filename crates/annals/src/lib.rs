@@ -62,6 +62,8 @@ mod read;
 pub mod readmodel;
 mod record;
 mod recovery;
+#[cfg(feature = "event-schemas")]
+pub mod registry;
 #[cfg(feature = "object-store")]
 mod replica;
 mod request;

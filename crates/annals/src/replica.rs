@@ -657,6 +657,7 @@ impl Follower {
             requests.push(Request {
                 append,
                 condition: None,
+                fence: None,
                 require_synced: false,
                 reply: Reply::new(ReplyTo::Callback(Box::new(move |outcome| {
                     if let Err(e) = outcome {

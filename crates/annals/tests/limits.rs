@@ -257,7 +257,7 @@ impl annals::admission::Admission for NoForbidden {
     fn admit(
         &self,
         append: &annals::admission::Admitting<'_>,
-    ) -> Result<(), annals::admission::Refusal> {
+    ) -> Result<annals::admission::Admitted, annals::admission::Refusal> {
         for event in &append.events {
             self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if event.data.windows(9).any(|w| w == b"forbidden") {
@@ -268,7 +268,7 @@ impl annals::admission::Admission for NoForbidden {
                 ));
             }
         }
-        Ok(())
+        Ok(annals::admission::Admitted::default())
     }
 }
 

@@ -592,6 +592,7 @@ pub(super) fn committed(append: EncodedAppend, appended_at: u64, reply: ReplyTo)
     Request {
         append,
         condition: None,
+        fence: None,
         require_synced: false,
         reply: Reply::new(reply),
         appended_at: Some(appended_at),

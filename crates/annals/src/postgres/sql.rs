@@ -368,7 +368,7 @@ pub(super) fn append_keys(append: &EncodedAppend, keys: &mut Vec<i64>) -> bool {
 }
 
 /// The keys that another server's append must hold to matter to the group's checks: for
-/// each item of each condition's query, the first of its tags (an event it matches holds
+/// each item of each condition's query (and each admission fence's), the first of its tags (an event it matches holds
 /// them all) or else each of its types; and each tracking source. None when any append
 /// could matter: a query that matches every event, or a condition reaching past `head`,
 /// whose `after` counts positions this server has not seen, among which the group's own
@@ -376,7 +376,7 @@ pub(super) fn append_keys(append: &EncodedAppend, keys: &mut Vec<i64>) -> bool {
 pub(super) fn probe(head: u64, accepted: &[Accepted], subjects: bool) -> Option<Vec<i64>> {
     let mut keys = Vec::new();
     for a in accepted {
-        if let Some(condition) = &a.request.condition {
+        for condition in a.request.condition.iter().chain(&a.request.fence) {
             if condition.after.unwrap_or(0) > head {
                 return None;
             }

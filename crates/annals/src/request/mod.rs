@@ -28,6 +28,10 @@ use crate::shared::Shared;
 pub(crate) struct Request {
     pub(crate) append: EncodedAppend,
     pub(crate) condition: Option<AppendCondition>,
+    /// The admission check's fence (see [`crate::admission::Fence`]): no event of its types
+    /// may stand after its `after`, or the append is answered
+    /// [`AppendError::AdmissionChanged`](crate::AppendError::AdmissionChanged).
+    pub(crate) fence: Option<AppendCondition>,
     pub(crate) require_synced: bool,
     pub(crate) reply: Reply,
     /// The append time to record, when it was decided elsewhere (by the database backend,

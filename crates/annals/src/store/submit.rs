@@ -58,14 +58,16 @@ impl Store {
         // With data subjects the sealing refuses it; without, it would read as an erasure's
         // receipt once subjects were configured (or to a server with subjects on the same
         // database, which would drop the subject's key as it took the receipt in).
-        if self.shared.keys.is_none() && !options.carried {
-            if let Some(index) = events
-                .iter()
-                .position(|e| e.event_type == crate::subject::SUBJECT_ERASED_TYPE)
-            {
+        // The registry's events likewise: only the registry appends them, carried.
+        if !options.carried {
+            let receipts = self.shared.keys.is_none();
+            if let Some((index, e)) = events.iter().enumerate().find(|(_, e)| {
+                (receipts && e.event_type == crate::subject::SUBJECT_ERASED_TYPE)
+                    || crate::admission::is_registry_type(&e.event_type)
+            }) {
                 return Err(InputError::ReservedType {
                     index,
-                    event_type: crate::subject::SUBJECT_ERASED_TYPE.into(),
+                    event_type: e.event_type.clone(),
                 }
                 .into());
             }
@@ -172,11 +174,19 @@ impl Store {
         // The admission check sees the append as the client gave it, before it is sealed;
         // the store's own receipts (and appends carried from another log) were admitted when
         // they were first made.
-        if let (Some(check), false) = (&self.shared.options.admission, receipt) {
-            check
-                .admit(&admitting(&append))
-                .map_err(InputError::NotAdmitted)?;
-        }
+        let fence = match (&self.shared.options.admission, receipt) {
+            (Some(check), false) => check
+                .admit(&admitting(&append, self))
+                .map_err(InputError::NotAdmitted)?
+                .fence
+                .map(|f| {
+                    AppendCondition::new(
+                        Query::item(crate::QueryItem::types(f.types)),
+                        Some(f.after),
+                    )
+                }),
+            _ => None,
+        };
         let append = match &self.shared.keys {
             None => append,
             Some(keys) => crate::seal::seal_append(append, keys.options(), keys.as_ref(), receipt)
@@ -226,6 +236,7 @@ impl Store {
         let request = Request {
             append,
             condition,
+            fence,
             require_synced: options.require_synced || off_machine,
             reply: Reply::new(reply),
             appended_at,
@@ -271,7 +282,7 @@ impl Store {
 }
 
 /// An encoded append as an admission check sees it.
-fn admitting(append: &EncodedAppend) -> crate::admission::Admitting<'_> {
+fn admitting<'a>(append: &'a EncodedAppend, store: &'a Store) -> crate::admission::Admitting<'a> {
     let events = crate::record::Entries::new(append.entries(), append.event_count)
         .trusted()
         .enumerate()
@@ -286,5 +297,43 @@ fn admitting(append: &EncodedAppend) -> crate::admission::Admitting<'_> {
     crate::admission::Admitting {
         events,
         tracking: append.tracking(),
+        log: store,
+    }
+}
+
+impl crate::admission::LogView for Store {
+    fn head(&self) -> u64 {
+        Store::head(self)
+    }
+
+    fn first_of_types_after(&self, types: &[&str], after: u64) -> Option<u64> {
+        let query = Query::item(crate::QueryItem::types(types.iter().copied()));
+        self.shared
+            .index
+            .read()
+            .first_query_match_after(&query, after)
+    }
+
+    fn events_of_types(
+        &self,
+        types: &[&str],
+        after: u64,
+    ) -> Result<Vec<crate::admission::Recorded>, String> {
+        let query = Query::item(crate::QueryItem::types(types.iter().copied()));
+        let options = ReadOptions {
+            after: Some(after),
+            ..ReadOptions::forwards()
+        };
+        let events = self.read(&query, options).map_err(|e| e.to_string())?;
+        events
+            .map(|event| {
+                let event = event.map_err(|e| e.to_string())?;
+                Ok(crate::admission::Recorded {
+                    position: event.position(),
+                    event_type: event.event_type().to_owned(),
+                    data: event.data().to_vec(),
+                })
+            })
+            .collect()
     }
 }

@@ -1,5 +1,5 @@
-//! An append's checks before it is staged: its condition (or a retry recognised by ids)
-//! and its tracking position.
+//! An append's checks before it is staged: its admission's fence, its condition (or a retry
+//! recognised by ids) and its tracking position.
 
 use super::*;
 
@@ -16,6 +16,17 @@ pub(crate) fn checked(
     pending_tracking: impl Fn(&str) -> Option<u64>,
 ) -> Option<Result<u64, AppendError>> {
     let append = &request.append;
+    // The rules that admitted the append must still be the newest: otherwise it was judged by
+    // rules that no longer hold, and the caller sends it again to be judged by the new ones.
+    if let Some(fence) = &request.fence {
+        let (query, after) = (&fence.fail_if_events_match, fence.after.unwrap_or(0));
+        let found = index
+            .first_query_match_after(query, after)
+            .or_else(|| pending_match(query, after));
+        if let Some(position) = found {
+            return Some(Err(AppendError::AdmissionChanged { position }));
+        }
+    }
     if let Some(condition) = &request.condition {
         let (query, after) = (
             &condition.fail_if_events_match,
