@@ -16,6 +16,123 @@ pub struct Error {
     /// A stable machine-readable kind, e.g. malformed_json, too_many_tags, body_too_large,
     /// unauthenticated, queue_full.
     pub kind: String,
+    /// What was wrong with each event (kinds schema_violation and history_violation); absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<Violation>,
+}
+
+/// One fault of one event against its type's schema.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Violation {
+    /// The event's index in the append (schema_violation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u64>,
+    /// The stored event's position (history_violation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The schema version it was checked against (0: its type has none, and the store refuses
+    /// types without one).
+    pub version: u32,
+    /// Where in the event's data, as a JSON Pointer ("" for the whole).
+    pub instance_path: String,
+    /// Which keyword of the schema, as a JSON Pointer.
+    pub schema_path: String,
+    pub message: String,
+}
+
+impl Violation {
+    pub fn of(v: &annals::admission::Violation, position: Option<u64>) -> Violation {
+        Violation {
+            index: position.is_none().then_some(v.index as u64),
+            position,
+            event_type: v.event_type.clone(),
+            version: v.version,
+            instance_path: v.instance_path.clone(),
+            schema_path: v.schema_path.clone(),
+            message: v.message.clone(),
+        }
+    }
+}
+
+/// The schema registry: the store-wide policy and every type with a schema.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaList {
+    /// allow (the default) or refuse events of types without a schema.
+    pub unknown_types: String,
+    pub types: Vec<SchemaType>,
+}
+
+/// A type's schemas.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaType {
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// reject, warn or off.
+    pub enforcement: String,
+    /// Oldest first.
+    pub versions: Vec<SchemaVersionInfo>,
+    /// With a position asked for: the version an event of the type at that position was
+    /// checked against (null: none, or enforcement off then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checked_against: Option<Option<CheckedAgainst>>,
+}
+
+/// One version of a type's schema.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaVersionInfo {
+    pub version: u32,
+    /// The position of its registration.
+    pub position: u64,
+    /// 2020-12 or draft-07.
+    pub draft: String,
+    /// How the stored events were checked before it was registered: stored (all of them)
+    /// or previously_accepted; and how many.
+    pub check: String,
+    pub checked_events: u64,
+    pub registered_at_us: u64,
+    /// The schema (in a type's answer; not in the list).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema: Option<serde_json::Value>,
+}
+
+/// The version an event was checked against.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckedAgainst {
+    pub version: u32,
+    /// reject (the event fits it) or warn (checked, stored either way).
+    pub enforcement: String,
+}
+
+/// What a registration did.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaRegistered {
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub version: u32,
+    /// The registration's position (the existing version's when unchanged; null for a dry
+    /// run).
+    pub position: Option<u64>,
+    /// Stored events of the type checked, and passed over (previously_accepted).
+    pub checked_events: u64,
+    pub passed_over: u64,
+    /// The schema is the newest version's already: nothing was registered.
+    pub unchanged: bool,
+    pub dry_run: bool,
+}
+
+/// A change of the registry's settings, and its position (0: nothing changed).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SchemaSettingChanged {
+    pub position: u64,
 }
 
 /// An event as reads and subscriptions answer it.
@@ -378,6 +495,10 @@ pub(crate) fn register(generator: &mut schemars::SchemaGenerator) {
         generator.subschema_for::<SnapshotRead>(),
         generator.subschema_for::<SnapshotList>(),
         generator.subschema_for::<SnapshotsRemoved>(),
+        generator.subschema_for::<SchemaList>(),
+        generator.subschema_for::<SchemaType>(),
+        generator.subschema_for::<SchemaRegistered>(),
+        generator.subschema_for::<SchemaSettingChanged>(),
     ] {
         debug_assert!(schema.get("$ref").is_some(), "{schema:?} is a named schema");
     }

@@ -91,6 +91,13 @@ pub struct Config {
     pub read_models: Vec<ReadModelSpec>,
     /// The matching engine the server hosts, journaled in its store; `None`: no exchange.
     pub exchange: Option<ExchangeConfig>,
+    /// Event schemas registered at start: a JSON Schema file per event type. A file equal to
+    /// its type's newest version registers nothing; a new one is checked against the stored
+    /// events like any registration, and a start whose schema they break fails.
+    pub schemas: Vec<SchemaFile>,
+    /// Set at start: whether events of types without a schema are taken (`allow`) or
+    /// refused (`refuse`); None leaves the store's setting as it is (`allow` at first).
+    pub schema_unknown_types: Option<annals::registry::UnknownTypes>,
 }
 
 impl Default for Config {
@@ -120,8 +127,19 @@ impl Default for Config {
             limits: ServerLimits::default(),
             read_models: Vec::new(),
             exchange: None,
+            schemas: Vec::new(),
+            schema_unknown_types: None,
         }
     }
+}
+
+/// An event type's schema, registered at start (see [`Config::schemas`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaFile {
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub file: PathBuf,
 }
 
 /// An API key given in the configuration.

@@ -132,7 +132,8 @@ pub(crate) fn append_status(e: &AppendError) -> Status {
         AppendError::OutcomeUnknown { .. }
         | AppendError::DiskFull { .. }
         | AppendError::Unavailable { .. }
-        | AppendError::QueueFull { .. } => by_kind(e.kind(), e.to_string()),
+        | AppendError::QueueFull { .. }
+        | AppendError::AdmissionChanged { .. } => by_kind(e.kind(), e.to_string()),
         AppendError::Input(e) => input_status(e),
         AppendError::Store(e) => store_status(e),
     }

@@ -79,6 +79,7 @@ fn replacement(head: &[u8]) -> Option<Vec<u8>> {
     let error = crate::answers::Error {
         error: message.into(),
         kind: kind.into(),
+        violations: Vec::new(),
     };
     let body = serde_json::to_string(&error).expect("an error serializes");
     Some(

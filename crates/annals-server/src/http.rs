@@ -394,7 +394,17 @@ fn grant(
 /// How the table of kinds answers a request the store refused (`kinds.rs`).
 pub(crate) fn input_error(e: &InputError) -> ApiError {
     let answer = crate::kinds::refused(e);
-    ApiError::new(answer.http, answer.http_kind, e.to_string())
+    let error = ApiError::new(answer.http, answer.http_kind, e.to_string());
+    match e {
+        InputError::NotAdmitted(refusal) => error.with_violations(
+            refusal
+                .violations
+                .iter()
+                .map(|v| answers::Violation::of(v, None))
+                .collect(),
+        ),
+        _ => error,
+    }
 }
 
 /// How the table of kinds answers a fault of the store (`kinds.rs`).
@@ -425,7 +435,8 @@ pub(crate) fn append_error(e: &AppendError) -> ApiError {
         | AppendError::DiskFull { .. }
         | AppendError::Unavailable { .. }
         | AppendError::QueueFull { .. }
-        | AppendError::SubjectErased { .. } => by_kind(e.kind(), e.to_string()),
+        | AppendError::SubjectErased { .. }
+        | AppendError::AdmissionChanged { .. } => by_kind(e.kind(), e.to_string()),
         AppendError::Input(e) => input_error(e),
         AppendError::Store(e) => store_error(e),
     }
@@ -1223,6 +1234,7 @@ async fn metrics_exposition(State(state): State<Arc<AppState>>) -> Response {
         .flatten();
     let scrape = crate::metrics::Scrape {
         snapshots: (shelf, state.store.snapshots().counts()),
+        schemas: state.registry.as_ref().map(|r| r.stats()),
         server: state.metrics.counts(),
         stats: state.store.stats(),
         stream_bytes: (

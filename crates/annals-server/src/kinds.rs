@@ -174,6 +174,17 @@ const TABLE: &[(&str, Answer)] = &[
             ErrorType::Io,
         ),
     ),
+    // Nothing was appended: the schemas changed while the append was judged; sent again, it
+    // is judged by the new ones (the server does so itself a few times first).
+    (
+        "admission_changed",
+        row(
+            "admission_changed",
+            StatusCode::CONFLICT,
+            Code::Aborted,
+            ErrorType::InvalidArgument,
+        ),
+    ),
     // Neither success nor failure: the client must find out (read, or retry with ids). Not
     // UNAVAILABLE, which gRPC clients may retry by themselves, storing the append twice.
     (
@@ -209,6 +220,13 @@ pub(crate) fn answer(kind: &'static str) -> Answer {
 /// row that word might name.
 pub(crate) fn refused(e: &annals::InputError) -> Answer {
     match e {
+        // Well-formed, but its events do not fit their types' schemas.
+        annals::InputError::NotAdmitted(refusal) if refusal.kind == "schema_violation" => row(
+            "schema_violation",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Code::InvalidArgument,
+            ErrorType::InvalidArgument,
+        ),
         annals::InputError::NotAdmitted(refusal) => invalid(refusal.kind),
         _ => answer(e.kind()),
     }

@@ -22,6 +22,7 @@ mod openapi;
 mod peers;
 mod process;
 pub mod readmodels;
+mod schemas;
 mod serve;
 #[cfg(test)]
 mod snapshot;
@@ -81,6 +82,8 @@ impl Server {
         });
         options.scrub = config.scrub();
         options.subjects = config.subjects().map_err(StartError::Config)?;
+        let registry = Arc::new(annals::registry::Registry::new());
+        options.admission = Some(registry.clone());
         // On PostgreSQL or as a replica, the copy of the log is kept in `--mirror` when given.
         let location = match (&config.replica_of, config.postgres()) {
             (Some(url), _) => annals::Location::Replica {
@@ -117,7 +120,7 @@ impl Server {
                 return Err(if locked { e } else { made.remove_after(e) });
             }
         };
-        match Self::serve_store(config, store.clone(), bound).await {
+        match Self::serve_store(config, store.clone(), Some(registry), bound).await {
             Ok(server) => Ok(server),
             Err(e) => {
                 // The store is closed before its directory goes; one still in use after the
@@ -133,10 +136,16 @@ impl Server {
         }
     }
 
-    /// Serves an already opened store.
-    pub async fn start_with_store(config: Config, store: Arc<Store>) -> Result<Server, StartError> {
+    /// Serves an already opened store; `registry`: its schema registry, when it was opened
+    /// with one as its admission check (otherwise the schema endpoints answer that it has
+    /// none).
+    pub async fn start_with_store(
+        config: Config,
+        store: Arc<Store>,
+        registry: Option<Arc<annals::registry::Registry>>,
+    ) -> Result<Server, StartError> {
         let bound = Bound::bind(&config).await?;
-        Self::serve_store(config, store, bound).await
+        Self::serve_store(config, store, registry, bound).await
     }
 
     /// Serves `store` on listeners already bound. Every step that can fail comes before the
@@ -144,6 +153,7 @@ impl Server {
     async fn serve_store(
         config: Config,
         store: Arc<Store>,
+        registry: Option<Arc<annals::registry::Registry>>,
         bound: Bound,
     ) -> Result<Server, StartError> {
         let Bound {
@@ -152,6 +162,14 @@ impl Server {
             tls,
             keys,
         } = bound;
+        if let Some(registry) = &registry {
+            let (store, registry, config) = (store.clone(), registry.clone(), config.clone());
+            tokio::task::spawn_blocking(move || schemas::load(&config, &store, &registry))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|loaded| loaded)
+                .map_err(StartError::Config)?;
+        }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let metrics = Arc::new(Metrics::default());
         let read_models = {
@@ -180,6 +198,7 @@ impl Server {
             keys,
             metrics,
             read_models: read_models.clone(),
+            registry,
             exchange: exchange.clone(),
             shutdown: shutdown_rx.clone(),
             stream_bytes: budget::Budget::new(config.limits.stream_bytes_max),
@@ -201,9 +220,12 @@ impl Server {
         // `http`'s helpers, so `http` names none of them.
         let mut routes = openapi::routes(
             &state,
-            snapshots::routes(
+            schemas::routes(
                 &state,
-                subjects::routes(&state, exchange::routes(&state, axum::Router::new())),
+                snapshots::routes(
+                    &state,
+                    subjects::routes(&state, exchange::routes(&state, axum::Router::new())),
+                ),
             ),
         );
         if state.config.console {

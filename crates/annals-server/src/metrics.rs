@@ -37,10 +37,12 @@ pub enum Op {
     Market,
     /// Decisions' snapshots: saves, reads with a snapshot, listings and removals.
     Snapshot,
+    /// Event schemas: listings, registrations and settings.
+    Schema,
 }
 
 const APIS: [Api; 2] = [Api::Http, Api::Grpc];
-const OPS: [Op; 9] = [
+const OPS: [Op; 10] = [
     Op::Append,
     Op::Read,
     Op::Head,
@@ -50,6 +52,7 @@ const OPS: [Op; 9] = [
     Op::Order,
     Op::Market,
     Op::Snapshot,
+    Op::Schema,
 ];
 
 impl Api {
@@ -73,6 +76,7 @@ impl Op {
             Op::Order => "exchange_order",
             Op::Market => "exchange_market",
             Op::Snapshot => "snapshot",
+            Op::Schema => "schema",
         }
     }
 }
@@ -276,6 +280,8 @@ pub struct Scrape {
     /// Decisions' snapshots: how many are kept (None when the shelf could not say) and what
     /// their loads and saves did.
     pub snapshots: (Option<SnapshotStats>, SnapshotCounts),
+    /// The schema registry's counts, when the store has one.
+    pub schemas: Option<annals::registry::RegistryStats>,
 }
 
 impl Scrape {
@@ -309,6 +315,9 @@ impl Collector for Scrape {
         )?;
         out.read_models(&self.read_models)?;
         out.snapshots(&self.snapshots)?;
+        if let Some(schemas) = &self.schemas {
+            out.schemas(schemas)?;
+        }
         if let Some(exchange) = &self.exchange {
             out.exchange(exchange)?;
         }
@@ -779,7 +788,27 @@ impl Out<'_> {
         )
     }
 
-    /// The read models' series, labelled by name.
+    /// The schema registry's checks on append.
+    fn schemas(&mut self, s: &annals::registry::RegistryStats) -> std::fmt::Result {
+        self.counters(
+            "annals_schema_checks",
+            "Events checked against their type's schema on append, by outcome: fit, refused \
+             (enforcement reject: the append was refused) or warned (enforcement warn: stored).",
+            [
+                ("fit", s.checked.saturating_sub(s.refused + s.warned)),
+                ("refused", s.refused),
+                ("warned", s.warned),
+            ]
+            .map(|(outcome, n)| ([("outcome", outcome)], n)),
+        )?;
+        self.counter(
+            "annals_schema_unknown_type_refusals",
+            "Appends refused because an event's type has no schema and the store refuses those.",
+            s.unknown_refused,
+        )
+    }
+
+    /// Decisions' snapshots' series.
     fn snapshots(
         &mut self,
         (stats, counts): &(Option<SnapshotStats>, SnapshotCounts),
@@ -1089,6 +1118,7 @@ mod tests {
                 Some(store.snapshots().stats().unwrap()),
                 store.snapshots().counts(),
             ),
+            schemas: Some(annals::registry::RegistryStats::default()),
         }
         .exposition();
         store.close().unwrap();

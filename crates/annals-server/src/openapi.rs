@@ -61,6 +61,9 @@ fn schemas() -> Value {
         generator.subschema_for::<annals::ReadOptions>(),
         generator.subschema_for::<annals::AppendCondition>(),
         generator.subschema_for::<crate::snapshots::SaveBody>(),
+        generator.subschema_for::<crate::schemas::RegisterBody>(),
+        generator.subschema_for::<crate::schemas::EnforcementBody>(),
+        generator.subschema_for::<crate::schemas::PolicyBody>(),
     ] {
         debug_assert!(schema.get("$ref").is_some(), "{schema:?} is a named schema");
     }
@@ -119,8 +122,9 @@ fn document() -> String {
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/AppendResponse" } } } },
                     "400": error_response("Malformed JSON, unknown fields, wrong types, data that is not base64 although its dataEncoding says so (the message names the event's index), or a limit broken (events, tags, sizes)."),
                     "408": error_response("The body did not arrive within the body timeout."),
-                    "409": error_response("A tracking position not above the one recorded for its source, or d4 asked of a server without a backup (off_machine_unavailable), or an event naming an erased data subject (subject_erased)."),
+                    "409": error_response("A tracking position not above the one recorded for its source, or d4 asked of a server without a backup (off_machine_unavailable), or an event naming an erased data subject (subject_erased), or the event schemas changed while the append was judged, again and again (admission_changed: nothing was appended; send it again)."),
                     "413": error_response("The body exceeds the configured limit."),
+                    "422": error_response("An event does not fit its type's newest schema, or (when the store refuses them) its type has none (schema_violation): nothing was appended; violations names each fault with the event's index, type, schema version, and paths in the event and the schema."),
                     "415": error_response("The body was not sent as application/json."),
                     "503": error_response("The append queue stayed full, the store is poisoned by a failed write or fsync (store_poisoned: the append was not written), the outcome is unknown (outcome_unknown: the append's write or fsync failed, its database commit could not be confirmed or denied, or a d4 append did not reach object storage in time), the database is unavailable (database_unavailable: nothing was appended), or the server is shutting down."),
                     "507": error_response("No room on the disk for the segment the append needs (disk_full): nothing was appended and nothing is poisoned; appends are taken again once there is room.")
@@ -290,10 +294,70 @@ fn document() -> String {
     doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), schemas());
     let (paths, schemas) = exchange();
     doc["paths"] = merge(doc["paths"].take(), paths);
+    doc["paths"] = merge(doc["paths"].take(), schema_paths());
     doc["components"]["schemas"] = merge(doc["components"]["schemas"].take(), schemas);
     bound_positions(&mut doc);
     common_refusals(&mut doc);
     doc.to_string()
+}
+
+/// The event schemas' operations (`schemas.rs`).
+fn schema_paths() -> Value {
+    let type_param = json!({
+        "name": "type", "in": "path", "required": true,
+        "schema": { "$ref": "#/components/schemas/Name" }
+    });
+    let body = |name: &str| json!({ "required": true, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{name}") } } } });
+    let answer = |description: &str, name: &str| json!({ "description": description, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{name}") } } } });
+    json!({
+        "/v1/schemas": { "get": {
+            "summary": "The event schema registry (scope read): whether types without a schema are taken, and every type with a schema: its enforcement and versions (without their schemas).",
+            "responses": merge(json!({ "200": answer("The registry.", "SchemaList") }), auth_errors())
+        } },
+        "/v1/schemas/{type}": { "get": {
+            "summary": "One type's schemas, every version with its schema (scope read). With position, also the version an event of the type at that position was checked against.",
+            "parameters": [
+                type_param,
+                { "name": "position", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0, "maximum": u64::MAX } }
+            ],
+            "responses": merge(json!({
+                "200": answer("The type's schemas.", "SchemaType"),
+                "404": error_response("The type has no schema (schema_not_found).")
+            }), auth_errors())
+        } },
+        "/v1/admin/schemas/{type}": { "post": {
+            "summary": "Register a new version of a type's schema (scope admin), after checking it against every stored event of the type (or, with check previously_accepted, those the previous version accepts). With dryRun, check and register nothing. A schema equal to the newest version's registers nothing (unchanged).",
+            "description": "The registration is an event in the log: every server of the store, its replicas, backups and copies carry it. From its position on, appends of the type are judged against it (enforcement reject by default).",
+            "parameters": [type_param],
+            "requestBody": body("SchemaRegistration"),
+            "responses": merge(json!({
+                "200": answer("A dry run passed, or the schema is the newest version's already.", "SchemaRegistered"),
+                "201": answer("Registered.", "SchemaRegistered"),
+                "400": error_response("Malformed JSON or unknown fields; a type that is the store's own or breaks the limits (invalid_type); a schema that is not a JSON Schema, breaks its draft's meta-schema or refers to a document outside itself (invalid_schema), or names a draft other than 2020-12 and draft 7 (unknown_draft)."),
+                "403": error_response("The key lacks the admin scope, or the server is a read replica (read_only_replica)."),
+                "409": error_response("Stored events of the type do not fit it (history_violation: violations names the first of them, by position), or the version asked for is not the next (version_taken)."),
+                "413": error_response("The body, or the schema (64 KiB of JSON), is too large.")
+            }), auth_errors())
+        } },
+        "/v1/admin/schemas/{type}/enforcement": { "put": {
+            "summary": "Set how a type's schema is applied to appends (scope admin): reject, warn (stored, counted and logged) or off.",
+            "parameters": [type_param],
+            "requestBody": body("SchemaEnforcement"),
+            "responses": merge(json!({
+                "200": answer("The position of the change (or of the setting in force, when the same).", "SchemaSettingChanged"),
+                "403": error_response("The key lacks the admin scope, or the server is a read replica (read_only_replica)."),
+                "404": error_response("The type has no schema (schema_not_found).")
+            }), auth_errors())
+        } },
+        "/v1/admin/schema-policy": { "put": {
+            "summary": "Set whether events of types without a schema are taken (allow) or refused (refuse) (scope admin).",
+            "requestBody": body("SchemaPolicy"),
+            "responses": merge(json!({
+                "200": answer("The position of the change (0: nothing changed).", "SchemaSettingChanged"),
+                "403": error_response("The key lacks the admin scope, or the server is a read replica (read_only_replica).")
+            }), auth_errors())
+        } }
+    })
 }
 
 /// The refusals every operation of a kind can meet, whatever it does: a body that is not

@@ -12,6 +12,9 @@ use tokio::sync::watch;
 
 use crate::{budget, wire, Config, HostedModels, Metrics};
 
+/// How many times an append is judged when the schemas keep changing under it.
+const ADMISSIONS_MAX: u32 = 3;
+
 /// What the request handlers share.
 pub(crate) struct AppState {
     pub store: Arc<Store>,
@@ -20,6 +23,9 @@ pub(crate) struct AppState {
     pub keys: crate::auth::ApiKeys,
     pub metrics: Arc<Metrics>,
     pub read_models: Arc<HostedModels>,
+    /// The store's schema registry (its admission check); None when the store was opened
+    /// without one.
+    pub registry: Option<Arc<annals::registry::Registry>>,
     /// The exchange, when the server hosts one.
     pub exchange: Option<Arc<annals_exchange::hosted::Hosted>>,
     /// Turns true when the server starts shutting down; ends subscriptions.
@@ -103,8 +109,10 @@ impl AppState {
             }
             return Ok(0);
         }
-        // A full queue is retried for up to a second; the clock is read only then.
+        // A full queue is retried for up to a second; the clock is read only then. An append
+        // judged by schemas replaced before it was stored is judged again, a few times.
         let mut deadline = None;
+        let mut judged = 0;
         loop {
             match self
                 .store
@@ -117,6 +125,9 @@ impl AppState {
                             .get_or_insert_with(|| Instant::now() + Duration::from_secs(1)) =>
                 {
                     tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(AppendError::AdmissionChanged { .. }) if judged < ADMISSIONS_MAX => {
+                    judged += 1;
                 }
                 outcome => return outcome,
             }

@@ -201,6 +201,8 @@ pub struct ApiError {
     pub status: http::StatusCode,
     pub kind: &'static str,
     pub message: String,
+    /// Each event's faults against its schema, when those are why.
+    pub violations: Vec<crate::answers::Violation>,
 }
 
 impl ApiError {
@@ -209,7 +211,13 @@ impl ApiError {
             status,
             kind,
             message: message.into(),
+            violations: Vec::new(),
         }
+    }
+
+    pub fn with_violations(mut self, violations: Vec<crate::answers::Violation>) -> Self {
+        self.violations = violations;
+        self
     }
 
     pub fn bad_request(kind: &'static str, message: impl Into<String>) -> Self {
@@ -220,6 +228,7 @@ impl ApiError {
         let answer = crate::answers::Error {
             error: self.message.clone(),
             kind: self.kind.to_string(),
+            violations: self.violations.clone(),
         };
         serde_json::to_string(&answer).expect("an error serializes")
     }

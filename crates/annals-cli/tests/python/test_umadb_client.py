@@ -166,3 +166,40 @@ def test_a_data_subject_reads_back_until_erased(client):
         client.append([Event(event_type="Moved", tags=[subject], data=b"x")])
     assert "subject_erased" in str(refused.value)
     assert not isinstance(refused.value, umadb.IntegrityError)
+
+
+def test_an_event_that_breaks_its_schema_is_a_clear_error(client):
+    """A schema registered for a type (an admin call over HTTP, ANNALS_HTTP_URL): an append
+    through the client with an event that breaks it is refused whole with a message naming the
+    event's index, its type, the schema version and the path in the event; nothing is stored;
+    a valid one is stored."""
+    import json
+    import urllib.request
+
+    http = os.environ.get("ANNALS_HTTP_URL")
+    if not http:
+        pytest.skip("no HTTP address to register a schema at")
+    kind = ns("Registered")
+    schema = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+    request = urllib.request.Request(
+        f"{http}/v1/admin/schemas/{kind}",
+        data=json.dumps({"schema": schema}).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request) as answer:
+        assert json.load(answer)["version"] == 1
+    t = ns("schema")
+    head = client.head()
+    with pytest.raises(Exception) as refused:
+        client.append([
+            Event(event_type=kind, tags=[t], data=b'{"name": "ada"}'),
+            Event(event_type=kind, tags=[t], data=b'{"name": 7}'),
+        ])
+    message = str(refused.value)
+    assert "event 1" in message and f"{kind} v1" in message and "/name" in message, message
+    assert not isinstance(refused.value, umadb.IntegrityError)
+    assert client.head() == head, "a refused append stores nothing"
+    assert list(client.read(query=by_tag(t))) == []
+    client.append([Event(event_type=kind, tags=[t], data=b'{"name": "ada"}')])
+    assert len(list(client.read(query=by_tag(t)))) == 1

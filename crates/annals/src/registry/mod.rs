@@ -51,6 +51,7 @@ const VIOLATIONS_MAX: usize = 64;
 
 /// How a type's schema is applied to appends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Enforcement {
     /// An append with an event that fails is refused whole.
@@ -63,6 +64,7 @@ pub enum Enforcement {
 
 /// Whether the store takes events of types that have no schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownTypes {
     #[default]
@@ -497,19 +499,32 @@ impl Registry {
         }
         let events: std::collections::BTreeSet<usize> =
             violations.iter().map(|v| v.index).collect();
-        let first = &violations[0];
+        // Every fault in the text too: UmaDB's clients show only an error's message.
+        let faults: Vec<String> = violations
+            .iter()
+            .map(|v| {
+                let schema = match v.schema_path.is_empty() {
+                    true => String::new(),
+                    false => format!(" (schema {})", v.schema_path),
+                };
+                format!(
+                    "event {} ({} v{}) at {}{schema}: {}",
+                    v.index,
+                    v.event_type,
+                    v.version,
+                    compile::pointer(&v.instance_path),
+                    v.message
+                )
+            })
+            .collect();
         let reason = format!(
-            "{} of the append's events do not fit their schemas; event {} ({} v{}) at {}: {}",
+            "{} of the append's events do not fit their schemas; nothing was appended: {}",
             events.len(),
-            first.index,
-            first.event_type,
-            first.version,
-            compile::pointer(&first.instance_path),
-            first.message
+            faults.join("; ")
         );
         Err(Refusal {
             kind: "schema_violation",
-            index: Some(first.index),
+            index: None,
             reason,
             violations,
         })
