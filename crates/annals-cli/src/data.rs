@@ -342,7 +342,12 @@ impl Target {
 
 /// Opens the store at a directory or PostgreSQL URL, naming it (without a password) in errors.
 /// Its data subjects are the options' (`SubjectArgs`, the same flags for every command).
-pub(crate) fn open_store(location: &str, options: Options) -> Result<Store, Failure> {
+/// Opens a store for a command; unless the command gives its own admission check, with the
+/// store's schema registry, so that an append made here is judged as a server judges it.
+pub(crate) fn open_store(location: &str, mut options: Options) -> Result<Store, Failure> {
+    if options.admission.is_none() {
+        options.admission = Some(std::sync::Arc::new(annals::registry::Registry::new()));
+    }
     Store::open_location(location, options).map_err(|e| {
         Failure::of_kind(
             e.kind(),
@@ -1071,6 +1076,17 @@ impl<'a> Import<'a> {
     }
 
     fn push(&mut self, line: ImportLine, position: u64) -> Result<(), String> {
+        if matches!(self.target, Some(Target::Url(_)))
+            && annals::admission::is_registry_type(&line.event.event_type)
+        {
+            return Err(format!(
+                "line {} holds an event of the schema registry ({}): a server takes its \
+                 registry from registrations, not from clients; import into a closed store \
+                 (--store), or leave the registry's lines out and register the schemas on the \
+                 server (annals schema put)",
+                line.number, line.event.event_type
+            ));
+        }
         if !self.args.erased_as_empty && (line.erased || line.is_receipt()) {
             self.check_erasable(&line)?;
             if line.is_receipt() {
@@ -1131,7 +1147,9 @@ impl<'a> Import<'a> {
         let Some(target) = self.target.as_mut() else {
             return Err("the store is not open".into());
         };
-        let carried = self.args.erased_as_empty;
+        // Into a store opened here, the lines are history carried as it is: not judged again
+        // by the store's schemas, the registry's own events among them.
+        let carried = self.args.erased_as_empty || matches!(target, Target::Dir(_));
         let last = match target.append(&self.batch, condition.as_ref(), carried)? {
             Ok(last) => last,
             Err(p) => {

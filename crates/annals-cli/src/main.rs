@@ -7,6 +7,7 @@ mod failure;
 mod inspect;
 mod readmodel;
 mod remote;
+mod schema;
 mod serve;
 mod subjects;
 
@@ -138,6 +139,10 @@ enum Command {
     /// The master key that encrypts the data subjects' keys.
     #[command(subcommand)]
     MasterKey(subjects::MasterKeyCommand),
+    /// Event schemas: a JSON Schema per event type, versioned in the log, checked on append
+    /// and against the stored events before a version is registered.
+    #[command(subcommand)]
+    Schema(schema::SchemaCommand),
 }
 
 fn main() {
@@ -159,6 +164,7 @@ fn main() {
         Command::Backup(command) => backup::run(command).map_err(Failure::from),
         Command::Erase(args) => subjects::erase(args),
         Command::MasterKey(command) => subjects::master_key(command),
+        Command::Schema(command) => schema::run(command),
     };
     if let Err(failure) = result {
         eprintln!("error: {failure}");

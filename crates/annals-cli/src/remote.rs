@@ -220,10 +220,29 @@ fn read_whole(body: &mut ureq::Body) -> Result<Vec<u8>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The server's message, and the stored events a schema refused, one per line (an append's
+/// faults are in the message itself).
 fn server_error(status: http::StatusCode, body: &[u8]) -> String {
-    let message = serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
+    let answer = serde_json::from_slice::<serde_json::Value>(body).ok();
+    let mut message = answer
+        .as_ref()
         .and_then(|v| v["error"].as_str().map(str::to_string))
         .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let empty = Vec::new();
+    let violations = answer
+        .as_ref()
+        .and_then(|v| v["violations"].as_array())
+        .unwrap_or(&empty);
+    for v in violations.iter().filter(|v| v["position"].is_u64()) {
+        let at = v["instancePath"]
+            .as_str()
+            .filter(|p| !p.is_empty())
+            .unwrap_or("/");
+        message.push_str(&format!(
+            "\n  position {} at {at}: {}",
+            v["position"],
+            v["message"].as_str().unwrap_or("")
+        ));
+    }
     format!("the server answered {status}: {message}")
 }

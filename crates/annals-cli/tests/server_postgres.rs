@@ -506,3 +506,43 @@ fn umadb_python_client_on_postgres() {
         ("ANNALS_PG_BIN", bin.display().to_string()),
     ]);
 }
+
+/// Goal: two servers on one PostgreSQL database enforce the same event schemas: a version
+/// registered through one judges the other's appends at once (B admits under the registry it
+/// has seen; its commit, fenced there, finds A's version and is judged again), the history
+/// check reads what the other stored, and a restart keeps the registry. Method: an event
+/// appended on B, a version it breaks refused on A; another type registered on A, then
+/// appended to on B straight away, valid and invalid; B restarted.
+#[test]
+fn two_servers_enforce_the_same_schemas() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let a = ServerProcess::start_postgres(&url(&cluster), &[]);
+    let mut b = ServerProcess::start_postgres(&url(&cluster), &[]);
+    let event = |data: &str| common::append_body(&[("Opened", &["account:1"], data)], None);
+    b.append(&event(r#"{"id":"before"}"#));
+    let schema = serde_json::json!({"schema": {
+        "type": "object", "required": ["id"], "properties": {"id": {"type": "integer"}}
+    }, "check": "previously_accepted"});
+    // Stored events break it: refused on A, naming the one on B.
+    let refused = a.post("/v1/admin/schemas/Opened", &schema.to_string());
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    let other = a.post("/v1/admin/schemas/Opened2", &schema.to_string());
+    assert_eq!(other.status, 201, "{}", other.text());
+    let event2 = |data: &str| common::append_body(&[("Opened2", &[], data)], None);
+    let refused = b.post("/v1/append", &event2(r#"{"id":"x"}"#));
+    assert_eq!(
+        refused.status,
+        422,
+        "B judges by A's version at once: {}",
+        refused.text()
+    );
+    b.append(&event2(r#"{"id":1}"#));
+    let listed = a.get("/v1/schemas").json();
+    assert_eq!(b.get("/v1/schemas").json(), listed);
+    b.terminate();
+    let b = ServerProcess::start_postgres(&url(&cluster), &[]);
+    assert_eq!(b.get("/v1/schemas").json(), listed);
+    assert_eq!(b.post("/v1/append", &event2("{}")).status, 422);
+}

@@ -419,3 +419,69 @@ fn the_registry_travels_with_the_log() {
         assert_eq!(refused.status, 422, "{place:?}: {}", refused.text());
     }
 }
+
+/// Goal: `annals schema` on a server and on a closed store: `check` registers nothing, `put`
+/// registers (and names the stored events a version breaks), `list` and `show` print them,
+/// `enforce` changes the enforcement; an append through the command line on a closed store is
+/// judged as the server judges it; an import into a server of an export holding the registry's
+/// events is refused, saying what to do, and one into a closed store carries them. Method:
+/// the binary run against both.
+#[test]
+fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("opened.json");
+    std::fs::write(&file, loose().to_string()).unwrap();
+    let file = file.to_str().unwrap();
+    let server = ServerProcess::start(&dir.path().join("data"), &[]);
+    server.append(&opened(r#"{"id":"odd"}"#));
+    let url = format!("http://{}", server.http);
+    let (done, _, stderr) = run(&["schema", "put", "Opened", file, "--url", &url]);
+    assert!(!done && stderr.contains("position 1 at /id"), "{stderr}");
+    let (done, _, _) = run(&["schema", "put", "Other", file, "--url", &url]);
+    assert!(done);
+    let out = ok(&["schema", "check", "Other", file, "--url", &url]);
+    assert!(out.contains("nothing was registered"), "{out}");
+    let out = ok(&["schema", "list", "--url", &url]);
+    assert!(out.contains("Other  1 versions"), "{out}");
+    let shown: Value =
+        serde_json::from_str(&ok(&["schema", "show", "Other", "--url", &url])).unwrap();
+    assert_eq!(shown["versions"][0]["schema"], loose());
+    ok(&["schema", "enforce", "Other", "warn", "--url", &url]);
+    assert_eq!(
+        server.get("/v1/schemas/Other").json()["enforcement"],
+        "warn"
+    );
+    let export = dir.path().join("export.ndjson");
+    ok(&["export", "--url", &url, "-o", export.to_str().unwrap()]);
+    drop(server);
+
+    // The same on a closed store.
+    let store = dir.path().join("closed");
+    let store = store.to_str().unwrap();
+    let (imported, _, stderr) = {
+        let other = ServerProcess::start(&dir.path().join("other"), &[]);
+        let other_url = format!("http://{}", other.http);
+        run(&["import", "--url", &other_url, export.to_str().unwrap()])
+    };
+    assert!(!imported && stderr.contains("schema registry"), "{stderr}");
+    ok(&["import", "--store", store, export.to_str().unwrap()]);
+    let out = ok(&["schema", "list", "--store", store]);
+    assert!(
+        out.contains("Other  1 versions") && out.contains("enforcement warn"),
+        "{out}"
+    );
+    ok(&["schema", "enforce", "Other", "reject", "--store", store]);
+    let (appended, _, stderr) = run(&[
+        "append", "--store", store, "--type", "Other", "--data", "{}",
+    ]);
+    assert!(!appended && stderr.contains("Other v1"), "{stderr}");
+    ok(&[
+        "append",
+        "--store",
+        store,
+        "--type",
+        "Other",
+        "--data",
+        r#"{"id":3}"#,
+    ]);
+}
