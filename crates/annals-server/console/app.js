@@ -330,7 +330,23 @@ function eventDetail(event) {
     parts.push(el('div', { class: 'muted', text: 'metadata' }),
       el('pre', { text: JSON.stringify(event.metadata, null, 2) }));
   }
+  const schema = el('div', { class: 'muted schema-version', text: 'schema: \u2026' });
+  parts.push(schema);
+  checkedAgainst(event).then((text) => { schema.textContent = 'schema: ' + text; });
   return el('div', {}, parts);
+}
+
+// Which version of its type's schema an event was checked against when it was appended.
+async function checkedAgainst(event) {
+  try {
+    const answer = await apiJson('/v1/schemas/' + encodeURIComponent(event.type) + '?position=' + event.position);
+    const against = answer.checkedAgainst;
+    if (!against) return 'not checked (the type had no schema then, or its enforcement was off)';
+    return 'checked against version ' + against.version + (against.enforcement === 'warn' ? ' (warn: stored whether it fit or not)' : '');
+  } catch (e) {
+    if (e.status === 404) return 'its type has no schema';
+    return 'unknown (' + e.message + ')';
+  }
 }
 
 // ---- Live --------------------------------------------------------------------------------
@@ -663,6 +679,41 @@ async function snapshotsPage() {
   onLeave(() => clearInterval(timer));
 }
 
+// ---- Schemas -----------------------------------------------------------------------------
+
+async function schemasPage() {
+  const summary = el('p', { class: 'muted' });
+  const table = el('tbody');
+  const shown = el('div');
+  main.replaceChildren(el('h2', { text: 'Schemas' }), summary,
+    el('table', {}, el('thead', {}, el('tr', {}, ['Type', '#Versions', '#Newest', '#Registered at', 'Draft', 'Enforcement'].map(header))), table),
+    shown);
+  const list = await apiJson('/v1/schemas');
+  summary.textContent = 'Types without a schema are ' + (list.unknownTypes === 'refuse' ? 'refused' : 'taken') + '. Register a version with annals schema put TYPE FILE.';
+  if (!list.types.length) {
+    table.append(el('tr', {}, el('td', { colspan: '6', class: 'muted', text: 'No type has a schema.' })));
+  }
+  for (const t of list.types) {
+    const newest = t.versions[t.versions.length - 1];
+    const row = el('tr', { class: 'event', tabindex: '0' },
+      el('td', { text: t.type }), el('td', { class: 'num', text: t.versions.length }),
+      el('td', { class: 'num', text: newest.version }), el('td', { class: 'num', text: newest.position }),
+      el('td', { text: newest.draft }), el('td', { text: t.enforcement }));
+    const show = async () => {
+      try {
+        const full = await apiJson('/v1/schemas/' + encodeURIComponent(t.type));
+        shown.replaceChildren(el('h3', { text: t.type }),
+          full.versions.slice().reverse().map((v) => el('div', {},
+            el('div', { class: 'muted', text: 'version ' + v.version + ', position ' + v.position + ', ' + v.draft + ', ' + fmt(v.checkedEvents) + ' stored events checked (' + v.check + ')' }),
+            el('pre', { class: 'data', text: JSON.stringify(v.schema, null, 2) }))));
+      } catch (e) { showError(e); }
+    };
+    row.addEventListener('click', show);
+    row.addEventListener('keydown', (e) => { if (e.key === 'Enter') show(); });
+    table.append(row);
+  }
+}
+
 // ---- Exchange ----------------------------------------------------------------------------
 
 async function exchangePage() {
@@ -715,7 +766,7 @@ async function exchangePage() {
 // ---- Routing -----------------------------------------------------------------------------
 
 const pages = {
-  events: eventsPage, live: livePage, store: storePage, readmodels: readModelsPage, snapshots: snapshotsPage,
+  events: eventsPage, live: livePage, store: storePage, readmodels: readModelsPage, snapshots: snapshotsPage, schemas: schemasPage,
   exchange: exchangePage,
 };
 

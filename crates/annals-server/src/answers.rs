@@ -18,7 +18,7 @@ pub struct Error {
     pub kind: String,
     /// What was wrong with each event (kinds schema_violation and history_violation); absent
     /// otherwise.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<Violation>,
 }
 

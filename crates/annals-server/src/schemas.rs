@@ -247,6 +247,7 @@ async fn show(
 
 /// Which stored events a new version must accept.
 #[derive(Deserialize, schemars::JsonSchema, Clone, Copy, Default)]
+#[schemars(rename = "SchemaHistoryCheck")]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Check {
     /// Every stored event of the type.
@@ -263,6 +264,7 @@ pub(crate) enum Check {
 pub(crate) struct RegisterBody {
     /// The JSON Schema: 2020-12 unless its $schema names draft 7; no references outside it;
     /// at most 64 KiB of JSON.
+    #[schemars(extend("type" = ["object", "boolean"]))]
     schema: serde_json::Value,
     #[serde(default)]
     check: Check,
@@ -283,6 +285,12 @@ async fn register(
     let body = read_body(&state, request).await?;
     let parsed: RegisterBody =
         serde_json::from_slice(&body).map_err(body_error("registration body"))?;
+    if parsed.version == Some(0) {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "registration body: versions count from 1",
+        ));
+    }
     let registration = Registration {
         event_type,
         schema: parsed.schema,

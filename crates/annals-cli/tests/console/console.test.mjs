@@ -211,6 +211,31 @@ try {
   await page.waitForFunction(() => document.querySelector('main tbody').textContent.includes('No snapshots'));
   check(await page.isHidden('#error'), 'the page removes a model\'s snapshots');
 
+  // Schemas: a version registered by a client is listed with its draft and enforcement, its
+  // schema shown; an event of the type says which version it was checked against.
+  {
+    const r = await fetch(OPEN_URL + '/v1/admin/schemas/SchemaCheck', {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ schema: { type: 'object', required: ['seats'] } }),
+    });
+    if (r.status !== 201) throw new Error('schema registration ' + r.status + ': ' + await r.text());
+  }
+  await append([{ type: 'SchemaCheck', tags: ['schema'], data: '{"seats":3}' }]);
+  await page.goto(OPEN_URL + '/#/schemas');
+  await page.waitForFunction(() => document.querySelector('main tbody') && document.querySelector('main tbody').textContent.includes('SchemaCheck'));
+  const schemaRow = await page.textContent('main tbody');
+  check(/SchemaCheck\s*1\s*1\s*[0-9]+\s*2020-12\s*reject/.test(schemaRow), 'the schemas page lists a type with its versions, draft and enforcement: ' + schemaRow);
+  await page.click('main tbody tr >> nth=0');
+  await page.waitForSelector('main pre.data');
+  check((await page.textContent('main pre.data')).includes('"seats"'), 'a type\'s schema is shown');
+  await shot(page, 'console-schemas');
+  await page.goto(OPEN_URL + '/#/events?q=' + encodeURIComponent(JSON.stringify([{ types: ['SchemaCheck'], tags: [] }])));
+  await page.waitForSelector('tbody tr.event');
+  await page.click('tbody tr.event >> nth=0');
+  await page.waitForFunction(() => { const s = document.querySelector('.schema-version'); return s && !s.textContent.includes('\u2026'); });
+  const against = await page.textContent('.schema-version');
+  check(against.includes('checked against version 1'), 'an event shows the schema version it was checked against: ' + against);
+
   // Narrow screens: the events page fits a phone's width.
   await page.setViewportSize({ width: 390, height: 844 });
   await page.goto(OPEN_URL + '/#/events');

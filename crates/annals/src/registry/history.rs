@@ -161,10 +161,11 @@ impl Registry {
                     .get(&event_type)
                     .and_then(|t| t.newest().cloned());
                 let newest = previous.as_ref().map_or(0, |v| v.listed.version);
-                if let Some(p) = previous
-                    .as_ref()
-                    .filter(|p| p.listed.schema == *compiled.schema)
-                {
+                let same = previous.as_ref().filter(|p| {
+                    p.listed.schema == *compiled.schema
+                        && registration.version.is_none_or(|v| v == p.listed.version)
+                });
+                if let Some(p) = same {
                     return Ok(Registered {
                         event_type,
                         version: p.listed.version,
