@@ -702,10 +702,10 @@ async function schemasPage() {
     const show = async () => {
       try {
         const full = await apiJson('/v1/schemas/' + encodeURIComponent(t.type));
-        shown.replaceChildren(el('h3', { text: t.type }),
+        shown.replaceChildren(el('h3', { text: t.type }), el('div', {},
           full.versions.slice().reverse().map((v) => el('div', {},
             el('div', { class: 'muted', text: 'version ' + v.version + ', position ' + v.position + ', ' + v.draft + ', ' + fmt(v.checkedEvents) + ' stored events checked (' + v.check + ')' }),
-            el('pre', { class: 'data', text: JSON.stringify(v.schema, null, 2) }))));
+            el('pre', { class: 'data', text: JSON.stringify(v.schema, null, 2) })))));
       } catch (e) { showError(e); }
     };
     row.addEventListener('click', show);
