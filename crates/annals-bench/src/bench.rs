@@ -70,6 +70,10 @@ pub struct AppendArgs {
     /// Data subjects the store seals (the `subjects` benchmark sets it).
     #[arg(skip)]
     pub(crate) subjects: Option<annals::SubjectOptions>,
+    /// A schema of the events' type ("Deposited"), registered in the store's registry before
+    /// the writers start (the `schema` benchmark sets it); None: the store has no registry.
+    #[arg(skip)]
+    pub(crate) schema: Option<Value>,
 }
 
 /// `writers` async writers of conditional appends of one 256-byte event with two tags, D3:
@@ -91,6 +95,7 @@ pub(crate) fn conditional_writers(dir: &Path, writers: usize, events: u64) -> Ap
         runtime_threads: None,
         backup: None,
         subjects: None,
+        schema: None,
     }
 }
 
@@ -99,6 +104,8 @@ pub(crate) fn conditional_writers(dir: &Path, writers: usize, events: u64) -> Ap
 pub(crate) enum Data {
     Repeated,
     Json,
+    /// A JSON object of ten fields that the `schema` benchmark's schema accepts.
+    Record,
 }
 
 /// `bytes` of JSON such as an application's event carries: an account, an amount, a currency,
@@ -544,6 +551,7 @@ fn make_batch(
             let data = match args.data {
                 Data::Repeated => payload.clone(),
                 Data::Json => json_data(rng, args.event_bytes),
+                Data::Record => crate::bench_schema::record_data(rng, args.event_bytes),
             };
             NewEvent {
                 event_type: "Deposited".to_owned(),
@@ -584,13 +592,26 @@ pub(crate) fn append_run(
     store_dir: &Path,
 ) -> Result<RunResult, String> {
     fresh_dir(store_dir)?;
+    let registry = args
+        .schema
+        .as_ref()
+        .map(|_| Arc::new(annals::registry::Registry::new()));
     let options = Options {
         preallocation: args.preallocate,
         backup: args.backup.clone(),
         subjects: args.subjects.clone(),
+        admission: registry
+            .clone()
+            .map(|r| r as Arc<dyn annals::admission::Admission>),
         ..bench_options(durability)
     };
     let store = Arc::new(Store::open(store_dir, options).map_err(|e| e.to_string())?);
+    if let (Some(registry), Some(schema)) = (&registry, &args.schema) {
+        let registration = annals::registry::Registration::new("Deposited", schema.clone());
+        registry
+            .register(&store, registration, &mut |_| {})
+            .map_err(|e| e.to_string())?;
+    }
     let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let sampler = args.backup.as_ref().map(|_| {
         let (store, sampling) = (store.clone(), sampling.clone());

@@ -82,6 +82,10 @@ pub struct HttpArgs {
     /// API key to send (Authorization: Bearer).
     #[arg(long)]
     api_key: Option<String>,
+    /// Events hold a JSON object of ten fields (the `schema` benchmark's) instead of one byte
+    /// repeated.
+    #[arg(skip)]
+    record: bool,
 }
 
 const READ_TAGS: u64 = 10_000;
@@ -773,7 +777,15 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
         }
     };
     let target = Arc::new(target);
-    let data = Arc::new("x".repeat(args.event_bytes));
+    let data = Arc::new(match args.record {
+        // Written inside a JSON string: its quotes escaped.
+        true => {
+            let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1);
+            let record = crate::bench_schema::record_data(&mut rng, args.event_bytes);
+            String::from_utf8_lossy(&record).replace('"', "\\\"")
+        }
+        false => "x".repeat(args.event_bytes),
+    });
     if matches!(args.workload, Workload::Read | Workload::Mixed) && args.preload > 0 {
         runtime.block_on(preload(&target, args.preload, &data))?;
     }
@@ -892,5 +904,27 @@ pub(crate) fn run_against(
         event_bytes: 256,
         preload,
         api_key: None,
+        record: false,
+    })
+}
+
+/// The `schema` benchmark's HTTP load: 64 connections of conditional appends of one event of
+/// 1 KiB of JSON (ten fields), one run of `seconds`, against a running server.
+pub(crate) fn run_schema_load(http: SocketAddr, seconds: f64) -> Result<Value, String> {
+    run(HttpArgs {
+        url: Some(format!("http://{http}")),
+        grpc_url: None,
+        dir: PathBuf::new(),
+        durability: "as configured on the server".into(),
+        workload: Workload::Conditional,
+        protocol: Protocol::Http,
+        connections: 64,
+        streams: 1,
+        seconds,
+        runs: 1,
+        event_bytes: 1024,
+        preload: 0,
+        api_key: None,
+        record: true,
     })
 }

@@ -7,6 +7,7 @@ mod bench_backup;
 mod bench_decide;
 mod bench_http;
 mod bench_postgres;
+mod bench_schema;
 mod bench_snapshot;
 mod bench_subjects;
 mod bench_umadb;
@@ -99,6 +100,12 @@ enum BenchCommand {
     ///
     /// Example: annals-bench snapshot --workload decide --events 1000000
     Snapshot(bench_snapshot::SnapshotArgs),
+    /// Event schemas: 64 HTTP connections and 64 embedded writers of 1 KiB events whose type
+    /// has a ten-property schema, checked and not (alternated); the check of a new version
+    /// against a million stored events.
+    ///
+    /// Example: annals-bench schema --runs 3
+    Schema(bench_schema::SchemaArgs),
 }
 
 /// Runs one benchmark and prints its JSON object.
@@ -116,6 +123,7 @@ fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Backup(args) => bench_backup::run(args)?,
         BenchCommand::Subjects(args) => bench_subjects::run(args)?,
         BenchCommand::Snapshot(args) => bench_snapshot::run(args)?,
+        BenchCommand::Schema(args) => bench_schema::run(args)?,
     };
     println!("{result}");
     Ok(())

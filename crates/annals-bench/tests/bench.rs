@@ -26,7 +26,7 @@ fn stdout_of(command: &mut Command) -> Vec<u8> {
 #[test]
 fn every_benchmark_has_help_with_an_example() {
     for name in [
-        "append", "read", "recover", "fsync", "http", "decide", "exchange", "umadb",
+        "append", "read", "recover", "fsync", "http", "decide", "exchange", "umadb", "schema",
     ] {
         let out = stdout_of(bench().args([name, "--help"]));
         let out = String::from_utf8(out).unwrap();
@@ -368,4 +368,38 @@ fn bench_postgres_floors_json_contract() {
     }
     // Figures not asked for are not made up.
     assert!(last["two_servers_http64_per_sec"].is_null(), "{last}");
+}
+
+/// Goal: `annals-bench schema` ends with one JSON line holding the HTTP and library ratios of
+/// checked to unchecked appends and the history check's rate, each measured (none refused).
+/// Method: a tiny run of every part on a temporary directory.
+#[test]
+fn bench_schema_json_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = stdout_of(
+        bench()
+            .args(["schema", "--runs", "1", "--seconds", "0.5"])
+            .args(["--events", "2000", "--history-events", "3000"])
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    let stdout = String::from_utf8(stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for (part, field) in [
+        ("http_64", "ratio_reject_to_off"),
+        ("http_64", "reject_appends_per_sec"),
+        ("library_64", "ratio_schema_to_no_registry"),
+        ("history", "check_events_per_sec"),
+        ("history", "read_and_parse_events_per_sec"),
+    ] {
+        assert!(
+            last[part][field].as_f64().is_some_and(|v| v > 0.0),
+            "missing {part}.{field} in {last}"
+        );
+    }
+    assert_eq!(
+        last["http_64"]["events_refused"], 0.0,
+        "every event fits: {last}"
+    );
+    assert!(last["fsync_floor_per_sec"].is_number());
 }
