@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    compile, validate, Held, Registry, RegistryError, SchemaVersion, VersionRecord, VERSION_TYPE,
+    compile, validate, HeldVersion, Registry, RegistryError, SchemaVersion, VersionRecord,
+    VERSION_TYPE,
 };
 use crate::admission::{Violation, REGISTRY_TYPES};
 use crate::{AppendCondition, AppendError, Query, QueryItem, ReadOptions, Store};
@@ -188,7 +189,7 @@ impl Registry {
                 }
             };
             failure.version = version;
-            let held = Held {
+            let held = HeldVersion {
                 listed: SchemaVersion {
                     version,
                     position: 0,

@@ -201,14 +201,14 @@ struct PolicyRecord {
 /// A version held in memory: what is listed, and its validator, or why it has none (a schema
 /// carried from a log whose registry compiled what this build cannot).
 #[derive(Debug, Clone)]
-struct Held {
+struct HeldVersion {
     listed: SchemaVersion,
     validator: Result<Arc<jsonschema::Validator>, String>,
 }
 
 #[derive(Debug, Default)]
 struct TypeState {
-    versions: Vec<Held>,
+    versions: Vec<HeldVersion>,
     /// Each change of enforcement, by position; `Reject` before the first.
     enforcement: Vec<(u64, Enforcement)>,
 }
@@ -226,7 +226,7 @@ impl TypeState {
         self.enforcement_at(u64::MAX)
     }
 
-    fn newest(&self) -> Option<&Held> {
+    fn newest(&self) -> Option<&HeldVersion> {
         self.versions.last()
     }
 }
@@ -568,7 +568,7 @@ fn push(violations: &mut Vec<Violation>, violation: Violation) {
 }
 
 /// What is wrong with `data` under `held`; empty when it fits.
-fn validate(held: &Held, index: usize, event_type: &str, data: &[u8]) -> Vec<Violation> {
+fn validate(held: &HeldVersion, index: usize, event_type: &str, data: &[u8]) -> Vec<Violation> {
     let version = held.listed.version;
     let violation = |instance_path: String, schema_path: String, message: String| Violation {
         index,
@@ -637,7 +637,7 @@ fn apply(state: &mut State, recorded: &crate::admission::Recorded) {
                 .versions
                 .last()
                 .is_none_or(|v| v.listed.version < r.version));
-            t.versions.push(Held {
+            t.versions.push(HeldVersion {
                 listed: SchemaVersion {
                     version: r.version,
                     position,
