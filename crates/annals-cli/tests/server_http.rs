@@ -565,6 +565,9 @@ fn openapi_describes_every_endpoint() {
             "/v1/admin/erase",
             "/v1/admin/exchange/symbols",
             "/v1/admin/readmodels/{name}/rebuild",
+            "/v1/admin/schema-policy",
+            "/v1/admin/schemas/{type}",
+            "/v1/admin/schemas/{type}/enforcement",
             "/v1/admin/snapshots",
             "/v1/admin/stats",
             "/v1/append",
@@ -584,6 +587,8 @@ fn openapi_describes_every_endpoint() {
             "/v1/read",
             "/v1/readmodels",
             "/v1/readmodels/{name}",
+            "/v1/schemas",
+            "/v1/schemas/{type}",
             "/v1/snapshots",
             "/v1/snapshots/read",
             "/v1/subscribe",
@@ -595,7 +600,7 @@ fn openapi_describes_every_endpoint() {
             // A rebuild is accepted (202) and runs in the background; a symbol is created.
             let ok = if path.ends_with("/rebuild") {
                 202
-            } else if path == "/v1/admin/exchange/symbols" {
+            } else if path == "/v1/admin/exchange/symbols" || path == "/v1/admin/schemas/{type}" {
                 201
             } else {
                 200
@@ -612,7 +617,8 @@ fn openapi_describes_every_endpoint() {
                 .replace("{name}", "m")
                 .replace("{account}", "1")
                 .replace("{id}", "1")
-                .replace("{symbol}", "0");
+                .replace("{symbol}", "0")
+                .replace("{type}", "T");
             if path == "/v1/subscribe" || path.ends_with("/stream") || path.ends_with("/reports") {
                 assert_eq!(Stream::open(server.http, &path, &[]).status, 200, "{path}");
                 continue;
@@ -632,6 +638,10 @@ fn openapi_describes_every_endpoint() {
                 "/v1/exchange/accounts/1/cancel-all" => "{}".into(),
                 "/v1/admin/exchange/symbols" => r#"{"tick":1,"lot":1}"#.into(),
                 "/v1/admin/erase" => r#"{"tag":"customer:1"}"#.into(),
+                // Registered first (paths sort), then its enforcement set and it shown.
+                "/v1/admin/schemas/T" => r#"{"schema":{}}"#.into(),
+                "/v1/admin/schemas/T/enforcement" => r#"{"enforcement":"warn"}"#.into(),
+                "/v1/admin/schema-policy" => r#"{"unknownTypes":"allow"}"#.into(),
                 "/v1/snapshots" => {
                     r#"{"model":"m","version":1,"query":{},"position":0,"state":{}}"#.into()
                 }
