@@ -156,6 +156,53 @@ fn json_data(rng: &mut StdRng, bytes: usize) -> Bytes {
     Bytes::from(s)
 }
 
+/// The ten-property schema the `schema` benchmark's events fit.
+pub(crate) fn schema() -> Value {
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["account", "amount_cents", "currency", "reference", "channel",
+                     "sequence", "country", "priority", "flagged", "note"],
+        "properties": {
+            "account": {"type": "string", "pattern": "^acc-[0-9a-f]{8}$"},
+            "amount_cents": {"type": "integer", "minimum": 1, "maximum": 1000000000},
+            "currency": {"enum": ["EUR", "USD", "GBP", "CHF"]},
+            "reference": {"type": "string", "minLength": 16, "maxLength": 16},
+            "channel": {"enum": ["web", "mobile", "branch", "api"]},
+            "sequence": {"type": "integer", "minimum": 0},
+            "country": {"type": "string", "minLength": 2, "maxLength": 2},
+            "priority": {"type": "integer", "minimum": 1, "maximum": 5},
+            "flagged": {"type": "boolean"},
+            "note": {"type": "string", "maxLength": 2048}
+        }
+    })
+}
+
+/// A JSON object of the ten fields, `bytes` long (the note fills it), its own per event.
+pub(crate) fn record_data(rng: &mut StdRng, bytes: usize) -> Bytes {
+    let reference: String = (0..16)
+        .map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.gen_range(0..36)]))
+        .collect();
+    let mut s = format!(
+        r#"{{"account":"acc-{:08x}","amount_cents":{},"currency":"{}","reference":"{reference}","channel":"{}","sequence":{},"country":"{}","priority":{},"flagged":{},"note":""#,
+        rng.gen::<u32>(),
+        rng.gen_range(1..10_000_000u32),
+        ["EUR", "USD", "GBP", "CHF"][rng.gen_range(0..4)],
+        ["web", "mobile", "branch", "api"][rng.gen_range(0..4)],
+        rng.gen::<u32>(),
+        ["DE", "FR", "NL", "CH"][rng.gen_range(0..4)],
+        rng.gen_range(1..=5),
+        rng.gen_bool(0.1),
+    );
+    while s.len() + 2 < bytes {
+        s.push_str(["pay ", "rent ", "card ", "fee "][rng.gen_range(0..4)]);
+    }
+    s.truncate(bytes.saturating_sub(2));
+    s.push_str("\"}");
+    Bytes::from(s)
+}
+
 /// How a benchmark's clients run: as async tasks on a runtime of a few threads (as in an async
 /// service) or as one OS thread each, blocking in the store's calls.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -551,7 +598,7 @@ fn make_batch(
             let data = match args.data {
                 Data::Repeated => payload.clone(),
                 Data::Json => json_data(rng, args.event_bytes),
-                Data::Record => crate::bench_schema::record_data(rng, args.event_bytes),
+                Data::Record => record_data(rng, args.event_bytes),
             };
             NewEvent {
                 event_type: "Deposited".to_owned(),

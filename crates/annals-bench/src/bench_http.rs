@@ -781,7 +781,7 @@ pub fn run(args: HttpArgs) -> Result<Value, String> {
         // Written inside a JSON string: its quotes escaped.
         true => {
             let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1);
-            let record = crate::bench_schema::record_data(&mut rng, args.event_bytes);
+            let record = crate::bench::record_data(&mut rng, args.event_bytes);
             String::from_utf8_lossy(&record).replace('"', "\\\"")
         }
         false => "x".repeat(args.event_bytes),

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 
 use annals::registry::{Registration, Registry};
 use annals::{Durability, NewEvent, Options, Query, QueryItem, ReadOptions, Store};
-use bytes::Bytes;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use serde_json::{json, Value};
 
-use crate::bench::{append_run, bench_options, conditional_writers, fsync_floor, median, Data};
+use crate::bench::{
+    append_run, bench_options, conditional_writers, fsync_floor, median, record_data, schema, Data,
+};
 
 #[derive(clap::Args)]
 pub struct SchemaArgs {
@@ -44,53 +45,6 @@ pub struct SchemaArgs {
 
 /// The bytes of each event's data.
 const EVENT_BYTES: usize = 1024;
-
-/// The ten-property schema the events fit.
-pub(crate) fn schema() -> Value {
-    json!({
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "type": "object",
-        "additionalProperties": false,
-        "required": ["account", "amount_cents", "currency", "reference", "channel",
-                     "sequence", "country", "priority", "flagged", "note"],
-        "properties": {
-            "account": {"type": "string", "pattern": "^acc-[0-9a-f]{8}$"},
-            "amount_cents": {"type": "integer", "minimum": 1, "maximum": 1000000000},
-            "currency": {"enum": ["EUR", "USD", "GBP", "CHF"]},
-            "reference": {"type": "string", "minLength": 16, "maxLength": 16},
-            "channel": {"enum": ["web", "mobile", "branch", "api"]},
-            "sequence": {"type": "integer", "minimum": 0},
-            "country": {"type": "string", "minLength": 2, "maxLength": 2},
-            "priority": {"type": "integer", "minimum": 1, "maximum": 5},
-            "flagged": {"type": "boolean"},
-            "note": {"type": "string", "maxLength": 2048}
-        }
-    })
-}
-
-/// A JSON object of the ten fields, `bytes` long (the note fills it), its own per event.
-pub(crate) fn record_data(rng: &mut StdRng, bytes: usize) -> Bytes {
-    let reference: String = (0..16)
-        .map(|_| char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[rng.gen_range(0..36)]))
-        .collect();
-    let mut s = format!(
-        r#"{{"account":"acc-{:08x}","amount_cents":{},"currency":"{}","reference":"{reference}","channel":"{}","sequence":{},"country":"{}","priority":{},"flagged":{},"note":""#,
-        rng.gen::<u32>(),
-        rng.gen_range(1..10_000_000u32),
-        ["EUR", "USD", "GBP", "CHF"][rng.gen_range(0..4)],
-        ["web", "mobile", "branch", "api"][rng.gen_range(0..4)],
-        rng.gen::<u32>(),
-        ["DE", "FR", "NL", "CH"][rng.gen_range(0..4)],
-        rng.gen_range(1..=5),
-        rng.gen_bool(0.1),
-    );
-    while s.len() + 2 < bytes {
-        s.push_str(["pay ", "rent ", "card ", "fee "][rng.gen_range(0..4)]);
-    }
-    s.truncate(bytes.saturating_sub(2));
-    s.push_str("\"}");
-    Bytes::from(s)
-}
 
 fn ratio(a: f64, b: f64) -> f64 {
     (a / b * 1000.0).round() / 1000.0

@@ -1076,14 +1076,13 @@ impl<'a> Import<'a> {
     }
 
     fn push(&mut self, line: ImportLine, position: u64) -> Result<(), String> {
-        if matches!(self.target, Some(Target::Url(_)))
-            && annals::admission::is_registry_type(&line.event.event_type)
-        {
+        let carried = matches!(self.target, Some(Target::Dir(_))) && !self.args.new_positions;
+        if !carried && annals::admission::is_registry_type(&line.event.event_type) {
             return Err(format!(
-                "line {} holds an event of the schema registry ({}): a server takes its \
-                 registry from registrations, not from clients; import into a closed store \
-                 (--store), or leave the registry's lines out and register the schemas on the \
-                 server (annals schema put)",
+                "line {} holds an event of the schema registry ({}): only an import into a \
+                 closed store (--store) that keeps the file's positions carries a registry; \
+                 leave the registry's lines out and register the schemas on the target \
+                 (annals schema put)",
                 line.number, line.event.event_type
             ));
         }
@@ -1149,7 +1148,8 @@ impl<'a> Import<'a> {
         };
         // Into a store opened here, the lines are history carried as it is: not judged again
         // by the store's schemas, the registry's own events among them.
-        let carried = self.args.erased_as_empty || matches!(target, Target::Dir(_));
+        let carried = self.args.erased_as_empty
+            || (matches!(target, Target::Dir(_)) && !self.args.new_positions);
         let last = match target.append(&self.batch, condition.as_ref(), carried)? {
             Ok(last) => last,
             Err(p) => {

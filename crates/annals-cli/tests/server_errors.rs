@@ -121,6 +121,11 @@ const NOT_LIVE: &[(&str, &str)] = &[
     ("subjects", "a fault of the subjects' keys"),
     ("queue_full", "a writer slower than its clients, a race"),
     (
+        "admission_changed",
+        "a schema registered while an append was judged, a race the server retries: the \
+         library's tests/schemas.rs",
+    ),
+    (
         "malformed_stored_append",
         "an append copied from another log, not a request",
     ),

@@ -521,13 +521,14 @@ fn two_servers_enforce_the_same_schemas() {
     let a = ServerProcess::start_postgres(&url(&cluster), &[]);
     let mut b = ServerProcess::start_postgres(&url(&cluster), &[]);
     let event = |data: &str| common::append_body(&[("Opened", &["account:1"], data)], None);
-    b.append(&event(r#"{"id":"before"}"#));
+    let before = b.append(&event(r#"{"id":"before"}"#))["position"].as_u64();
     let schema = serde_json::json!({"schema": {
         "type": "object", "required": ["id"], "properties": {"id": {"type": "integer"}}
     }, "check": "previously_accepted"});
     // Stored events break it: refused on A, naming the one on B.
     let refused = a.post("/v1/admin/schemas/Opened", &schema.to_string());
     assert_eq!(refused.status, 409, "{}", refused.text());
+    assert_eq!(refused.json()["violations"][0]["position"].as_u64(), before);
     let other = a.post("/v1/admin/schemas/Opened2", &schema.to_string());
     assert_eq!(other.status, 201, "{}", other.text());
     let event2 = |data: &str| common::append_body(&[("Opened2", &[], data)], None);
@@ -539,8 +540,28 @@ fn two_servers_enforce_the_same_schemas() {
         refused.text()
     );
     b.append(&event2(r#"{"id":1}"#));
+    assert_eq!(b.get("/v1/schemas").json(), a.get("/v1/schemas").json());
+    // Registrations of the same version on both servers at once: exactly one wins each time,
+    // whichever server it came through.
+    for round in 0..5 {
+        let path = format!("/v1/admin/schemas/Raced{round}");
+        let statuses: Vec<u16> = [a.http, b.http]
+            .map(|addr| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let body = format!(r#"{{"schema":{{"title":"{addr}"}},"version":1}}"#);
+                    let headers = [("content-type", "application/json")];
+                    common::request(addr, "POST", &path, &headers, body.as_bytes()).status
+                })
+            })
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        let mut sorted = statuses.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [201, 409], "round {round}: {statuses:?}");
+    }
     let listed = a.get("/v1/schemas").json();
-    assert_eq!(b.get("/v1/schemas").json(), listed);
     b.terminate();
     let b = ServerProcess::start_postgres(&url(&cluster), &[]);
     assert_eq!(b.get("/v1/schemas").json(), listed);

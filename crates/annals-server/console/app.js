@@ -686,14 +686,14 @@ async function schemasPage() {
   const table = el('tbody');
   const shown = el('div');
   main.replaceChildren(el('h2', { text: 'Schemas' }), summary,
-    el('table', {}, el('thead', {}, el('tr', {}, ['Type', '#Versions', '#Newest', '#Registered at', 'Draft', 'Enforcement'].map(header))), table),
+    el('table', {}, el('thead', {}, el('tr', {}, ['Type', '#Versions', '#Newest', '#Position', 'Draft', 'Enforcement'].map(header))), table),
     shown);
   const list = await apiJson('/v1/schemas');
   summary.textContent = 'Types without a schema are ' + (list.unknownTypes === 'refuse' ? 'refused' : 'taken') + '. Register a version with annals schema put TYPE FILE.';
   if (!list.types.length) {
     table.append(el('tr', {}, el('td', { colspan: '6', class: 'muted', text: 'No type has a schema.' })));
   }
-  for (const t of list.types) {
+  for (const t of list.types.filter((t) => t.versions.length)) {
     const newest = t.versions[t.versions.length - 1];
     const row = el('tr', { class: 'event', tabindex: '0' },
       el('td', { text: t.type }), el('td', { class: 'num', text: t.versions.length }),

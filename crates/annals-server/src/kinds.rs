@@ -182,7 +182,7 @@ const TABLE: &[(&str, Answer)] = &[
             "admission_changed",
             StatusCode::CONFLICT,
             Code::Aborted,
-            ErrorType::InvalidArgument,
+            ErrorType::Io,
         ),
     ),
     // Neither success nor failure: the client must find out (read, or retry with ids). Not
@@ -226,6 +226,13 @@ pub(crate) fn refused(e: &annals::InputError) -> Answer {
             StatusCode::UNPROCESSABLE_ENTITY,
             Code::InvalidArgument,
             ErrorType::InvalidArgument,
+        ),
+        // The registry could not read the log: the server's trouble, not the request's.
+        annals::InputError::NotAdmitted(refusal) if refusal.kind == "schema_unavailable" => row(
+            "schema_unavailable",
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unavailable,
+            ErrorType::Io,
         ),
         annals::InputError::NotAdmitted(refusal) => invalid(refusal.kind),
         _ => answer(e.kind()),

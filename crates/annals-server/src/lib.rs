@@ -82,7 +82,13 @@ impl Server {
         });
         options.scrub = config.scrub();
         options.subjects = config.subjects().map_err(StartError::Config)?;
-        let registry = Arc::new(annals::registry::Registry::new());
+        // The hosted exchange's journal is the server's own: never judged by a schema.
+        let registry = Arc::new(match config.exchange {
+            Some(_) => {
+                annals::registry::Registry::exempting(annals_exchange::codec::RESERVED_TYPES)
+            }
+            None => annals::registry::Registry::new(),
+        });
         options.admission = Some(registry.clone());
         // On PostgreSQL or as a replica, the copy of the log is kept in `--mirror` when given.
         let location = match (&config.replica_of, config.postgres()) {

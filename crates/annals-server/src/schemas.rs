@@ -140,7 +140,9 @@ pub(crate) fn registry_error(e: &RegistryError) -> ApiError {
             ),
         RegistryError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, kind, message),
         RegistryError::Append(e) => append_error(e),
-        RegistryError::Read(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, kind, message),
+        RegistryError::Read(_) | RegistryError::Busy(_) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, kind, message)
+        }
     }
 }
 

@@ -90,25 +90,32 @@ pub struct Admitted {
     pub fence: Option<Fence>,
 }
 
-/// The append is stored only if no event of `types` came after `after`: the position of the
-/// rules that admitted it.
+/// The append is stored only if no event matching one of `items` came after `after`: the
+/// position of the rules that admitted it. Checked by the writer as a condition is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
-    pub types: Vec<String>,
+    pub items: Vec<FenceItem>,
     pub after: u64,
 }
 
+/// Events of one of `types` carrying every tag of `tags` (a query item).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceItem {
+    pub types: Vec<String>,
+    pub tags: Vec<String>,
+}
+
 impl Fence {
-    /// One fence holding both: every type of either, after the earlier position.
+    /// One fence holding both: every item of either, after the earlier position.
     pub fn join(self, other: Fence) -> Fence {
-        let mut types = self.types;
-        for t in other.types {
-            if !types.contains(&t) {
-                types.push(t);
+        let mut items = self.items;
+        for item in other.items {
+            if !items.contains(&item) {
+                items.push(item);
             }
         }
         Fence {
-            types,
+            items,
             after: self.after.min(other.after),
         }
     }

@@ -206,15 +206,16 @@ fn a_new_version_is_checked_against_the_stored_events() {
     let loose = json!({"type": "object", "required": ["id"]});
     let mut dry = Registration::new("Opened", loose.clone());
     dry.dry_run = true;
-    let mut reports = 0;
+    let mut last = None;
     let done = registry
         .register(&store, dry, &mut |p| {
-            reports += 1;
             assert!(p.position <= p.head);
+            last = Some(p);
         })
         .unwrap();
     assert!(done.dry_run && done.position.is_none() && done.checked_events == 51);
-    assert!(reports >= 1);
+    let last = last.expect("progress reported");
+    assert_eq!((last.checked, last.failed, last.position), (51, 0, odd));
     assert_eq!(store.head(), odd, "a dry run appends nothing");
     assert_eq!(register(&registry, &store, "Opened", loose.clone()), 1);
     let again = registry
@@ -395,14 +396,14 @@ fn bad_registrations_change_nothing() {
     );
 }
 
-/// Admits after the registry, then waits at a barrier twice: lets a test register a version
-/// between an append's admission and its storing.
+/// Admits after the registry, then waits at a barrier twice when an event's data says so:
+/// lets a test register a version between an append's admission and its storing.
 #[derive(Debug)]
 struct Pause(Arc<Barrier>);
 
 impl Admission for Pause {
     fn admit(&self, append: &Admitting<'_>) -> Result<Admitted, Refusal> {
-        if append.events.iter().any(|e| e.event_type == "Paused") {
+        if append.events.iter().any(|e| e.data.ends_with(b"pause\"}")) {
             self.0.wait();
             self.0.wait();
         }
@@ -411,9 +412,10 @@ impl Admission for Pause {
 }
 
 /// Goal: an append judged by a version that a newer one replaced before it was stored stores
-/// nothing (`AdmissionChanged`), so that every event fits the version in force at its position.
-/// Method: an append admitted under version 1, held in admission while version 2 (which it
-/// breaks) is registered, then let go.
+/// nothing (`AdmissionChanged`), so that every event fits the version in force at its position;
+/// a registration of another type does not disturb it. Method: an append admitted under
+/// version 1, held in admission while version 2 (which it breaks) is registered, then let go;
+/// again with a version of another type registered meanwhile.
 #[test]
 fn an_append_judged_by_a_replaced_version_is_not_stored() {
     let dir = tempfile::tempdir().unwrap();
@@ -426,18 +428,26 @@ fn an_append_judged_by_a_replaced_version_is_not_stored() {
     };
     let store = Store::open(dir.path(), options).unwrap();
     register(&registry, &store, "Paused", json!({"type": "object"}));
-    let outcome = std::thread::scope(|s| {
-        let append = s.spawn(|| store.append(&[NewEvent::new("Paused", r#"{"a":1}"#)], None));
-        barrier.wait();
-        register(
-            &registry,
-            &store,
-            "Paused",
-            json!({"type": "object", "required": ["b"]}),
-        );
-        barrier.wait();
-        append.join().unwrap()
-    });
+    let held_while = |data: &'static str, event_type: &str, schema: serde_json::Value| {
+        std::thread::scope(|s| {
+            let append = s.spawn(|| store.append(&[NewEvent::new("Paused", data)], None));
+            barrier.wait();
+            // A registration that fails must not leave the append waiting at the barrier.
+            let registered =
+                registry.register(&store, Registration::new(event_type, schema), &mut |_| {});
+            barrier.wait();
+            registered.unwrap();
+            append.join().unwrap()
+        })
+    };
+    let other = held_while(r#"{"a":"pause"}"#, "Unrelated", json!({"type": "object"}));
+    assert!(
+        other.is_ok(),
+        "another type's version leaves it be: {other:?}"
+    );
+    // Version 2 refuses a field "c", which the held append has and the stored one has not.
+    let v2 = json!({"type": "object", "not": {"required": ["c"]}});
+    let outcome = held_while(r#"{"c":"pause"}"#, "Paused", v2);
     assert!(
         matches!(outcome, Err(AppendError::AdmissionChanged { .. })),
         "{outcome:?}"
@@ -448,5 +458,38 @@ fn an_append_judged_by_a_replaced_version_is_not_stored() {
         .unwrap()
         .map(|e| e.unwrap().event_type().to_owned())
         .collect();
-    assert!(!stored.iter().any(|t| t == "Paused"), "{stored:?}");
+    let paused = stored.iter().filter(|t| *t == "Paused").count();
+    assert_eq!(
+        paused, 1,
+        "only the first held append is stored: {stored:?}"
+    );
+}
+
+/// Goal: a registry made `exempting` a journal's types never judges nor fences their events
+/// and takes no schema for them, while other types are judged as before. Method: a store whose
+/// registry exempts "Journaled", with types without a schema refused.
+#[test]
+fn exempt_types_are_never_judged() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Arc::new(Registry::exempting(["Journaled"]));
+    let store = open(dir.path(), &registry);
+    registry
+        .set_unknown_types(&store, UnknownTypes::Refuse)
+        .unwrap();
+    store
+        .append(&[NewEvent::new("Journaled", "not json")], None)
+        .unwrap();
+    let e = registry
+        .register(
+            &store,
+            Registration::new("Journaled", json!({})),
+            &mut |_| {},
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), "invalid_type", "{e}");
+    violations(
+        store
+            .append(&[NewEvent::new("Other", "{}")], None)
+            .unwrap_err(),
+    );
 }

@@ -245,7 +245,21 @@ impl<R: Reactor> EffectDriver<R> {
             tracking: Some(Tracking::new(self.name.clone(), upto)),
             ..AppendOptions::default()
         };
-        match store.appending(&self.effects).options(options).wait() {
+        // Effects judged by schemas that changed before they were stored are judged again.
+        let mut outcome = store
+            .appending(&self.effects)
+            .options(options.clone())
+            .wait();
+        for _ in 0..3 {
+            if !matches!(outcome, Err(AppendError::AdmissionChanged { .. })) {
+                break;
+            }
+            outcome = store
+                .appending(&self.effects)
+                .options(options.clone())
+                .wait();
+        }
+        match outcome {
             Ok(_) => {
                 self.effects_appended += self.effects.len() as u64;
                 self.appends += 1;

@@ -141,8 +141,14 @@ impl Registry {
     ) -> Result<Registered, RegistryError> {
         check_type(store, &registration.event_type)?;
         let compiled = compile::compile(registration.schema)?;
+        if self.is_exempt(&registration.event_type) {
+            return Err(RegistryError::InvalidType(format!(
+                "{:?} is written by the store's own journal (the hosted exchange's) and takes no \
+                 schema",
+                registration.event_type
+            )));
+        }
         let _one = self.registering.lock();
-        self.catch_up(store)?;
         let event_type = registration.event_type;
         let mut checked = 0u64;
         let mut passed_over = 0u64;
@@ -155,8 +161,11 @@ impl Registry {
             events: Vec::new(),
         };
         for _ in 0..ATTEMPTS_MAX {
+            // The head first, then the rules: every registry event through the head is in
+            // them, and the condition below covers what comes after.
+            let head = store.head();
             let (previous, version) = {
-                let state = self.state.read();
+                let state = self.catch_up(store)?;
                 let previous = state
                     .types
                     .get(&event_type)
@@ -205,7 +214,6 @@ impl Registry {
                 HistoryCheck::Stored => None,
                 HistoryCheck::PreviouslyAccepted => previous,
             };
-            let head = store.head();
             let query = Query::item(QueryItem::types([event_type.as_str()]));
             let options = ReadOptions {
                 after: Some(through),
@@ -282,7 +290,8 @@ impl Registry {
             let event = crate::NewEvent::new(
                 VERSION_TYPE,
                 serde_json::to_vec(&record).expect("a registry record serialises"),
-            );
+            )
+            .tag(super::type_tag(&event_type));
             // Nothing of the type and nothing of the registry after the last event checked.
             let condition = AppendCondition::new(
                 Query::item(QueryItem::types([event_type.as_str()]))
@@ -312,12 +321,13 @@ impl Registry {
                     });
                 }
                 // Events came since: check them (and a registry that moved) and try again.
-                Err(AppendError::ConditionFailed { .. }) => self.catch_up(store)?,
+                Err(AppendError::ConditionFailed { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(RegistryError::Read(format!(
-            "events of {event_type:?} kept arriving during {ATTEMPTS_MAX} checks; try again"
+        Err(RegistryError::Busy(format!(
+            "events of {event_type:?} (or other registrations) kept arriving during \
+             {ATTEMPTS_MAX} checks; try again"
         )))
     }
 }

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::admission::{
-    Admission, Admitted, Admitting, Fence, LogView, Refusal, Violation, REGISTRY_TYPES,
+    Admission, Admitted, Admitting, Fence, FenceItem, LogView, Refusal, Violation, REGISTRY_TYPES,
 };
 use crate::error::AppendError;
 
@@ -48,6 +48,9 @@ const POLICY_TYPE: &str = REGISTRY_TYPES[2];
 /// [`VIOLATIONS_MAX`].
 const ERRORS_PER_EVENT_MAX: usize = 8;
 const VIOLATIONS_MAX: usize = 64;
+/// Faults written in a refusal's text at most, and the bytes of each message.
+const FAULTS_IN_TEXT: usize = 16;
+const MESSAGE_MAX: usize = 240;
 
 /// How a type's schema is applied to appends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +160,9 @@ pub enum RegistryError {
     /// The log could not be read.
     #[error("the registry could not read the log: {0}")]
     Read(String),
+    /// The log kept moving under a registration: nothing was registered; try again.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl RegistryError {
@@ -172,6 +178,7 @@ impl RegistryError {
             RegistryError::NotFound(_) => "schema_not_found",
             RegistryError::Append(e) => e.kind(),
             RegistryError::Read(_) => "read",
+            RegistryError::Busy(_) => "registry_busy",
         }
     }
 }
@@ -206,7 +213,7 @@ struct HeldVersion {
     validator: Result<Arc<jsonschema::Validator>, String>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct TypeState {
     versions: Vec<HeldVersion>,
     /// Each change of enforcement, by position; `Reject` before the first.
@@ -231,10 +238,11 @@ impl TypeState {
     }
 }
 
-/// The registry as of `seen_through`: every registry event at or before it is applied.
-#[derive(Debug, Default)]
-struct State {
-    seen_through: u64,
+/// The registry's rules as of `applied_through`, the position of the last registry event
+/// applied: a new value is made when one comes (rarely), and appends are judged by the value
+/// they took, holding no lock.
+#[derive(Debug, Default, Clone)]
+struct Rules {
     applied_through: u64,
     types: HashMap<String, TypeState>,
     unknown_types: UnknownTypes,
@@ -256,7 +264,12 @@ struct State {
 /// ```
 #[derive(Debug, Default)]
 pub struct Registry {
-    state: RwLock<State>,
+    rules: RwLock<Arc<Rules>>,
+    /// The head through which the log was looked at for registry events: none after the rules'
+    /// `applied_through` up to it.
+    seen: AtomicU64,
+    /// Types never judged nor fenced: those of the store's own journals (an exchange's).
+    exempt: Vec<String>,
     /// One registration at a time in this process; the log's condition orders them across
     /// processes.
     registering: Mutex<()>,
@@ -271,10 +284,23 @@ impl Registry {
         Registry::default()
     }
 
+    /// A registry that never judges events of `types` nor takes a schema for them: the types
+    /// of a journal the store's own code writes (the hosted exchange's), whose appends must
+    /// not fail on a schema an operator registers.
+    pub fn exempting<S: Into<String>>(types: impl IntoIterator<Item = S>) -> Registry {
+        Registry {
+            exempt: types.into_iter().map(Into::into).collect(),
+            ..Registry::default()
+        }
+    }
+
+    pub(crate) fn is_exempt(&self, event_type: &str) -> bool {
+        self.exempt.iter().any(|t| t == event_type)
+    }
+
     /// Every type with a schema (or an enforcement), sorted by name, as the log holds them now.
     pub fn types(&self, log: &dyn LogView) -> Result<Vec<TypeSchemas>, RegistryError> {
-        self.catch_up(log)?;
-        let state = self.state.read();
+        let state = self.catch_up(log)?;
         let sorted: BTreeMap<&String, &TypeState> = state.types.iter().collect();
         Ok(sorted
             .into_iter()
@@ -288,15 +314,13 @@ impl Registry {
         log: &dyn LogView,
         event_type: &str,
     ) -> Result<Option<TypeSchemas>, RegistryError> {
-        self.catch_up(log)?;
-        let state = self.state.read();
+        let state = self.catch_up(log)?;
         Ok(state.types.get(event_type).map(|t| listed(event_type, t)))
     }
 
     /// Whether types without a schema are taken.
     pub fn unknown_types(&self, log: &dyn LogView) -> Result<UnknownTypes, RegistryError> {
-        self.catch_up(log)?;
-        Ok(self.state.read().unknown_types)
+        Ok(self.catch_up(log)?.unknown_types)
     }
 
     /// The version an event of `event_type` at `position` was checked against when it was
@@ -309,8 +333,7 @@ impl Registry {
         event_type: &str,
         position: u64,
     ) -> Result<Option<CheckedAgainst>, RegistryError> {
-        self.catch_up(log)?;
-        let state = self.state.read();
+        let state = self.catch_up(log)?;
         let Some(t) = state.types.get(event_type) else {
             return Ok(None);
         };
@@ -347,9 +370,8 @@ impl Registry {
         enforcement: Enforcement,
     ) -> Result<u64, RegistryError> {
         let _one = self.registering.lock();
-        self.catch_up(store)?;
         {
-            let state = self.state.read();
+            let state = self.catch_up(store)?;
             let Some(t) = state
                 .types
                 .get(event_type)
@@ -368,7 +390,8 @@ impl Registry {
             event_type: event_type.into(),
             enforcement,
         };
-        self.append_record(store, ENFORCEMENT_TYPE, &record)
+        let tag = type_tag(event_type);
+        self.append_record(store, ENFORCEMENT_TYPE, Some(&tag), &record)
     }
 
     /// Sets whether types without a schema are taken. Answers the position of the change
@@ -382,7 +405,7 @@ impl Registry {
         if self.unknown_types(store)? == unknown_types {
             return Ok(0);
         }
-        self.append_record(store, POLICY_TYPE, &PolicyRecord { unknown_types })
+        self.append_record(store, POLICY_TYPE, None, &PolicyRecord { unknown_types })
     }
 
     /// Appends one of the registry's events (carried past admission, which refuses them from
@@ -391,10 +414,14 @@ impl Registry {
         &self,
         store: &crate::Store,
         event_type: &str,
+        tag: Option<&str>,
         record: &impl Serialize,
     ) -> Result<u64, RegistryError> {
         let data = serde_json::to_vec(record).expect("a registry record serialises");
-        let event = crate::NewEvent::new(event_type, data);
+        let mut event = crate::NewEvent::new(event_type, data);
+        if let Some(tag) = tag {
+            event = event.tag(tag);
+        }
         let options = crate::AppendOptions {
             carried: true,
             ..crate::AppendOptions::default()
@@ -407,45 +434,60 @@ impl Registry {
         Ok(position)
     }
 
-    /// Applies the registry's events the log holds beyond what was seen.
-    fn catch_up(&self, log: &dyn LogView) -> Result<(), RegistryError> {
+    /// The rules as the log holds them now: the registry's events beyond those applied are
+    /// applied first, if the index shows any.
+    fn catch_up(&self, log: &dyn LogView) -> Result<Arc<Rules>, RegistryError> {
         let head = log.head();
-        if self.state.read().seen_through == head {
-            return Ok(());
+        let rules = self.rules.read().clone();
+        if head < rules.applied_through {
+            // A log behind the rules is not the one they came from (a registry given to
+            // another store): start over.
+            *self.rules.write() = Arc::new(Rules::default());
+            self.seen.store(0, Ordering::Release);
+            return self.catch_up(log);
         }
-        let mut state = self.state.write();
-        if head < state.seen_through {
-            // A log behind what was seen is not the one seen (a registry given to another
-            // store): start over.
-            *state = State::default();
+        if head <= self.seen.load(Ordering::Acquire) {
+            return Ok(rules);
         }
-        if state.seen_through >= head {
-            return Ok(());
+        if log
+            .first_of_types_after(&REGISTRY_TYPES, rules.applied_through)
+            .is_none()
+        {
+            self.seen.fetch_max(head, Ordering::AcqRel);
+            return Ok(rules);
         }
-        let after = state.seen_through;
-        if log.first_of_types_after(&REGISTRY_TYPES, after).is_some() {
-            for recorded in log
-                .events_of_types(&REGISTRY_TYPES, after)
-                .map_err(RegistryError::Read)?
-            {
-                if recorded.position > state.applied_through {
-                    apply(&mut state, &recorded);
-                    state.applied_through = recorded.position;
-                }
+        let mut slot = self.rules.write();
+        let mut next = (**slot).clone();
+        for recorded in log
+            .events_of_types(&REGISTRY_TYPES, next.applied_through)
+            .map_err(RegistryError::Read)?
+        {
+            if recorded.position > next.applied_through {
+                apply(&mut next, &recorded);
+                next.applied_through = recorded.position;
             }
         }
-        state.seen_through = head.max(state.applied_through);
-        Ok(())
+        let next = Arc::new(next);
+        *slot = next.clone();
+        drop(slot);
+        self.seen.fetch_max(head, Ordering::AcqRel);
+        Ok(next)
     }
 
     /// Judges one append's events (see [`Admission::admit`]).
-    fn judge(&self, state: &State, append: &Admitting<'_>) -> Result<(), Refusal> {
+    fn judge(&self, state: &Rules, append: &Admitting<'_>) -> Result<(), Refusal> {
         let mut violations: Vec<Violation> = Vec::new();
         let mut unknown = None;
-        for event in &append.events {
+        let mut failing = std::collections::BTreeSet::new();
+        for event in append
+            .events
+            .iter()
+            .filter(|e| !self.is_exempt(e.event_type))
+        {
             let Some(t) = state.types.get(event.event_type) else {
                 if state.unknown_types == UnknownTypes::Refuse {
                     unknown.get_or_insert(event.index);
+                    failing.insert(event.index);
                     push(
                         &mut violations,
                         Violation {
@@ -485,6 +527,7 @@ impl Registry {
                 }
                 _ => {
                     self.refused.fetch_add(1, Ordering::Relaxed);
+                    failing.insert(event.index);
                     for v in found {
                         push(&mut violations, v);
                     }
@@ -497,11 +540,11 @@ impl Registry {
         if unknown.is_some() {
             self.unknown_refused.fetch_add(1, Ordering::Relaxed);
         }
-        let events: std::collections::BTreeSet<usize> =
-            violations.iter().map(|v| v.index).collect();
-        // Every fault in the text too: UmaDB's clients show only an error's message.
-        let faults: Vec<String> = violations
+        // The faults in the text too, as UmaDB's clients show only an error's message; within
+        // what a gRPC status carries in its headers.
+        let mut faults: Vec<String> = violations
             .iter()
+            .take(FAULTS_IN_TEXT)
             .map(|v| {
                 let schema = match v.schema_path.is_empty() {
                     true => String::new(),
@@ -517,9 +560,12 @@ impl Registry {
                 )
             })
             .collect();
+        if violations.len() > FAULTS_IN_TEXT {
+            faults.push(format!("and {} more", violations.len() - FAULTS_IN_TEXT));
+        }
         let reason = format!(
             "{} of the append's events do not fit their schemas; nothing was appended: {}",
-            events.len(),
+            failing.len(),
             faults.join("; ")
         );
         Err(Refusal {
@@ -544,21 +590,69 @@ impl Admission for Registry {
                 "the schema registry's event types are the store's own",
             ));
         }
-        self.catch_up(append.log).map_err(|e| {
+        let mut judged: Vec<&str> = append
+            .events
+            .iter()
+            .map(|e| e.event_type)
+            .filter(|t| !self.is_exempt(t))
+            .collect();
+        if judged.is_empty() {
+            return Ok(Admitted::default());
+        }
+        let rules = self.catch_up(append.log).map_err(|e| {
             Refusal::append(
                 "schema_unavailable",
-                format!("the schemas were not read: {e}"),
+                format!("the schemas could not be read, so nothing was appended: {e}"),
             )
         })?;
-        let state = self.state.read();
-        self.judge(&state, append)?;
+        self.judge(&rules, append)?;
+        // Stored only if no version or enforcement of one of its types, and no change of the
+        // policy, came after the rules it was judged by.
+        judged.sort_unstable();
+        judged.dedup();
+        let mut items: Vec<FenceItem> = judged
+            .into_iter()
+            .map(|t| FenceItem {
+                types: vec![VERSION_TYPE.into(), ENFORCEMENT_TYPE.into()],
+                tags: vec![type_tag(t)],
+            })
+            .collect();
+        items.push(FenceItem {
+            types: vec![POLICY_TYPE.into()],
+            tags: Vec::new(),
+        });
         Ok(Admitted {
             fence: Some(Fence {
-                types: REGISTRY_TYPES.iter().map(|t| t.to_string()).collect(),
-                after: state.seen_through,
+                items,
+                after: rules.applied_through,
             }),
         })
     }
+}
+
+/// The tag of a type's registry events (its versions and enforcements), by which an append's
+/// fence names only its own types: a hash, as a type may be as long as a tag may be.
+pub(crate) fn type_tag(event_type: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(event_type.as_bytes());
+    let mut tag = String::from("annals.schema:");
+    for b in &digest[..8] {
+        tag.push_str(&format!("{b:02x}"));
+    }
+    tag
+}
+
+/// A fault's message, cut: a validator's message may quote the whole event.
+fn cut(mut message: String) -> String {
+    if message.len() > MESSAGE_MAX {
+        let mut end = MESSAGE_MAX;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("...");
+    }
+    message
 }
 
 fn push(violations: &mut Vec<Violation>, violation: Violation) {
@@ -608,7 +702,7 @@ fn validate(held: &HeldVersion, index: usize, event_type: &str, data: &[u8]) -> 
             violation(
                 e.instance_path().to_string(),
                 e.schema_path().to_string(),
-                e.to_string(),
+                cut(e.to_string()),
             )
         })
         .collect()
@@ -624,7 +718,7 @@ fn listed(name: &str, t: &TypeState) -> TypeSchemas {
 
 /// Applies one of the registry's events. One that does not parse (it cannot come from this
 /// registry) is logged and passed over.
-fn apply(state: &mut State, recorded: &crate::admission::Recorded) {
+fn apply(state: &mut Rules, recorded: &crate::admission::Recorded) {
     let position = recorded.position;
     let parsed = match recorded.event_type.as_str() {
         VERSION_TYPE => serde_json::from_slice::<VersionRecord>(&recorded.data).map(|r| {
@@ -633,10 +727,17 @@ fn apply(state: &mut State, recorded: &crate::admission::Recorded) {
                 Err(e) => ("unknown", Err(e.to_string())),
             };
             let t = state.types.entry(r.event_type).or_default();
-            debug_assert!(t
-                .versions
-                .last()
-                .is_none_or(|v| v.listed.version < r.version));
+            let next = t.versions.last().map_or(1, |v| v.listed.version + 1);
+            if r.version != next {
+                // Only an import of another log's registry into this one could put it here.
+                tracing::error!(
+                    position,
+                    version = r.version,
+                    expected = next,
+                    "a schema version out of sequence; passed over"
+                );
+                return;
+            }
             t.versions.push(HeldVersion {
                 listed: SchemaVersion {
                     version: r.version,

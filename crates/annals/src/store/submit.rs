@@ -180,8 +180,14 @@ impl Store {
                 .map_err(InputError::NotAdmitted)?
                 .fence
                 .map(|f| {
+                    let items = f.items.into_iter().map(|i| crate::QueryItem {
+                        types: i.types,
+                        tags: i.tags,
+                    });
                     AppendCondition::new(
-                        Query::item(crate::QueryItem::types(f.types)),
+                        Query {
+                            items: items.collect(),
+                        },
                         Some(f.after),
                     )
                 }),
