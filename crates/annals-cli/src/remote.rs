@@ -187,9 +187,20 @@ impl Remote {
     pub fn stream_lines(
         &mut self,
         path: &str,
+        line: impl FnMut(&[u8]) -> Result<bool, String>,
+    ) -> Result<(), String> {
+        self.stream_lines_of("GET", path, Vec::new(), line)
+    }
+
+    /// [`Remote::stream_lines`] of a request with a method and a body.
+    pub fn stream_lines_of(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
         mut line: impl FnMut(&[u8]) -> Result<bool, String>,
     ) -> Result<(), String> {
-        let mut response = self.send("GET", path, "application/x-ndjson", Vec::new())?;
+        let mut response = self.send(method, path, "application/x-ndjson", body)?;
         let status = response.status();
         if !status.is_success() {
             return Err(server_error(status, &read_whole(response.body_mut())?));
@@ -224,13 +235,20 @@ fn read_whole(body: &mut ureq::Body) -> Result<Vec<u8>, String> {
 /// faults are in the message itself).
 fn server_error(status: http::StatusCode, body: &[u8]) -> String {
     let answer = serde_json::from_slice::<serde_json::Value>(body).ok();
+    refusal_text(status, answer.as_ref(), body)
+}
+
+/// What a refusal says (its `error`, and the stored events a schema refused), or the body.
+pub fn refusal_text(
+    status: impl std::fmt::Display,
+    answer: Option<&serde_json::Value>,
+    body: &[u8],
+) -> String {
     let mut message = answer
-        .as_ref()
         .and_then(|v| v["error"].as_str().map(str::to_string))
         .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
     let empty = Vec::new();
     let violations = answer
-        .as_ref()
         .and_then(|v| v["violations"].as_array())
         .unwrap_or(&empty);
     for v in violations.iter().filter(|v| v["position"].is_u64()) {

@@ -247,7 +247,7 @@ fn put(args: PutArgs, dry_run: bool) -> Result<(), Failure> {
     }
     let answer = on(
         &args.target,
-        |remote| remote_json(remote, "POST", &path, Some(&body)),
+        |remote| streamed_registration(remote, &path, &body, &args.event_type),
         |store, registry| {
             let registration = Registration {
                 event_type: args.event_type.clone(),
@@ -302,6 +302,42 @@ fn put(args: PutArgs, dry_run: bool) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// A registration on a server, its progress printed as the server reports it.
+fn streamed_registration(
+    remote: &mut crate::remote::Remote,
+    path: &str,
+    body: &Value,
+    event_type: &str,
+) -> Result<Value, String> {
+    let mut last: Option<Value> = None;
+    let mut printed: Option<Instant> = None;
+    remote.stream_lines_of("POST", path, body.to_string().into_bytes(), |line| {
+        let value: Value =
+            serde_json::from_slice(line).map_err(|e| format!("the server's answer: {e}"))?;
+        if let Some(p) = value.get("progress") {
+            if printed.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
+                printed = Some(Instant::now());
+                eprintln!(
+                    "checked {} events of {event_type} ({} fail), at position {} of {}",
+                    p["checked"], p["failed"], p["position"], p["head"]
+                );
+            }
+        } else {
+            last = Some(value);
+        }
+        Ok(true)
+    })?;
+    match last {
+        Some(mut v) if v.get("registered").is_some() => Ok(v["registered"].take()),
+        Some(v) if v.get("error").is_some() => Err(crate::remote::refusal_text(
+            format!("{}", v["error"]["status"]),
+            Some(&v["error"]),
+            b"",
+        )),
+        _ => Err("the server's answer ended before the registration's outcome".into()),
+    }
 }
 
 /// A history check's refusal with every failing event it names.

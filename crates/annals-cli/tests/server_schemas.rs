@@ -71,6 +71,30 @@ fn http_appends_are_judged_and_versions_checked_against_history() {
     );
     assert_eq!(dry.status, 200, "{}", dry.text());
     assert_eq!(dry.json()["checkedEvents"], 21);
+    // The same as NDJSON: progress, then the outcome (here the refusal of the strict one).
+    let streamed = request(
+        server.http,
+        "POST",
+        "/v1/admin/schemas/Opened",
+        &[
+            ("content-type", "application/json"),
+            ("accept", "application/x-ndjson"),
+        ],
+        json!({ "schema": strict }).to_string().as_bytes(),
+    );
+    assert_eq!(streamed.status, 200, "{}", streamed.text());
+    let lines: Vec<Value> = streamed
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["progress"]["checked"], 21, "{lines:?}");
+    let outcome = &lines[lines.len() - 1]["error"];
+    assert_eq!(
+        (outcome["status"].as_u64(), outcome["kind"].as_str()),
+        (Some(409), Some("history_violation"))
+    );
+    assert_eq!(outcome["violations"][0]["position"], lacking);
     assert_eq!(server.head(), head, "a dry run appends nothing");
     let made = register(&server, "Opened", json!({ "schema": loose() }));
     assert_eq!(made.status, 201, "{}", made.text());
@@ -437,6 +461,10 @@ fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
     let url = format!("http://{}", server.http);
     let (done, _, stderr) = run(&["schema", "put", "Opened", file, "--url", &url]);
     assert!(!done && stderr.contains("position 1 at /id"), "{stderr}");
+    assert!(
+        stderr.contains("checked 1 events of Opened (1 fail)"),
+        "progress: {stderr}"
+    );
     let (done, _, _) = run(&["schema", "put", "Other", file, "--url", &url]);
     assert!(done);
     let out = ok(&["schema", "check", "Other", file, "--url", &url]);

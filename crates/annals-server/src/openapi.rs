@@ -331,7 +331,10 @@ fn schema_paths() -> Value {
             "parameters": [type_param],
             "requestBody": body("SchemaRegistration"),
             "responses": merge(json!({
-                "200": answer("A dry run passed, or the schema is the newest version's already.", "SchemaRegistered"),
+                "200": { "description": "A dry run passed, or the schema is the newest version's already. With Accept: application/x-ndjson, every registration answers 200 with lines: {\"progress\":{checked, failed, position, head}} now and then while the stored events are checked, then {\"registered\":{...}} or {\"error\":{status, kind, error, violations}}.",
+                         "content": {
+                             "application/json": { "schema": { "$ref": "#/components/schemas/SchemaRegistered" } },
+                             "application/x-ndjson": { "schema": { "type": "object" } } } },
                 "201": answer("Registered.", "SchemaRegistered"),
                 "400": error_response("Malformed JSON or unknown fields; a type that is the store's own or breaks the limits (invalid_type); a schema that is not a JSON Schema, breaks its draft's meta-schema or refers to a document outside itself (invalid_schema), or names a draft other than 2020-12 and draft 7 (unknown_draft)."),
                 "403": error_response("The key lacks the admin scope, or the server is a read replica (read_only_replica)."),

@@ -19,7 +19,9 @@ use serde::Deserialize;
 
 use crate::answers;
 use crate::auth::Scopes;
-use crate::http::{answer_response, append_error, body_error, query_string, read_body, Guard};
+use crate::http::{
+    accepts, answer_response, append_error, body_error, query_string, read_body, Guard, NDJSON,
+};
 use crate::metrics::Op;
 use crate::wire::ApiError;
 use crate::AppState;
@@ -284,6 +286,7 @@ async fn register(
     request: Request,
 ) -> Result<Response, ApiError> {
     no_parameters(&request, "a registration")?;
+    let streamed = accepts(request.headers(), NDJSON);
     let body = read_body(&state, request).await?;
     let parsed: RegisterBody =
         serde_json::from_slice(&body).map_err(body_error("registration body"))?;
@@ -304,6 +307,9 @@ async fn register(
         dry_run: parsed.dry_run,
     };
     let (registry, store) = (registry(&state)?, state.store.clone());
+    if streamed {
+        return Ok(stream_registration(registry, store, registration));
+    }
     let done = blocking(move || {
         let event_type = registration.event_type.clone();
         let mut log = progress_log(&event_type);
@@ -314,7 +320,11 @@ async fn register(
         true => StatusCode::OK,
         false => StatusCode::CREATED,
     };
-    let answer = answers::SchemaRegistered {
+    Ok(answer_response(status, &registered(done)))
+}
+
+fn registered(done: annals::registry::Registered) -> answers::SchemaRegistered {
+    answers::SchemaRegistered {
         event_type: done.event_type,
         version: done.version,
         position: done.position,
@@ -322,8 +332,49 @@ async fn register(
         passed_over: done.passed_over,
         unchanged: done.unchanged,
         dry_run: done.dry_run,
-    };
-    Ok(answer_response(status, &answer))
+    }
+}
+
+/// A registration answered as NDJSON: a line `{"progress":{...}}` now and then while the
+/// stored events are checked, then `{"registered":{...}}` or `{"error":{...}}` (the refusal
+/// the plain answer would have been, with its status). The status line is 200 either way:
+/// it is sent before the outcome is known.
+fn stream_registration(
+    registry: Arc<Registry>,
+    store: Arc<Store>,
+    registration: Registration,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(16);
+    tokio::task::spawn_blocking(move || {
+        let line = |value: serde_json::Value| Ok(bytes::Bytes::from(format!("{value}\n")));
+        let event_type = registration.event_type.clone();
+        let mut log = progress_log(&event_type);
+        let progress_tx = tx.clone();
+        let mut progress = |p: annals::registry::Progress| {
+            log(p);
+            // Progress only: a line the client is too slow for is left out.
+            let _ = progress_tx.try_send(line(serde_json::json!({ "progress": p })));
+        };
+        let last = match registry.register(store.as_ref(), registration, &mut progress) {
+            Ok(done) => serde_json::json!({ "registered": registered(done) }),
+            Err(e) => {
+                let e = registry_error(&e);
+                serde_json::json!({ "error": {
+                    "status": e.status.as_u16(), "kind": e.kind, "error": e.message,
+                    "violations": e.violations,
+                } })
+            }
+        };
+        let _ = tx.blocking_send(line(last));
+    });
+    let mut response = Response::new(axum::body::Body::from_stream(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(NDJSON),
+    );
+    response
 }
 
 /// A type's enforcement.

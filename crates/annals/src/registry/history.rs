@@ -290,8 +290,7 @@ impl Registry {
             let event = crate::NewEvent::new(
                 VERSION_TYPE,
                 serde_json::to_vec(&record).expect("a registry record serialises"),
-            )
-            .tag(super::type_tag(&event_type));
+            );
             // Nothing of the type and nothing of the registry after the last event checked.
             let condition = AppendCondition::new(
                 Query::item(QueryItem::types([event_type.as_str()]))

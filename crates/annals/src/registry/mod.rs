@@ -390,8 +390,7 @@ impl Registry {
             event_type: event_type.into(),
             enforcement,
         };
-        let tag = type_tag(event_type);
-        self.append_record(store, ENFORCEMENT_TYPE, Some(&tag), &record)
+        self.append_record(store, ENFORCEMENT_TYPE, &record)
     }
 
     /// Sets whether types without a schema are taken. Answers the position of the change
@@ -405,7 +404,7 @@ impl Registry {
         if self.unknown_types(store)? == unknown_types {
             return Ok(0);
         }
-        self.append_record(store, POLICY_TYPE, None, &PolicyRecord { unknown_types })
+        self.append_record(store, POLICY_TYPE, &PolicyRecord { unknown_types })
     }
 
     /// Appends one of the registry's events (carried past admission, which refuses them from
@@ -414,14 +413,10 @@ impl Registry {
         &self,
         store: &crate::Store,
         event_type: &str,
-        tag: Option<&str>,
         record: &impl Serialize,
     ) -> Result<u64, RegistryError> {
         let data = serde_json::to_vec(record).expect("a registry record serialises");
-        let mut event = crate::NewEvent::new(event_type, data);
-        if let Some(tag) = tag {
-            event = event.tag(tag);
-        }
+        let event = crate::NewEvent::new(event_type, data);
         let options = crate::AppendOptions {
             carried: true,
             ..crate::AppendOptions::default()
@@ -590,13 +585,7 @@ impl Admission for Registry {
                 "the schema registry's event types are the store's own",
             ));
         }
-        let mut judged: Vec<&str> = append
-            .events
-            .iter()
-            .map(|e| e.event_type)
-            .filter(|t| !self.is_exempt(t))
-            .collect();
-        if judged.is_empty() {
+        if append.events.iter().all(|e| self.is_exempt(e.event_type)) {
             return Ok(Admitted::default());
         }
         let rules = self.catch_up(append.log).map_err(|e| {
@@ -606,40 +595,20 @@ impl Admission for Registry {
             )
         })?;
         self.judge(&rules, append)?;
-        // Stored only if no version or enforcement of one of its types, and no change of the
-        // policy, came after the rules it was judged by.
-        judged.sort_unstable();
-        judged.dedup();
-        let mut items: Vec<FenceItem> = judged
-            .into_iter()
-            .map(|t| FenceItem {
-                types: vec![VERSION_TYPE.into(), ENFORCEMENT_TYPE.into()],
-                tags: vec![type_tag(t)],
-            })
-            .collect();
-        items.push(FenceItem {
-            types: vec![POLICY_TYPE.into()],
-            tags: Vec::new(),
-        });
+        // Stored only if no registry event came after the rules it was judged by. One fence
+        // for every type: a registration is rare, and an append it overtakes is judged again;
+        // a fence per type (a tag on the registry's events) cost the writer a sixth of its
+        // rate (docs/DECISIONS.md, R43).
         Ok(Admitted {
             fence: Some(Fence {
-                items,
+                items: vec![FenceItem {
+                    types: REGISTRY_TYPES.iter().map(|t| t.to_string()).collect(),
+                    tags: Vec::new(),
+                }],
                 after: rules.applied_through,
             }),
         })
     }
-}
-
-/// The tag of a type's registry events (its versions and enforcements), by which an append's
-/// fence names only its own types: a hash, as a type may be as long as a tag may be.
-pub(crate) fn type_tag(event_type: &str) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(event_type.as_bytes());
-    let mut tag = String::from("annals.schema:");
-    for b in &digest[..8] {
-        tag.push_str(&format!("{b:02x}"));
-    }
-    tag
 }
 
 /// A fault's message, cut: a validator's message may quote the whole event.
