@@ -513,3 +513,68 @@ fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
         r#"{"id":3}"#,
     ]);
 }
+
+/// Goal: the schema settings hold whatever a later start is told: `schema_unknown_types` set
+/// at one start stays in the log when a later start leaves it out, and changes when one gives
+/// another value; a misspelt value and a schema file that is not there stop the start, saying
+/// which. Method: four starts of one data directory, an append of a type without a schema at
+/// each; two starts that must fail.
+#[test]
+fn schema_settings_hold_across_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let unknown = || append_body(&[("Unregistered", &[], "{}")], None);
+    let start = |value: Option<&str>| match value {
+        Some(v) => ServerProcess::start_with_env(&data, &[], &[("ANNALS_SCHEMA_UNKNOWN_TYPES", v)]),
+        None => ServerProcess::start(&data, &[]),
+    };
+    let server = start(Some("refuse"));
+    assert_eq!(server.post("/v1/append", &unknown()).status, 422);
+    drop(server);
+    let server = start(None);
+    assert_eq!(
+        server.post("/v1/append", &unknown()).status,
+        422,
+        "kept in the log"
+    );
+    drop(server);
+    let server = start(Some("allow"));
+    assert_eq!(server.post("/v1/append", &unknown()).status, 200);
+    drop(server);
+    let args = [
+        "serve",
+        "--store",
+        data.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        "off",
+    ];
+    let out = common::cli::annals()
+        .args(args)
+        .env("ANNALS_SCHEMA_UNKNOWN_TYPES", "refuze")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("refuze"),
+        "{stderr}"
+    );
+    let config = dir.path().join("annals.toml");
+    std::fs::write(
+        &config,
+        "[[schemas]]\ntype = \"Opened\"\nfile = \"no-such-schema.json\"\n",
+    )
+    .unwrap();
+    let (started, _, stderr) = run(&[&args[..], &["--config", config.to_str().unwrap()]].concat());
+    assert!(
+        !started && stderr.contains("no-such-schema.json"),
+        "{stderr}"
+    );
+    let server = start(None);
+    assert_eq!(
+        server.post("/v1/append", &unknown()).status,
+        200,
+        "nothing changed"
+    );
+}
