@@ -71,7 +71,13 @@ fn http_part(args: &SchemaArgs) -> Result<Value, String> {
     let (mut on, mut off) = (Vec::new(), Vec::new());
     let mut results = Vec::new();
     for run in 0..args.runs {
-        for (enforcement, rates) in [("reject", &mut on), ("off", &mut off)] {
+        // ABBA: each mode goes first in every other pair, so that what a run leaves behind
+        // (the previous store's writeback, its deletion) weighs on both alike.
+        let mut pair = [("reject", &mut on), ("off", &mut off)];
+        if run % 2 == 1 {
+            pair.reverse();
+        }
+        for (enforcement, rates) in pair {
             put(
                 "/v1/admin/schemas/BenchEvent/enforcement",
                 json!({ "enforcement": enforcement }),
@@ -108,7 +114,9 @@ fn library_part(args: &SchemaArgs) -> Result<Value, String> {
     let store_dir = args.dir.join("library");
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for run in 0..args.runs {
-        for checked in [true, false] {
+        // ABBA, as in the HTTP part.
+        let pair = if run % 2 == 0 { [true, false] } else { [false, true] };
+        for checked in pair {
             let mut load = conditional_writers(&args.dir, 64, args.events);
             load.event_bytes = EVENT_BYTES;
             load.data = Data::Record;

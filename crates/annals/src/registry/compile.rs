@@ -7,6 +7,7 @@ use std::sync::Arc;
 use jsonschema::Draft;
 use serde_json::Value;
 
+use super::instance::Borrowed;
 use super::RegistryError;
 
 /// The largest schema the registry takes, as JSON bytes: a schema is held in memory by every
@@ -27,7 +28,7 @@ const DRAFT_7: [&str; 2] = [
 pub(super) struct Compiled {
     pub schema: Arc<Value>,
     pub draft: &'static str,
-    pub validator: Arc<jsonschema::Validator>,
+    pub validator: Arc<jsonschema::Validator<Borrowed>>,
 }
 
 impl std::fmt::Debug for Compiled {
@@ -83,7 +84,7 @@ pub(super) fn compile(schema: Value) -> Result<Compiled, RegistryError> {
             pointer(&e.instance_path().to_string())
         )));
     }
-    let validator = jsonschema::options()
+    let validator = jsonschema::options_for::<Borrowed>()
         .with_draft(draft)
         .build(&schema)
         .map_err(|e| RegistryError::InvalidSchema(e.to_string()))?;

@@ -23,6 +23,7 @@
 
 mod compile;
 mod history;
+mod instance;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,7 @@ use crate::admission::{
     Admission, Admitted, Admitting, Fence, FenceItem, LogView, Refusal, Violation, REGISTRY_TYPES,
 };
 use crate::error::AppendError;
+use instance::{Borrowed, Instance};
 
 pub use compile::SCHEMA_BYTES_MAX;
 pub use history::{HistoryCheck, HistoryFailure, Progress, Registered, Registration};
@@ -210,7 +212,7 @@ struct PolicyRecord {
 #[derive(Debug, Clone)]
 struct HeldVersion {
     listed: SchemaVersion,
-    validator: Result<Arc<jsonschema::Validator>, String>,
+    validator: Result<Arc<jsonschema::Validator<Borrowed>>, String>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -651,7 +653,7 @@ fn validate(held: &HeldVersion, index: usize, event_type: &str, data: &[u8]) -> 
             )]
         }
     };
-    let instance: Value = match serde_json::from_slice(data) {
+    let instance = match Instance::parse(data) {
         Ok(v) => v,
         Err(e) => {
             return vec![violation(
