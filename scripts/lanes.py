@@ -14,13 +14,14 @@ import threading
 import time
 
 # Binaries (package, target) that spend their time waiting on another process (PostgreSQL's
-# clusters, UmaDB's server), not on the CPU.
+# clusters, UmaDB's server, the container engine), not on the CPU.
 WAITING = {
     ("annals", "backends"),
     ("annals", "postgres"),
     ("annals", "postgres_subjects"),
     ("annals-cli", "server_postgres"),
     ("annals-cli", "differential"),
+    ("annals-cli", "container"),
 }
 # Binaries that must have the machine to themselves.
 ALONE = {("annals-cli", "h2spec")}

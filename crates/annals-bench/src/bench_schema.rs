@@ -115,7 +115,11 @@ fn library_part(args: &SchemaArgs) -> Result<Value, String> {
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for run in 0..args.runs {
         // ABBA, as in the HTTP part.
-        let pair = if run % 2 == 0 { [true, false] } else { [false, true] };
+        let pair = if run % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
         for checked in pair {
             let mut load = conditional_writers(&args.dir, 64, args.events);
             load.event_bytes = EVENT_BYTES;

@@ -6,6 +6,7 @@ mod bench;
 mod bench_backup;
 mod bench_decide;
 mod bench_http;
+mod bench_image;
 mod bench_postgres;
 mod bench_schema;
 mod bench_snapshot;
@@ -106,6 +107,12 @@ enum BenchCommand {
     ///
     /// Example: annals-bench schema --runs 3
     Schema(bench_schema::SchemaArgs),
+    /// The container image (scripts/image, with podman): its size uncompressed and gzipped,
+    /// the time scripts/image takes on a built tree, and the time from `podman run` to the
+    /// first acknowledged append.
+    ///
+    /// Example: annals-bench image --runs 3
+    Image(bench_image::ImageArgs),
 }
 
 /// Runs one benchmark and prints its JSON object.
@@ -124,6 +131,7 @@ fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Subjects(args) => bench_subjects::run(args)?,
         BenchCommand::Snapshot(args) => bench_snapshot::run(args)?,
         BenchCommand::Schema(args) => bench_schema::run(args)?,
+        BenchCommand::Image(args) => bench_image::run(args)?,
     };
     println!("{result}");
     Ok(())

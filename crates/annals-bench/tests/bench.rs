@@ -27,6 +27,7 @@ fn stdout_of(command: &mut Command) -> Vec<u8> {
 fn every_benchmark_has_help_with_an_example() {
     for name in [
         "append", "read", "recover", "fsync", "http", "decide", "exchange", "umadb", "schema",
+        "image",
     ] {
         let out = stdout_of(bench().args([name, "--help"]));
         let out = String::from_utf8(out).unwrap();
@@ -402,4 +403,47 @@ fn bench_schema_json_contract() {
         "every event fits: {last}"
     );
     assert!(last["fsync_floor_per_sec"].is_number());
+}
+
+/// Goal: `annals-bench image` ends with one JSON line holding the image's sizes and the two
+/// timings. Method: one run with the binary this build made, when podman and buildah are
+/// installed (required by the test command).
+#[test]
+fn bench_image_json_contract() {
+    let present = |tool: &str| Command::new(tool).arg("--version").output().is_ok();
+    if !present("podman") || !present("buildah") {
+        assert!(
+            std::env::var_os("ANNALS_REQUIRE_CONTAINERS").is_none_or(|v| v != "1"),
+            "podman and buildah are required (ANNALS_REQUIRE_CONTAINERS=1): run scripts/setup"
+        );
+        eprintln!("skipped: podman and buildah are not installed");
+        return;
+    }
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_annals-bench")).with_file_name("annals");
+    let tag = format!("localhost/annals-bench-contract:{}", std::process::id());
+    let stdout = stdout_of(
+        bench()
+            .args(["image", "--runs", "1", "--tag", &tag, "--binary"])
+            .arg(&exe)
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")),
+    );
+    let _ = Command::new("podman")
+        .args(["rmi", "-f", &tag])
+        .env(
+            "CONTAINERS_CONF",
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../packaging/containers.conf"
+            ),
+        )
+        .output();
+    let stdout = String::from_utf8(stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for field in ["image_bytes", "image_gzip_bytes"] {
+        assert!(json[field].as_u64().unwrap() > 1_000_000, "{field}: {json}");
+    }
+    for field in ["scripts_image_seconds", "run_to_first_append_seconds"] {
+        let seconds = json[field].as_f64().unwrap();
+        assert!(seconds > 0.0 && seconds < 120.0, "{field}: {json}");
+    }
 }

@@ -4,6 +4,7 @@ mod backup;
 mod copy;
 mod data;
 mod failure;
+mod health;
 mod inspect;
 mod readmodel;
 mod remote;
@@ -143,6 +144,12 @@ enum Command {
     /// and against the stored events before a version is registered.
     #[command(subcommand)]
     Schema(schema::SchemaCommand),
+    /// Ask a running server whether it serves: exit 0 and print its /health answer, or exit
+    /// non-zero saying why not. For a container's health check or a script; the server is the
+    /// one ANNALS_CONFIG and the ANNALS_* variables configure, unless --url names another.
+    ///
+    /// Example: annals health --ready
+    Health(health::HealthArgs),
 }
 
 fn main() {
@@ -165,6 +172,7 @@ fn main() {
         Command::Erase(args) => subjects::erase(args),
         Command::MasterKey(command) => subjects::master_key(command),
         Command::Schema(command) => schema::run(command),
+        Command::Health(args) => health::run(args),
     };
     if let Err(failure) = result {
         eprintln!("error: {failure}");

@@ -1,5 +1,6 @@
 //! A small blocking HTTP client for the commands that work against a running server
-//! (`--url`, `--api-key`): ureq over rustls (aws-lc), redirects not followed, no timeouts,
+//! (`--url`, `--api-key`): ureq over rustls (aws-lc), redirects not followed, no timeouts but
+//! where a command sets one (`annals health`),
 //! answers read whole or streamed line by line.
 
 use std::io::{BufRead, BufReader};
@@ -84,6 +85,16 @@ impl Remote {
         api_key: Option<&str>,
         ca_cert: Option<&std::path::Path>,
     ) -> Result<Remote, String> {
+        Remote::connect_within(url, api_key, ca_cert, None)
+    }
+
+    /// [`Remote::connect`], each request failing after `timeout` when one is given.
+    pub fn connect_within(
+        url: &str,
+        api_key: Option<&str>,
+        ca_cert: Option<&std::path::Path>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Remote, String> {
         let (scheme, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
             (Some(rest), _) => ("https", rest),
             (None, Some(rest)) => ("http", rest),
@@ -110,6 +121,7 @@ impl Remote {
             .http_status_as_error(false)
             .max_redirects(0)
             .proxy(None)
+            .timeout_global(timeout)
             .build()
             .new_agent();
         Ok(Remote {

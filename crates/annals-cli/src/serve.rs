@@ -137,6 +137,16 @@ fn resolve(args: &ServeArgs, warn: impl Fn(String)) -> Result<Config, String> {
     Config::load(file.into_iter().chain([env, flags(args)?]))
 }
 
+/// The HTTP listener and whether it serves TLS, as the configuration file (ANNALS_CONFIG) and
+/// the environment configure `annals serve` without flags: the server `annals health` asks.
+pub fn configured_http() -> Result<(std::net::SocketAddr, bool), String> {
+    let file = std::env::var_os("ANNALS_CONFIG").map(PathBuf::from);
+    let (env, _) = Layer::env(std::env::vars())?;
+    let file = file.map(|f| Layer::file(&f)).transpose()?;
+    let config = Config::load(file.into_iter().chain([env]))?;
+    Ok((config.http_listen, config.tls.is_some()))
+}
+
 /// The flags given, as the last layer.
 fn flags(args: &ServeArgs) -> Result<Layer, String> {
     fn put<T: serde::Serialize>(l: &mut Layer, key: &str, v: &Option<T>) -> Result<(), String> {

@@ -4,7 +4,8 @@
 //! read is cut into messages (and whether one is sent when nothing matches), gRPC status codes
 //! and the error type in the status details.
 //!
-//! Where Annals differs on purpose, the README lists the difference with its reason.
+//! Where Annals differs on purpose, docs/USING.md ("UmaDB compatibility") lists the difference
+//! with its reason.
 
 mod common;
 
@@ -577,7 +578,7 @@ async fn scenario(pair: &mut Pair) {
     .await;
 }
 
-/// Calls on which Annals differs from UmaDB 0.7.8 on purpose (the README lists them), asked
+/// Calls on which Annals differs from UmaDB 0.7.8 on purpose (docs/USING.md lists them), asked
 /// of Annals alone with the answers it must give. UmaDB's server answers the first two by
 /// losing its writer thread (an append with no events and a condition panics in its retry
 /// check), after which it refuses every append; its answers to the rest are compared in

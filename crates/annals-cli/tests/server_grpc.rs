@@ -5,21 +5,12 @@ mod common;
 
 use std::time::Duration;
 
+use common::umadb_event as event;
 use common::ServerProcess;
 use umadb_client::UmaDbClient;
 use umadb_dcb::{
-    DcbAppendCondition, DcbError, DcbEvent, DcbEventStoreSync, DcbQuery, DcbQueryItem, TrackingInfo,
+    DcbAppendCondition, DcbError, DcbEventStoreSync, DcbQuery, DcbQueryItem, TrackingInfo,
 };
-
-fn event(event_type: &str, tags: &[&str], data: &str) -> DcbEvent {
-    DcbEvent {
-        event_type: event_type.to_string(),
-        tags: tags.iter().map(|t| t.to_string()).collect(),
-        data: data.as_bytes().to_vec(),
-        uuid: None,
-        metadata: Vec::new(),
-    }
-}
 
 fn tags(tags: &[&str]) -> DcbQuery {
     DcbQuery {

@@ -440,10 +440,20 @@ impl Layer {
         let known = settings();
         let mut layer = Layer::new("the environment");
         let mut unknown = Vec::new();
+        // ANNALS_STORE and its other name, ANNALS_DATA_DIR: one of them, or which wins would
+        // depend on the environment's order.
+        let mut store_named = None;
         for (name, value) in vars {
             let Some(rest) = name.strip_prefix("ANNALS_") else {
                 continue;
             };
+            if matches!(rest, "STORE" | "DATA_DIR") && !value.is_empty() {
+                if let Some(other) = store_named.replace(name.clone()) {
+                    return Err(format!(
+                        "{other} and {name} name one setting (where the log lives): give one"
+                    ));
+                }
+            }
             if OTHER_VARIABLES.contains(&rest) {
                 continue;
             }
@@ -698,9 +708,11 @@ impl Config {
         if self.exposed() && keys.is_empty() && !self.allow_unauthenticated_network {
             return Some(format!(
                 "refusing to listen beyond loopback (http {}, grpc {}) without API keys: anyone \
-                 who can connect could read and append. Configure keys (--api-keys-file FILE, \
-                 ANNALS_API_KEYS=key=read,append or api_keys in the config file), or pass \
-                 --allow-unauthenticated-network to serve everyone on purpose",
+                 who can connect could read and append. Configure keys (--api-keys-file FILE \
+                 or ANNALS_API_KEYS_FILE=FILE, one `key scope,scope` per line; \
+                 ANNALS_API_KEYS=key=read,append; or api_keys in the config file), or pass \
+                 --allow-unauthenticated-network (ANNALS_ALLOW_UNAUTHENTICATED_NETWORK=1) to \
+                 serve everyone on purpose",
                 self.http_listen,
                 self.grpc_listen
                     .map_or_else(|| "off".to_string(), |a| a.to_string())
@@ -1058,6 +1070,8 @@ symbols = [{ tick = 1, lot = 1 }]
         std::fs::write(&both, "data_dir = \"a\"\nstore = \"b\"\n").unwrap();
         assert!(Layer::file(&both).unwrap_err().contains("one setting"));
 
+        let both = Layer::env(vars(&[("ANNALS_DATA_DIR", "/data"), ("ANNALS_STORE", "x")]));
+        assert!(both.unwrap_err().contains("give one"));
         let (_, unknown) = Layer::env(vars(&[("ANNALS_DURABILTY", "d3")])).unwrap();
         assert_eq!(unknown, ["ANNALS_DURABILTY"]);
         for (name, value, says) in [

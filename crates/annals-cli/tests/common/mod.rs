@@ -107,3 +107,14 @@ pub fn python_suite(env: &[(&str, String)]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// An event as UmaDB's clients take it: a type, tags and data, no id or metadata.
+pub fn umadb_event(event_type: &str, tags: &[&str], data: &str) -> umadb_dcb::DcbEvent {
+    umadb_dcb::DcbEvent {
+        event_type: event_type.to_string(),
+        tags: tags.iter().map(|t| t.to_string()).collect(),
+        data: data.as_bytes().to_vec(),
+        uuid: None,
+        metadata: Vec::new(),
+    }
+}

@@ -283,7 +283,9 @@ impl<'a> Node<'a, Borrowed> for &'a Instance<'a> {
     }
 
     fn identity(&self) -> Option<NodeIdentity> {
-        Some(NodeIdentity::new(std::ptr::from_ref::<Instance<'a>>(*self) as usize))
+        Some(NodeIdentity::new(
+            std::ptr::from_ref::<Instance<'a>>(*self) as usize
+        ))
     }
 }
 
@@ -352,21 +354,33 @@ mod tests {
         for document in documents {
             let expected: Value = serde_json::from_slice(document).expect("valid JSON");
             let instance = Instance::parse(document).expect("parses");
-            assert_eq!(instance.to_value(), expected, "{}", String::from_utf8_lossy(document));
+            assert_eq!(
+                instance.to_value(),
+                expected,
+                "{}",
+                String::from_utf8_lossy(document)
+            );
         }
         for bad in [&b"{\"a\":1} x"[..], b"{\"a\":}", b"[1,2", b"", b"\"\xff\""] {
-            assert!(Instance::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(
+                Instance::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-        assert!(Instance::parse(deep.as_bytes()).is_err(), "nesting is bounded");
+        assert!(
+            Instance::parse(deep.as_bytes()).is_err(),
+            "nesting is bounded"
+        );
     }
 
     /// Goal: the tree keeps the contract the `jsonschema` crate states for a representation
     /// (code-point lengths, numbers equal by value, stable identities), by its own check.
     #[test]
     fn keeps_the_validators_contract() {
-        let document = serde_json::to_vec(&jsonschema::json::conformance::document())
-            .expect("serialises");
+        let document =
+            serde_json::to_vec(&jsonschema::json::conformance::document()).expect("serialises");
         let root = Instance::parse(&document).expect("parses");
         jsonschema::json::conformance::assert_conformance::<Borrowed>(&&root);
     }
@@ -379,12 +393,17 @@ mod tests {
             panic!("an object");
         };
         let by_name = |n: &str| members.iter().find(|(name, _)| name == n).map(|m| &m.1);
-        assert!(matches!(by_name("plain"), Some(Instance::String(Cow::Borrowed("abc")))));
+        assert!(matches!(
+            by_name("plain"),
+            Some(Instance::String(Cow::Borrowed("abc")))
+        ));
         assert!(matches!(
             by_name("escaped"),
             Some(Instance::String(Cow::Owned(s))) if s == "a\tb"
         ));
-        assert!(members.iter().all(|(name, _)| matches!(name, Cow::Borrowed(_))));
+        assert!(members
+            .iter()
+            .all(|(name, _)| matches!(name, Cow::Borrowed(_))));
     }
 
     /// Goal: a validator over the tree answers as one over `serde_json::Value`, valid or not,
