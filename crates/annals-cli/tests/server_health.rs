@@ -15,6 +15,47 @@ fn sample(server: &ServerProcess, name: &str) -> Option<f64> {
     annals_testkit::server::sample(&server.get("/metrics").text(), name)
 }
 
+/// `annals health` with `args` and the variables `env`: whether it exited 0, and what it
+/// printed (both streams).
+fn annals_health_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
+        .arg("health")
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn annals_health(args: &[&str]) -> (bool, String) {
+    annals_health_with(args, &[])
+}
+
+/// Goal: `annals health` exits 0 with /health's answer when the server answers, and not when
+/// nothing listens: by default it asks the listener ANNALS_HTTP_LISTEN configures (a wildcard
+/// host asked on loopback), as a container's health check does.
+#[test]
+fn annals_health_answers_only_for_a_server_that_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    let listen = format!("0.0.0.0:{}", server.http.port());
+    let (live, out) = annals_health_with(&[], &[("ANNALS_HTTP_LISTEN", &listen)]);
+    assert!(live, "{out}");
+    let answer: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(answer["status"], "ok", "{answer}");
+    let (ready, out) = annals_health(&["--url", &format!("http://{}", server.http), "--ready"]);
+    assert!(ready, "{out}");
+    let gone = format!("http://{}", server.http);
+    drop(server);
+    let (live, out) = annals_health(&["--url", &gone]);
+    assert!(!live && out.contains("cannot connect"), "{out}");
+}
+
 /// How long a test waits for a replica or a server to get somewhere.
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -105,6 +146,12 @@ fn a_replica_reports_its_lag_and_readiness() {
         health.text()
     );
     assert_eq!(replica.head(), 10, "reads go on from the copy");
+    // `annals health` (a container's health check) says the same: it serves, not ready.
+    let replica_url = format!("http://{}", replica.http);
+    let (live, out) = annals_health(&["--url", &replica_url]);
+    assert!(live && out.contains("\"failing\""), "{out}");
+    let (ready, out) = annals_health(&["--url", &replica_url, "--ready"]);
+    assert!(!ready && out.contains("replica_failing"), "{out}");
     let stats = std::process::Command::new(env!("CARGO_BIN_EXE_annals"))
         .args([
             "stats",

@@ -389,6 +389,16 @@ fn the_registry_travels_with_the_log() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     assert_eq!(seen, registered, "the replica carries the registry");
+    // It takes no registration, refused before it reads the history; a dry run it answers.
+    let schema = json!({"required": ["id"]});
+    let refused = replica.post(
+        "/v1/admin/schemas/Opened",
+        &json!({ "schema": schema }).to_string(),
+    );
+    assert_eq!(refused.kind(), "read_only_replica", "{}", refused.text());
+    let dry = json!({ "schema": schema, "dryRun": true }).to_string();
+    let answered = replica.post("/v1/admin/schemas/Opened", &dry);
+    assert_eq!(answered.status, 200, "{}", answered.text());
     drop(replica);
     assert!(server.terminate().success());
 

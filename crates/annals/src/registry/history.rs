@@ -148,6 +148,11 @@ impl Registry {
                 registration.event_type
             )));
         }
+        // A replica takes no registration: refused before the history is read (a dry run is
+        // a read, and a replica answers it).
+        if let Some(refusal) = store.appends_refusal().filter(|_| !registration.dry_run) {
+            return Err(RegistryError::Append(refusal.into()));
+        }
         let _one = self.registering.lock();
         let event_type = registration.event_type;
         let mut checked = 0u64;

@@ -6,13 +6,13 @@
 //! a checked append cost (docs/DECISIONS.md, R43). The `jsonschema` crate validates any
 //! representation that implements its `json` traits, and this one is read in place.
 //!
-//! The tree answers as `serde_json::Value` would: a repeated member name keeps its last value,
+//! The tree holds what `serde_json::Value` would: a repeated member name keeps its last value,
 //! members are visited in name order, numbers are `serde_json::Number`s parsed the same way.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use jsonschema::json::{Array, Json, JsonNumber, Node, NodeIdentity, Object};
+use jsonschema::json::{Array, Json, Node, NodeIdentity, Object};
 use jsonschema::JsonType;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Number, Value};
@@ -112,8 +112,10 @@ impl<'de> Visitor<'de> for InstanceVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        // No room reserved ahead: serde_json gives no size hint, and an event of many empty
+        // objects must not cost a reservation each.
         let mut members: Vec<(Cow<'de, str>, Instance<'de>)> =
-            Vec::with_capacity(map.size_hint().unwrap_or(16));
+            Vec::with_capacity(map.size_hint().unwrap_or(0));
         while let Some(name) = map.next_key_seed(NameSeed)? {
             members.push((name, map.next_value_seed(Seed)?));
         }
@@ -162,6 +164,8 @@ impl Json for Borrowed {
     type Node<'a> = &'a Instance<'a>;
     type PreparedKey = String;
     type StringBuffer = Instance<'static>;
+    /// A tree parsed from bytes holds no node twice.
+    const ACYCLIC: bool = true;
 
     fn prepare_key(key: &str) -> String {
         key.to_owned()
@@ -177,39 +181,10 @@ impl Json for Borrowed {
     }
 }
 
-/// A number of an [`Instance`].
-pub(crate) struct NumberRef<'a>(&'a Number);
-
-impl JsonNumber for NumberRef<'_> {
-    fn as_u64(&self) -> Option<u64> {
-        self.0.as_u64()
-    }
-
-    fn as_i64(&self) -> Option<i64> {
-        self.0.as_i64()
-    }
-
-    fn as_f64(&self) -> Option<f64> {
-        self.0.as_f64()
-    }
-
-    fn as_str(&self) -> Cow<'_, str> {
-        Cow::Owned(self.0.to_string())
-    }
-
-    fn to_number(&self) -> Cow<'_, Number> {
-        Cow::Borrowed(self.0)
-    }
-
-    fn is_written_as_integer(&self) -> bool {
-        self.0.is_u64() || self.0.is_i64()
-    }
-}
-
 impl<'a> Node<'a, Borrowed> for &'a Instance<'a> {
     type Object = &'a [(Cow<'a, str>, Instance<'a>)];
     type Array = &'a [Instance<'a>];
-    type Number = NumberRef<'a>;
+    type Number = &'a Number;
 
     fn as_object(&self) -> Option<Self::Object> {
         match self {
@@ -232,9 +207,9 @@ impl<'a> Node<'a, Borrowed> for &'a Instance<'a> {
         }
     }
 
-    fn as_number(&self) -> Option<NumberRef<'a>> {
+    fn as_number(&self) -> Option<&'a Number> {
         match self {
-            Instance::Number(n) => Some(NumberRef(n)),
+            Instance::Number(n) => Some(n),
             _ => None,
         }
     }

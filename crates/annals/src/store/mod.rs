@@ -131,6 +131,11 @@ impl Store {
         self.log.as_deref()
     }
 
+    /// Why this store takes no append (a read replica), before any work is done for one.
+    pub(crate) fn appends_refusal(&self) -> Option<InputError> {
+        self.log().and_then(|log| log.refusal())
+    }
+
     /// What opening found: where the index came from, whether a torn tail was cut.
     pub fn open_report(&self) -> &OpenReport {
         &self.report
