@@ -132,6 +132,7 @@ impl Store {
     }
 
     /// Why this store takes no append (a read replica), before any work is done for one.
+    #[cfg(feature = "event-schemas")]
     pub(crate) fn appends_refusal(&self) -> Option<InputError> {
         self.log().and_then(|log| log.refusal())
     }
