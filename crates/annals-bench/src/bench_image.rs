@@ -106,12 +106,6 @@ fn compressed_bytes(tag: &str) -> Result<u64, String> {
     Ok(gzip.stdout.len() as u64)
 }
 
-/// A free port on loopback.
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
-}
-
 /// One POST /v1/append on a new connection: whether it was acknowledged (200).
 fn appended(addr: SocketAddr) -> bool {
     use std::io::{Read, Write};
@@ -136,7 +130,7 @@ fn appended(addr: SocketAddr) -> bool {
 /// `podman run` of the image on a new volume, then appends until one is acknowledged: the
 /// seconds from the run's start to that acknowledgement.
 fn first_append(tag: &str) -> Result<f64, String> {
-    let port = free_port()?;
+    let port = annals_testkit::free_port();
     let name = format!("annals-bench-image-{}-{port}", std::process::id());
     let publish = format!("127.0.0.1:{port}:7400");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
