@@ -35,7 +35,8 @@ impl<'a> Instance<'a> {
     /// strings that need no unescaping. Nesting is bounded as `serde_json` bounds it.
     pub(crate) fn parse(data: &'a [u8]) -> Result<Instance<'a>, serde_json::Error> {
         let mut parser = serde_json::Deserializer::from_slice(data);
-        let instance = parser.deserialize_any(InstanceVisitor)?;
+        let mut scratch = Scratch::default();
+        let instance = parser.deserialize_any(InstanceVisitor(&mut scratch))?;
         parser.end()?;
         Ok(instance)
     }
@@ -57,9 +58,23 @@ impl<'a> Instance<'a> {
     }
 }
 
-struct InstanceVisitor;
+/// The members and items of the objects and arrays being read, one stack each: a value is
+/// gathered here and moved into a vector of exactly its length once it ends. serde_json gives
+/// no size hint; growing each object's vector by doubling took three allocations for ten
+/// members, and reserving room per object let an event of many empty objects reserve far more
+/// than its size. The stacks start with room for [`SCRATCH_ROOM`] once per parse.
+#[derive(Default)]
+struct Scratch<'a> {
+    members: Vec<(Cow<'a, str>, Instance<'a>)>,
+    items: Vec<Instance<'a>>,
+}
 
-impl<'de> Visitor<'de> for InstanceVisitor {
+/// Room the scratch stacks take on first use: a typical event's members in one allocation.
+const SCRATCH_ROOM: usize = 32;
+
+struct InstanceVisitor<'s, 'a>(&'s mut Scratch<'a>);
+
+impl<'s, 'de> Visitor<'de> for InstanceVisitor<'s, 'de> {
     type Value = Instance<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -104,24 +119,33 @@ impl<'de> Visitor<'de> for InstanceVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(item) = seq.next_element_seed(Seed)? {
-            items.push(item);
+        let scratch = self.0;
+        if scratch.items.capacity() == 0 {
+            scratch.items.reserve(SCRATCH_ROOM);
         }
-        Ok(Instance::Array(items))
+        let start = scratch.items.len();
+        while let Some(item) = seq.next_element_seed(Seed(&mut *scratch))? {
+            scratch.items.push(item);
+        }
+        // On an error the parse ends and the scratch with it: nothing is left to unwind.
+        Ok(Instance::Array(scratch.items.drain(start..).collect()))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        // No room reserved ahead: serde_json gives no size hint, and an event of many empty
-        // objects must not cost a reservation each.
-        let mut members: Vec<(Cow<'de, str>, Instance<'de>)> =
-            Vec::with_capacity(map.size_hint().unwrap_or(0));
-        while let Some(name) = map.next_key_seed(NameSeed)? {
-            members.push((name, map.next_value_seed(Seed)?));
+        let scratch = self.0;
+        if scratch.members.capacity() == 0 {
+            scratch.members.reserve(SCRATCH_ROOM);
         }
+        let start = scratch.members.len();
+        while let Some(name) = map.next_key_seed(NameSeed)? {
+            let value = map.next_value_seed(Seed(&mut *scratch))?;
+            scratch.members.push((name, value));
+        }
+        let gathered = &mut scratch.members[start..];
         // Sorted by name, stably, so that of a repeated name the last one given is kept: of
         // two neighbours with one name, `dedup_by` drops the later, holding the earlier's.
-        members.sort_by(|a, b| a.0.cmp(&b.0));
+        gathered.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut members: Vec<_> = scratch.members.drain(start..).collect();
         members.dedup_by(|later, earlier| {
             let same = later.0 == earlier.0;
             if same {
@@ -133,13 +157,13 @@ impl<'de> Visitor<'de> for InstanceVisitor {
     }
 }
 
-struct Seed;
+struct Seed<'s, 'a>(&'s mut Scratch<'a>);
 
-impl<'de> de::DeserializeSeed<'de> for Seed {
+impl<'s, 'de> de::DeserializeSeed<'de> for Seed<'s, 'de> {
     type Value = Instance<'de>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(InstanceVisitor)
+        d.deserialize_any(InstanceVisitor(self.0))
     }
 }
 
@@ -150,10 +174,29 @@ impl<'de> de::DeserializeSeed<'de> for NameSeed {
     type Value = Cow<'de, str>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        match d.deserialize_str(InstanceVisitor)? {
-            Instance::String(s) => Ok(s),
-            _ => Err(de::Error::custom("a member's name is not a string")),
-        }
+        d.deserialize_str(NameVisitor)
+    }
+}
+
+struct NameVisitor;
+
+impl<'de> Visitor<'de> for NameVisitor {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a member's name")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
     }
 }
 
@@ -316,7 +359,8 @@ mod tests {
     /// repeated name's last value, escapes undone, numbers alike, trailing text refused.
     #[test]
     fn reads_as_serde_json_reads() {
-        let documents: [&[u8]; 8] = [
+        let documents: [&[u8]; 9] = [
+            br#"{"a":{"x":1,"y":[1,{"q":2,"p":[]},3]},"b":[{"c":1},{"e":3,"d":2}],"a2":[]}"#,
             br#"{"b":1,"a":[true,null,"x\ny"],"c":{"z":-2,"y":1.5e3}}"#,
             br#"{"k":1,"k":2,"j":"\u00e9t\u00e9"}"#,
             br#"  [1, 18446744073709551615, -9223372036854775808, 0.1, 1e308]  "#,
@@ -358,6 +402,34 @@ mod tests {
             serde_json::to_vec(&jsonschema::json::conformance::document()).expect("serialises");
         let root = Instance::parse(&document).expect("parses");
         jsonschema::json::conformance::assert_conformance::<Borrowed>(&&root);
+    }
+
+    /// Goal: each object and array holds exactly its length, however many there are, so
+    /// that a small event of many empty objects cannot reserve much more than its size.
+    #[test]
+    fn takes_exactly_the_room_it_holds() {
+        fn exact(instance: &Instance<'_>) {
+            match instance {
+                Instance::Array(items) => {
+                    assert_eq!(items.capacity(), items.len());
+                    items.iter().for_each(exact);
+                }
+                Instance::Object(members) => {
+                    // A repeated name's dropped member leaves its slot: at most that many.
+                    assert!(members.capacity() <= members.len() + 1, "{members:?}");
+                    members.iter().for_each(|(_, value)| exact(value));
+                }
+                _ => {}
+            }
+        }
+        let empties = format!("[{}{{}}]", "{},".repeat(100_000));
+        let Instance::Array(items) = Instance::parse(empties.as_bytes()).expect("parses") else {
+            panic!("an array");
+        };
+        assert_eq!(items.len(), 100_001);
+        exact(&Instance::Array(items));
+        let nested = br#"{"z":[[{"b":1,"a":{"k":[1,2,3]}}],{}],"y":{"x":{"w":[{"v":[]}]}},"y":0}"#;
+        exact(&Instance::parse(nested).expect("parses"));
     }
 
     /// Goal: strings without escapes are read in place; one with an escape is unescaped.
