@@ -17,8 +17,8 @@ pub struct ImageArgs {
     /// Runs of each timing (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Package this `annals` binary (as scripts/image --binary) instead of building the
-    /// release one.
+    /// Package this `annals` binary (as scripts/image --binary) instead of the one
+    /// scripts/image builds (the `dist` profile).
     #[arg(long, value_name = "FILE")]
     binary: Option<PathBuf>,
     /// The image's name.
@@ -180,7 +180,7 @@ pub fn run(args: ImageArgs) -> Result<Value, String> {
     }
     let binary = match &args.binary {
         Some(b) => b.display().to_string(),
-        None => "target/release/annals (scripts/image's own build)".into(),
+        None => "target/dist/annals (scripts/image's own build, the dist profile)".into(),
     };
     Ok(json!({
         "bench": "image",
