@@ -22,6 +22,7 @@ WAITING = {
     ("annals-cli", "server_postgres"),
     ("annals-cli", "differential"),
     ("annals-cli", "container"),
+    ("annals-cli", "server_traces"),
 }
 # Binaries that must have the machine to themselves.
 ALONE = {("annals-cli", "h2spec")}

@@ -249,6 +249,16 @@ pub(crate) fn start_server_on(
     durability: &str,
     extra: &[&str],
 ) -> Result<OwnServer, String> {
+    start_server_with(store, durability, extra, &[])
+}
+
+/// [`start_server_on`] with the variables `env` set for the server.
+pub(crate) fn start_server_with(
+    store: &std::ffi::OsStr,
+    durability: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Result<OwnServer, String> {
     use std::io::BufRead;
     let exe = crate::bench::server_binary()?;
     let mut child = Command::new(exe)
@@ -258,6 +268,7 @@ pub(crate) fn start_server_on(
         .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
         .args(["--durability", durability])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -908,9 +919,9 @@ pub(crate) fn run_against(
     })
 }
 
-/// The `schema` benchmark's HTTP load: 64 connections of conditional appends of one event of
-/// 1 KiB of JSON (ten fields), one run of `seconds`, against a running server.
-pub(crate) fn run_schema_load(http: SocketAddr, seconds: f64) -> Result<Value, String> {
+/// The `schema` and `traces` benchmarks' HTTP load: 64 connections of conditional appends of
+/// one event of 1 KiB of JSON (ten fields), one run of `seconds`, against a running server.
+pub(crate) fn run_conditional_load(http: SocketAddr, seconds: f64) -> Result<Value, String> {
     run(HttpArgs {
         url: Some(format!("http://{http}")),
         grpc_url: None,

@@ -82,7 +82,7 @@ fn http_part(args: &SchemaArgs) -> Result<Value, String> {
                 "/v1/admin/schemas/BenchEvent/enforcement",
                 json!({ "enforcement": enforcement }),
             )?;
-            let result = crate::bench_http::run_schema_load(server.http, args.seconds)?;
+            let result = crate::bench_http::run_conditional_load(server.http, args.seconds)?;
             let rate = result["requests_per_sec"].as_f64().unwrap_or(0.0);
             eprintln!(
                 "HTTP run {}: {rate:.0} appends/s with enforcement {enforcement}",

@@ -11,6 +11,7 @@ mod bench_postgres;
 mod bench_schema;
 mod bench_snapshot;
 mod bench_subjects;
+mod bench_traces;
 mod bench_umadb;
 mod exchange;
 mod grpc_client;
@@ -113,6 +114,12 @@ enum BenchCommand {
     ///
     /// Example: annals-bench image --runs 3
     Image(bench_image::ImageArgs),
+    /// Traces over OTLP: 64 HTTP connections of conditional appends against a server
+    /// exporting every request's spans to a local Jaeger, and one sampling 1%, each
+    /// alternated with a server exporting nothing.
+    ///
+    /// Example: annals-bench traces --runs 5
+    Traces(bench_traces::TracesArgs),
 }
 
 /// Runs one benchmark and prints its JSON object.
@@ -132,6 +139,7 @@ fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Snapshot(args) => bench_snapshot::run(args)?,
         BenchCommand::Schema(args) => bench_schema::run(args)?,
         BenchCommand::Image(args) => bench_image::run(args)?,
+        BenchCommand::Traces(args) => bench_traces::run(args)?,
     };
     println!("{result}");
     Ok(())

@@ -27,7 +27,7 @@ fn stdout_of(command: &mut Command) -> Vec<u8> {
 fn every_benchmark_has_help_with_an_example() {
     for name in [
         "append", "read", "recover", "fsync", "http", "decide", "exchange", "umadb", "schema",
-        "image",
+        "image", "traces",
     ] {
         let out = stdout_of(bench().args([name, "--help"]));
         let out = String::from_utf8(out).unwrap();
@@ -446,4 +446,43 @@ fn bench_image_json_contract() {
         let seconds = json[field].as_f64().unwrap();
         assert!(seconds > 0.0 && seconds < 120.0, "{field}: {json}");
     }
+}
+
+/// Goal: `annals-bench traces` ends with one JSON line holding, for every request traced and
+/// for 1% sampled, the rate beside the rate with nothing exported and their ratio, and the
+/// traced server's span counts, which show spans reaching Jaeger. Method: one short run, when
+/// Jaeger is installed (required by the test command).
+#[test]
+fn bench_traces_json_contract() {
+    if annals_testkit::jaeger::jaeger_bin().is_none() {
+        assert!(
+            !annals_testkit::jaeger::jaeger_required(),
+            "Jaeger is required (ANNALS_REQUIRE_JAEGER=1): run scripts/setup"
+        );
+        eprintln!("skipped: Jaeger is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = stdout_of(
+        bench()
+            .args(["traces", "--runs", "1", "--seconds", "0.5", "--dir"])
+            .arg(dir.path()),
+    );
+    let stdout = String::from_utf8(stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for part in ["all", "sampled_1pct"] {
+        for field in [
+            "traced_appends_per_sec",
+            "off_appends_per_sec",
+            "ratio_traced_to_off",
+        ] {
+            assert!(
+                last[part][field].as_f64().is_some_and(|v| v > 0.0),
+                "missing {part}.{field} in {last}"
+            );
+        }
+    }
+    // Spans are exported at most 5 s after they end: the short run's may still be queued.
+    assert!(last["all"]["spans"]["exported"].is_number(), "{last}");
+    assert!(last["fsync_floor_per_sec"].is_number());
 }

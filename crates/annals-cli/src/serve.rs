@@ -223,11 +223,14 @@ pub fn config(command: ConfigCommand) -> Result<(), Failure> {
 /// The server's log: events (a failed accept, a slow shutdown, a component that did not stop
 /// cleanly) go to stderr as lines of `tracing`'s text format, at the level `ANNALS_LOG` names
 /// (`error`, `warn`, `info` (the default), `debug`, `trace`) for Annals' own crates and at
-/// `warn` for its libraries'.
-fn start_log() -> Result<(), String> {
-    use tracing_subscriber::filter::{LevelFilter, Targets};
+/// `warn` for its libraries'. With `telemetry` (traces exported over OTLP), the spans of
+/// Annals' crates go to the export; the log takes events only, so that a server exporting
+/// nothing makes no spans at all.
+fn start_log(telemetry: Option<&annals_server::telemetry::Telemetry>) -> Result<(), String> {
+    use tracing_subscriber::filter::{filter_fn, LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer as _;
     let level = match std::env::var("ANNALS_LOG").as_deref() {
         Err(_) | Ok("") | Ok("info") => LevelFilter::INFO,
         Ok("error") => LevelFilter::ERROR,
@@ -248,11 +251,13 @@ fn start_log() -> Result<(), String> {
         .with_target("annals_exchange", level);
     let format = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(false);
+        .with_ansi(false)
+        .with_filter(targets)
+        .with_filter(filter_fn(|metadata| metadata.is_event()));
     // Another subscriber already set (the process's embedder's) is kept.
     let _ = tracing_subscriber::registry()
         .with(format)
-        .with(targets)
+        .with(telemetry.map(|t| t.layer()))
         .try_init();
     Ok(())
 }
@@ -260,16 +265,40 @@ fn start_log() -> Result<(), String> {
 pub fn run(args: ServeArgs) -> Result<(), Failure> {
     // What the flags, the environment and the file say is the configuration: a refusal of it
     // exits as one (78), so that a supervisor does not restart a start that cannot succeed.
-    start_log().map_err(|e| Failure::of_kind("config", e))?;
-    let config =
-        resolve(&args, |w| tracing::warn!("{w}")).map_err(|e| Failure::of_kind("config", e))?;
+    // Its warnings wait for the log, which starts once the configuration says what to export.
+    let warnings = std::cell::RefCell::new(Vec::new());
+    let resolved = resolve(&args, |w| warnings.borrow_mut().push(w));
+    let export = resolved
+        .as_ref()
+        .ok()
+        .map(|config| config.telemetry.resolve(|name| std::env::var(name).ok()));
+    let telemetry = match export {
+        Some(Ok(Some(export))) => Some(
+            annals_server::telemetry::Telemetry::start(&export)
+                .map_err(|e| Failure::of_kind("config", e))?,
+        ),
+        Some(Err(e)) => {
+            start_log(None).map_err(|e| Failure::of_kind("config", e))?;
+            return Err(Failure::of_kind("config", e));
+        }
+        _ => None,
+    };
+    start_log(telemetry.as_ref()).map_err(|e| Failure::of_kind("config", e))?;
+    for w in warnings.into_inner() {
+        tracing::warn!("{w}");
+    }
+    let config = resolved.map_err(|e| Failure::of_kind("config", e))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.runtime_threads())
         .enable_all()
         .thread_name("annals-rt")
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    runtime.block_on(serve(config))
+    let served = runtime.block_on(serve(config));
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    served
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

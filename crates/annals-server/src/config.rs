@@ -98,6 +98,10 @@ pub struct Config {
     /// Set at start: whether events of types without a schema are taken (`allow`) or
     /// refused (`refuse`); None leaves the store's setting as it is (`allow` at first).
     pub schema_unknown_types: Option<annals::registry::UnknownTypes>,
+    /// Traces exported over OTLP (see [`crate::telemetry`]): the `[telemetry]` table, whose
+    /// values the standard `OTEL_*` variables override. Nothing is exported without an
+    /// endpoint.
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 impl Default for Config {
@@ -129,6 +133,7 @@ impl Default for Config {
             exchange: None,
             schemas: Vec::new(),
             schema_unknown_types: None,
+            telemetry: Default::default(),
         }
     }
 }
@@ -529,6 +534,12 @@ pub fn settings() -> BTreeMap<String, &'static str> {
             critical_qty: Some(1),
             ..ExchangeConfig::default()
         }),
+        telemetry: crate::telemetry::TelemetryConfig {
+            endpoint: Some(String::new()),
+            protocol: Some(String::new()),
+            service_name: Some(String::new()),
+            sample_ratio: Some(1.0),
+        },
         ..Config::default()
     };
     let mut out = BTreeMap::new();
@@ -621,6 +632,7 @@ impl Config {
         if let Some(exchange) = &self.exchange {
             exchange.check(self.durability)?;
         }
+        self.telemetry.check()?;
         Ok(())
     }
 
@@ -683,6 +695,7 @@ impl Config {
         shown.store = redact_password(&shown.store);
         url(&mut shown.backup);
         url(&mut shown.replica_of);
+        url(&mut shown.telemetry.endpoint);
         for entry in &mut shown.api_keys {
             entry.key = "***".into();
         }

@@ -178,6 +178,11 @@ where
     fn call(&mut self, mut request: Request) -> Self::Future {
         let started = Instant::now();
         let guard = self.guard.clone();
+        if crate::telemetry::active() {
+            if let Some(route) = request.extensions().get::<axum::extract::MatchedPath>() {
+                crate::telemetry::record_route(request.method(), route.as_str());
+            }
+        }
         match grant(&guard.state, request.headers(), guard.scope) {
             Ok(grant) => {
                 if guard.lends_grant {

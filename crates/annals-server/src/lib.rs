@@ -31,6 +31,7 @@ mod start;
 mod state;
 pub mod stats;
 pub mod subjects;
+pub mod telemetry;
 pub mod wire;
 
 use std::net::SocketAddr;

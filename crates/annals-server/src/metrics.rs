@@ -315,6 +315,7 @@ impl Collector for Scrape {
         )?;
         out.read_models(&self.read_models)?;
         out.snapshots(&self.snapshots)?;
+        out.spans()?;
         if let Some(schemas) = &self.schemas {
             out.schemas(schemas)?;
         }
@@ -330,6 +331,29 @@ impl Collector for Scrape {
             out.process(process)?;
         }
         Ok(())
+    }
+}
+
+impl Out<'_> {
+    /// The trace export's counts (all zero when nothing is exported; see `telemetry`).
+    fn spans(&mut self) -> std::fmt::Result {
+        use std::sync::atomic::Ordering::Relaxed;
+        let spans = &crate::telemetry::SPANS;
+        self.counter(
+            "annals_trace_spans_exported",
+            "Spans the OTLP collector took.",
+            spans.exported.load(Relaxed),
+        )?;
+        self.counter(
+            "annals_trace_spans_dropped",
+            "Spans dropped because the export queue was full (a slow or absent collector);              requests never wait for the export.",
+            spans.dropped.load(Relaxed),
+        )?;
+        self.counter(
+            "annals_trace_spans_failed",
+            "Spans lost in exports the collector did not take.",
+            spans.failed.load(Relaxed),
+        )
     }
 }
 

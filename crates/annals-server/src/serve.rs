@@ -114,6 +114,7 @@ pub(crate) async fn serve_http(
         let service = TowerToHyperService::new(WithBudget {
             router: router.clone(),
             budget: connection_budget,
+            grpc: protocols == Protocols::Http2,
         });
         let watcher = graceful.watcher();
         let tls = tls.clone();
@@ -150,17 +151,22 @@ pub(crate) async fn serve_http(
     }
 }
 
-/// The router, each request carrying its connection's stream budget.
+/// The router, each request carrying its connection's stream budget and run in its span
+/// (when traces are exported; see `telemetry::request_span`).
 #[derive(Clone)]
 pub(crate) struct WithBudget {
     router: axum::Router,
     budget: crate::budget::ConnectionBudget,
+    /// The gRPC listener's: its requests' spans follow the RPC conventions.
+    grpc: bool,
 }
 
 impl tower::Service<http::Request<hyper::body::Incoming>> for WithBudget {
     type Response = axum::response::Response;
     type Error = std::convert::Infallible;
-    type Future = <axum::Router as tower::Service<http::Request<hyper::body::Incoming>>>::Future;
+    type Future = crate::telemetry::Traced<
+        <axum::Router as tower::Service<http::Request<hyper::body::Incoming>>>::Future,
+    >;
 
     fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Self::Error>> {
         tower::Service::<http::Request<hyper::body::Incoming>>::poll_ready(&mut self.router, cx)
@@ -168,7 +174,10 @@ impl tower::Service<http::Request<hyper::body::Incoming>> for WithBudget {
 
     fn call(&mut self, mut request: http::Request<hyper::body::Incoming>) -> Self::Future {
         request.extensions_mut().insert(self.budget.clone());
-        self.router.call(request)
+        let span = crate::telemetry::request_span(&request, self.grpc);
+        // Entered while the router routes: a route's guard records the route on it.
+        let routed = span.in_scope(|| self.router.call(request));
+        crate::telemetry::Traced::new(routed, span, self.grpc)
     }
 }
 

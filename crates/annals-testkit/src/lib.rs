@@ -16,6 +16,7 @@
 
 pub mod fixtures;
 pub mod http;
+pub mod jaeger;
 pub mod s3;
 pub mod server;
 mod wait;

@@ -36,6 +36,17 @@ impl ServerProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> ServerProcess {
+        Self::launch_logging(bin, dir, args, env, Stdio::inherit())
+    }
+
+    /// [`ServerProcess::launch`], its log (stderr) going to `log` (a file a test reads).
+    pub fn launch_logging(
+        bin: &Path,
+        dir: Option<&Path>,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: Stdio,
+    ) -> ServerProcess {
         let mut command = Command::new(bin);
         command.arg("serve");
         if let Some(dir) = dir {
@@ -45,7 +56,7 @@ impl ServerProcess {
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(log);
         for (k, v) in env {
             command.env(k, v);
         }

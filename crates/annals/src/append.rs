@@ -30,13 +30,16 @@ use crate::request::{AsyncSlot, Completion, ReplyTo, Waiting};
 use crate::store::Store;
 
 /// How an append is handed to the writer.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Submit {
     /// Wait while the queue is full; otherwise fail with [`AppendError::QueueFull`].
     pub(crate) wait_when_full: bool,
     /// A blocking caller that is the only one waiting on the store: it may commit its append
     /// on its own thread (see [`WriterRole::commit_alone`]).
     pub(crate) alone: bool,
+    /// The append's span (see [`Append::span`]; none unless spans are recorded), which the
+    /// commit that carries it links to.
+    pub(crate) trace: tracing::Span,
 }
 
 /// Per-append options.
@@ -164,12 +167,16 @@ impl<'a> Append<'a> {
         let completion = Completion::for_this_thread();
         let store = self.store;
         let waiting = Waiting::start(store.shared_arc());
+        let span = self.span();
         let how = Submit {
             wait_when_full: self.wait_when_full,
             alone: waiting.alone(),
+            trace: span.clone(),
         };
-        self.send(ReplyTo::Blocking(completion.clone()), how)?;
-        completion.wait(waiting)
+        let sent = self.send(ReplyTo::Blocking(completion.clone()), how);
+        let outcome = sent.and_then(|()| completion.wait(waiting));
+        finish(&span, &outcome);
+        outcome
     }
 
     /// Sends the append without blocking the calling thread: the future resolves when the
@@ -188,12 +195,18 @@ impl<'a> Append<'a> {
         let slot = Arc::new(AsyncSlot::default());
         let store = self.store;
         let waiting = Waiting::start(store.shared_arc());
+        let span = self.span();
         let how = Submit {
             wait_when_full: false,
             // Never on a runtime's thread: see `WriterRole::commit_alone`.
             alone: false,
+            trace: span.clone(),
         };
-        self.send(ReplyTo::Async(slot.clone()), how)?;
+        if let Err(e) = self.send(ReplyTo::Async(slot.clone()), how) {
+            let outcome = Err(e);
+            finish(&span, &outcome);
+            return outcome;
+        }
         // A lone caller on files polls (see `Waiting`), yielding to the runtime between polls
         // so that the thread stays free for any other task.
         let polls = store.lone_async_polls();
@@ -210,6 +223,7 @@ impl<'a> Append<'a> {
         // `waiting` stays alive until the outcome is in: a sleeping caller still counts.
         let outcome = slot.wait().await;
         drop(waiting);
+        finish(&span, &outcome);
         outcome
     }
 
@@ -221,11 +235,22 @@ impl<'a> Append<'a> {
         self,
         done: impl FnOnce(Result<u64, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
+        let span = self.span();
         let how = Submit {
             wait_when_full: self.wait_when_full,
             alone: false,
+            trace: span.clone(),
         };
-        self.send(ReplyTo::Callback(Box::new(done)), how)
+        let answered = span.clone();
+        let done = move |outcome: Result<u64, AppendError>| {
+            finish(&answered, &outcome);
+            done(outcome)
+        };
+        let sent = self.send(ReplyTo::Callback(Box::new(done)), how);
+        if let Err(e) = &sent {
+            span.record("annals.outcome", e.kind());
+        }
+        sent
     }
 
     fn send(self, reply: ReplyTo, how: Submit) -> Result<(), AppendError> {
@@ -237,6 +262,67 @@ impl<'a> Append<'a> {
             Body::Batch(batch) => {
                 self.store
                     .submit_batch(batch, self.condition, self.options, reply, how)
+            }
+        }
+    }
+
+    /// The append's span, `annals.append`, its numbers as signed integers (OpenTelemetry's
+    /// attributes have no unsigned ones: `tracing`'s bridge writes a `u64` as text), when something records the spans of Annals' crates
+    /// (a server exporting traces): its event count, whether it has a condition and the
+    /// position the condition reads after, its durability class, and once answered its last
+    /// event's position and outcome. The commit that carried it (a group's fsync) is linked
+    /// to it both ways (see `writer/syncer.rs`).
+    fn span(&self) -> tracing::Span {
+        use tracing::field::Empty;
+        let span = tracing::info_span!(
+            target: "annals",
+            "annals.append",
+            annals.events = Empty,
+            annals.condition = self.condition.is_some(),
+            annals.after = Empty,
+            annals.durability = Empty,
+            annals.position = Empty,
+            annals.outcome = Empty,
+            otel.status_code = Empty,
+        );
+        if span.is_disabled() {
+            return span;
+        }
+        let events = match &self.body {
+            Body::Events(events) => events.len(),
+            Body::Batch(batch) => batch.len(),
+        };
+        span.record("annals.events", events as i64);
+        if let Some(after) = self.condition.as_ref().and_then(|c| c.after) {
+            span.record("annals.after", after as i64);
+        }
+        let class = if self.options.off_machine {
+            crate::Durability::OffMachine
+        } else if self.options.require_synced {
+            crate::Durability::Synced.max(self.store.durability())
+        } else {
+            self.store.durability()
+        };
+        span.record("annals.durability", class.label());
+        span
+    }
+}
+
+/// Records an append's answer on its span.
+fn finish(span: &tracing::Span, outcome: &Result<u64, AppendError>) {
+    if span.is_disabled() {
+        return;
+    }
+    match outcome {
+        Ok(position) => {
+            span.record("annals.position", *position as i64);
+            span.record("annals.outcome", "appended");
+        }
+        Err(e) => {
+            span.record("annals.outcome", e.kind());
+            // A failed condition is an answer, not a fault.
+            if !matches!(e, AppendError::ConditionFailed { .. }) {
+                span.record("otel.status_code", "ERROR");
             }
         }
     }

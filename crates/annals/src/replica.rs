@@ -665,6 +665,7 @@ impl Follower {
                     }
                 }))),
                 appended_at: Some(header.appended_at_us),
+                trace: tracing::Span::none(),
             });
         }
         if !requests.is_empty() {

@@ -596,6 +596,7 @@ pub(super) fn committed(append: EncodedAppend, appended_at: u64, reply: ReplyTo)
         require_synced: false,
         reply: Reply::new(reply),
         appended_at: Some(appended_at),
+        trace: tracing::Span::none(),
     }
 }
 

@@ -37,4 +37,7 @@ pub(crate) struct Request {
     /// The append time to record, when it was decided elsewhere (by the database backend,
     /// which committed the append before it reaches this writer); otherwise the group's.
     pub(crate) appended_at: Option<u64>,
+    /// The append's span (none unless spans are recorded): the sync that makes it durable
+    /// links to it, and it to the sync.
+    pub(crate) trace: tracing::Span,
 }

@@ -318,6 +318,7 @@ impl Store {
                 Submit {
                     wait_when_full: true,
                     alone: false,
+                    trace: tracing::Span::none(),
                 },
                 None,
                 true,

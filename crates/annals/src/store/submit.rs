@@ -110,6 +110,7 @@ impl Store {
             Submit {
                 wait_when_full: true,
                 alone: false,
+                trace: tracing::Span::none(),
             },
             Some(appended_at_us),
             // A copy's or a backup's log holds the receipts of its erasures.
@@ -246,6 +247,7 @@ impl Store {
             require_synced: options.require_synced || off_machine,
             reply: Reply::new(reply),
             appended_at,
+            trace: how.trace,
         };
         let request = if how.alone {
             match log.commit_alone(request) {

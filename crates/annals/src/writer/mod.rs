@@ -429,6 +429,7 @@ impl Writer {
                     needed,
                     reply: request.reply,
                     outcome,
+                    trace: request.trace,
                 });
             } else {
                 answers.send(request.reply, outcome);

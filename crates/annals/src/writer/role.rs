@@ -167,6 +167,7 @@ impl WriterRole {
             needed,
             reply: request.reply,
             outcome,
+            trace: request.trace,
         });
         self.shared
             .counters

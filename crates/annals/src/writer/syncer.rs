@@ -27,6 +27,17 @@ pub(crate) struct Waiter {
     pub(super) needed: u64,
     pub(super) reply: Reply,
     pub(super) outcome: Result<u64, AppendError>,
+    /// The append's span, which the sync that covers it links to (see `sync_once`).
+    pub(super) trace: tracing::Span,
+}
+
+/// Links the sync's span and each append's it covers, both ways: from the append's trace an
+/// operator reaches the commit that carried it, and from the commit every append.
+fn link(sync: &tracing::Span, done: &[Waiter]) {
+    for w in done.iter().filter(|w| !w.trace.is_disabled()) {
+        sync.follows_from(&w.trace);
+        w.trace.follows_from(sync);
+    }
 }
 
 impl Waiter {
@@ -229,12 +240,31 @@ impl Syncer {
             !crate::index::held_here(),
             "the index lock is held across a sync"
         );
+        // The group commit as a span (when spans are recorded): the fsync, linked both ways
+        // with the span of every append it makes durable. Its numbers are signed: the bridge
+        // to OpenTelemetry writes a `u64` as text.
+        let span = tracing::info_span!(
+            target: "annals",
+            "annals.commit",
+            annals.appends = tracing::field::Empty,
+            annals.bytes = tracing::field::Empty,
+            annals.fsync_us = tracing::field::Empty,
+            annals.head = mark.head as i64,
+            otel.status_code = tracing::field::Empty,
+        );
         let started = Instant::now();
         let result = segment
             .file
             .sync_data()
             .map_err(|e| StoreError::io("fdatasync", &segment.path, mark.end_offset, e));
-        shared.counters.record_fsync(started.elapsed());
+        let took = started.elapsed();
+        shared.counters.record_fsync(took);
+        if !span.is_disabled() {
+            span.record("annals.fsync_us", took.as_micros() as i64);
+            if result.is_err() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
         let result = result.and_then(|()| record_synced_length(shared, mark));
         let mut state = self.state.lock();
         state.syncing = false;
@@ -248,6 +278,7 @@ impl Syncer {
                     state.synced,
                     state.written
                 );
+                let bytes = target_bytes.saturating_sub(state.synced_bytes);
                 state.synced = target;
                 state.synced_bytes = state.synced_bytes.max(target_bytes);
                 self.room.notify_all();
@@ -260,6 +291,11 @@ impl Syncer {
                     self.wake.notify_one();
                 }
                 drop(state);
+                if !span.is_disabled() {
+                    span.record("annals.appends", done.len() as i64);
+                    span.record("annals.bytes", bytes as i64);
+                    link(&span, &done);
+                }
                 let publish = shared.policy.publish_when_synced;
                 // The writer's inline sync, or the syncer with nothing more to sync yet,
                 // answers the group itself rather than hand it to the notifier (a wake-up on

@@ -1,0 +1,108 @@
+//! `annals-bench traces`: what exporting traces costs. 64 HTTP connections of conditional
+//! appends (one 1 KiB event each) against a server exporting every request's spans over OTLP
+//! to a local Jaeger (its all-in-one program, as the tests run it), alternated (ABBA) with the
+//! same build exporting nothing; and a server sampling 1% of new traces, alternated likewise.
+//! Each mode is a server of its own on a store of its own, started once; beside the fdatasync
+//! floor before and after. The traced server's span counts (exported, dropped, failed) say
+//! whether every span reached the collector.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::bench::{fsync_floor, median};
+
+#[derive(clap::Args)]
+pub struct TracesArgs {
+    /// Directory for the stores (emptied first) and the fsync floor file.
+    #[arg(long, default_value = "/tmp/annals-bench-traces")]
+    dir: PathBuf,
+    /// Alternated runs of each mode.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Measured seconds of each run.
+    #[arg(long, default_value_t = 8.0)]
+    seconds: f64,
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    (a / b * 1000.0).round() / 1000.0
+}
+
+/// The spans a server counted, from its /metrics.
+fn span_counts(server: &crate::bench_http::OwnServer) -> Value {
+    let text = annals_testkit::http::request(server.http, "GET", "/metrics", &[], b"").text();
+    let count = |name: &str| annals_testkit::server::sample(&text, name);
+    json!({
+        "exported": count("annals_trace_spans_exported_total"),
+        "dropped": count("annals_trace_spans_dropped_total"),
+        "failed": count("annals_trace_spans_failed_total"),
+    })
+}
+
+pub fn run(args: TracesArgs) -> Result<Value, String> {
+    let _ = std::fs::remove_dir_all(&args.dir);
+    std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let jaeger = annals_testkit::jaeger::Jaeger::start()
+        .ok_or("Jaeger is not installed: scripts/setup builds it")?;
+    let floor = fsync_floor(&args.dir, true, Duration::from_secs(1))?;
+    let endpoint = jaeger.otlp_grpc();
+    let start = |name: &str, env: &[(&str, &str)]| {
+        crate::bench_http::start_server_with(args.dir.join(name).as_os_str(), "d3", &[], env)
+    };
+    let off = start("off", &[])?;
+    let all = start("all", &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)])?;
+    let sampled = start(
+        "sampled",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.01"),
+        ],
+    )?;
+    let mut rates: [(&str, &crate::bench_http::OwnServer, Vec<f64>); 4] = [
+        ("all", &all, Vec::new()),
+        ("off, beside all", &off, Vec::new()),
+        ("sampled", &sampled, Vec::new()),
+        ("off, beside sampled", &off, Vec::new()),
+    ];
+    for run in 0..args.runs {
+        // ABBA within each comparison: each mode goes first in every other pair.
+        let order: [usize; 4] = match run % 2 {
+            0 => [0, 1, 2, 3],
+            _ => [1, 0, 3, 2],
+        };
+        for i in order {
+            let (name, server, runs) = &mut rates[i];
+            let result = crate::bench_http::run_conditional_load(server.http, args.seconds)?;
+            let rate = result["requests_per_sec"].as_f64().unwrap_or(0.0);
+            eprintln!("run {}: {rate:.0} appends/s, tracing {name}", run + 1);
+            runs.push(rate);
+        }
+    }
+    let [all_runs, off_all, sampled_runs, off_sampled] = rates.map(|(_, _, runs)| runs);
+    let out = json!({
+        "bench": "traces",
+        "durability": "d3",
+        "workload": "conditional_append over HTTP, 64 connections, 1 event of 1 KiB JSON, D3; OTLP/gRPC to a local Jaeger 1.76.0 (all-in-one, traces in memory)",
+        "fsync_floor_per_sec": floor,
+        "all": {
+            "runs_traced": all_runs, "runs_off": off_all,
+            "traced_appends_per_sec": median(all_runs.clone()),
+            "off_appends_per_sec": median(off_all.clone()),
+            "ratio_traced_to_off": ratio(median(all_runs), median(off_all)),
+            "spans": span_counts(&all),
+        },
+        "sampled_1pct": {
+            "runs_traced": sampled_runs, "runs_off": off_sampled,
+            "traced_appends_per_sec": median(sampled_runs.clone()),
+            "off_appends_per_sec": median(off_sampled.clone()),
+            "ratio_traced_to_off": ratio(median(sampled_runs), median(off_sampled)),
+            "spans": span_counts(&sampled),
+        },
+        "fsync_floor_after_per_sec": fsync_floor(&args.dir, true, Duration::from_secs(1))?,
+    });
+    drop((off, all, sampled, jaeger));
+    Ok(out)
+}

@@ -1,0 +1,411 @@
+//! Traces exported over OTLP to a real Jaeger (its all-in-one program, which scripts/setup
+//! builds), read back through Jaeger's own query API: a request's spans join the trace its
+//! caller's `traceparent` names, over HTTP and gRPC; the append's span and the group commit
+//! that carried it are linked both ways; a malformed `traceparent` begins a new trace; a
+//! collector that is not there is reported once, never per request.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use annals_testkit::jaeger::Jaeger;
+use common::{append_body, request, ServerProcess, ANNALS};
+use serde_json::Value;
+
+/// How long a test waits for Jaeger to hold what the server exported.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The variables pointing a server at `jaeger` over OTLP/gRPC, exporting within 100 ms.
+fn exporting_to(jaeger: &Jaeger) -> Vec<(&'static str, String)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_grpc()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".into()),
+    ]
+}
+
+fn start(dir: &std::path::Path, env: &[(&'static str, String)]) -> ServerProcess {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    ServerProcess::start_with_env(dir, &[], &env)
+}
+
+/// A fresh W3C trace id and span id, as a caller's tracer makes them.
+fn ids() -> (String, String) {
+    let trace = format!("{:032x}", rand::random::<u128>() | 1);
+    let span = format!("{:016x}", rand::random::<u64>() | 1);
+    (trace, span)
+}
+
+/// The spans of `trace` named `name`.
+fn named<'a>(trace: &'a Value, name: &str) -> Vec<&'a Value> {
+    trace["spans"]
+        .as_array()
+        .map(|spans| {
+            spans
+                .iter()
+                .filter(|s| s["operationName"] == name)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A span's attribute, as Jaeger holds it.
+fn tag<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
+    span["tags"]
+        .as_array()?
+        .iter()
+        .find(|t| t["key"] == key)
+        .map(|t| &t["value"])
+}
+
+/// The references of `span` of kind `kind` (`CHILD_OF`, `FOLLOWS_FROM`: a link), as (trace,
+/// span) ids.
+fn references(span: &Value, kind: &str) -> Vec<(String, String)> {
+    span["references"]
+        .as_array()
+        .map(|refs| {
+            refs.iter()
+                .filter(|r| r["refType"] == kind)
+                .map(|r| {
+                    (
+                        r["traceID"].as_str().unwrap_or("").to_string(),
+                        r["spanID"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Goal: an HTTP append carrying a `traceparent` is exported as the caller's child (`POST
+/// /v1/append` with its route and status), with the store's `annals.append` under it holding
+/// the event count, the condition, the durability class, the position and the outcome; the
+/// fsync that made it durable (`annals.commit`, with its size and fsync time) links to it
+/// and it to the commit; a read joins its caller's trace too.
+#[test]
+fn an_http_append_joins_its_callers_trace_and_links_its_commit() {
+    let Some(jaeger) = Jaeger::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &exporting_to(&jaeger));
+    let (trace, parent) = ids();
+    let traceparent = format!("00-{trace}-{parent}-01");
+    let body = append_body(
+        &[("Opened", &["account:1"], "{}")],
+        Some(r#"{"failIfEventsMatch":{"items":[{"tags":["account:1"]}]}}"#),
+    );
+    let r = request(
+        server.http,
+        "POST",
+        "/v1/append",
+        &[("traceparent", &traceparent)],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let held = jaeger.trace(&trace, 2, WAIT);
+    let http = named(&held, "POST /v1/append");
+    assert_eq!(http.len(), 1, "{held:#}");
+    let http = http[0];
+    assert_eq!(references(http, "CHILD_OF"), [(trace.clone(), parent)]);
+    assert_eq!(tag(http, "http.route"), Some(&Value::from("/v1/append")));
+    assert_eq!(
+        tag(http, "http.response.status_code"),
+        Some(&Value::from(200))
+    );
+    assert_eq!(tag(http, "http.request.method"), Some(&Value::from("POST")));
+    let service = &held["processes"][http["processID"].as_str().unwrap()]["serviceName"];
+    assert_eq!(service, "annals");
+
+    let append = named(&held, "annals.append");
+    assert_eq!(append.len(), 1, "{held:#}");
+    let append = append[0];
+    let http_id = http["spanID"].as_str().unwrap().to_string();
+    assert_eq!(references(append, "CHILD_OF"), [(trace.clone(), http_id)]);
+    assert_eq!(tag(append, "annals.events"), Some(&Value::from(1)));
+    assert_eq!(tag(append, "annals.condition"), Some(&Value::from(true)));
+    assert_eq!(tag(append, "annals.durability"), Some(&Value::from("d3")));
+    assert_eq!(tag(append, "annals.position"), Some(&Value::from(1)));
+    assert_eq!(
+        tag(append, "annals.outcome"),
+        Some(&Value::from("appended"))
+    );
+
+    // The commit is a trace of its own (it carries appends of many traces), linked both ways.
+    let links = references(append, "FOLLOWS_FROM");
+    assert_eq!(links.len(), 1, "{append:#}");
+    let (commit_trace, commit_id) = &links[0];
+    let commits = jaeger.trace(commit_trace, 1, WAIT);
+    let commit = named(&commits, "annals.commit");
+    assert_eq!(commit.len(), 1, "{commits:#}");
+    let commit = commit[0];
+    assert_eq!(commit["spanID"], commit_id.as_str());
+    let append_id = append["spanID"].as_str().unwrap().to_string();
+    assert!(
+        references(commit, "FOLLOWS_FROM").contains(&(trace.clone(), append_id)),
+        "{commit:#}"
+    );
+    assert!(tag(commit, "annals.fsync_us").is_some(), "{commit:#}");
+    assert!(tag(commit, "annals.appends").and_then(Value::as_u64) >= Some(1));
+    assert!(tag(commit, "annals.bytes").and_then(Value::as_u64) > Some(0));
+
+    // A read joins its caller's trace as well.
+    let (read_trace, read_parent) = ids();
+    let r = request(
+        server.http,
+        "GET",
+        "/v1/read",
+        &[("traceparent", &format!("00-{read_trace}-{read_parent}-01"))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let held = jaeger.trace(&read_trace, 1, WAIT);
+    let read = named(&held, "GET /v1/read");
+    assert_eq!(read.len(), 1, "{held:#}");
+    assert_eq!(references(read[0], "CHILD_OF"), [(read_trace, read_parent)]);
+}
+
+/// Goal: a gRPC append (UmaDB's protocol, a `traceparent` in its metadata) is exported as the
+/// caller's child under the RPC conventions (`rpc.system`, `rpc.service`, `rpc.method`), with
+/// the store's `annals.append` under it.
+#[test]
+fn a_grpc_append_joins_its_callers_trace() {
+    let Some(jaeger) = Jaeger::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &exporting_to(&jaeger));
+    let (trace, parent) = ids();
+    let url = server.grpc_url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use umadb_proto::v1;
+        let channel = tonic::transport::Channel::from_shared(url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = v1::dcb_client::DcbClient::new(channel);
+        let mut request = tonic::Request::new(v1::AppendRequest {
+            events: vec![v1::Event {
+                event_type: "Opened".into(),
+                tags: vec!["account:1".into()],
+                data: b"{}".to_vec(),
+                uuid: String::new(),
+                metadata: Vec::new(),
+            }],
+            condition: None,
+            tracking_info: None,
+        });
+        request.metadata_mut().insert(
+            "traceparent",
+            format!("00-{trace}-{parent}-01").parse().unwrap(),
+        );
+        client.append(request).await.unwrap();
+    });
+    let held = jaeger.trace(&trace, 2, WAIT);
+    let rpc: Vec<&Value> = held["spans"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| tag(s, "rpc.system") == Some(&Value::from("grpc")))
+        .collect();
+    assert_eq!(rpc.len(), 1, "{held:#}");
+    let rpc = rpc[0];
+    assert_eq!(references(rpc, "CHILD_OF"), [(trace.clone(), parent)]);
+    assert_eq!(tag(rpc, "rpc.method"), Some(&Value::from("Append")));
+    let service = tag(rpc, "rpc.service").and_then(Value::as_str).unwrap();
+    assert!(
+        service.ends_with("DCB") || service.contains("umadb"),
+        "{rpc:#}"
+    );
+    assert_eq!(
+        rpc["operationName"].as_str(),
+        Some(format!("{service}/Append").as_str())
+    );
+    let append = named(&held, "annals.append");
+    assert_eq!(append.len(), 1, "{held:#}");
+    let rpc_id = rpc["spanID"].as_str().unwrap().to_string();
+    assert_eq!(references(append[0], "CHILD_OF"), [(trace, rpc_id)]);
+}
+
+/// Goal: a malformed `traceparent` is ignored: the request is answered as any other, and its
+/// spans begin a trace of their own.
+#[test]
+fn a_malformed_traceparent_begins_a_new_trace() {
+    let Some(jaeger) = Jaeger::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &exporting_to(&jaeger));
+    for bad in [
+        "00-zz-yy-01",
+        "00-00000000000000000000000000000000-0000000000000000-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "not a traceparent at all",
+    ] {
+        let body = append_body(&[("Noted", &[], "{}")], None);
+        let r = request(
+            server.http,
+            "POST",
+            "/v1/append",
+            &[("traceparent", bad)],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{bad}: {}", r.text());
+    }
+    // Each began a trace of the service's own.
+    let path = "/api/traces?service=annals&operation=POST%20%2Fv1%2Fappend&limit=20";
+    annals_testkit::eventually("four traces of appends in Jaeger", WAIT, || {
+        let found = jaeger.get(path);
+        let traces = found
+            .as_ref()
+            .and_then(|f| f["data"].as_array())
+            .map_or(0, Vec::len);
+        traces >= 4
+    });
+}
+
+/// Goal: with no collector at the endpoint, appends are answered as ever, the spans lost are
+/// counted in /metrics, and the log says so once, not once per request or per batch.
+#[test]
+fn a_collector_that_is_not_there_is_reported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("server.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let nowhere = format!("http://127.0.0.1:{}", annals_testkit::free_port());
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", nowhere.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
+    ];
+    let data = dir.path().join("data");
+    let server = annals_testkit::server::ServerProcess::launch_logging(
+        std::path::Path::new(ANNALS),
+        Some(&data),
+        &[],
+        &env,
+        Stdio::from(log),
+    );
+    for i in 0..200 {
+        let tag = format!("n:{i}");
+        let body = append_body(&[("Noted", &[tag.as_str()], "{}")], None);
+        let r = request(server.http, "POST", "/v1/append", &[], body.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let lost = annals_testkit::eventually("the lost spans counted", WAIT, || {
+        let text = request(server.http, "GET", "/metrics", &[], b"").text();
+        let failed = annals_testkit::server::sample(&text, "annals_trace_spans_failed_total")?;
+        (failed >= 200.0).then_some(failed)
+    });
+    assert!(lost >= 200.0);
+    drop(server);
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let reports = text
+        .lines()
+        .filter(|l| l.contains("the trace collector did not take"))
+        .count();
+    assert_eq!(reports, 1, "{text}");
+}
+
+/// Goal: an export that cannot be made (a protocol no exporter here speaks) is refused at
+/// start as a configuration error (exit 78), naming the variable, before anything listens.
+#[test]
+fn an_export_that_cannot_be_made_refuses_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(ANNALS)
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "off",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{text}");
+    assert!(text.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{text}");
+}
+
+/// Appends from 8 threads for `seconds`, each request on a connection of its own; the
+/// appends answered per second.
+fn load(server: &ServerProcess, seconds: f64) -> f64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs_f64(seconds);
+    let http = server.http;
+    let answered: usize = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut n = 0;
+                    while std::time::Instant::now() < deadline {
+                        let tag = format!("load:{t}");
+                        let body = append_body(&[("Loaded", &[tag.as_str()], "{}")], None);
+                        let r = request(http, "POST", "/v1/append", &[], body.as_bytes());
+                        assert_eq!(r.status, 200, "{}", r.text());
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    answered as f64 / seconds
+}
+
+/// Goal: with the collector gone under load, appends go on at their rate (the export never
+/// holds a request), the spans that cannot be sent are counted, and once the collector is
+/// back the export resumes: a new request's trace arrives.
+#[test]
+fn appends_go_on_while_the_collector_is_gone_and_export_resumes() {
+    let Some(mut jaeger) = Jaeger::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &exporting_to(&jaeger));
+    let lost = |server: &ServerProcess| {
+        let text = server.get("/metrics").text();
+        let count = |name| annals_testkit::server::sample(&text, name).unwrap_or(0.0);
+        count("annals_trace_spans_dropped_total") + count("annals_trace_spans_failed_total")
+    };
+    let before = load(&server, 2.0);
+    assert!(before > 0.0);
+    let lost_before = lost(&server);
+    jaeger.stop();
+    let without = load(&server, 2.0);
+    // The rate may move with the machine's noise; what must not happen is requests waiting
+    // on the export, which would bring it near nothing.
+    assert!(
+        without > before * 0.5,
+        "{without:.0}/s without the collector, {before:.0}/s with it"
+    );
+    annals_testkit::eventually("spans lost counted", WAIT, || lost(&server) > lost_before);
+    jaeger.restart();
+    let (trace, parent) = ids();
+    annals_testkit::eventually(
+        "a trace exported after the collector returned",
+        WAIT,
+        || {
+            let body = append_body(&[("Noted", &[], "{}")], None);
+            let r = request(
+                server.http,
+                "POST",
+                "/v1/append",
+                &[("traceparent", &format!("00-{trace}-{parent}-01"))],
+                body.as_bytes(),
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+            let held = jaeger.trace(&trace, 1, Duration::from_secs(2));
+            !named(&held, "annals.append").is_empty()
+        },
+    );
+}

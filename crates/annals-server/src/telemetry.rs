@@ -1,0 +1,628 @@
+//! Traces over OpenTelemetry: the server's spans (`tracing`'s, bridged by
+//! `tracing-opentelemetry`) exported over OTLP (gRPC or HTTP with protobuf) by the
+//! `opentelemetry` crates, off unless an endpoint is configured. Configured by the standard
+//! `OTEL_*` variables (endpoint, protocol, headers, timeout, service name, resource attributes,
+//! sampler and its argument, the batch queue's bounds), and by the configuration file's
+//! `[telemetry]` table, which the variables override.
+//!
+//! The export never holds a request: ended spans go into a bounded queue that a thread of the
+//! SDK's batch processor drains; a span that finds it full is dropped and counted
+//! (`annals_trace_spans_dropped_total`), and a failing collector is reported in the log once
+//! when it starts failing and once when it answers again.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::Context;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanExporter,
+    SpanProcessor,
+};
+use opentelemetry_sdk::Resource;
+use serde::{Deserialize, Serialize};
+
+/// The `[telemetry]` table of the configuration file. Each value is a default the matching
+/// `OTEL_*` variable overrides.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): `http://host:4317` for
+    /// gRPC, `http://host:4318` for HTTP. None: no export (unless the variable names one).
+    pub endpoint: Option<String>,
+    /// `grpc` (the default) or `http/protobuf` (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+    pub protocol: Option<String>,
+    /// The service name spans are reported under (`OTEL_SERVICE_NAME`). Default: `annals`.
+    pub service_name: Option<String>,
+    /// The share of new traces sampled, 0 to 1 (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`
+    /// with `OTEL_TRACES_SAMPLER_ARG`); a request that carries a sampled parent is always
+    /// sampled. Default: 1.
+    pub sample_ratio: Option<f64>,
+}
+
+/// Which protocol the exporter speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Grpc,
+    HttpProtobuf,
+}
+
+/// What the configuration and the environment ask for, resolved: None when nothing is
+/// exported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Export {
+    pub endpoint: Option<String>,
+    pub protocol: Protocol,
+    pub service_name: String,
+    /// None: as `OTEL_TRACES_SAMPLER` says (the SDK reads it), else parent-based with this
+    /// ratio.
+    pub sample_ratio: Option<f64>,
+}
+
+impl TelemetryConfig {
+    /// Refuses what no exporter can take.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(ratio) = self.sample_ratio {
+            if !(0.0..=1.0).contains(&ratio) {
+                return Err(format!(
+                    "telemetry.sample_ratio = {ratio}: expected a share from 0 to 1"
+                ));
+            }
+        }
+        if let Some(p) = &self.protocol {
+            protocol(p).map_err(|e| format!("telemetry.protocol: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The export asked for by this table and the variables `env` reads, or None for none.
+    pub fn resolve(&self, env: impl Fn(&str) -> Option<String>) -> Result<Option<Export>, String> {
+        self.check()?;
+        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        if set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        match set("OTEL_TRACES_EXPORTER").as_deref().map(str::trim) {
+            None | Some("otlp") => {}
+            Some("none") => return Ok(None),
+            Some(other) => {
+                return Err(format!(
+                    "OTEL_TRACES_EXPORTER={other:?}: Annals exports traces over OTLP only \
+                     (otlp, or none)"
+                ))
+            }
+        }
+        let from_env = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        if from_env.is_none() && self.endpoint.is_none() {
+            return Ok(None);
+        }
+        let protocol = match set("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            .or_else(|| set("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        {
+            Some(p) => protocol(&p).map_err(|e| format!("OTEL_EXPORTER_OTLP_PROTOCOL: {e}"))?,
+            None => match &self.protocol {
+                Some(p) => protocol(p)?,
+                None => Protocol::Grpc,
+            },
+        };
+        // The exporter reads the variable itself; the table's endpoint is given only when no
+        // variable names one, so that the variable wins as it does for every other setting.
+        let endpoint = match from_env {
+            Some(_) => None,
+            None => self.endpoint.clone(),
+        };
+        let service_name = set("OTEL_SERVICE_NAME")
+            .or_else(|| self.service_name.clone())
+            .unwrap_or_else(|| "annals".into());
+        let sample_ratio = match set("OTEL_TRACES_SAMPLER") {
+            Some(_) => None,
+            None => self.sample_ratio,
+        };
+        Ok(Some(Export {
+            endpoint,
+            protocol,
+            service_name,
+            sample_ratio,
+        }))
+    }
+}
+
+fn protocol(name: &str) -> Result<Protocol, String> {
+    match name.trim() {
+        "grpc" => Ok(Protocol::Grpc),
+        "http/protobuf" => Ok(Protocol::HttpProtobuf),
+        other => Err(format!(
+            "{other:?}: expected grpc or http/protobuf (http/json is not supported)"
+        )),
+    }
+}
+
+/// Whether spans are exported: the request spans and the trace context they read are made
+/// only then, so that a server that exports nothing pays one load per request.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// The spans the server exported, dropped because the queue was full, and lost in exports
+/// that failed.
+#[derive(Debug, Default)]
+pub struct SpanCounts {
+    pub exported: AtomicU64,
+    pub dropped: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+pub static SPANS: SpanCounts = SpanCounts {
+    exported: AtomicU64::new(0),
+    dropped: AtomicU64::new(0),
+    failed: AtomicU64::new(0),
+};
+
+/// A running export: shut down (its queue flushed, within a bound) when the server stops.
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+    /// The gRPC exporter's connection runs on a runtime of its own (one thread), so that the
+    /// export never takes a thread of the runtime serving requests.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Telemetry {
+    /// Starts exporting as `export` says.
+    pub fn start(export: &Export) -> Result<Telemetry, String> {
+        let runtime = match export.protocol {
+            Protocol::Grpc => Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("annals-otlp")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("cannot start the trace export's runtime: {e}"))?,
+            ),
+            Protocol::HttpProtobuf => None,
+        };
+        let exporter = {
+            use opentelemetry_otlp::WithExportConfig;
+            let _entered = runtime.as_ref().map(|r| r.enter());
+            let built = match export.protocol {
+                Protocol::Grpc => {
+                    let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+                    if let Some(endpoint) = &export.endpoint {
+                        builder = builder.with_endpoint(endpoint.clone());
+                    }
+                    builder.build()
+                }
+                Protocol::HttpProtobuf => {
+                    let mut builder = opentelemetry_otlp::SpanExporter::builder().with_http();
+                    if let Some(endpoint) = &export.endpoint {
+                        builder = builder.with_endpoint(traces_path(endpoint));
+                    }
+                    builder.build()
+                }
+            };
+            built.map_err(|e| format!("cannot make the OTLP trace exporter: {e}"))?
+        };
+        let config = BatchConfigBuilder::default().build();
+        let bound = queue_bound();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let processor = Counted {
+            inner: BatchSpanProcessor::builder(Reported {
+                inner: exporter,
+                in_flight: in_flight.clone(),
+                failing: AtomicBool::new(false),
+            })
+            .with_batch_config(config)
+            .build(),
+            in_flight,
+            bound,
+        };
+        let resource = Resource::builder()
+            .with_service_name(export.service_name.clone())
+            .with_attribute(opentelemetry::KeyValue::new(
+                "service.version",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .build();
+        let mut builder = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource);
+        if let Some(ratio) = export.sample_ratio {
+            builder = builder.with_sampler(opentelemetry_sdk::trace::Sampler::ParentBased(
+                Box::new(opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(ratio)),
+            ));
+        }
+        let provider = builder.build();
+        ACTIVE.store(true, Ordering::Relaxed);
+        Ok(Telemetry { provider, runtime })
+    }
+
+    /// The layer that hands `tracing`'s spans of Annals' crates to the export.
+    pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        use tracing_subscriber::filter::{LevelFilter, Targets};
+        use tracing_subscriber::Layer as _;
+        let tracer = self.provider.tracer("annals");
+        let targets = Targets::new()
+            .with_target("annals", LevelFilter::INFO)
+            .with_target("annals_server", LevelFilter::INFO);
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_threads(false)
+            .with_location(false)
+            .with_tracked_inactivity(false)
+            .with_filter(targets)
+    }
+
+    /// Stops exporting: what is queued is sent, within a few seconds.
+    pub fn shutdown(self) {
+        ACTIVE.store(false, Ordering::Relaxed);
+        if let Err(e) = self.provider.shutdown_with_timeout(Duration::from_secs(5)) {
+            tracing::warn!("the trace export did not shut down cleanly: {e}");
+        }
+        if let Some(runtime) = self.runtime {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// The collector's HTTP endpoint for traces, from its base (as `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// is read): the exporter takes a configured endpoint as it is.
+fn traces_path(endpoint: &str) -> String {
+    if endpoint.trim_end_matches('/').ends_with("/v1/traces") {
+        endpoint.to_owned()
+    } else {
+        format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+    }
+}
+
+/// How many spans may wait for export: the queue, and one batch being exported. The batch
+/// processor's bounds are not readable from its configuration; the variables it reads are,
+/// with its defaults.
+fn queue_bound() -> usize {
+    let read = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(default)
+    };
+    let queue = read("OTEL_BSP_MAX_QUEUE_SIZE", 2048);
+    let batch = read("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512).min(queue);
+    queue + batch
+}
+
+/// The batch processor, with a count of what it holds: a span that would overfill it is
+/// dropped here and counted, since the processor's own count of drops is not readable. The
+/// bound is the processor's queue plus the batch being exported, so its own queue never
+/// overflows.
+#[derive(Debug)]
+struct Counted {
+    inner: BatchSpanProcessor,
+    in_flight: Arc<AtomicUsize>,
+    bound: usize,
+}
+
+impl SpanProcessor for Counted {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        let taken = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.bound).then_some(n + 1)
+            });
+        if taken.is_err() {
+            SPANS.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, counting what it sent and lost, and telling the log when the collector
+/// starts failing and when it answers again (never once per batch).
+#[derive(Debug)]
+struct Reported<E> {
+    inner: E,
+    in_flight: Arc<AtomicUsize>,
+    failing: AtomicBool,
+}
+
+impl<E: SpanExporter> SpanExporter for Reported<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len();
+        let result = self.inner.export(batch).await;
+        self.in_flight.fetch_sub(n, Ordering::AcqRel);
+        match &result {
+            Ok(()) => {
+                SPANS.exported.fetch_add(n as u64, Ordering::Relaxed);
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("the trace collector takes spans again");
+                }
+            }
+            Err(e) => {
+                SPANS.failed.fetch_add(n as u64, Ordering::Relaxed);
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the trace collector did not take {n} spans ({e}); spans are dropped \
+                         until it does (annals_trace_spans_failed_total)"
+                    );
+                }
+            }
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The span of one request on either listener, following OpenTelemetry's conventions for
+/// HTTP servers (`http.request.method`, `url.path`, `http.route`,
+/// `http.response.status_code`) and for gRPC (`rpc.system`, `rpc.service`, `rpc.method`,
+/// `rpc.grpc.status_code`), a child of the trace a W3C `traceparent` header (or gRPC metadata
+/// entry, which is one) names; a malformed one is ignored and a new trace begins. None when
+/// nothing is exported.
+pub(crate) fn request_span<B>(request: &http::Request<B>, grpc: bool) -> tracing::Span {
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry::trace::TraceContextExt;
+    use tracing::field::Empty;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    if !active() {
+        return tracing::Span::none();
+    }
+    let path = request.uri().path();
+    let span = if grpc {
+        let full = path.trim_start_matches('/');
+        let (service, method) = full.split_once('/').unwrap_or((full, ""));
+        tracing::info_span!(
+            target: "annals_server",
+            "grpc",
+            otel.name = full,
+            otel.kind = "server",
+            otel.status_code = Empty,
+            rpc.system = "grpc",
+            rpc.service = service,
+            rpc.method = method,
+            rpc.grpc.status_code = Empty,
+        )
+    } else {
+        let method = request.method().as_str();
+        tracing::info_span!(
+            target: "annals_server",
+            "http",
+            otel.name = method,
+            otel.kind = "server",
+            otel.status_code = Empty,
+            http.request.method = method,
+            url.path = path,
+            http.route = Empty,
+            http.response.status_code = Empty,
+        )
+    };
+    let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new()
+        .extract(&opentelemetry_http::HeaderExtractor(request.headers()));
+    if parent.span().span_context().is_valid() {
+        let _ = span.set_parent(parent);
+    }
+    span
+}
+
+/// Records on the current request's span the route that matched (`http.route`, and the span's
+/// name as the conventions give it: the method and the route).
+pub(crate) fn record_route(method: &http::Method, route: &str) {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    if !active() {
+        return;
+    }
+    let span = tracing::Span::current();
+    span.record("http.route", route);
+    // The span has started (it is entered): its name is changed on the span itself, which
+    // the bridge's `otel.name` field does only before the start.
+    span.context()
+        .span()
+        .update_name(format!("{method} {route}"));
+}
+
+/// Records a request's answer on its span: the status, and for gRPC the status code when it
+/// is in the headers (an answer of trailers only; a streamed answer's comes at its end).
+pub(crate) fn record_response(
+    span: &tracing::Span,
+    response: &http::Response<axum::body::Body>,
+    grpc: bool,
+) {
+    if span.is_disabled() {
+        return;
+    }
+    let status = response.status();
+    if grpc {
+        let code = response
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i64>().ok());
+        if let Some(code) = code {
+            span.record("rpc.grpc.status_code", code);
+            // The server errors among gRPC's codes: unknown, deadline exceeded,
+            // unimplemented, internal, unavailable, data loss.
+            if matches!(code, 2 | 4 | 12 | 13 | 14 | 15) {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+    } else {
+        span.record("http.response.status_code", i64::from(status.as_u16()));
+        if status.is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's future, run inside its span, whose answer the span records.
+    pub(crate) struct Traced<F> {
+        #[pin]
+        inner: F,
+        span: tracing::Span,
+        grpc: bool,
+    }
+}
+
+impl<F> Traced<F> {
+    pub(crate) fn new(inner: F, span: tracing::Span, grpc: bool) -> Self {
+        Traced { inner, span, grpc }
+    }
+}
+
+impl<F, E> std::future::Future for Traced<F>
+where
+    F: std::future::Future<Output = Result<http::Response<axum::body::Body>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        let polled = this.inner.poll(cx);
+        if let std::task::Poll::Ready(Ok(response)) = &polled {
+            record_response(this.span, response, *this.grpc);
+        }
+        polled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(table: &TelemetryConfig, vars: &[(&str, &str)]) -> Result<Option<Export>, String> {
+        table.resolve(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// Goal: nothing is exported without an endpoint; the variables override the table, as
+    /// the server's other settings do, and the SDK's own switches turn the export off.
+    #[test]
+    fn the_variables_override_the_table_and_nothing_is_exported_unasked() {
+        let none = TelemetryConfig::default();
+        assert_eq!(resolve(&none, &[]), Ok(None));
+        let table = TelemetryConfig {
+            endpoint: Some("http://table:4317".into()),
+            protocol: Some("http/protobuf".into()),
+            service_name: Some("ledger".into()),
+            sample_ratio: Some(0.5),
+        };
+        let export = resolve(&table, &[]).unwrap().unwrap();
+        assert_eq!(export.endpoint.as_deref(), Some("http://table:4317"));
+        assert_eq!(export.protocol, Protocol::HttpProtobuf);
+        assert_eq!(export.service_name, "ledger");
+        assert_eq!(export.sample_ratio, Some(0.5));
+        // The variables win; the exporter reads the endpoint variable itself.
+        let export = resolve(
+            &table,
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_SERVICE_NAME", "payments"),
+                ("OTEL_TRACES_SAMPLER", "always_on"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(export.endpoint, None);
+        assert_eq!(export.protocol, Protocol::Grpc);
+        assert_eq!(export.service_name, "payments");
+        assert_eq!(export.sample_ratio, None);
+        let defaults = resolve(&none, &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://e")]);
+        let defaults = defaults.unwrap().unwrap();
+        assert_eq!(
+            (defaults.protocol, defaults.service_name.as_str()),
+            (Protocol::Grpc, "annals")
+        );
+        for off in [
+            ("OTEL_SDK_DISABLED", "true"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+        ] {
+            assert_eq!(resolve(&table, &[off]), Ok(None), "{off:?}");
+        }
+        // An empty variable is as if unset.
+        assert_eq!(
+            resolve(&none, &[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]),
+            Ok(None)
+        );
+    }
+
+    /// Goal: what no exporter here can take is refused with its name, before anything starts.
+    #[test]
+    fn what_cannot_be_exported_is_refused() {
+        let none = TelemetryConfig::default();
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://e:4317");
+        let e = resolve(
+            &none,
+            &[endpoint, ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")],
+        );
+        assert!(e.unwrap_err().contains("http/json is not supported"));
+        let e = resolve(&none, &[("OTEL_TRACES_EXPORTER", "zipkin")]).unwrap_err();
+        assert!(
+            e.contains("OTEL_TRACES_EXPORTER") && e.contains("zipkin"),
+            "{e}"
+        );
+        let ratio = TelemetryConfig {
+            sample_ratio: Some(1.5),
+            ..TelemetryConfig::default()
+        };
+        assert!(ratio.check().unwrap_err().contains("sample_ratio"));
+        let protocol = TelemetryConfig {
+            protocol: Some("udp".into()),
+            ..TelemetryConfig::default()
+        };
+        assert!(protocol.check().unwrap_err().contains("telemetry.protocol"));
+    }
+
+    /// Goal: the HTTP exporter is given the traces path under the collector's base, as the
+    /// endpoint variable is read, and a full traces URL as it is.
+    #[test]
+    fn the_http_endpoint_names_the_traces_path() {
+        assert_eq!(traces_path("http://c:4318"), "http://c:4318/v1/traces");
+        assert_eq!(traces_path("http://c:4318/"), "http://c:4318/v1/traces");
+        assert_eq!(
+            traces_path("http://c:4318/v1/traces"),
+            "http://c:4318/v1/traces"
+        );
+    }
+}
