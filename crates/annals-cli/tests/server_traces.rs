@@ -81,7 +81,8 @@ fn references(span: &Value, kind: &str) -> Vec<(String, String)> {
 /// /v1/append` with its route and status), with the store's `annals.append` under it holding
 /// the event count, the condition, the durability class, the position and the outcome; the
 /// fsync that made it durable (`annals.commit`, with its size and fsync time) links to it
-/// and it to the commit; a read joins its caller's trace too.
+/// and it to the commit; a read joins its caller's trace too; a caller's unsampled trace is
+/// followed (nothing is exported for it).
 #[test]
 fn an_http_append_joins_its_callers_trace_and_links_its_commit() {
     let Some(jaeger) = Jaeger::start() else {
@@ -164,6 +165,29 @@ fn an_http_append_joins_its_callers_trace_and_links_its_commit() {
     let read = named(&held, "GET /v1/read");
     assert_eq!(read.len(), 1, "{held:#}");
     assert_eq!(references(read[0], "CHILD_OF"), [(read_trace, read_parent)]);
+
+    // A caller that did not sample its trace (flags 00) is followed: nothing is exported for
+    // it, while a sampled request sent after it is.
+    let (unsampled, parent) = ids();
+    let r = request(
+        server.http,
+        "GET",
+        "/v1/head",
+        &[("traceparent", &format!("00-{unsampled}-{parent}-00"))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (after, parent) = ids();
+    let r = request(
+        server.http,
+        "GET",
+        "/v1/head",
+        &[("traceparent", &format!("00-{after}-{parent}-01"))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(!named(&jaeger.trace(&after, 1, WAIT), "GET /v1/head").is_empty());
+    assert_eq!(jaeger.get(&format!("/api/traces/{unsampled}")), None);
 }
 
 /// Goal: a gRPC append (UmaDB's protocol, a `traceparent` in its metadata) is exported as the

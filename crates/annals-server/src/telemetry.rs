@@ -56,9 +56,66 @@ pub struct Export {
     pub endpoint: Option<String>,
     pub protocol: Protocol,
     pub service_name: String,
-    /// None: as `OTEL_TRACES_SAMPLER` says (the SDK reads it), else parent-based with this
-    /// ratio.
-    pub sample_ratio: Option<f64>,
+    /// Which requests are traced.
+    pub sampling: Sampling,
+}
+
+/// Which requests are traced: decided by the server when a request arrives, before any span is
+/// made, so that a request not sampled costs nothing more than the decision. OpenTelemetry's
+/// standard samplers, as `OTEL_TRACES_SAMPLER` names them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// A request whose `traceparent` says whether its caller sampled it is sampled likewise
+    /// (the `parentbased_*` samplers).
+    pub follow_parent: bool,
+    /// The share of other requests sampled.
+    pub ratio: f64,
+}
+
+impl Sampling {
+    /// The sampler `name` with its argument `arg` (for the ratio samplers; default 1).
+    fn named(name: &str, arg: Option<&str>) -> Result<Sampling, String> {
+        let ratio = || -> Result<f64, String> {
+            match arg {
+                None => Ok(1.0),
+                Some(a) => a
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| (0.0..=1.0).contains(r))
+                    .ok_or_else(|| {
+                        format!("OTEL_TRACES_SAMPLER_ARG={a:?}: expected a share from 0 to 1")
+                    }),
+            }
+        };
+        let (follow_parent, ratio) = match name.trim() {
+            "always_on" => (false, 1.0),
+            "always_off" => (false, 0.0),
+            "traceidratio" => (false, ratio()?),
+            "parentbased_always_on" => (true, 1.0),
+            "parentbased_always_off" => (true, 0.0),
+            "parentbased_traceidratio" => (true, ratio()?),
+            other => {
+                return Err(format!(
+                    "OTEL_TRACES_SAMPLER={other:?}: expected always_on, always_off, \
+                     traceidratio or their parentbased_ forms"
+                ))
+            }
+        };
+        Ok(Sampling {
+            follow_parent,
+            ratio,
+        })
+    }
+
+    /// Whether a request is traced, given whether its caller sampled it (None: no caller's
+    /// trace context).
+    fn sampled(&self, parent: Option<bool>) -> bool {
+        match parent {
+            Some(sampled) if self.follow_parent => sampled,
+            _ => self.ratio >= 1.0 || (self.ratio > 0.0 && rand::random::<f64>() < self.ratio),
+        }
+    }
 }
 
 impl TelemetryConfig {
@@ -117,15 +174,18 @@ impl TelemetryConfig {
         let service_name = set("OTEL_SERVICE_NAME")
             .or_else(|| self.service_name.clone())
             .unwrap_or_else(|| "annals".into());
-        let sample_ratio = match set("OTEL_TRACES_SAMPLER") {
-            Some(_) => None,
-            None => self.sample_ratio,
+        let sampling = match set("OTEL_TRACES_SAMPLER") {
+            Some(name) => Sampling::named(&name, set("OTEL_TRACES_SAMPLER_ARG").as_deref())?,
+            None => Sampling {
+                follow_parent: true,
+                ratio: self.sample_ratio.unwrap_or(1.0),
+            },
         };
         Ok(Some(Export {
             endpoint,
             protocol,
             service_name,
-            sample_ratio,
+            sampling,
         }))
     }
 }
@@ -147,6 +207,12 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 pub fn active() -> bool {
     ACTIVE.load(Ordering::Relaxed)
 }
+
+/// How requests are sampled while spans are exported.
+static SAMPLING: parking_lot::RwLock<Sampling> = parking_lot::RwLock::new(Sampling {
+    follow_parent: true,
+    ratio: 1.0,
+});
 
 /// The spans the server exported, dropped because the queue was full, and lost in exports
 /// that failed.
@@ -230,12 +296,10 @@ impl Telemetry {
         let mut builder = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_resource(resource);
-        if let Some(ratio) = export.sample_ratio {
-            builder = builder.with_sampler(opentelemetry_sdk::trace::Sampler::ParentBased(
-                Box::new(opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(ratio)),
-            ));
-        }
+        // Requests are sampled when they arrive (`request_span`): a span made is one to keep.
+        builder = builder.with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOn);
         let provider = builder.build();
+        *SAMPLING.write() = export.sampling;
         ACTIVE.store(true, Ordering::Relaxed);
         Ok(Telemetry { provider, runtime })
     }
@@ -400,6 +464,13 @@ pub(crate) fn request_span<B>(request: &http::Request<B>, grpc: bool) -> tracing
     if !active() {
         return tracing::Span::none();
     }
+    let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new()
+        .extract(&opentelemetry_http::HeaderExtractor(request.headers()));
+    let remote = parent.span().span_context().clone();
+    let given = remote.is_valid().then(|| remote.is_sampled());
+    if !SAMPLING.read().sampled(given) {
+        return tracing::Span::none();
+    }
     let path = request.uri().path();
     let span = if grpc {
         let full = path.trim_start_matches('/');
@@ -429,9 +500,7 @@ pub(crate) fn request_span<B>(request: &http::Request<B>, grpc: bool) -> tracing
             http.response.status_code = Empty,
         )
     };
-    let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new()
-        .extract(&opentelemetry_http::HeaderExtractor(request.headers()));
-    if parent.span().span_context().is_valid() {
+    if given.is_some() {
         let _ = span.set_parent(parent);
     }
     span
@@ -551,7 +620,13 @@ mod tests {
         assert_eq!(export.endpoint.as_deref(), Some("http://table:4317"));
         assert_eq!(export.protocol, Protocol::HttpProtobuf);
         assert_eq!(export.service_name, "ledger");
-        assert_eq!(export.sample_ratio, Some(0.5));
+        assert_eq!(
+            export.sampling,
+            Sampling {
+                follow_parent: true,
+                ratio: 0.5
+            }
+        );
         // The variables win; the exporter reads the endpoint variable itself.
         let export = resolve(
             &table,
@@ -567,7 +642,13 @@ mod tests {
         assert_eq!(export.endpoint, None);
         assert_eq!(export.protocol, Protocol::Grpc);
         assert_eq!(export.service_name, "payments");
-        assert_eq!(export.sample_ratio, None);
+        assert_eq!(
+            export.sampling,
+            Sampling {
+                follow_parent: false,
+                ratio: 1.0
+            }
+        );
         let defaults = resolve(&none, &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://e")]);
         let defaults = defaults.unwrap().unwrap();
         assert_eq!(
@@ -585,6 +666,26 @@ mod tests {
             resolve(&none, &[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]),
             Ok(None)
         );
+    }
+
+    /// Goal: the standard samplers are read as the SDK reads them, and decide as they do: a
+    /// parent-based one follows the caller's choice, the ratio is a share of the others.
+    #[test]
+    fn requests_are_sampled_as_the_standard_samplers_say() {
+        let named = |name, arg| Sampling::named(name, arg).unwrap();
+        assert_eq!(named("parentbased_traceidratio", Some("0.25")).ratio, 0.25);
+        assert!(named("parentbased_always_off", None).follow_parent);
+        assert!(!named("traceidratio", Some("0.5")).follow_parent);
+        assert!(Sampling::named("traceidratio", Some("2")).is_err());
+        assert!(Sampling::named("jaeger_remote", None).is_err());
+        let on = named("always_on", None);
+        let off = named("parentbased_always_off", None);
+        assert!(on.sampled(None) && on.sampled(Some(false)));
+        assert!(!off.sampled(None) && off.sampled(Some(true)) && !off.sampled(Some(false)));
+        let tenth = named("parentbased_traceidratio", Some("0.1"));
+        let kept = (0..20_000).filter(|_| tenth.sampled(None)).count();
+        assert!((1_500..2_500).contains(&kept), "{kept} of 20000 at 0.1");
+        assert!(!tenth.sampled(Some(false)) && tenth.sampled(Some(true)));
     }
 
     /// Goal: what no exporter here can take is refused with its name, before anything starts.

@@ -266,16 +266,22 @@ impl<'a> Append<'a> {
         }
     }
 
-    /// The append's span, `annals.append`, its numbers as signed integers (OpenTelemetry's
-    /// attributes have no unsigned ones: `tracing`'s bridge writes a `u64` as text), when something records the spans of Annals' crates
-    /// (a server exporting traces): its event count, whether it has a condition and the
-    /// position the condition reads after, its durability class, and once answered its last
-    /// event's position and outcome. The commit that carried it (a group's fsync) is linked
-    /// to it both ways (see `writer/syncer.rs`).
+    /// The append's span, `annals.append`, made only under the caller's span (a server's
+    /// request, sampled; an append nobody traces costs the lookup alone): its event count,
+    /// whether it has a condition and the position the condition reads after, its durability
+    /// class, and once answered its last event's position and outcome. Its numbers are
+    /// signed (OpenTelemetry's attributes have no unsigned ones: `tracing`'s bridge writes a
+    /// `u64` as text). The commit that carried it (a group's fsync) is linked to it both ways
+    /// (see `writer/syncer.rs`).
     fn span(&self) -> tracing::Span {
         use tracing::field::Empty;
+        let caller = tracing::Span::current();
+        if caller.is_none() {
+            return caller;
+        }
         let span = tracing::info_span!(
             target: "annals",
+            parent: &caller,
             "annals.append",
             annals.events = Empty,
             annals.condition = self.condition.is_some(),

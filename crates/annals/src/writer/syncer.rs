@@ -31,6 +31,22 @@ pub(crate) struct Waiter {
     pub(super) trace: tracing::Span,
 }
 
+/// The span of a sync that makes traced appends durable: a trace of its own, since it carries
+/// the appends of many. Its numbers are signed: the bridge to OpenTelemetry writes a `u64` as
+/// text.
+fn commit_span(head: u64) -> tracing::Span {
+    tracing::info_span!(
+        target: "annals",
+        parent: None,
+        "annals.commit",
+        annals.appends = tracing::field::Empty,
+        annals.bytes = tracing::field::Empty,
+        annals.fsync_us = tracing::field::Empty,
+        annals.head = head as i64,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
 /// Links the sync's span and each append's it covers, both ways: from the append's trace an
 /// operator reaches the commit that carried it, and from the commit every append.
 fn link(sync: &tracing::Span, done: &[Waiter]) {
@@ -240,18 +256,20 @@ impl Syncer {
             !crate::index::held_here(),
             "the index lock is held across a sync"
         );
-        // The group commit as a span (when spans are recorded): the fsync, linked both ways
-        // with the span of every append it makes durable. Its numbers are signed: the bridge
-        // to OpenTelemetry writes a `u64` as text.
-        let span = tracing::info_span!(
-            target: "annals",
-            "annals.commit",
-            annals.appends = tracing::field::Empty,
-            annals.bytes = tracing::field::Empty,
-            annals.fsync_us = tracing::field::Empty,
-            annals.head = mark.head as i64,
-            otel.status_code = tracing::field::Empty,
-        );
+        // The group commit as a span, when an append it makes durable is traced: the fsync,
+        // linked both ways with the span of every such append. Whether one is is read only
+        // when something records the store's spans.
+        let traced = tracing::enabled!(target: "annals", tracing::Level::INFO)
+            && self
+                .state
+                .lock()
+                .waiters
+                .iter()
+                .any(|w| w.needed <= target && !w.trace.is_none());
+        let span = match traced {
+            false => tracing::Span::none(),
+            true => commit_span(mark.head),
+        };
         let started = Instant::now();
         let result = segment
             .file
