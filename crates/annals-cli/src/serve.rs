@@ -254,11 +254,14 @@ fn start_log(telemetry: Option<&annals_server::telemetry::Telemetry>) -> Result<
         .with_ansi(false)
         .with_filter(targets)
         .with_filter(filter_fn(|metadata| metadata.is_event()));
-    // Another subscriber already set (the process's embedder's) is kept.
-    let _ = tracing_subscriber::registry()
-        .with(format)
-        .with(telemetry.map(|t| t.layer()))
-        .try_init();
+    // Another subscriber already set (the process's embedder's) is kept. Two branches rather
+    // than an `Option` layer: an absent layer reports interest in every callsite, which made
+    // the libraries' trace-level events (h2's, per frame) reach the subscriber.
+    let registry = tracing_subscriber::registry().with(format);
+    let _ = match telemetry {
+        Some(t) => registry.with(t.layer()).try_init(),
+        None => registry.try_init(),
+    };
     Ok(())
 }
 
