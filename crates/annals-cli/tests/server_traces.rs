@@ -284,14 +284,21 @@ fn a_malformed_traceparent_begins_a_new_trace() {
     }
     // Each began a trace of the service's own.
     let path = "/api/traces?service=annals&operation=POST%20%2Fv1%2Fappend&limit=20";
-    annals_testkit::eventually("four traces of appends in Jaeger", WAIT, || {
-        let found = jaeger.get(path);
-        let traces = found
-            .as_ref()
-            .and_then(|f| f["data"].as_array())
-            .map_or(0, Vec::len);
-        traces >= 4
+    let traces = annals_testkit::eventually("four traces of appends in Jaeger", WAIT, || {
+        let found = jaeger.get(path)?;
+        let traces = found["data"].as_array()?.clone();
+        (traces.len() >= 4).then_some(traces)
     });
+    // None of them took a header for its parent: each request's span is its trace's root.
+    for trace in &traces {
+        for span in named(trace, "POST /v1/append") {
+            assert_eq!(references(span, "CHILD_OF"), [], "{span:#}");
+            assert_ne!(
+                span["traceID"], "4bf92f3577b34da6a3ce929d0e0e4736",
+                "{span:#}"
+            );
+        }
+    }
 }
 
 /// Goal: with no collector at the endpoint, appends are answered as ever, the spans lost are

@@ -346,7 +346,8 @@ impl Out<'_> {
         )?;
         self.counter(
             "annals_trace_spans_dropped",
-            "Spans dropped because the export queue was full (a slow or absent collector);              requests never wait for the export.",
+            "Spans dropped because the export queue was full (a slow or absent collector); \
+             requests never wait for the export.",
             spans.dropped.load(Relaxed),
         )?;
         self.counter(

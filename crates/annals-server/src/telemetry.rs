@@ -55,7 +55,8 @@ pub enum Protocol {
 pub struct Export {
     pub endpoint: Option<String>,
     pub protocol: Protocol,
-    pub service_name: String,
+    /// None: `service.name` as `OTEL_RESOURCE_ATTRIBUTES` gives it.
+    pub service_name: Option<String>,
     /// Which requests are traced.
     pub sampling: Sampling,
 }
@@ -108,12 +109,20 @@ impl Sampling {
         })
     }
 
-    /// Whether a request is traced, given whether its caller sampled it (None: no caller's
-    /// trace context).
-    fn sampled(&self, parent: Option<bool>) -> bool {
+    /// Whether a request is traced, given its caller's trace context (None: none): whether
+    /// the caller sampled it, and its trace id. The ratio is decided as OpenTelemetry's
+    /// `traceidratio` decides, from the trace id's low 8 bytes, so that every service of a
+    /// trace decides alike; a new trace's id is random, and so is the draw.
+    fn sampled(&self, parent: Option<(bool, u128)>) -> bool {
         match parent {
-            Some(sampled) if self.follow_parent => sampled,
-            _ => self.ratio >= 1.0 || (self.ratio > 0.0 && rand::random::<f64>() < self.ratio),
+            Some((sampled, _)) if self.follow_parent => sampled,
+            _ if self.ratio >= 1.0 => true,
+            _ if self.ratio <= 0.0 => false,
+            Some((_, trace_id)) => {
+                let low = (trace_id as u64) >> 1;
+                (low as f64) < self.ratio * (1u64 << 63) as f64
+            }
+            None => rand::random::<f64>() < self.ratio,
         }
     }
 }
@@ -171,9 +180,15 @@ impl TelemetryConfig {
             Some(_) => None,
             None => self.endpoint.clone(),
         };
+        // `OTEL_SERVICE_NAME`, else the table's, else `service.name` among
+        // `OTEL_RESOURCE_ATTRIBUTES` (which the SDK reads), else `annals`.
+        let in_attributes = set("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+            a.split(',')
+                .any(|pair| pair.split('=').next().map(str::trim) == Some("service.name"))
+        });
         let service_name = set("OTEL_SERVICE_NAME")
             .or_else(|| self.service_name.clone())
-            .unwrap_or_else(|| "annals".into());
+            .or_else(|| (!in_attributes).then(|| "annals".into()));
         let sampling = match set("OTEL_TRACES_SAMPLER") {
             Some(name) => Sampling::named(&name, set("OTEL_TRACES_SAMPLER_ARG").as_deref())?,
             None => Sampling {
@@ -272,8 +287,14 @@ impl Telemetry {
             };
             built.map_err(|e| format!("cannot make the OTLP trace exporter: {e}"))?
         };
-        let config = BatchConfigBuilder::default().build();
-        let bound = queue_bound();
+        // The bounds read once and given to the processor, so that the count below and the
+        // processor's queue agree.
+        let (queue, batch) = queue_bounds();
+        let config = BatchConfigBuilder::default()
+            .with_max_queue_size(queue)
+            .with_max_export_batch_size(batch)
+            .build();
+        let bound = queue;
         let in_flight = Arc::new(AtomicUsize::new(0));
         let processor = Counted {
             inner: BatchSpanProcessor::builder(Reported {
@@ -286,8 +307,11 @@ impl Telemetry {
             in_flight,
             bound,
         };
-        let resource = Resource::builder()
-            .with_service_name(export.service_name.clone())
+        let mut resource = Resource::builder();
+        if let Some(name) = &export.service_name {
+            resource = resource.with_service_name(name.clone());
+        }
+        let resource = resource
             .with_attribute(opentelemetry::KeyValue::new(
                 "service.version",
                 env!("CARGO_PKG_VERSION"),
@@ -345,10 +369,9 @@ fn traces_path(endpoint: &str) -> String {
     }
 }
 
-/// How many spans may wait for export: the queue, and one batch being exported. The batch
-/// processor's bounds are not readable from its configuration; the variables it reads are,
-/// with its defaults.
-fn queue_bound() -> usize {
+/// The batch processor's queue and batch sizes, from the variables it reads (a size that is
+/// not a positive number is its default, where the processor would take 0 as given).
+fn queue_bounds() -> (usize, usize) {
     let read = |name: &str, default: usize| {
         std::env::var(name)
             .ok()
@@ -358,13 +381,14 @@ fn queue_bound() -> usize {
     };
     let queue = read("OTEL_BSP_MAX_QUEUE_SIZE", 2048);
     let batch = read("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512).min(queue);
-    queue + batch
+    (queue, batch)
 }
 
-/// The batch processor, with a count of what it holds: a span that would overfill it is
-/// dropped here and counted, since the processor's own count of drops is not readable. The
-/// bound is the processor's queue plus the batch being exported, so its own queue never
-/// overflows.
+/// The batch processor, with a count of the spans it holds (in its queue, or taken from it
+/// and not yet exported): a span that finds the count at the queue's size is dropped here and
+/// counted, since the processor's own count of drops is not readable. Every span in the
+/// queue is counted until its export returns, so the queue is never full when a span is
+/// handed to it, and the processor drops none itself.
 #[derive(Debug)]
 struct Counted {
     inner: BatchSpanProcessor,
@@ -467,7 +491,10 @@ pub(crate) fn request_span<B>(request: &http::Request<B>, grpc: bool) -> tracing
     let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new()
         .extract(&opentelemetry_http::HeaderExtractor(request.headers()));
     let remote = parent.span().span_context().clone();
-    let given = remote.is_valid().then(|| remote.is_sampled());
+    let given = remote.is_valid().then(|| {
+        let id = u128::from_be_bytes(remote.trace_id().to_bytes());
+        (remote.is_sampled(), id)
+    });
     if !SAMPLING.read().sampled(given) {
         return tracing::Span::none();
     }
@@ -515,6 +542,9 @@ pub(crate) fn record_route(method: &http::Method, route: &str) {
         return;
     }
     let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
     span.record("http.route", route);
     // The span has started (it is entered): its name is changed on the span itself, which
     // the bridge's `otel.name` field does only before the start.
@@ -619,7 +649,7 @@ mod tests {
         let export = resolve(&table, &[]).unwrap().unwrap();
         assert_eq!(export.endpoint.as_deref(), Some("http://table:4317"));
         assert_eq!(export.protocol, Protocol::HttpProtobuf);
-        assert_eq!(export.service_name, "ledger");
+        assert_eq!(export.service_name.as_deref(), Some("ledger"));
         assert_eq!(
             export.sampling,
             Sampling {
@@ -641,7 +671,7 @@ mod tests {
         .unwrap();
         assert_eq!(export.endpoint, None);
         assert_eq!(export.protocol, Protocol::Grpc);
-        assert_eq!(export.service_name, "payments");
+        assert_eq!(export.service_name.as_deref(), Some("payments"));
         assert_eq!(
             export.sampling,
             Sampling {
@@ -652,9 +682,19 @@ mod tests {
         let defaults = resolve(&none, &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://e")]);
         let defaults = defaults.unwrap().unwrap();
         assert_eq!(
-            (defaults.protocol, defaults.service_name.as_str()),
-            (Protocol::Grpc, "annals")
+            (defaults.protocol, defaults.service_name.as_deref()),
+            (Protocol::Grpc, Some("annals"))
         );
+        // A service name among the resource's attributes is left to the SDK, which reads it.
+        let attributes = (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "team=ledger, service.name=books",
+        );
+        let named = resolve(
+            &none,
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://e"), attributes],
+        );
+        assert_eq!(named.unwrap().unwrap().service_name, None);
         for off in [
             ("OTEL_SDK_DISABLED", "true"),
             ("OTEL_TRACES_EXPORTER", "none"),
@@ -680,12 +720,25 @@ mod tests {
         assert!(Sampling::named("jaeger_remote", None).is_err());
         let on = named("always_on", None);
         let off = named("parentbased_always_off", None);
-        assert!(on.sampled(None) && on.sampled(Some(false)));
-        assert!(!off.sampled(None) && off.sampled(Some(true)) && !off.sampled(Some(false)));
+        let caller = |sampled| Some((sampled, 7u128 << 70));
+        assert!(on.sampled(None) && on.sampled(caller(false)));
+        assert!(!off.sampled(None) && off.sampled(caller(true)) && !off.sampled(caller(false)));
         let tenth = named("parentbased_traceidratio", Some("0.1"));
         let kept = (0..20_000).filter(|_| tenth.sampled(None)).count();
         assert!((1_500..2_500).contains(&kept), "{kept} of 20000 at 0.1");
-        assert!(!tenth.sampled(Some(false)) && tenth.sampled(Some(true)));
+        assert!(!tenth.sampled(caller(false)) && tenth.sampled(caller(true)));
+        // Without following the caller, the ratio is read from the trace id: the same id
+        // always gets the same answer, and a tenth of ids are kept.
+        let ratio = named("traceidratio", Some("0.1"));
+        let ids =
+            (0..20_000u128).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835));
+        let kept: Vec<u128> = ids.filter(|id| ratio.sampled(Some((false, *id)))).collect();
+        assert!(
+            (1_500..2_500).contains(&kept.len()),
+            "{} of 20000 at 0.1",
+            kept.len()
+        );
+        assert!(kept.iter().all(|id| ratio.sampled(Some((true, *id)))));
     }
 
     /// Goal: what no exporter here can take is refused with its name, before anything starts.

@@ -265,7 +265,7 @@ impl Syncer {
                 .lock()
                 .waiters
                 .iter()
-                .any(|w| w.needed <= target && !w.trace.is_none());
+                .any(|w| w.needed <= target && !w.trace.is_disabled());
         let span = match traced {
             false => tracing::Span::none(),
             true => commit_span(mark.head),
