@@ -41,6 +41,18 @@ fn span_counts(server: &crate::bench_http::OwnServer) -> Value {
     })
 }
 
+/// One mode's runs beside the runs with nothing exported: medians, their ratio, and the
+/// traced server's span counts.
+fn comparison(traced: Vec<f64>, off: Vec<f64>, server: &crate::bench_http::OwnServer) -> Value {
+    json!({
+        "runs_traced": traced, "runs_off": off,
+        "traced_appends_per_sec": median(traced.clone()),
+        "off_appends_per_sec": median(off.clone()),
+        "ratio_traced_to_off": ratio(median(traced), median(off)),
+        "spans": span_counts(server),
+    })
+}
+
 pub fn run(args: TracesArgs) -> Result<Value, String> {
     let _ = std::fs::remove_dir_all(&args.dir);
     std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
@@ -91,20 +103,8 @@ pub fn run(args: TracesArgs) -> Result<Value, String> {
         "durability": "d3",
         "workload": "conditional_append over HTTP, 64 connections, 1 event of 1 KiB JSON, D3; OTLP/gRPC to a local Jaeger 1.76.0 (all-in-one, traces in memory)",
         "fsync_floor_per_sec": floor,
-        "all": {
-            "runs_traced": all_runs, "runs_off": off_all,
-            "traced_appends_per_sec": median(all_runs.clone()),
-            "off_appends_per_sec": median(off_all.clone()),
-            "ratio_traced_to_off": ratio(median(all_runs), median(off_all)),
-            "spans": span_counts(&all),
-        },
-        "sampled_1pct": {
-            "runs_traced": sampled_runs, "runs_off": off_sampled,
-            "traced_appends_per_sec": median(sampled_runs.clone()),
-            "off_appends_per_sec": median(off_sampled.clone()),
-            "ratio_traced_to_off": ratio(median(sampled_runs), median(off_sampled)),
-            "spans": span_counts(&sampled),
-        },
+        "all": comparison(all_runs, off_all, &all),
+        "sampled_1pct": comparison(sampled_runs, off_sampled, &sampled),
         "fsync_floor_after_per_sec": fsync_floor(&args.dir, true, Duration::from_secs(1))?,
     });
     drop((off, all, sampled, jaeger));
