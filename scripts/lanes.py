@@ -23,6 +23,7 @@ WAITING = {
     ("annals-cli", "differential"),
     ("annals-cli", "container"),
     ("annals-cli", "server_traces"),
+    ("annals-cli", "server_otlp_metrics"),
 }
 # Binaries that must have the machine to themselves.
 ALONE = {("annals-cli", "h2spec")}

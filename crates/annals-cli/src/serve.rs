@@ -271,10 +271,15 @@ pub fn run(args: ServeArgs) -> Result<(), Failure> {
     // Its warnings wait for the log, which starts once the configuration says what to export.
     let warnings = std::cell::RefCell::new(Vec::new());
     let resolved = resolve(&args, |w| warnings.borrow_mut().push(w));
-    let export = resolved
-        .as_ref()
-        .ok()
-        .map(|config| config.telemetry.resolve(|name| std::env::var(name).ok()));
+    // The metrics' push is made by the server, from the same variables; what it would refuse
+    // is refused here, before anything starts.
+    let export = resolved.as_ref().ok().map(|config| {
+        let env = |name: &str| std::env::var(name).ok();
+        config
+            .telemetry
+            .metrics(env)
+            .and_then(|_| config.telemetry.resolve(env))
+    });
     let telemetry = match export {
         Some(Ok(Some(export))) => Some(
             annals_server::telemetry::Telemetry::start(&export)

@@ -347,21 +347,10 @@ fn a_collector_that_is_not_there_is_reported_once() {
 /// start as a configuration error (exit 78), naming the variable, before anything listens.
 #[test]
 fn an_export_that_cannot_be_made_refuses_the_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(ANNALS)
-        .args([
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--grpc",
-            "off",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-        .output()
-        .unwrap();
+    let out = common::serve_refused(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+    ]);
     let text = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{text}");
     assert!(text.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{text}");

@@ -539,6 +539,8 @@ pub fn settings() -> BTreeMap<String, &'static str> {
             protocol: Some(String::new()),
             service_name: Some(String::new()),
             sample_ratio: Some(1.0),
+            metrics: Some(true),
+            metrics_interval_ms: Some(1),
         },
         ..Config::default()
     };

@@ -1237,7 +1237,22 @@ async fn metrics_exposition(State(state): State<Arc<AppState>>) -> Response {
         .await
         .ok()
         .flatten();
-    let scrape = crate::metrics::Scrape {
+    let text = scrape(&state, shelf).exposition();
+    let mut response = Response::new(Body::from(text));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(prometheus_client::encoding::prometheus_text::CONTENT_TYPE),
+    );
+    response
+}
+
+/// Every series the server reports, read now (`/metrics`, and the push over OTLP); `shelf`:
+/// the snapshots' count, read by the caller off the runtime's threads.
+pub(crate) fn scrape(
+    state: &AppState,
+    shelf: Option<annals::snapshot::SnapshotStats>,
+) -> crate::metrics::Scrape {
+    crate::metrics::Scrape {
         snapshots: (shelf, state.store.snapshots().counts()),
         schemas: state.registry.as_ref().map(|r| r.stats()),
         server: state.metrics.counts(),
@@ -1252,14 +1267,7 @@ async fn metrics_exposition(State(state): State<Arc<AppState>>) -> Response {
             .as_ref()
             .map(|hosted| crate::metrics::ExchangeCounts::of(hosted.exchange.stats())),
         process: crate::process::ProcessStats::read(),
-    };
-    let text = scrape.exposition();
-    let mut response = Response::new(Body::from(text));
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(prometheus_client::encoding::prometheus_text::CONTENT_TYPE),
-    );
-    response
+    }
 }
 
 async fn not_found(request: Request) -> ApiError {

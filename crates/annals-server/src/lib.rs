@@ -19,6 +19,7 @@ mod http;
 mod kinds;
 pub mod metrics;
 mod openapi;
+pub mod otlp_metrics;
 mod peers;
 mod process;
 pub mod readmodels;
@@ -60,6 +61,8 @@ pub struct Server {
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     drain_timeout: Duration,
+    /// The push of the metrics over OTLP, when one is configured.
+    metrics_push: Option<otlp_metrics::MetricsPush>,
 }
 
 impl Server {
@@ -168,6 +171,7 @@ impl Server {
             grpc: grpc_listener,
             tls,
             keys,
+            metrics_export,
         } = bound;
         if let Some(registry) = &registry {
             let (store, registry, config) = (store.clone(), registry.clone(), config.clone());
@@ -222,6 +226,14 @@ impl Server {
             ),
             _ => None,
         };
+        let metrics_push = match metrics_export {
+            Some(export) => {
+                let state = state.clone();
+                let scrape = move || http::scrape(&state, state.store.snapshots().stats().ok());
+                Some(otlp_metrics::MetricsPush::start(export, scrape).map_err(StartError::Hosted)?)
+            }
+            None => None,
+        };
         let mut tasks = Vec::new();
         // The routes other modules own join the HTTP API's here, at the root: they use
         // `http`'s helpers, so `http` names none of them.
@@ -262,6 +274,7 @@ impl Server {
             shutdown_tx,
             tasks,
             drain_timeout: config.limits.drain_timeout,
+            metrics_push,
         })
     }
 
@@ -287,6 +300,10 @@ impl Server {
             .is_err()
         {
             tracing::warn!("shutdown: some connections did not finish in time; closing anyway");
+        }
+        // The series as they end are pushed once more.
+        if let Some(push) = self.metrics_push {
+            let _ = tokio::task::spawn_blocking(move || push.stop()).await;
         }
         // The exchange answers what it holds, syncs its journal, saves a snapshot and lets
         // go of the store.
@@ -320,6 +337,7 @@ struct Bound {
     grpc: Option<tokio::net::TcpListener>,
     tls: Option<serve::Tls>,
     keys: auth::ApiKeys,
+    metrics_export: Option<otlp_metrics::MetricsExport>,
 }
 
 impl Bound {
@@ -333,6 +351,11 @@ impl Bound {
             Some(files) => Some(serve::load_tls(files).map_err(StartError::Tls)?),
             None => None,
         };
+        // The push of the metrics reads the `OTEL_*` variables, as the trace export does.
+        let metrics_export = config
+            .telemetry
+            .metrics(|name| std::env::var(name).ok())
+            .map_err(StartError::Config)?;
         let listen = |api, addr| async move {
             tokio::net::TcpListener::bind(addr)
                 .await
@@ -348,6 +371,7 @@ impl Bound {
             grpc,
             tls,
             keys,
+            metrics_export,
         })
     }
 }

@@ -1,6 +1,8 @@
 //! Request counters and latency histograms, counted on the hot path with atomics, and the
 //! Prometheus exposition of them with the store's own statistics, read at scrape time by a
 //! `prometheus-client` collector ([`Scrape`]), which writes the format and escapes labels.
+//! The same series, written once, are also written as OTLP metrics for the push
+//! (`otlp_metrics`).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
@@ -16,6 +18,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+
+use crate::otlp_metrics::Number;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -297,9 +301,22 @@ impl Scrape {
     }
 }
 
-impl Collector for Scrape {
-    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut out = Out(encoder);
+impl Scrape {
+    /// The same series as OTLP metrics, each point's time `now` and its start `start` (both
+    /// in nanoseconds since the Unix epoch): counters as monotonic cumulative sums (named
+    /// without `_total`, which a Prometheus exporter adds again), gauges as gauges, an info
+    /// series as a gauge of 1 named `..._info`, histograms with the same bounds.
+    pub fn otlp(&self, start: u64, now: u64) -> Vec<crate::otlp_metrics::Metric> {
+        let mut out = Out::Otlp(crate::otlp_metrics::Series::new(start, now));
+        self.write(&mut out)
+            .expect("series written to memory cannot fail");
+        match out {
+            Out::Otlp(series) => series.metrics,
+            Out::Text(_) => unreachable!("the series were written as OTLP"),
+        }
+    }
+
+    fn write(&self, out: &mut Out) -> std::fmt::Result {
         out.server(&self.server)?;
         out.store(&self.stats)?;
         out.gauge(
@@ -334,8 +351,15 @@ impl Collector for Scrape {
     }
 }
 
+impl Collector for Scrape {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.write(&mut Out::Text(encoder))
+    }
+}
+
 impl Out<'_> {
-    /// The trace export's counts (all zero when nothing is exported; see `telemetry`).
+    /// The OTLP export's counts (all zero when nothing is exported; see `telemetry` and
+    /// `otlp_metrics`).
     fn spans(&mut self) -> std::fmt::Result {
         use std::sync::atomic::Ordering::Relaxed;
         let spans = &crate::telemetry::SPANS;
@@ -354,77 +378,149 @@ impl Out<'_> {
             "annals_trace_spans_failed",
             "Spans lost in exports the collector did not take.",
             spans.failed.load(Relaxed),
+        )?;
+        let pushes = &crate::otlp_metrics::PUSHES;
+        self.counter(
+            "annals_metric_exports",
+            "Pushes of these series over OTLP the collector took.",
+            pushes.exported.load(Relaxed),
+        )?;
+        self.counter(
+            "annals_metric_exports_failed",
+            "Pushes of these series over OTLP that failed (each is retried at the next \
+             interval with the series as they are then).",
+            pushes.failed.load(Relaxed),
         )
     }
 }
 
-/// Writes series through the collector's encoder. A counter's name is given without its
-/// `_total`, which the encoder adds.
-struct Out<'a>(DescriptorEncoder<'a>);
+/// Writes series through the collector's encoder (`/metrics`), or as OTLP metrics (the
+/// push to a collector). A counter's name is given without its `_total`, which the text
+/// encoder adds.
+enum Out<'a> {
+    Text(DescriptorEncoder<'a>),
+    Otlp(crate::otlp_metrics::Series),
+}
+
+/// A series' labels: written by the text encoder, and as OTLP attributes.
+trait Labels: EncodeLabelSet {
+    fn pairs(&self) -> Vec<(&str, &str)>;
+}
+
+impl<S: AsRef<str>, const N: usize> Labels for [(&'static str, S); N]
+where
+    [(&'static str, S); N]: EncodeLabelSet,
+{
+    fn pairs(&self) -> Vec<(&str, &str)> {
+        self.iter().map(|(k, v)| (*k, v.as_ref())).collect()
+    }
+}
 
 impl Out<'_> {
-    fn counter<V: EncodeCounterValue + std::fmt::Debug>(
+    fn counter<V: EncodeCounterValue + Number + std::fmt::Debug>(
         &mut self,
         name: &str,
         help: &str,
         value: V,
     ) -> std::fmt::Result {
-        let metric = self
-            .0
-            .encode_descriptor(name, help, None, MetricType::Counter)?;
-        ConstCounter::new(value).encode(metric)
+        match self {
+            Out::Text(encoder) => {
+                let metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                ConstCounter::new(value).encode(metric)
+            }
+            Out::Otlp(series) => {
+                let point = series.point(&[], value.number());
+                series.sum(name, help, vec![point]);
+                Ok(())
+            }
+        }
     }
 
-    fn gauge<V: EncodeGaugeValue + std::fmt::Debug>(
+    fn gauge<V: EncodeGaugeValue + Number + std::fmt::Debug>(
         &mut self,
         name: &str,
         help: &str,
         value: V,
     ) -> std::fmt::Result {
-        let metric = self
-            .0
-            .encode_descriptor(name, help, None, MetricType::Gauge)?;
-        ConstGauge::new(value).encode(metric)
+        match self {
+            Out::Text(encoder) => {
+                let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                ConstGauge::new(value).encode(metric)
+            }
+            Out::Otlp(series) => {
+                let point = series.point(&[], value.number());
+                series.gauge(name, help, vec![point]);
+                Ok(())
+            }
+        }
     }
 
     /// A gauge whose value is 1 and whose labels say what holds (`name_info`).
-    fn info(&mut self, name: &str, help: &str, labels: impl EncodeLabelSet) -> std::fmt::Result {
-        let mut metric = self
-            .0
-            .encode_descriptor(name, help, None, MetricType::Info)?;
-        metric.encode_info(&labels)
+    fn info(&mut self, name: &str, help: &str, labels: impl Labels) -> std::fmt::Result {
+        match self {
+            Out::Text(encoder) => {
+                let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Info)?;
+                metric.encode_info(&labels)
+            }
+            Out::Otlp(series) => {
+                let point = series.point(&labels.pairs(), 1u64.number());
+                series.gauge(&format!("{name}_info"), help, vec![point]);
+                Ok(())
+            }
+        }
     }
 
-    fn counters<L: EncodeLabelSet>(
+    fn counters<L: Labels>(
         &mut self,
         name: &str,
         help: &str,
         rows: impl IntoIterator<Item = (L, u64)>,
     ) -> std::fmt::Result {
-        let mut metric = self
-            .0
-            .encode_descriptor(name, help, None, MetricType::Counter)?;
-        for (labels, value) in rows {
-            metric
-                .encode_family(&labels)?
-                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+        match self {
+            Out::Text(encoder) => {
+                let mut metric =
+                    encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                for (labels, value) in rows {
+                    metric
+                        .encode_family(&labels)?
+                        .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+                }
+                Ok(())
+            }
+            Out::Otlp(series) => {
+                let points = rows
+                    .into_iter()
+                    .map(|(labels, value)| series.point(&labels.pairs(), value.number()))
+                    .collect();
+                series.sum(name, help, points);
+                Ok(())
+            }
         }
-        Ok(())
     }
 
-    fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
+    fn gauges<L: Labels, V: EncodeGaugeValue + Number>(
         &mut self,
         name: &str,
         help: &str,
         rows: impl IntoIterator<Item = (L, V)>,
     ) -> std::fmt::Result {
-        let mut metric = self
-            .0
-            .encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for (labels, value) in rows {
-            metric.encode_family(&labels)?.encode_gauge(&value)?;
+        match self {
+            Out::Text(encoder) => {
+                let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                for (labels, value) in rows {
+                    metric.encode_family(&labels)?.encode_gauge(&value)?;
+                }
+                Ok(())
+            }
+            Out::Otlp(series) => {
+                let points = rows
+                    .into_iter()
+                    .map(|(labels, value)| series.point(&labels.pairs(), value.number()))
+                    .collect();
+                series.gauge(name, help, points);
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     /// One unlabelled histogram over fixed `bounds` (see `histograms`).
@@ -436,16 +532,12 @@ impl Out<'_> {
         bounds: &[u64],
         scale: f64,
     ) -> std::fmt::Result {
-        let mut metric = self
-            .0
-            .encode_descriptor(name, help, None, MetricType::Histogram)?;
-        let buckets = fixed_buckets(h, bounds, scale);
-        metric.encode_histogram::<NoLabelSet>(h.sum as f64 * scale, h.count, &buckets, None)
+        self.histograms(name, help, [([] as [(&str, &str); 0], h)], bounds, scale)
     }
 
     /// Histograms over fixed `bounds` (in the snapshot's unit); bounds and sums are scaled by
     /// `scale` (microseconds to seconds).
-    fn histograms<'h, L: EncodeLabelSet>(
+    fn histograms<'h, L: Labels>(
         &mut self,
         name: &str,
         help: &str,
@@ -453,16 +545,32 @@ impl Out<'_> {
         bounds: &[u64],
         scale: f64,
     ) -> std::fmt::Result {
-        let mut metric = self
-            .0
-            .encode_descriptor(name, help, None, MetricType::Histogram)?;
-        for (labels, h) in rows {
-            let buckets = fixed_buckets(h, bounds, scale);
-            metric
-                .encode_family(&labels)?
-                .encode_histogram::<NoLabelSet>(h.sum as f64 * scale, h.count, &buckets, None)?;
+        match self {
+            Out::Text(encoder) => {
+                let mut metric =
+                    encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+                for (labels, h) in rows {
+                    let buckets = fixed_buckets(h, bounds, scale);
+                    let sum = h.sum as f64 * scale;
+                    metric
+                        .encode_family(&labels)?
+                        .encode_histogram::<NoLabelSet>(sum, h.count, &buckets, None)?;
+                }
+                Ok(())
+            }
+            Out::Otlp(series) => {
+                let points = rows
+                    .into_iter()
+                    .map(|(labels, h)| {
+                        let buckets = fixed_buckets(h, bounds, scale);
+                        let sum = h.sum as f64 * scale;
+                        series.histogram_point(&labels.pairs(), sum, h.count, &buckets)
+                    })
+                    .collect();
+                series.histogram(name, help, points);
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     fn server(&mut self, s: &ServerCounts) -> std::fmt::Result {

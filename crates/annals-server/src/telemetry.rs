@@ -40,6 +40,12 @@ pub struct TelemetryConfig {
     /// with `OTEL_TRACES_SAMPLER_ARG`); a request that carries a sampled parent is always
     /// sampled. Default: 1.
     pub sample_ratio: Option<f64>,
+    /// Whether the series of `/metrics` are pushed to the endpoint as well
+    /// (`OTEL_METRICS_EXPORTER=otlp` or `none`). Default: true.
+    pub metrics: Option<bool>,
+    /// How often they are pushed, in milliseconds (`OTEL_METRIC_EXPORT_INTERVAL`). Default:
+    /// 60000.
+    pub metrics_interval_ms: Option<u64>,
 }
 
 /// Which protocol the exporter speaks.
@@ -140,7 +146,141 @@ impl TelemetryConfig {
         if let Some(p) = &self.protocol {
             protocol(p).map_err(|e| format!("telemetry.protocol: {e}"))?;
         }
+        if self.metrics_interval_ms == Some(0) {
+            return Err("telemetry.metrics_interval_ms = 0: expected a positive interval".into());
+        }
         Ok(())
+    }
+
+    /// The protocol of a signal (`TRACES`, `METRICS`): its own variable, else the shared one,
+    /// else the table's, else gRPC.
+    fn protocol_of(
+        &self,
+        signal: &str,
+        set: &impl Fn(&str) -> Option<String>,
+    ) -> Result<Protocol, String> {
+        let own = format!("OTEL_EXPORTER_OTLP_{signal}_PROTOCOL");
+        let shared = "OTEL_EXPORTER_OTLP_PROTOCOL";
+        for name in [own.as_str(), shared] {
+            if let Some(p) = set(name) {
+                return protocol(&p).map_err(|e| format!("{name}: {e}"));
+            }
+        }
+        match &self.protocol {
+            Some(p) => protocol(p),
+            None => Ok(Protocol::Grpc),
+        }
+    }
+
+    /// `OTEL_SERVICE_NAME`, else the table's, else None when `service.name` is among
+    /// `OTEL_RESOURCE_ATTRIBUTES` (which the SDK reads), else `annals`.
+    fn service_name(&self, set: &impl Fn(&str) -> Option<String>) -> Option<String> {
+        let in_attributes = set("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+            a.split(',')
+                .any(|pair| pair.split('=').next().map(str::trim) == Some("service.name"))
+        });
+        set("OTEL_SERVICE_NAME")
+            .or_else(|| self.service_name.clone())
+            .or_else(|| (!in_attributes).then(|| "annals".into()))
+    }
+
+    /// The push of the metrics asked for by this table and the variables `env` reads, or
+    /// None for none. Traces and metrics are asked for apart (`OTEL_TRACES_EXPORTER`,
+    /// `OTEL_METRICS_EXPORTER`) and share the endpoint unless a variable names one for each.
+    pub fn metrics(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<crate::otlp_metrics::MetricsExport>, String> {
+        self.check()?;
+        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        if set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        match set("OTEL_METRICS_EXPORTER").as_deref().map(str::trim) {
+            None if self.metrics == Some(false) => return Ok(None),
+            None | Some("otlp") => {}
+            // `/metrics` is always served: asking for Prometheus alone asks for no push.
+            Some("none" | "prometheus") => return Ok(None),
+            Some(other) => {
+                return Err(format!(
+                    "OTEL_METRICS_EXPORTER={other:?}: Annals pushes metrics over OTLP only \
+                     (otlp, or none; /metrics is always served)"
+                ))
+            }
+        }
+        let protocol = self.protocol_of("METRICS", &set)?;
+        // A signal's own endpoint is used as given; the shared one is a base, to which the
+        // HTTP protocol adds the signal's path.
+        let endpoint = match set("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") {
+            Some(endpoint) => endpoint.trim().to_owned(),
+            None => match set("OTEL_EXPORTER_OTLP_ENDPOINT").or_else(|| self.endpoint.clone()) {
+                None => return Ok(None),
+                Some(base) => match protocol {
+                    Protocol::Grpc => base.trim().to_owned(),
+                    Protocol::HttpProtobuf => signal_path(&base, "metrics"),
+                },
+            },
+        };
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(format!(
+                "the OTLP metrics endpoint {endpoint:?}: expected an http:// or https:// URL"
+            ));
+        }
+        let millis = |name: &str, default: u64| -> Result<Duration, String> {
+            match set(name) {
+                None => Ok(Duration::from_millis(default)),
+                Some(v) => match v.trim().parse::<u64>() {
+                    Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+                    _ => Err(format!(
+                        "{name}={v:?}: expected a positive number of milliseconds"
+                    )),
+                },
+            }
+        };
+        let timeout = match set("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT") {
+            Some(_) => millis("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", 10_000)?,
+            None => millis("OTEL_EXPORTER_OTLP_TIMEOUT", 10_000)?,
+        };
+        let interval = millis(
+            "OTEL_METRIC_EXPORT_INTERVAL",
+            self.metrics_interval_ms.unwrap_or(60_000),
+        )?;
+        match set("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE")
+            .as_deref()
+            .map(str::trim)
+        {
+            None => {}
+            Some(t) if t.eq_ignore_ascii_case("cumulative") => {}
+            Some(other) => {
+                return Err(format!(
+                    "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE={other:?}: Annals \
+                     pushes cumulative series only"
+                ))
+            }
+        }
+        // The signal's own headers are added to the shared ones, replacing a key both give.
+        let mut headers = Vec::new();
+        for name in [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        ] {
+            if let Some(text) = set(name) {
+                for (key, value) in
+                    crate::otlp_metrics::parse_headers(&text).map_err(|e| format!("{name}: {e}"))?
+                {
+                    headers.retain(|(k, _): &(String, String)| *k != key);
+                    headers.push((key, value));
+                }
+            }
+        }
+        Ok(Some(crate::otlp_metrics::MetricsExport {
+            endpoint,
+            protocol,
+            service_name: self.service_name(&set),
+            headers,
+            timeout,
+            interval,
+        }))
     }
 
     /// The export asked for by this table and the variables `env` reads, or None for none.
@@ -165,30 +305,14 @@ impl TelemetryConfig {
         if from_env.is_none() && self.endpoint.is_none() {
             return Ok(None);
         }
-        let protocol = match set("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            .or_else(|| set("OTEL_EXPORTER_OTLP_PROTOCOL"))
-        {
-            Some(p) => protocol(&p).map_err(|e| format!("OTEL_EXPORTER_OTLP_PROTOCOL: {e}"))?,
-            None => match &self.protocol {
-                Some(p) => protocol(p)?,
-                None => Protocol::Grpc,
-            },
-        };
+        let protocol = self.protocol_of("TRACES", &set)?;
         // The exporter reads the variable itself; the table's endpoint is given only when no
         // variable names one, so that the variable wins as it does for every other setting.
         let endpoint = match from_env {
             Some(_) => None,
             None => self.endpoint.clone(),
         };
-        // `OTEL_SERVICE_NAME`, else the table's, else `service.name` among
-        // `OTEL_RESOURCE_ATTRIBUTES` (which the SDK reads), else `annals`.
-        let in_attributes = set("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
-            a.split(',')
-                .any(|pair| pair.split('=').next().map(str::trim) == Some("service.name"))
-        });
-        let service_name = set("OTEL_SERVICE_NAME")
-            .or_else(|| self.service_name.clone())
-            .or_else(|| (!in_attributes).then(|| "annals".into()));
+        let service_name = self.service_name(&set);
         let sampling = match set("OTEL_TRACES_SAMPLER") {
             Some(name) => Sampling::named(&name, set("OTEL_TRACES_SAMPLER_ARG").as_deref())?,
             None => Sampling {
@@ -307,16 +431,7 @@ impl Telemetry {
             in_flight,
             bound,
         };
-        let mut resource = Resource::builder();
-        if let Some(name) = &export.service_name {
-            resource = resource.with_service_name(name.clone());
-        }
-        let resource = resource
-            .with_attribute(opentelemetry::KeyValue::new(
-                "service.version",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .build();
+        let resource = resource(export.service_name.as_deref());
         let mut builder = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_resource(resource);
@@ -359,13 +474,35 @@ impl Telemetry {
     }
 }
 
+/// The service's resource, as traces and metrics are reported under: `service_name` when given
+/// (else `service.name` among `OTEL_RESOURCE_ATTRIBUTES`, which the SDK reads), its version.
+pub fn resource(service_name: Option<&str>) -> Resource {
+    let mut resource = Resource::builder();
+    if let Some(name) = service_name {
+        resource = resource.with_service_name(name.to_owned());
+    }
+    resource
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build()
+}
+
 /// The collector's HTTP endpoint for traces, from its base (as `OTEL_EXPORTER_OTLP_ENDPOINT`
 /// is read): the exporter takes a configured endpoint as it is.
 fn traces_path(endpoint: &str) -> String {
-    if endpoint.trim_end_matches('/').ends_with("/v1/traces") {
-        endpoint.to_owned()
+    signal_path(endpoint, "traces")
+}
+
+/// A signal's path (`/v1/traces`, `/v1/metrics`) under a collector's base URL.
+fn signal_path(endpoint: &str, signal: &str) -> String {
+    let base = endpoint.trim().trim_end_matches('/');
+    let path = format!("/v1/{signal}");
+    if base.ends_with(&path) {
+        base.to_owned()
     } else {
-        format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+        format!("{base}{path}")
     }
 }
 
@@ -634,6 +771,100 @@ mod tests {
         })
     }
 
+    fn metrics(
+        table: &TelemetryConfig,
+        vars: &[(&str, &str)],
+    ) -> Result<Option<crate::otlp_metrics::MetricsExport>, String> {
+        table.metrics(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// Goal: metrics are pushed where traces go unless asked otherwise: each signal's own
+    /// variables win over the shared ones, HTTP adds the signal's path to a base, the
+    /// interval and headers are read, each signal is turned off apart, and what cannot be
+    /// pushed is refused naming its variable.
+    #[test]
+    fn metrics_are_pushed_where_the_variables_say() {
+        let none = TelemetryConfig::default();
+        assert_eq!(metrics(&none, &[]), Ok(None));
+        let table = TelemetryConfig {
+            endpoint: Some("http://table:4318/".into()),
+            protocol: Some("http/protobuf".into()),
+            metrics_interval_ms: Some(5000),
+            ..TelemetryConfig::default()
+        };
+        let export = metrics(&table, &[]).unwrap().unwrap();
+        assert_eq!(export.endpoint, "http://table:4318/v1/metrics");
+        assert_eq!(export.protocol, Protocol::HttpProtobuf);
+        assert_eq!(export.interval, Duration::from_secs(5));
+        assert_eq!(export.timeout, Duration::from_secs(10));
+        assert_eq!(export.service_name.as_deref(), Some("annals"));
+        let export = metrics(
+            &table,
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_METRIC_EXPORT_INTERVAL", "250"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2000"),
+                ("OTEL_EXPORTER_OTLP_HEADERS", "a=1,b=2"),
+                ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "b=3"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(export.endpoint, "http://env:4317");
+        assert_eq!(export.protocol, Protocol::Grpc);
+        assert_eq!(export.interval, Duration::from_millis(250));
+        assert_eq!(export.timeout, Duration::from_secs(2));
+        assert_eq!(
+            export.headers,
+            vec![("a".into(), "1".into()), ("b".into(), "3".into())]
+        );
+        let own = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318"),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:9/push"),
+            ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/protobuf"),
+        ];
+        let export = metrics(&none, &own).unwrap().unwrap();
+        assert_eq!(export.endpoint, "http://m:9/push");
+        assert_eq!(export.protocol, Protocol::HttpProtobuf);
+        // Traces off leaves metrics on, and the other way round.
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://e:4317");
+        let traces_off = [endpoint, ("OTEL_TRACES_EXPORTER", "none")];
+        assert!(metrics(&none, &traces_off).unwrap().is_some());
+        assert_eq!(resolve(&none, &traces_off), Ok(None));
+        for off in ["none", "prometheus"] {
+            let vars = [endpoint, ("OTEL_METRICS_EXPORTER", off)];
+            assert_eq!(metrics(&none, &vars), Ok(None));
+            assert!(resolve(&none, &vars).unwrap().is_some());
+        }
+        let table_off = TelemetryConfig {
+            endpoint: Some("http://e:4317".into()),
+            metrics: Some(false),
+            ..TelemetryConfig::default()
+        };
+        assert_eq!(metrics(&table_off, &[]), Ok(None));
+        assert_eq!(
+            metrics(&none, &[endpoint, ("OTEL_SDK_DISABLED", "true")]),
+            Ok(None)
+        );
+        for (name, value) in [
+            ("OTEL_METRICS_EXPORTER", "statsd"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "0"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "soon"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "no-value"),
+            ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+        ] {
+            let e = metrics(&none, &[endpoint, (name, value)]).unwrap_err();
+            assert!(e.contains(name), "{name}={value}: {e}");
+        }
+        let e = metrics(&none, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")]);
+        assert!(e.unwrap_err().contains("http://"));
+    }
+
     /// Goal: nothing is exported without an endpoint; the variables override the table, as
     /// the server's other settings do, and the SDK's own switches turn the export off.
     #[test]
@@ -645,6 +876,7 @@ mod tests {
             protocol: Some("http/protobuf".into()),
             service_name: Some("ledger".into()),
             sample_ratio: Some(0.5),
+            ..TelemetryConfig::default()
         };
         let export = resolve(&table, &[]).unwrap().unwrap();
         assert_eq!(export.endpoint.as_deref(), Some("http://table:4317"));

@@ -1,7 +1,9 @@
 //! A throwaway Jaeger for tests, started the way an operator runs one: its all-in-one program
 //! (v1.76.0, built by scripts/setup from the Go module proxy) on free loopback ports, with an
 //! OTLP receiver (gRPC and HTTP), traces kept in memory, and its query API, which the tests
-//! read traces from as Jaeger's own UI does. It can be stopped and started again on the same
+//! read traces from as Jaeger's own UI does. The metrics it receives go to its Prometheus
+//! exporter (a component of the OpenTelemetry Collector that Jaeger is built on), which the
+//! tests scrape. It can be stopped and started again on the same
 //! ports, as a collector that goes away for a while.
 
 use std::path::PathBuf;
@@ -25,8 +27,9 @@ pub fn jaeger_required() -> bool {
 pub struct Jaeger {
     dir: tempfile::TempDir,
     bin: PathBuf,
-    /// OTLP over gRPC, OTLP over HTTP, the query API over HTTP, and over gRPC.
-    ports: [u16; 4],
+    /// OTLP over gRPC, OTLP over HTTP, the query API over HTTP, and over gRPC, and the
+    /// Prometheus exporter of the metrics received.
+    ports: [u16; 5],
     child: Option<Child>,
 }
 
@@ -44,7 +47,13 @@ impl Jaeger {
         let mut jaeger = Jaeger {
             dir: tempfile::tempdir().expect("a temporary directory"),
             bin,
-            ports: [free_port(), free_port(), free_port(), free_port()],
+            ports: [
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+            ],
             child: None,
         };
         jaeger.run();
@@ -66,8 +75,17 @@ impl Jaeger {
         ([127, 0, 0, 1], self.ports[2]).into()
     }
 
+    /// The metrics received, as its Prometheus exporter serves them (text format).
+    pub fn metrics(&self) -> Option<String> {
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], self.ports[4]).into();
+        let response =
+            std::panic::catch_unwind(|| crate::http::request(addr, "GET", "/metrics", &[], b""))
+                .ok()?;
+        (response.status == 200).then(|| response.text())
+    }
+
     fn config(&self) -> String {
-        let [grpc, http, query, query_grpc] = self.ports;
+        let [grpc, http, query, query_grpc, prometheus] = self.ports;
         format!(
             "service:
   extensions: [jaeger_storage, jaeger_query]
@@ -76,6 +94,10 @@ impl Jaeger {
       receivers: [otlp]
       processors: []
       exporters: [jaeger_storage_exporter]
+    metrics:
+      receivers: [otlp]
+      processors: []
+      exporters: [prometheus]
   telemetry:
     metrics:
       level: none
@@ -104,6 +126,8 @@ receivers:
 exporters:
   jaeger_storage_exporter:
     trace_storage: memory
+  prometheus:
+    endpoint: 127.0.0.1:{prometheus}
 "
         )
     }

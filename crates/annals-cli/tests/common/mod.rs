@@ -118,3 +118,22 @@ pub fn umadb_event(event_type: &str, tags: &[&str], data: &str) -> umadb_dcb::Dc
         metadata: Vec::new(),
     }
 }
+
+/// `annals serve` on a fresh directory with `env` set, run to its end: for starts that are
+/// refused.
+pub fn serve_refused(env: &[(&str, &str)]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    Command::new(ANNALS)
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "off",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
