@@ -19,6 +19,7 @@ pub mod http;
 pub mod jaeger;
 pub mod s3;
 pub mod server;
+pub mod spans;
 mod wait;
 
 pub use wait::{eventually, poll, Awaited};

@@ -130,6 +130,15 @@ pub enum ObjectKind {
 }
 
 impl ObjectKind {
+    /// Its name in spans and logs.
+    #[cfg(feature = "object-store")]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            ObjectKind::Chunk => "chunk",
+            ObjectKind::Segment => "segment",
+        }
+    }
+
     fn code(self) -> u32 {
         match self {
             ObjectKind::Chunk => 1,

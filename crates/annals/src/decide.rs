@@ -524,6 +524,8 @@ impl Store {
     /// Builds the state of `projection` (one read over its query) and the condition that
     /// protects it.
     pub fn decide<P: Project>(&self, projection: &P) -> Result<Decision<P::State>, ReadError> {
+        let span = crate::spans::decide();
+        let _entered = span.enter();
         let started = Instant::now();
         let mut parts = Vec::with_capacity(projection.parts());
         let mut state = projection.start(self, &mut parts);
@@ -582,6 +584,11 @@ impl Store {
             subjects: &subjects,
         };
         projection.built(&state, &built);
+        if !span.is_disabled() {
+            span.record("annals.events_read", events_read as i64);
+            span.record("annals.head", head as i64);
+            span.record("annals.rebuilt", whole);
+        }
         Ok(Decision {
             state,
             condition: AppendCondition::new(query, Some(head)),
@@ -593,6 +600,22 @@ impl Store {
     /// refusal), appends them under the decision's condition, and when the condition fails
     /// (someone changed what was read) decides again, up to `retry.attempts` times.
     pub fn decide_and_append<P, E>(
+        &self,
+        projection: &P,
+        retry: Retry,
+        command: impl FnMut(&P::State) -> Result<Vec<NewEvent>, E>,
+    ) -> Result<Decided, DecideError<E>>
+    where
+        P: Project,
+    {
+        let span = crate::spans::decision();
+        let _entered = span.enter();
+        let decided = self.decide_and_append_untraced(projection, retry, command);
+        finish(&span, &decided);
+        decided
+    }
+
+    fn decide_and_append_untraced<P, E>(
         &self,
         projection: &P,
         retry: Retry,
@@ -630,6 +653,28 @@ impl Store {
     /// timer, used for the backoff, e.g. `tokio::time::sleep`. A full append queue is backed
     /// off from like a conflict.
     pub async fn decide_and_append_async<P, E, S, F>(
+        &self,
+        projection: &P,
+        retry: Retry,
+        command: impl FnMut(&P::State) -> Result<Vec<NewEvent>, E>,
+        sleep: S,
+    ) -> Result<Decided, DecideError<E>>
+    where
+        P: Project,
+        S: FnMut(Duration) -> F,
+        F: std::future::Future<Output = ()>,
+    {
+        use tracing::Instrument as _;
+        let span = crate::spans::decision();
+        let decided = self
+            .decide_and_append_async_untraced(projection, retry, command, sleep)
+            .instrument(span.clone())
+            .await;
+        finish(&span, &decided);
+        decided
+    }
+
+    async fn decide_and_append_async_untraced<P, E, S, F>(
         &self,
         projection: &P,
         retry: Retry,
@@ -682,6 +727,32 @@ impl Store {
 }
 
 /// The retry policy's state: how many attempts, and the next wait.
+/// Records a decision's outcome on its span: the attempts it took, and the position its
+/// append was given or why it ended without one.
+fn finish<E>(span: &tracing::Span, decided: &Result<Decided, DecideError<E>>) {
+    if span.is_disabled() {
+        return;
+    }
+    let (attempts, outcome) = match decided {
+        Ok(d) => {
+            span.record("annals.position", d.position as i64);
+            (Some(d.attempts), "appended")
+        }
+        Err(DecideError::Rejected(_)) => (None, "rejected"),
+        Err(DecideError::TooManyConflicts { attempts }) => (Some(*attempts), "too_many_conflicts"),
+        Err(DecideError::Read(e)) => (None, e.kind()),
+        Err(DecideError::Append(e)) => (None, e.kind()),
+    };
+    if let Some(attempts) = attempts {
+        span.record("annals.attempts", i64::from(attempts));
+    }
+    span.record("annals.outcome", outcome);
+    // A command that refuses is an answer, as a failed condition is; the rest are faults.
+    if !matches!(decided, Ok(_) | Err(DecideError::Rejected(_))) {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
 struct Backoff {
     attempts: u32,
     next: Duration,

@@ -80,6 +80,7 @@ mod shelf;
 mod ship;
 pub mod sim;
 pub mod snapshot;
+mod spans;
 pub mod state;
 mod stats;
 mod store;

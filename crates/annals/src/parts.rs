@@ -58,8 +58,9 @@ impl Services {
 /// its position is in object storage, an erasure once the backup's key file no longer holds
 /// the key.
 pub(crate) trait Shipping: Send + Sync {
-    /// Answers `reply` with `position` once object storage holds it (or with why not).
-    fn when_shipped(&self, position: u64, reply: Reply);
+    /// Answers `reply` with `position` once object storage holds it (or with why not);
+    /// `trace`: the append's span, which the put that ships it links to.
+    fn when_shipped(&self, position: u64, reply: Reply, trace: tracing::Span);
 
     /// Another server of the same database ships; this one stands by.
     fn standing_by(&self) -> bool;

@@ -628,3 +628,35 @@ fn a_full_database_disk_refuses_appends_cleanly() {
     cluster.sql("ALTER INDEX annals_appends_pkey SET TABLESPACE pg_default");
     cluster.sql("DROP TABLESPACE small");
 }
+
+/// Goal: the PostgreSQL commit that carried a traced append is a span of its own (a trace of
+/// its own, as a segment's sync is), naming the database, with its tries, the time of its
+/// statements, how many appends it committed and the head it made durable, linked both ways
+/// with the append's span.
+#[test]
+fn the_database_commit_that_carried_an_append_is_linked_with_it() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    annals_testkit::spans::record();
+    let store = Store::open_postgres(&cluster.url(), small_options()).unwrap();
+    let position = tracing::info_span!("test.database_commit")
+        .in_scope(|| store.append(&[event()], None))
+        .unwrap();
+    let inside = annals_testkit::spans::under("test.database_commit");
+    let append = inside
+        .iter()
+        .find(|s| s.name == "annals.append")
+        .unwrap_or_else(|| panic!("{inside:#?}"));
+    assert_eq!(append.follows.len(), 1, "{append:#?}");
+    let commit = annals_testkit::spans::span(append.follows[0]);
+    assert_eq!(commit.name, "annals.commit");
+    assert_eq!(commit.parent, None);
+    assert!(commit.follows.contains(&append.id));
+    assert_eq!(commit.field("db.system.name"), Some("postgresql"));
+    assert_eq!(commit.number("annals.tries"), Some(1));
+    assert_eq!(commit.number("annals.appends"), Some(1));
+    assert_eq!(commit.number("annals.head"), Some(position as i64));
+    assert!(commit.number("annals.commit_us").is_some_and(|us| us > 0));
+    store.close().unwrap();
+}

@@ -198,9 +198,21 @@ impl Committer {
             None => Route::DatabaseAlone,
         };
         let mut pending: Vec<Request> = std::mem::take(group);
+        // The commit as a span, when an append of the group is traced: its tries, the time of
+        // its statements, and once in, linked both ways with each traced append it carried.
+        let span = match crate::spans::recorded() && pending.iter().any(|r| !r.trace.is_disabled())
+        {
+            true => crate::spans::commit(),
+            false => tracing::Span::none(),
+        };
+        if !span.is_disabled() {
+            span.record("db.system.name", "postgresql");
+        }
+        let mut committing = Duration::ZERO;
         let mut attempts = 0u32;
         let started = Instant::now();
         while !pending.is_empty() {
+            span.record("annals.tries", i64::from(attempts + 1));
             attempts += 1;
             if attempts > 1 && started.elapsed() > RACING_MAX {
                 // Every try before ended with nothing committed: a race lost to another
@@ -247,11 +259,21 @@ impl Committer {
             if accepted.is_empty() {
                 return;
             }
-            match self.commit(head, &accepted, after_lost_race) {
+            let statement = Instant::now();
+            let committed = self.commit(head, &accepted, after_lost_race);
+            committing += statement.elapsed();
+            span.record("annals.commit_us", committing.as_micros() as i64);
+            match committed {
                 Ok(Some(moved)) => {
                     for a in &mut accepted {
                         a.first += moved;
                         a.last += moved;
+                    }
+                    if !span.is_disabled() {
+                        let last = accepted.iter().map(|a| a.last).max().unwrap_or(0);
+                        span.record("annals.head", last as i64);
+                        span.record("annals.appends", accepted.len() as i64);
+                        crate::spans::link(&span, accepted.iter().map(|a| &a.request.trace));
                     }
                     self.counters.commits.fetch_add(1, Ordering::Relaxed);
                     self.counters
@@ -269,6 +291,7 @@ impl Committer {
                     }
                 }
                 Err(Failed::Known(error)) => {
+                    span.record("otel.status_code", "ERROR");
                     self.refuse(accepted, &error);
                     return;
                 }
@@ -278,6 +301,12 @@ impl Committer {
                     time,
                 }) => match self.settle(head, accepted, time, &session, &reason) {
                     Settled::Committed(found) => {
+                        if !span.is_disabled() {
+                            let last = found.iter().map(|(_, (_, last))| *last).max();
+                            span.record("annals.head", last.unwrap_or(0) as i64);
+                            span.record("annals.appends", found.len() as i64);
+                            crate::spans::link(&span, found.iter().map(|(a, _)| &a.request.trace));
+                        }
                         self.counters.commits.fetch_add(1, Ordering::Relaxed);
                         self.inner.counters.committed(route, found.len());
                         self.counters
@@ -292,6 +321,7 @@ impl Committer {
                     // lost race.
                     Settled::Absent(requests) => pending = requests,
                     Settled::Unknown(accepted, error) => {
+                        span.record("otel.status_code", "ERROR");
                         self.refuse(accepted, &error);
                         return;
                     }

@@ -141,8 +141,8 @@ impl crate::parts::Service for Backup {
 }
 
 impl crate::parts::Shipping for BackupState {
-    fn when_shipped(&self, position: u64, reply: crate::request::Reply) {
-        BackupState::when_shipped(self, position, reply)
+    fn when_shipped(&self, position: u64, reply: crate::request::Reply, trace: tracing::Span) {
+        BackupState::when_shipped(self, position, reply, trace)
     }
 
     fn standing_by(&self) -> bool {
@@ -720,6 +720,12 @@ impl Shipper {
         }
         self.last_put = Instant::now();
         let durable = self.durable();
+        // The put as a span, whenever the store's spans are recorded: a trace of its own,
+        // linked with each traced D4 append it ships.
+        let span = match crate::spans::recorded() {
+            true => crate::spans::put(kind.label(), first, last),
+            false => tracing::Span::none(),
+        };
         let shipped_to = write_object(
             &self.objects,
             &self.state,
@@ -728,10 +734,19 @@ impl Shipper {
             segment,
             (first, last),
             &frames,
-        )?;
+        );
+        if !span.is_disabled() {
+            let bytes: usize = frames.iter().map(|(_, b)| b.len()).sum();
+            span.record("annals.bytes", bytes as i64);
+            span.record("annals.put_us", self.last_put.elapsed().as_micros() as i64);
+            if shipped_to.is_err() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        let shipped_to = shipped_to?;
         // A run of chunks put again as one object moves nothing.
         self.state.shipped.fetch_max(shipped_to, Ordering::AcqRel);
-        self.state.answer();
+        self.state.answer_carried(&span);
         Ok(shipped_to)
     }
 }

@@ -16,6 +16,8 @@ struct OffMachineWaiter {
     position: u64,
     deadline: Instant,
     reply: Reply,
+    /// The append's span, linked with the put that ships it.
+    trace: tracing::Span,
 }
 
 /// The D4 appends waiting, and why no more may wait once shipping ended.
@@ -81,7 +83,7 @@ impl BackupState {
 
     /// Answers `reply` once `position` is in object storage (or `OutcomeUnknown` after the
     /// timeout, or at once when shipping stopped for good).
-    pub(crate) fn when_shipped(&self, position: u64, reply: Reply) {
+    pub(crate) fn when_shipped(&self, position: u64, reply: Reply, trace: tracing::Span) {
         {
             let mut waiters = self.waiters.lock();
             if let Some(reason) = waiters.closed.clone() {
@@ -98,6 +100,7 @@ impl BackupState {
                 position,
                 deadline: Instant::now() + self.options.off_machine_timeout,
                 reply,
+                trace,
             });
         }
         self.wake();
@@ -119,6 +122,12 @@ impl BackupState {
 
     /// Answers the waiters through `shipped`, and those past their deadline.
     pub(super) fn answer(&self) {
+        self.answer_carried(&tracing::Span::none());
+    }
+
+    /// As `answer`, after the put whose span is `put`: linked with each traced append it
+    /// answers.
+    pub(super) fn answer_carried(&self, put: &tracing::Span) {
         let shipped = self.shipped();
         let now = Instant::now();
         let mut done = Vec::new();
@@ -132,6 +141,11 @@ impl BackupState {
                     i += 1;
                 }
             }
+        }
+        if !put.is_disabled() {
+            let carried = done.iter().filter(|w| w.position <= shipped);
+            put.record("annals.appends", carried.clone().count() as i64);
+            crate::spans::link(put, carried.map(|w| &w.trace));
         }
         for w in done {
             if w.position <= shipped {

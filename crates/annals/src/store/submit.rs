@@ -220,7 +220,7 @@ impl Store {
         }
         let reply = match off_machine {
             false => reply,
-            true => self.off_machine_reply(reply)?,
+            true => self.off_machine_reply(reply, how.trace.clone())?,
         };
         let condition = match condition {
             // Deliberately wrong: checks the condition against the published head, outside the
@@ -273,13 +273,17 @@ impl Store {
     }
 
     /// The reply of a D4 append: once the log has it (synced), it waits for the backup.
-    fn off_machine_reply(&self, reply: ReplyTo) -> Result<ReplyTo, AppendError> {
+    fn off_machine_reply(
+        &self,
+        reply: ReplyTo,
+        trace: tracing::Span,
+    ) -> Result<ReplyTo, AppendError> {
         if let Some(backup) = self.shipping() {
             let backup = backup.clone();
             return Ok(ReplyTo::Callback(Box::new(move |outcome| {
                 let reply = Reply::new(reply);
                 match outcome {
-                    Ok(position) => backup.when_shipped(position, reply),
+                    Ok(position) => backup.when_shipped(position, reply, trace),
                     Err(e) => reply.send(Err(e)),
                 }
             })));

@@ -31,31 +31,6 @@ pub(crate) struct Waiter {
     pub(super) trace: tracing::Span,
 }
 
-/// The span of a sync that makes traced appends durable: a trace of its own, since it carries
-/// the appends of many. Its numbers are signed: the bridge to OpenTelemetry writes a `u64` as
-/// text.
-fn commit_span(head: u64) -> tracing::Span {
-    tracing::info_span!(
-        target: "annals",
-        parent: None,
-        "annals.commit",
-        annals.appends = tracing::field::Empty,
-        annals.bytes = tracing::field::Empty,
-        annals.fsync_us = tracing::field::Empty,
-        annals.head = head as i64,
-        otel.status_code = tracing::field::Empty,
-    )
-}
-
-/// Links the sync's span and each append's it covers, both ways: from the append's trace an
-/// operator reaches the commit that carried it, and from the commit every append.
-fn link(sync: &tracing::Span, done: &[Waiter]) {
-    for w in done.iter().filter(|w| !w.trace.is_disabled()) {
-        sync.follows_from(&w.trace);
-        w.trace.follows_from(sync);
-    }
-}
-
 impl Waiter {
     /// The sync it waited for failed, or will never come (the store is poisoned): an append
     /// staged is on disk or not, one refused by its checks was not appended.
@@ -259,7 +234,7 @@ impl Syncer {
         // The group commit as a span, when an append it makes durable is traced: the fsync,
         // linked both ways with the span of every such append. Whether one is is read only
         // when something records the store's spans.
-        let traced = tracing::enabled!(target: "annals", tracing::Level::INFO)
+        let traced = crate::spans::recorded()
             && self
                 .state
                 .lock()
@@ -268,7 +243,7 @@ impl Syncer {
                 .any(|w| w.needed <= target && !w.trace.is_disabled());
         let span = match traced {
             false => tracing::Span::none(),
-            true => commit_span(mark.head),
+            true => crate::spans::commit(),
         };
         let started = Instant::now();
         let result = segment
@@ -278,6 +253,7 @@ impl Syncer {
         let took = started.elapsed();
         shared.counters.record_fsync(took);
         if !span.is_disabled() {
+            span.record("annals.head", mark.head as i64);
             span.record("annals.fsync_us", took.as_micros() as i64);
             if result.is_err() {
                 span.record("otel.status_code", "ERROR");
@@ -312,7 +288,7 @@ impl Syncer {
                 if !span.is_disabled() {
                     span.record("annals.appends", done.len() as i64);
                     span.record("annals.bytes", bytes as i64);
-                    link(&span, &done);
+                    crate::spans::link(&span, done.iter().map(|w| &w.trace));
                 }
                 let publish = shared.policy.publish_when_synced;
                 // The writer's inline sync, or the syncer with nothing more to sync yet,
