@@ -24,6 +24,7 @@ WAITING = {
     ("annals-cli", "container"),
     ("annals-cli", "server_traces"),
     ("annals-cli", "server_otlp_metrics"),
+    ("annals-cli", "clients"),
 }
 # Binaries that must have the machine to themselves.
 ALONE = {("annals-cli", "h2spec")}

@@ -1,0 +1,3 @@
+module annals
+
+go 1.23

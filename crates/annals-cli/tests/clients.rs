@@ -1,0 +1,90 @@
+//! The clients published from clients/, each run by its own ecosystem's test runner against a
+//! server these tests start on free ports: on segment files, and once on PostgreSQL. Their
+//! output is printed, so that it appears in the test command's summary. A runner that is not
+//! installed skips its suite, saying why, unless the test command requires the clients
+//! (ANNALS_REQUIRE_CLIENTS).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use annals_testkit::Cluster;
+use common::ServerProcess;
+
+fn clients() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients")
+}
+
+fn required() -> bool {
+    std::env::var_os("ANNALS_REQUIRE_CLIENTS").is_some_and(|v| v == "1")
+}
+
+/// Whether `program` runs (`--version` or `version`); else skips, saying why, unless the
+/// clients are required.
+fn runs(program: &str, arg: &str) -> bool {
+    let found = annals_testkit::tools_allowed()
+        && Command::new(program)
+            .arg(arg)
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            !required(),
+            "{program} is required to test the clients: run scripts/setup"
+        );
+        eprintln!("skipped: {program} is not installed");
+    }
+    found
+}
+
+/// Runs `command` in `dir` with the server's URL; fails with its output.
+fn suite(name: &str, mut command: Command, server: &ServerProcess) {
+    let url = format!("http://{}", server.http);
+    let out = command.env("ANNALS_URL", &url).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("--- {name} against {url}\n{text}");
+    assert!(out.status.success(), "{name} failed:\n{text}");
+}
+
+fn go_test(server: &ServerProcess) {
+    let mut go = Command::new("go");
+    go.args(["test", "-count=1", "-v", "./..."])
+        .current_dir(clients().join("go"))
+        // The module needs nothing from elsewhere, and the toolchain installed is new enough.
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOPROXY", "off");
+    suite("the Go client (go test)", go, server);
+}
+
+/// Goal: the Go client passes its own tests (`go test`: append, read, conditions, typed
+/// errors, a subscription that resumes, the course subscription race) against a server on
+/// segment files.
+#[test]
+fn the_go_client_on_segment_files() {
+    if !runs("go", "version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    go_test(&server);
+}
+
+/// Goal: the Go client passes the same tests against a server on PostgreSQL.
+#[test]
+fn the_go_client_on_postgres() {
+    if !runs("go", "version") {
+        return;
+    }
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let server = ServerProcess::start_postgres(&url, &[]);
+    go_test(&server);
+}
