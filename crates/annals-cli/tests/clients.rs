@@ -62,6 +62,21 @@ fn go_test(server: &ServerProcess) {
     suite("the Go client (go test)", go, server);
 }
 
+fn npm_test(server: &ServerProcess) {
+    let dir = clients().join("typescript");
+    if !dir.join("node_modules/@dcb-es/event-store").exists() {
+        assert!(
+            !required(),
+            "the TypeScript client's packages are missing: run scripts/setup"
+        );
+        eprintln!("skipped: the TypeScript client's packages are not installed");
+        return;
+    }
+    let mut npm = Command::new("npm");
+    npm.args(["test", "--silent"]).current_dir(dir);
+    suite("the TypeScript adapter (node --test)", npm, server);
+}
+
 /// Goal: the Go client passes its own tests (`go test`: append, read, conditions, typed
 /// errors, a subscription that resumes, the course subscription race) against a server on
 /// segment files.
@@ -73,6 +88,20 @@ fn the_go_client_on_segment_files() {
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(dir.path(), &[]);
     go_test(&server);
+}
+
+/// Goal: the TypeScript adapter of `@dcb-es/event-store` passes its tests (node's runner:
+/// appends with and without conditions, several commands at once, reads in every direction,
+/// subscriptions that resume, the library's decision model in a race for the last seat, typed
+/// errors) against a server on segment files.
+#[test]
+fn the_typescript_adapter_on_segment_files() {
+    if !runs("npm", "--version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    npm_test(&server);
 }
 
 /// Goal: the Go client passes the same tests against a server on PostgreSQL.
@@ -87,4 +116,18 @@ fn the_go_client_on_postgres() {
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
     let server = ServerProcess::start_postgres(&url, &[]);
     go_test(&server);
+}
+
+/// Goal: the TypeScript adapter passes the same tests against a server on PostgreSQL.
+#[test]
+fn the_typescript_adapter_on_postgres() {
+    if !runs("npm", "--version") {
+        return;
+    }
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
+    let server = ServerProcess::start_postgres(&url, &[]);
+    npm_test(&server);
 }
