@@ -77,6 +77,82 @@ fn npm_test(server: &ServerProcess) {
     suite("the TypeScript adapter (node --test)", npm, server);
 }
 
+/// The JDK for the Java client (ANNALS_JAVA_HOME, which scripts/setup finds: 21 or newer);
+/// None, saying why, when there is none and the clients are not required.
+fn java_home() -> Option<PathBuf> {
+    let home = std::env::var_os("ANNALS_JAVA_HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.join("bin/java").exists() && annals_testkit::tools_allowed());
+    if home.is_none() {
+        assert!(
+            !required(),
+            "ANNALS_JAVA_HOME names no JDK 21 or newer: run scripts/setup"
+        );
+        eprintln!("skipped: no JDK 21 or newer (ANNALS_JAVA_HOME)");
+    }
+    home
+}
+
+/// Runs the Java client's tests (JUnit through Maven): AF5's storage engine suite and the
+/// course subscription application, each on a server of its own that the tests start from this
+/// build's binary; `pg_base`, a `postgres://` URL ending in `/` whose databases
+/// `storage_engine_suite` and `course_subscriptions` they use instead of directories.
+fn maven_test(java_home: &Path, pg_base: Option<&str>) {
+    let mut mvn = Command::new("mvn");
+    mvn.args(["-B", "--no-transfer-progress", "test"])
+        .current_dir(clients().join("java"))
+        .env("JAVA_HOME", java_home)
+        .env("ANNALS_BIN", common::ANNALS);
+    if let Some(base) = pg_base {
+        mvn.env("ANNALS_PG_BASE", base);
+    }
+    let out = mvn.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Maven's own lines about itself are left out; the tests' are kept.
+    let summary: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Tests run") || l.contains("ERROR") || l.contains("FAIL"))
+        .collect();
+    eprintln!("--- the Java client (mvn test)\n{}", summary.join("\n"));
+    assert!(
+        out.status.success(),
+        "mvn test failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Goal: the Axon Framework 5 storage engine passes AF5's own `StorageEngineTestSuite`
+/// unchanged, and the course subscription application on it gives the last seat to exactly one
+/// of eight racing students; on segment files.
+#[test]
+fn the_java_client_on_segment_files() {
+    let Some(java) = java_home() else {
+        return;
+    };
+    if !runs("mvn", "--version") {
+        return;
+    }
+    maven_test(&java, None);
+}
+
+/// Goal: the same, on PostgreSQL.
+#[test]
+fn the_java_client_on_postgres() {
+    let Some(java) = java_home() else {
+        return;
+    };
+    if !runs("mvn", "--version") {
+        return;
+    }
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    cluster.sql("CREATE DATABASE storage_engine_suite");
+    cluster.sql("CREATE DATABASE course_subscriptions");
+    let base = format!("postgres://postgres@127.0.0.1:{}/", cluster.port());
+    maven_test(&java, Some(&base));
+}
+
 /// Goal: the Go client passes its own tests (`go test`: append, read, conditions, typed
 /// errors, a subscription that resumes, the course subscription race) against a server on
 /// segment files.
