@@ -337,7 +337,7 @@ struct Bound {
     grpc: Option<tokio::net::TcpListener>,
     tls: Option<serve::Tls>,
     keys: auth::ApiKeys,
-    metrics_export: Option<otlp_metrics::MetricsExport>,
+    metrics_export: Option<telemetry::MetricsExport>,
 }
 
 impl Bound {

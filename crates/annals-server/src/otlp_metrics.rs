@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -26,7 +26,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use prost::Message as _;
 
-use crate::telemetry::Protocol;
+use crate::telemetry::{MetricsExport, Protocol};
 
 /// Pushes of the series: taken by the collector, and failed.
 #[derive(Debug, Default)]
@@ -178,42 +178,6 @@ impl Series {
         });
         self.push(name, help, data);
     }
-}
-
-/// Where and how often the series are pushed, resolved from the configuration and the
-/// `OTEL_*` variables (`TelemetryConfig::metrics`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct MetricsExport {
-    /// The whole URL: for gRPC the collector's address, for HTTP the `/v1/metrics` path.
-    pub endpoint: String,
-    pub protocol: Protocol,
-    /// None: `service.name` as `OTEL_RESOURCE_ATTRIBUTES` gives it.
-    pub service_name: Option<String>,
-    /// Sent with every push (`OTEL_EXPORTER_OTLP_HEADERS`, `..._METRICS_HEADERS`).
-    pub headers: Vec<(String, String)>,
-    pub timeout: Duration,
-    pub interval: Duration,
-}
-
-/// Parses `key=value,key=value` as the OTLP variables give headers (values percent-encoded).
-pub fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
-    let mut headers = Vec::new();
-    for pair in text.split(',').filter(|p| !p.trim().is_empty()) {
-        let Some((key, value)) = pair.split_once('=') else {
-            return Err(format!("{pair:?}: expected key=value"));
-        };
-        let key = key.trim();
-        let value = percent_encoding::percent_decode_str(value.trim())
-            .decode_utf8()
-            .map_err(|_| format!("the value of {key:?} is not UTF-8 once decoded"))?;
-        let valid = http::HeaderName::from_bytes(key.as_bytes()).is_ok()
-            && http::HeaderValue::from_str(&value).is_ok();
-        if !valid {
-            return Err(format!("{key:?}: not a valid header"));
-        }
-        headers.push((key.to_ascii_lowercase(), value.into_owned()));
-    }
-    Ok(headers)
 }
 
 fn epoch_nanos(time: SystemTime) -> u64 {
@@ -466,23 +430,6 @@ fn rejected(partial: Option<(i64, String)>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Goal: headers given as the OTLP variables write them (values percent-encoded) are
-    /// read, and what is not a header is refused, naming it.
-    #[test]
-    fn headers_are_read_as_the_variables_give_them() {
-        let headers = parse_headers("api-key=a%20b , X-Tenant=t1,").unwrap();
-        assert_eq!(
-            headers,
-            vec![
-                ("api-key".to_owned(), "a b".to_owned()),
-                ("x-tenant".to_owned(), "t1".to_owned())
-            ]
-        );
-        assert!(parse_headers("novalue").unwrap_err().contains("novalue"));
-        assert!(parse_headers("bad key=1").unwrap_err().contains("bad key"));
-        assert!(parse_headers("").unwrap().is_empty());
-    }
 
     /// Goal: a histogram's point holds what is above every bound in its last bucket, so that
     /// its buckets add up to its count.

@@ -190,7 +190,7 @@ impl TelemetryConfig {
     pub fn metrics(
         &self,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Option<crate::otlp_metrics::MetricsExport>, String> {
+    ) -> Result<Option<MetricsExport>, String> {
         self.check()?;
         let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         if set("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
@@ -265,15 +265,13 @@ impl TelemetryConfig {
             "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
         ] {
             if let Some(text) = set(name) {
-                for (key, value) in
-                    crate::otlp_metrics::parse_headers(&text).map_err(|e| format!("{name}: {e}"))?
-                {
+                for (key, value) in parse_headers(&text).map_err(|e| format!("{name}: {e}"))? {
                     headers.retain(|(k, _): &(String, String)| *k != key);
                     headers.push((key, value));
                 }
             }
         }
-        Ok(Some(crate::otlp_metrics::MetricsExport {
+        Ok(Some(MetricsExport {
             endpoint,
             protocol,
             service_name: self.service_name(&set),
@@ -337,6 +335,42 @@ fn protocol(name: &str) -> Result<Protocol, String> {
             "{other:?}: expected grpc or http/protobuf (http/json is not supported)"
         )),
     }
+}
+
+/// Where and how often the series are pushed, resolved from the configuration and the
+/// `OTEL_*` variables (`TelemetryConfig::metrics`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsExport {
+    /// The whole URL: for gRPC the collector's address, for HTTP the `/v1/metrics` path.
+    pub endpoint: String,
+    pub protocol: Protocol,
+    /// None: `service.name` as `OTEL_RESOURCE_ATTRIBUTES` gives it.
+    pub service_name: Option<String>,
+    /// Sent with every push (`OTEL_EXPORTER_OTLP_HEADERS`, `..._METRICS_HEADERS`).
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+    pub interval: Duration,
+}
+
+/// Parses `key=value,key=value` as the OTLP variables give headers (values percent-encoded).
+pub fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut headers = Vec::new();
+    for pair in text.split(',').filter(|p| !p.trim().is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(format!("{pair:?}: expected key=value"));
+        };
+        let key = key.trim();
+        let value = percent_encoding::percent_decode_str(value.trim())
+            .decode_utf8()
+            .map_err(|_| format!("the value of {key:?} is not UTF-8 once decoded"))?;
+        let valid = http::HeaderName::from_bytes(key.as_bytes()).is_ok()
+            && http::HeaderValue::from_str(&value).is_ok();
+        if !valid {
+            return Err(format!("{key:?}: not a valid header"));
+        }
+        headers.push((key.to_ascii_lowercase(), value.into_owned()));
+    }
+    Ok(headers)
 }
 
 /// Whether spans are exported: the request spans and the trace context they read are made
@@ -774,7 +808,7 @@ mod tests {
     fn metrics(
         table: &TelemetryConfig,
         vars: &[(&str, &str)],
-    ) -> Result<Option<crate::otlp_metrics::MetricsExport>, String> {
+    ) -> Result<Option<MetricsExport>, String> {
         table.metrics(|name| {
             vars.iter()
                 .find(|(k, _)| *k == name)
@@ -1010,5 +1044,22 @@ mod tests {
             traces_path("http://c:4318/v1/traces"),
             "http://c:4318/v1/traces"
         );
+    }
+
+    /// Goal: headers given as the OTLP variables write them (values percent-encoded) are
+    /// read, and what is not a header is refused, naming it.
+    #[test]
+    fn headers_are_read_as_the_variables_give_them() {
+        let headers = parse_headers("api-key=a%20b , X-Tenant=t1,").unwrap();
+        assert_eq!(
+            headers,
+            vec![
+                ("api-key".to_owned(), "a b".to_owned()),
+                ("x-tenant".to_owned(), "t1".to_owned())
+            ]
+        );
+        assert!(parse_headers("novalue").unwrap_err().contains("novalue"));
+        assert!(parse_headers("bad key=1").unwrap_err().contains("bad key"));
+        assert!(parse_headers("").unwrap().is_empty());
     }
 }
