@@ -16,6 +16,13 @@ fn clients() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients")
 }
 
+/// Writes a suite's output to standard error past the test harness's capture, in one write, so
+/// that the test command's summary shows what each client's runner said.
+fn show(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{text}\n").as_bytes());
+}
+
 fn required() -> bool {
     std::env::var_os("ANNALS_REQUIRE_CLIENTS").is_some_and(|v| v == "1")
 }
@@ -47,7 +54,7 @@ fn suite(name: &str, mut command: Command, server: &ServerProcess) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!("--- {name} against {url}\n{text}");
+    show(&format!("--- {name} against {url}\n{text}"));
     assert!(out.status.success(), "{name} failed:\n{text}");
 }
 
@@ -113,7 +120,10 @@ fn maven_test(java_home: &Path, pg_base: Option<&str>) {
         .lines()
         .filter(|l| l.contains("Tests run") || l.contains("ERROR") || l.contains("FAIL"))
         .collect();
-    eprintln!("--- the Java client (mvn test)\n{}", summary.join("\n"));
+    show(&format!(
+        "--- the Java client (mvn test)\n{}",
+        summary.join("\n")
+    ));
     assert!(
         out.status.success(),
         "mvn test failed:\n{text}\n{}",
