@@ -429,3 +429,107 @@ fn appends_go_on_while_the_collector_is_gone_and_export_resumes() {
         },
     );
 }
+
+/// Goal: with `telemetry.store_trace_context`, an append's trace context is stored in its
+/// events' metadata and read back, over HTTP and gRPC, without a collector: added beside what
+/// the caller's metadata holds, never over a `traceparent` of its own, nothing for metadata
+/// that is not an object or for a request without a (valid) context; off by default.
+#[test]
+fn an_appends_trace_context_is_stored_with_its_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let on = [("ANNALS_TELEMETRY_STORE_TRACE_CONTEXT", "true".to_string())];
+    let server = start(dir.path(), &on);
+    let (trace, parent) = ids();
+    let traceparent = format!("00-{trace}-{parent}-01");
+    let header = [("traceparent", traceparent.as_str())];
+    let body = r#"{"events":[
+        {"type":"Stamped","tags":["case:none"],"data":"{}"},
+        {"type":"Stamped","tags":["case:object"],"data":"{}","metadata":{"by":"ada"}},
+        {"type":"Stamped","tags":["case:own"],"data":"{}","metadata":{"traceparent":"mine"}},
+        {"type":"Stamped","tags":["case:array"],"data":"{}","metadata":[1,2]}]}"#;
+    let r = request(server.http, "POST", "/v1/append", &header, body.as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let untraced = r#"{"events":[{"type":"Stamped","tags":["case:untraced"],"data":"{}"}]}"#;
+    let bad = [("traceparent", "00-not-a-context-01")];
+    for headers in [&[][..], &bad[..]] {
+        let r = request(
+            server.http,
+            "POST",
+            "/v1/append",
+            headers,
+            untraced.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use umadb_proto::v1;
+        let channel = tonic::transport::Channel::from_shared(server.grpc_url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = v1::dcb_client::DcbClient::new(channel);
+        let mut request = tonic::Request::new(v1::AppendRequest {
+            events: vec![v1::Event {
+                event_type: "Stamped".into(),
+                tags: vec!["case:grpc".into()],
+                data: b"{}".to_vec(),
+                uuid: String::new(),
+                metadata: Vec::new(),
+            }],
+            condition: None,
+            tracking_info: None,
+        });
+        request
+            .metadata_mut()
+            .insert("traceparent", traceparent.parse().unwrap());
+        request
+            .metadata_mut()
+            .insert("tracestate", "vendor=abc".parse().unwrap());
+        client.append(request).await.unwrap();
+    });
+    let read = request(server.http, "GET", "/v1/read", &[], b"").json();
+    let metadata = |case: &str| {
+        let events = read.as_array().unwrap();
+        let event = events
+            .iter()
+            .find(|e| e["tags"][0] == format!("case:{case}"))
+            .unwrap_or_else(|| panic!("no {case}: {read:#}"));
+        event["metadata"].clone()
+    };
+    assert_eq!(
+        metadata("none"),
+        serde_json::json!({ "traceparent": traceparent })
+    );
+    assert_eq!(
+        metadata("object"),
+        serde_json::json!({ "traceparent": traceparent, "by": "ada" })
+    );
+    assert_eq!(
+        metadata("own"),
+        serde_json::json!({ "traceparent": "mine" })
+    );
+    assert_eq!(metadata("array"), serde_json::json!([1, 2]));
+    assert_eq!(metadata("untraced"), Value::Null);
+    assert_eq!(
+        metadata("grpc"),
+        serde_json::json!({ "traceparent": traceparent, "tracestate": "vendor=abc" })
+    );
+    // Off by default.
+    let dir = tempfile::tempdir().unwrap();
+    let plain = start(dir.path(), &[]);
+    let r = request(
+        plain.http,
+        "POST",
+        "/v1/append",
+        &header,
+        untraced.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let read = request(plain.http, "GET", "/v1/read", &[], b"").json();
+    assert_eq!(read[0]["metadata"], Value::Null, "{read:#}");
+}

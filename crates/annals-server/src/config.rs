@@ -541,6 +541,7 @@ pub fn settings() -> BTreeMap<String, &'static str> {
             sample_ratio: Some(1.0),
             metrics: Some(true),
             metrics_interval_ms: Some(1),
+            store_trace_context: Some(true),
         },
         ..Config::default()
     };

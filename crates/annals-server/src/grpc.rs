@@ -472,13 +472,20 @@ impl Service {
         Ok(Box::pin(stream))
     }
 
-    async fn append_inner(&self, request: v1::AppendRequest) -> Result<u64, Status> {
-        let events = request
+    async fn append_inner(
+        &self,
+        request: v1::AppendRequest,
+        trace: Option<crate::telemetry::TraceContext>,
+    ) -> Result<u64, Status> {
+        let mut events = request
             .events
             .into_iter()
             .enumerate()
             .map(|(i, e)| to_new_event(i, e))
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(trace) = &trace {
+            trace.stamp(&mut events);
+        }
         let condition = request.condition.map(|c| AppendCondition {
             fail_if_events_match: to_query(c.fail_if_events_match),
             after: c.after,
@@ -576,7 +583,11 @@ impl Service {
         request: v1::AppendRequest,
     ) -> Result<v1::AppendResponse, Status> {
         self.authorize(metadata, Scopes::APPEND)?;
-        let position = self.append_inner(request).await?;
+        let trace = match self.state.config.telemetry.store_trace_context {
+            Some(true) => crate::telemetry::TraceContext::of(&metadata.clone().into_headers()),
+            _ => None,
+        };
+        let position = self.append_inner(request, trace).await?;
         Ok(v1::AppendResponse { position })
     }
 

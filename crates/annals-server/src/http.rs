@@ -713,10 +713,14 @@ async fn append_inner(
             "append takes no query parameters; send the events and condition in the body",
         ));
     }
+    let trace = match state.config.telemetry.store_trace_context {
+        Some(true) => crate::telemetry::TraceContext::of(request.headers()),
+        _ => None,
+    };
     let body = read_body(state, request).await?;
     let parsed: AppendBody = serde_json::from_slice(&body).map_err(body_error("append body"))?;
     // Every event is decoded before any is appended, so that a bad one changes nothing.
-    let events: Vec<NewEvent> = parsed
+    let mut events: Vec<NewEvent> = parsed
         .events
         .into_iter()
         .enumerate()
@@ -725,6 +729,9 @@ async fn append_inner(
                 .map_err(|e| ApiError::bad_request("invalid_body", format!("event {index}: {e}")))
         })
         .collect::<Result<_, _>>()?;
+    if let Some(trace) = &trace {
+        trace.stamp(&mut events);
+    }
     let tracking = parsed
         .tracking
         .map(|t| annals::Tracking::new(t.source, t.position));

@@ -46,6 +46,10 @@ pub struct TelemetryConfig {
     /// How often they are pushed, in milliseconds (`OTEL_METRIC_EXPORT_INTERVAL`). Default:
     /// 60000.
     pub metrics_interval_ms: Option<u64>,
+    /// Whether an append's W3C trace context (the `traceparent` and `tracestate` its request
+    /// carries) is stored in each of its events' metadata, so that a consumer continues the
+    /// producer's trace. Default: false.
+    pub store_trace_context: Option<bool>,
 }
 
 /// Which protocol the exporter speaks.
@@ -704,6 +708,78 @@ pub(crate) fn request_span<B>(request: &http::Request<B>, grpc: bool) -> tracing
     span
 }
 
+/// A request's W3C trace context, as OpenTelemetry's propagator reads it (a malformed one is
+/// none), written back in its canonical form; stored in an append's events when
+/// `telemetry.store_trace_context` says so.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TraceContext {
+    traceparent: String,
+    tracestate: Option<String>,
+}
+
+impl TraceContext {
+    /// The trace context `headers` carry (`traceparent`, `tracestate`), if a valid one.
+    pub(crate) fn of(headers: &http::HeaderMap) -> Option<TraceContext> {
+        use opentelemetry::propagation::TextMapPropagator;
+        use opentelemetry::trace::TraceContextExt;
+        headers.get("traceparent")?;
+        let context = opentelemetry_sdk::propagation::TraceContextPropagator::new()
+            .extract(&opentelemetry_http::HeaderExtractor(headers));
+        let remote = context.span().span_context().clone();
+        if !remote.is_valid() {
+            return None;
+        }
+        let tracestate = remote.trace_state().header();
+        Some(TraceContext {
+            traceparent: format!(
+                "00-{}-{}-{:02x}",
+                remote.trace_id(),
+                remote.span_id(),
+                remote.trace_flags().to_u8()
+            ),
+            tracestate: (!tracestate.is_empty()).then_some(tracestate),
+        })
+    }
+
+    /// An event's metadata with this context in it: as the whole metadata when it has none,
+    /// added to a JSON object that has no `traceparent` of its own (the rest of its text as it
+    /// was), and None (left as it is) for metadata of another shape or one that has one.
+    pub(crate) fn stamped(&self, metadata: &[u8]) -> Option<bytes::Bytes> {
+        let mut members = format!("\"traceparent\":\"{}\"", self.traceparent);
+        if let Some(state) = &self.tracestate {
+            members.push_str(",\"tracestate\":");
+            members.push_str(&serde_json::to_string(state).expect("a string serializes"));
+        }
+        if metadata.is_empty() {
+            return Some(format!("{{{members}}}").into());
+        }
+        let object: std::collections::HashMap<String, serde::de::IgnoredAny> =
+            serde_json::from_slice(metadata).ok()?;
+        if object.contains_key("traceparent") {
+            return None;
+        }
+        // The object's text: whitespace, its opening brace, then its members.
+        let open = metadata.iter().position(|&b| b == b'{')?;
+        let mut out = Vec::with_capacity(metadata.len() + members.len() + 1);
+        out.extend_from_slice(&metadata[..=open]);
+        out.extend_from_slice(members.as_bytes());
+        if !object.is_empty() {
+            out.push(b',');
+        }
+        out.extend_from_slice(&metadata[open + 1..]);
+        Some(out.into())
+    }
+
+    /// Stamps each of `events` (see `stamped`).
+    pub(crate) fn stamp(&self, events: &mut [annals::NewEvent]) {
+        for event in events {
+            if let Some(metadata) = self.stamped(&event.metadata) {
+                event.metadata = metadata;
+            }
+        }
+    }
+}
+
 /// Records on the current request's span the route that matched (`http.route`, and the span's
 /// name as the conventions give it: the method and the route).
 pub(crate) fn record_route(method: &http::Method, route: &str) {
@@ -1061,5 +1137,50 @@ mod tests {
         assert!(parse_headers("novalue").unwrap_err().contains("novalue"));
         assert!(parse_headers("bad key=1").unwrap_err().contains("bad key"));
         assert!(parse_headers("").unwrap().is_empty());
+    }
+
+    /// Goal: a stored trace context is the caller's, in its canonical form, added to the
+    /// event's metadata without changing what the caller wrote; metadata that is not an
+    /// object, or names its own traceparent, is left as it is; a malformed header is none.
+    #[test]
+    fn the_trace_context_is_stamped_into_metadata() {
+        let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", parent.parse().unwrap());
+        let context = TraceContext::of(&headers).unwrap();
+        let stamped = |m: &str| {
+            context
+                .stamped(m.as_bytes())
+                .map(|b| String::from_utf8(b.to_vec()).unwrap())
+        };
+        let alone = format!("{{\"traceparent\":\"{parent}\"}}");
+        assert_eq!(stamped("").as_deref(), Some(alone.as_str()));
+        assert_eq!(
+            stamped(" {} ").as_deref(),
+            Some(format!(" {alone} ").as_str())
+        );
+        let added = stamped("{\"b\": 2, \"a\": [1]}").unwrap();
+        assert_eq!(
+            added,
+            format!("{{\"traceparent\":\"{parent}\",\"b\": 2, \"a\": [1]}}")
+        );
+        serde_json::from_str::<serde_json::Value>(&added).unwrap();
+        assert_eq!(stamped("[1, 2]"), None);
+        assert_eq!(stamped("\"text\""), None);
+        assert_eq!(stamped("{\"traceparent\": \"mine\"}"), None);
+        headers.insert("tracestate", "vendor=abc,other=x".parse().unwrap());
+        let with_state = TraceContext::of(&headers).unwrap();
+        let text = String::from_utf8(with_state.stamped(b"").unwrap().to_vec()).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["traceparent"], parent);
+        assert_eq!(value["tracestate"], "vendor=abc,other=x");
+        for bad in [
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "junk",
+            "01-x",
+        ] {
+            headers.insert("traceparent", bad.parse().unwrap());
+            assert_eq!(TraceContext::of(&headers), None, "{bad}");
+        }
     }
 }
