@@ -307,3 +307,22 @@ func TestASubscriptionEndsWithItsContext(t *testing.T) {
 		t.Fatalf("ended with %v", last)
 	}
 }
+
+func TestMetadataThatIsNotJSONTravelsAsItWas(t *testing.T) {
+	client, ctx := server(t), context10s(t)
+	tag := unique("raw")
+	raw := []byte("not json \x01")
+	if _, err := client.Append(ctx, []annals.Event{{Type: "Raw", Tags: []string{tag}, Metadata: raw}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	read, err := client.Read(ctx, annals.Tags(tag), annals.ReadOptions{})
+	if err != nil || len(read.Events) != 1 || !bytes.Equal(read.Events[0].Metadata, raw) {
+		t.Fatalf("%+v %v", read, err)
+	}
+	// What was read appends again unchanged.
+	again := read.Events[0].Event
+	again.Tags = []string{tag + "-copy"}
+	if _, err := client.Append(ctx, []annals.Event{again}, nil); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -98,6 +98,12 @@ func toWire(e Event) wireEvent {
 	if w.Tags == nil {
 		w.Tags = []string{}
 	}
+	// Metadata that is not JSON (as another client may have stored it) travels in base64.
+	if len(e.Metadata) > 0 && !json.Valid(e.Metadata) {
+		encoded, _ := json.Marshal(base64.StdEncoding.EncodeToString(e.Metadata))
+		w.Metadata = encoded
+		w.MetadataEncoding = "base64"
+	}
 	// Data that is not UTF-8 travels in base64 and is stored as the bytes it decodes to.
 	if utf8.Valid(e.Data) {
 		w.Data = string(e.Data)

@@ -161,14 +161,19 @@ export class AnnalsEventStore implements EventStore {
         const response = await this.#request("GET", `/v1/subscribe?${params}`, undefined, controller.signal)
         for await (const wire of lines(response, controller.signal, this.#base)) {
           if (wire.position <= last) continue
+          // Read before it counts as delivered: an event that cannot be read is thrown, never
+          // passed over.
+          const event = this.#fromWire(wire)
           last = wire.position
           backoff = 100
-          yield this.#fromWire(wire)
+          yield event
         }
       } catch (e) {
         if (signal?.aborted) return
-        // A refusal is the caller's to know; a dropped or refused connection is taken up again.
-        if (e instanceof AnnalsError && !e.retryable) throw e
+        // A dropped or refused connection, or a server that is busy for now, is taken up
+        // again; anything else (a refusal, an event that cannot be read) is the caller's.
+        const retried = e instanceof AnnalsUnreachableError || (e instanceof AnnalsError && e.retryable)
+        if (!retried) throw e
       } finally {
         signal?.removeEventListener("abort", abort)
         controller.abort()
@@ -254,9 +259,10 @@ export class AnnalsEventStore implements EventStore {
   #fromWire(wire: WireEvent): SequencedEvent {
     const data =
       wire.dataEncoding === "base64" ? Buffer.from(wire.data, "base64").toString("utf8") : wire.data
+    // Metadata that is not JSON (only the embedded library stores such) is given as its bytes.
     let metadata = wire.metadata
     if (wire.metadataEncoding === "base64" && typeof metadata === "string") {
-      metadata = JSON.parse(Buffer.from(metadata, "base64").toString("utf8"))
+      metadata = Buffer.from(metadata, "base64")
     }
     return {
       event: {

@@ -110,3 +110,19 @@ test("a subscription takes up a dropped connection again, each event once and in
     proxy.close()
   }
 })
+
+test("an event the codec cannot read is thrown, never passed over", async () => {
+  const s = store()
+  const type = unique("Unreadable")
+  // Written by another client: data that is not JSON.
+  const body = { events: [{ type, tags: ["n=1"], data: "not json" }, { type, tags: ["n=2"], data: "{}" }] }
+  const written = await fetch(`${serverUrl()}/v1/append`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  })
+  assert.equal(written.status, 200)
+  const q = Query.fromItems([{ types: [type] }])
+  await assert.rejects(take(s.subscribe(q), 2), SyntaxError)
+  await assert.rejects(take(s.read(q) as AsyncGenerator<SequencedEvent>, 2), SyntaxError)
+})

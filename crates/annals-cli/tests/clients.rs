@@ -45,6 +45,11 @@ fn runs(program: &str, arg: &str) -> bool {
     found
 }
 
+/// One run at a time of the suites that build into their client's directory (Maven's
+/// `target/`, TypeScript's `dist/`): the tests of this file run in parallel.
+static JAVA: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static TYPESCRIPT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `command` in `dir` with the server's URL; fails with its output.
 fn suite(name: &str, mut command: Command, server: &ServerProcess) {
     let url = format!("http://{}", server.http);
@@ -79,6 +84,7 @@ fn npm_test(server: &ServerProcess) {
         eprintln!("skipped: the TypeScript client's packages are not installed");
         return;
     }
+    let _one = TYPESCRIPT.lock().unwrap_or_else(|p| p.into_inner());
     let mut npm = Command::new("npm");
     npm.args(["test", "--silent"]).current_dir(dir);
     suite("the TypeScript adapter (node --test)", npm, server);
@@ -105,6 +111,7 @@ fn java_home() -> Option<PathBuf> {
 /// build's binary; `pg_base`, a `postgres://` URL ending in `/` whose databases
 /// `storage_engine_suite` and `course_subscriptions` they use instead of directories.
 fn maven_test(java_home: &Path, pg_base: Option<&str>) {
+    let _one = JAVA.lock().unwrap_or_else(|p| p.into_inner());
     let mut mvn = Command::new("mvn");
     mvn.args(["-B", "--no-transfer-progress", "test"])
         .current_dir(clients().join("java"))

@@ -237,3 +237,58 @@ fn a_push_that_cannot_be_made_refuses_the_start() {
         assert!(text.contains(name), "{text}");
     }
 }
+
+/// Goal: the series the operators of an OTLP backend ask for are among those scraped and
+/// pushed: appends' times by the durability class they were acknowledged in, and how far the
+/// slowest live subscription is behind. Method: a D2 server takes appends at its class and
+/// one that asks for D3; a subscriber that does not read falls behind appends of 24 MB (the
+/// server stops reading for it once its stream's budget and the socket are full), then
+/// reads everything and is caught up.
+#[test]
+fn appends_by_class_and_the_slowest_subscription_are_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start_with_env(dir.path(), &["--durability", "d2"], &[]);
+    let metric = |name: &str| {
+        let text = request(server.http, "GET", "/metrics", &[], b"").text();
+        annals_testkit::server::sample(&text, name).unwrap_or(-1.0)
+    };
+    append(server.http, 2);
+    let synced = r#"{"events":[{"type":"Noted","tags":["n:s"],"data":"{}"}],"durability":"d3"}"#;
+    let r = request(server.http, "POST", "/v1/append", &[], synced.as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let count = |class: &str| {
+        metric(&format!(
+            "annals_append_duration_seconds_count{{class=\"{class}\"}}"
+        ))
+    };
+    assert_eq!((count("d2"), count("d3"), count("d4")), (2.0, 1.0, 0.0));
+    assert_eq!(metric("annals_subscription_lag_positions"), 0.0);
+    let mut stream = annals_testkit::http::Stream::open(server.http, "/v1/subscribe?after=0", &[]);
+    assert_eq!(stream.status, 200);
+    let data = "x".repeat(2000);
+    let mut head = 0;
+    for _ in 0..24 {
+        let events: Vec<(&str, &[&str], &str)> = vec![("Big", &["big:1"][..], data.as_str()); 500];
+        let body = append_body(&events, None);
+        let r = request(server.http, "POST", "/v1/append", &[], body.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+        head = r.json()["position"].as_u64().unwrap();
+    }
+    let behind = annals_testkit::eventually("the subscriber behind", WAIT, || {
+        let lag = metric("annals_subscription_lag_positions");
+        (lag > 0.0).then_some(lag)
+    });
+    assert!(behind <= head as f64, "{behind} behind a head of {head}");
+    let mut seen = 0;
+    while seen < head {
+        let line = stream.next_line().expect("the stream goes on");
+        if line.trim().is_empty() {
+            continue;
+        }
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        seen = event["position"].as_u64().unwrap();
+    }
+    annals_testkit::eventually("the subscriber caught up", WAIT, || {
+        (metric("annals_subscription_lag_positions") == 0.0).then_some(())
+    });
+}

@@ -450,15 +450,10 @@ fn an_appends_trace_context_is_stored_with_its_events() {
     let r = request(server.http, "POST", "/v1/append", &header, body.as_bytes());
     assert_eq!(r.status, 200, "{}", r.text());
     let untraced = r#"{"events":[{"type":"Stamped","tags":["case:untraced"],"data":"{}"}]}"#;
+    let malformed = r#"{"events":[{"type":"Stamped","tags":["case:malformed"],"data":"{}"}]}"#;
     let bad = [("traceparent", "00-not-a-context-01")];
-    for headers in [&[][..], &bad[..]] {
-        let r = request(
-            server.http,
-            "POST",
-            "/v1/append",
-            headers,
-            untraced.as_bytes(),
-        );
+    for (headers, body) in [(&[][..], untraced), (&bad[..], malformed)] {
+        let r = request(server.http, "POST", "/v1/append", headers, body.as_bytes());
         assert_eq!(r.status, 200, "{}", r.text());
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -515,6 +510,7 @@ fn an_appends_trace_context_is_stored_with_its_events() {
     );
     assert_eq!(metadata("array"), serde_json::json!([1, 2]));
     assert_eq!(metadata("untraced"), Value::Null);
+    assert_eq!(metadata("malformed"), Value::Null);
     assert_eq!(
         metadata("grpc"),
         serde_json::json!({ "traceparent": traceparent, "tracestate": "vendor=abc" })

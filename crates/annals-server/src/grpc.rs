@@ -401,6 +401,7 @@ impl Service {
             .map_err(|e| read_status(&e))?;
         struct Following {
             subscription: annals::Subscription,
+            position: Arc<std::sync::atomic::AtomicU64>,
             shutdown: tokio::sync::watch::Receiver<bool>,
             state: Arc<AppState>,
             _gauge: crate::metrics::Gauge,
@@ -410,6 +411,7 @@ impl Service {
             done: bool,
         }
         let following = Following {
+            position: self.state.metrics.follower(subscription.position()),
             subscription,
             shutdown: self.state.shutdown.clone(),
             state: self.state.clone(),
@@ -452,6 +454,10 @@ impl Service {
                     f.done = true;
                     return Some((Err(read_status(&e)), f));
                 }
+                f.position.store(
+                    f.subscription.position(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 if events.is_empty() {
                     continue; // the new events do not match
                 }

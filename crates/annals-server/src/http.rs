@@ -632,16 +632,31 @@ impl ReadEncoder {
                     if encoder.done {
                         return None;
                     }
-                    // An error after the status is sent can only end the stream early; the
-                    // client sees a truncated array. So does a budget that stays full.
-                    let mut held = budget.reserve(READ_CHUNK_BYTES).await.ok()?;
-                    let chunk = encoder.next_chunk().ok()?;
-                    held.fit(chunk.len()).await.ok()?;
-                    Some((Ok::<_, Infallible>(held.attach(chunk)), encoder))
+                    // An error after the status is sent (a read that fails, a budget that stays
+                    // full) fails the body: the answer is cut off without its last chunk, so
+                    // that no client takes what it got for the whole answer (NDJSON has no
+                    // closing bracket to miss).
+                    let chunk = async {
+                        let mut held = budget.reserve(READ_CHUNK_BYTES).await.map_err(|e| {
+                            std::io::Error::other(format!("the stream's budget: {e:?}"))
+                        })?;
+                        let chunk = encoder
+                            .next_chunk()
+                            .map_err(|e| std::io::Error::other(e.to_string()))?;
+                        held.fit(chunk.len()).await.map_err(|e| {
+                            std::io::Error::other(format!("the stream's budget: {e:?}"))
+                        })?;
+                        Ok(held.attach(chunk))
+                    }
+                    .await;
+                    if chunk.is_err() {
+                        encoder.done = true;
+                    }
+                    Some((chunk, encoder))
                 }
             });
             Body::from_stream(futures_util::StreamExt::chain(
-                futures_util::stream::once(async move { Ok::<_, Infallible>(first) }),
+                futures_util::stream::once(async move { Ok::<_, std::io::Error>(first) }),
                 rest,
             ))
         };
@@ -921,6 +936,7 @@ fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response,
         .subscribe(&query, after)
         .map_err(|e| read_error(&e))?;
     let follower = Follower {
+        position: state.metrics.follower(subscription.position()),
         subscription,
         budget: StreamBudget::of(state, request.extensions().get()),
         shutdown: state.shutdown.clone(),
@@ -965,6 +981,8 @@ pub(crate) fn live_response(body: Body, sse: bool) -> Response {
 /// One subscriber's stream: batches of events as NDJSON lines or SSE messages.
 struct Follower {
     subscription: annals::Subscription,
+    /// Its position, for the lag of the slowest subscription (`Metrics::follower`).
+    position: Arc<std::sync::atomic::AtomicU64>,
     budget: StreamBudget,
     shutdown: tokio::sync::watch::Receiver<bool>,
     state: Arc<AppState>,
@@ -996,6 +1014,10 @@ impl Follower {
             self.subscription
                 .try_next_batch_bytes(SUBSCRIBE_BATCH, STREAM_CHUNK_BYTES / 2, &mut batch)
                 .ok()?;
+            self.position.store(
+                self.subscription.position(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             if batch.is_empty() {
                 continue; // the new events do not match
             }

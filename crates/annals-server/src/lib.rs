@@ -230,7 +230,15 @@ impl Server {
             Some(export) => {
                 let state = state.clone();
                 let scrape = move || http::scrape(&state, state.store.snapshots().stats().ok());
-                Some(otlp_metrics::MetricsPush::start(export, scrape).map_err(StartError::Hosted)?)
+                // A push that cannot begin is reported, and the server serves without it:
+                // what could be refused was refused with the configuration.
+                match otlp_metrics::MetricsPush::start(export, scrape) {
+                    Ok(push) => Some(push),
+                    Err(e) => {
+                        tracing::error!("the metrics are not pushed over OTLP: {e}");
+                        None
+                    }
+                }
             }
             None => None,
         };

@@ -100,6 +100,10 @@ pub struct Metrics {
     subscribers: AtomicI64,
     connections: AtomicI64,
     auth_failures: AtomicU64,
+    /// Appends' times by the class they were acknowledged in (d0 to d4).
+    append_by_class: [Log2Histogram; 5],
+    /// Each live subscription's position (how far it has read the log), while it lives.
+    followers: std::sync::Mutex<Vec<std::sync::Weak<AtomicU64>>>,
 }
 
 /// How a request ended, for the counters.
@@ -145,6 +149,22 @@ impl Metrics {
         m.duration_us.record(took.as_micros() as u64);
     }
 
+    /// Records an append's time, from its arrival to its answer, under the class it asked for
+    /// (`AppendOptions::class`).
+    pub fn record_append(&self, class: annals::Durability, took: Duration) {
+        self.append_by_class[class as usize].record(took.as_micros() as u64);
+    }
+
+    /// A cell a live subscription keeps its position in, for the lag of the slowest; it counts
+    /// while the subscription holds it.
+    pub fn follower(&self, after: u64) -> std::sync::Arc<AtomicU64> {
+        let cell = std::sync::Arc::new(AtomicU64::new(after));
+        let mut followers = self.followers.lock().unwrap_or_else(|p| p.into_inner());
+        followers.retain(|f| f.strong_count() > 0);
+        followers.push(std::sync::Arc::downgrade(&cell));
+        cell
+    }
+
     pub fn events_read(&self, n: u64) {
         self.events_read.fetch_add(n, Ordering::Relaxed);
     }
@@ -185,8 +205,27 @@ impl Metrics {
                 });
             }
         }
+        let slowest_subscription = self
+            .followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|f| f.upgrade())
+            .map(|cell| cell.load(Ordering::Relaxed))
+            .min();
+        const CLASSES: [annals::Durability; 5] = [
+            annals::Durability::Memory,
+            annals::Durability::Written,
+            annals::Durability::SyncedLater,
+            annals::Durability::Synced,
+            annals::Durability::OffMachine,
+        ];
         ServerCounts {
             ops,
+            append_by_class: CLASSES
+                .map(|c| (c.label(), self.append_by_class[c as usize].snapshot()))
+                .into(),
+            slowest_subscription,
             events_read: self.events_read.load(Ordering::Relaxed),
             subscribers: self.subscribers.load(Ordering::Relaxed),
             connections: self.connections.load(Ordering::Relaxed),
@@ -208,6 +247,9 @@ pub struct OpCounts {
 #[derive(Debug)]
 pub struct ServerCounts {
     ops: Vec<OpCounts>,
+    append_by_class: Vec<(&'static str, HistogramSnapshot)>,
+    /// The position of the live subscription furthest behind, if any.
+    slowest_subscription: Option<u64>,
     events_read: u64,
     subscribers: i64,
     connections: i64,
@@ -318,6 +360,14 @@ impl Scrape {
 
     fn write(&self, out: &mut Out) -> std::fmt::Result {
         out.server(&self.server)?;
+        out.gauge(
+            "annals_subscription_lag_positions",
+            "How far the live subscription furthest behind has yet to read: the head's position \
+             less its own (0 with none).",
+            self.server
+                .slowest_subscription
+                .map_or(0, |p| self.stats.head.saturating_sub(p)),
+        )?;
         out.store(&self.stats)?;
         out.gauge(
             "annals_stream_buffered_bytes",
@@ -599,6 +649,16 @@ impl Out<'_> {
             s.ops
                 .iter()
                 .map(|o| ([("api", o.api), ("op", o.op)], &o.duration_us)),
+            &DURATION_BOUNDS_US,
+            1e-6,
+        )?;
+        self.histograms(
+            "annals_append_duration_seconds",
+            "Time an append took from its admission to its outcome, by the durability class it \
+             was acknowledged in (its request's, or the server's).",
+            s.append_by_class
+                .iter()
+                .map(|(class, h)| ([("class", *class)], h)),
             &DURATION_BOUNDS_US,
             1e-6,
         )?;

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -188,8 +188,13 @@ fn epoch_nanos(time: SystemTime) -> u64 {
 /// The running push: stopped (with a last push) when the server stops.
 pub struct MetricsPush {
     stop: Arc<(Mutex<bool>, Condvar)>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Says when the push's thread has ended.
+    ended: Option<std::sync::mpsc::Receiver<()>>,
 }
+
+/// How long a stop waits for the push's thread: its last push, or one in flight to a
+/// collector that does not answer, is given up rather than hold the server's stop.
+const STOP_WAIT: Duration = Duration::from_secs(3);
 
 /// What one push sends through.
 enum Client {
@@ -204,54 +209,35 @@ impl MetricsPush {
         export: MetricsExport,
         scrape: impl Fn() -> crate::metrics::Scrape + Send + 'static,
     ) -> Result<MetricsPush, String> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the metric push's runtime: {e}"))?;
-        let client = {
-            let _entered = runtime.enter();
-            match export.protocol {
-                Protocol::Grpc => {
-                    let mut endpoint =
-                        tonic::transport::Endpoint::from_shared(export.endpoint.clone())
-                            .map_err(|e| {
-                                format!("the metrics endpoint {:?}: {e}", export.endpoint)
-                            })?
-                            .timeout(export.timeout)
-                            .connect_timeout(export.timeout);
-                    if export.endpoint.starts_with("https://") {
-                        endpoint = endpoint
-                            .tls_config(
-                                tonic::transport::ClientTlsConfig::new().with_native_roots(),
-                            )
-                            .map_err(|e| format!("the metrics endpoint's TLS: {e}"))?;
-                    }
-                    Client::Grpc(MetricsServiceClient::new(endpoint.connect_lazy()))
-                }
-                Protocol::HttpProtobuf => Client::Http(
-                    reqwest::Client::builder()
-                        .timeout(export.timeout)
-                        .build()
-                        .map_err(|e| format!("cannot make the metrics push's HTTP client: {e}"))?,
-                ),
-            }
-        };
-        let start = crate::process::ProcessStats::read()
-            .map(|p| (p.start_time_seconds * 1e9) as u64)
-            .unwrap_or_else(|| epoch_nanos(SystemTime::now()));
-        let resource = {
-            let resource = crate::telemetry::resource(export.service_name.as_deref());
-            opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema::from(
-                &resource,
-            )
-            .attributes
-            .0
-        };
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
+        // The runtime and the client are made on the push's own thread (a runtime may not be
+        // dropped where the server's runs); it says whether they could be.
+        let (ready, made) = std::sync::mpsc::sync_channel(1);
+        let (done, ended) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
             .name("annals-otlp-metrics".into())
             .spawn(move || {
+                let made = Pusher::make(&export);
+                let (runtime, client) = match made {
+                    Ok(made) => {
+                        let _ = ready.send(Ok(()));
+                        made
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                let start = crate::process::ProcessStats::read()
+                    .map(|p| (p.start_time_seconds * 1e9) as u64)
+                    .unwrap_or_else(|| epoch_nanos(SystemTime::now()));
+                let resource = {
+                    let resource = crate::telemetry::resource(export.service_name.as_deref());
+                    let kept = opentelemetry_proto::transform::common::tonic::
+                        ResourceAttributesWithSchema::from(&resource);
+                    kept.attributes.0
+                };
                 let pusher = Pusher {
                     export,
                     resource,
@@ -259,19 +245,23 @@ impl MetricsPush {
                     failing: false,
                 };
                 pusher.run(&runtime, start, &scrape, &stopping);
+                let _ = done.send(());
             })
             .map_err(|e| format!("cannot start the metric push's thread: {e}"))?;
+        made.recv()
+            .map_err(|_| "the metric push's thread ended at its start".to_string())??;
         Ok(MetricsPush {
             stop,
-            thread: Some(thread),
+            ended: Some(ended),
         })
     }
 
-    /// Stops pushing, after a last push of the series as they end.
+    /// Stops pushing, after a last push of the series as they end (when the collector took
+    /// the one before); waits for it at most [`STOP_WAIT`].
     pub fn stop(mut self) {
         self.signal();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if let Some(ended) = self.ended.take() {
+            let _ = ended.recv_timeout(STOP_WAIT);
         }
     }
 
@@ -297,6 +287,41 @@ struct Pusher {
 }
 
 impl Pusher {
+    /// The push's runtime and its client of the collector.
+    fn make(export: &MetricsExport) -> Result<(tokio::runtime::Runtime, Client), String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the metric push's runtime: {e}"))?;
+        let client = {
+            let _entered = runtime.enter();
+            match export.protocol {
+                Protocol::Grpc => {
+                    let mut endpoint =
+                        tonic::transport::Endpoint::from_shared(export.endpoint.clone())
+                            .map_err(|e| format!("the metrics endpoint: {e}"))?
+                            .timeout(export.timeout)
+                            .connect_timeout(export.timeout);
+                    if export.endpoint.starts_with("https://") {
+                        endpoint = endpoint
+                            .tls_config(
+                                tonic::transport::ClientTlsConfig::new().with_native_roots(),
+                            )
+                            .map_err(|e| format!("the metrics endpoint's TLS: {e}"))?;
+                    }
+                    Client::Grpc(MetricsServiceClient::new(endpoint.connect_lazy()))
+                }
+                Protocol::HttpProtobuf => Client::Http(
+                    reqwest::Client::builder()
+                        .timeout(export.timeout)
+                        .build()
+                        .map_err(|e| format!("cannot make the metrics push's HTTP client: {e}"))?,
+                ),
+            }
+        };
+        Ok((runtime, client))
+    }
+
     fn run(
         mut self,
         runtime: &tokio::runtime::Runtime,
@@ -313,6 +338,10 @@ impl Pusher {
                     .unwrap_or_else(|p| p.into_inner());
                 *guard
             };
+            // The last push is made only to a collector that took the one before.
+            if last && self.failing {
+                return;
+            }
             let now = epoch_nanos(SystemTime::now());
             let request = self.request(scrape().otlp(start, now));
             let sent = runtime.block_on(self.send(request));
@@ -399,7 +428,7 @@ impl Pusher {
                 PUSHES.exported.fetch_add(1, Ordering::Relaxed);
                 if std::mem::take(&mut self.failing) {
                     tracing::info!(
-                        endpoint = %self.export.endpoint,
+                        endpoint = %crate::telemetry::redacted(&self.export.endpoint),
                         "the OTLP collector takes metrics again"
                     );
                 }
@@ -408,7 +437,7 @@ impl Pusher {
                 PUSHES.failed.fetch_add(1, Ordering::Relaxed);
                 if !std::mem::replace(&mut self.failing, true) {
                     tracing::warn!(
-                        endpoint = %self.export.endpoint,
+                        endpoint = %crate::telemetry::redacted(&self.export.endpoint),
                         %error,
                         "the OTLP collector does not take metrics; the pushes go on and \
                          annals_metric_exports_failed_total counts them"

@@ -95,6 +95,19 @@ impl AppState {
         condition: Option<&AppendCondition>,
         options: AppendOptions,
     ) -> Result<u64, AppendError> {
+        let started = Instant::now();
+        let class = options.class(self.store.durability());
+        let outcome = self.append_timed(events, condition, options).await;
+        self.metrics.record_append(class, started.elapsed());
+        outcome
+    }
+
+    async fn append_timed(
+        &self,
+        events: &[NewEvent],
+        condition: Option<&AppendCondition>,
+        options: AppendOptions,
+    ) -> Result<u64, AppendError> {
         self.admit(events, &options)
             .map_err(InputError::NotAdmitted)?;
         // No events: nothing to append and no condition to evaluate; the answer is position 0, as

@@ -225,9 +225,15 @@ impl TelemetryConfig {
                 },
             },
         };
-        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        let uri = endpoint.parse::<http::Uri>().ok();
+        let valid = uri.as_ref().is_some_and(|u| {
+            matches!(u.scheme_str(), Some("http" | "https"))
+                && u.host().is_some_and(|h| !h.is_empty())
+        });
+        if !valid {
             return Err(format!(
-                "the OTLP metrics endpoint {endpoint:?}: expected an http:// or https:// URL"
+                "the OTLP metrics endpoint {:?}: expected an http:// or https:// URL with a host",
+                redacted(&endpoint)
             ));
         }
         let millis = |name: &str, default: u64| -> Result<Duration, String> {
@@ -356,12 +362,23 @@ pub struct MetricsExport {
     pub interval: Duration,
 }
 
+/// A URL as it may be logged: without the user and password it may carry.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme && !url[scheme + 3..at].contains('/') => {
+            format!("{}{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// Parses `key=value,key=value` as the OTLP variables give headers (values percent-encoded).
+/// An error names the entry by its place and key, never its value (a header may hold a key).
 pub fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut headers = Vec::new();
-    for pair in text.split(',').filter(|p| !p.trim().is_empty()) {
+    for (place, pair) in text.split(',').filter(|p| !p.trim().is_empty()).enumerate() {
         let Some((key, value)) = pair.split_once('=') else {
-            return Err(format!("{pair:?}: expected key=value"));
+            return Err(format!("entry {}: expected key=value", place + 1));
         };
         let key = key.trim();
         let value = percent_encoding::percent_decode_str(value.trim())
@@ -755,7 +772,7 @@ impl TraceContext {
         }
         let object: std::collections::HashMap<String, serde::de::IgnoredAny> =
             serde_json::from_slice(metadata).ok()?;
-        if object.contains_key("traceparent") {
+        if object.contains_key("traceparent") || object.contains_key("tracestate") {
             return None;
         }
         // The object's text: whitespace, its opening brace, then its members.
@@ -971,8 +988,15 @@ mod tests {
             let e = metrics(&none, &[endpoint, (name, value)]).unwrap_err();
             assert!(e.contains(name), "{name}={value}: {e}");
         }
-        let e = metrics(&none, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")]);
-        assert!(e.unwrap_err().contains("http://"));
+        for bad in [
+            "collector:4317",
+            "http://bad host:4317",
+            "http://[::1",
+            "http://",
+        ] {
+            let e = metrics(&none, &[("OTEL_EXPORTER_OTLP_ENDPOINT", bad)]);
+            assert!(e.unwrap_err().contains("http://"), "{bad}");
+        }
     }
 
     /// Goal: nothing is exported without an endpoint; the variables override the table, as
@@ -1134,7 +1158,8 @@ mod tests {
                 ("x-tenant".to_owned(), "t1".to_owned())
             ]
         );
-        assert!(parse_headers("novalue").unwrap_err().contains("novalue"));
+        let e = parse_headers("a=1,authorization Bearer secret").unwrap_err();
+        assert!(e.contains("entry 2") && !e.contains("secret"), "{e}");
         assert!(parse_headers("bad key=1").unwrap_err().contains("bad key"));
         assert!(parse_headers("").unwrap().is_empty());
     }
@@ -1168,6 +1193,12 @@ mod tests {
         assert_eq!(stamped("[1, 2]"), None);
         assert_eq!(stamped("\"text\""), None);
         assert_eq!(stamped("{\"traceparent\": \"mine\"}"), None);
+        assert_eq!(stamped("{\"tracestate\": \"mine\"}"), None);
+        assert_eq!(
+            redacted("https://u:p@collector:4318/x"),
+            "https://collector:4318/x"
+        );
+        assert_eq!(redacted("http://collector:4317"), "http://collector:4317");
         headers.insert("tracestate", "vendor=abc,other=x".parse().unwrap());
         let with_state = TraceContext::of(&headers).unwrap();
         let text = String::from_utf8(with_state.stamped(b"").unwrap().to_vec()).unwrap();

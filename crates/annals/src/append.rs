@@ -64,6 +64,21 @@ pub struct AppendOptions {
     pub carried: bool,
 }
 
+impl AppendOptions {
+    /// The class an append with these options is acknowledged in, on a store of class
+    /// `store`: D4 when it asks for it, at least D3 when it asks to be synced, else the
+    /// store's own.
+    pub fn class(&self, store: crate::Durability) -> crate::Durability {
+        if self.off_machine {
+            crate::Durability::OffMachine
+        } else if self.require_synced {
+            crate::Durability::Synced.max(store)
+        } else {
+            store
+        }
+    }
+}
+
 /// A named consumer's position in some upstream sequence (see [`AppendOptions::tracking`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tracking {
@@ -302,13 +317,7 @@ impl<'a> Append<'a> {
         if let Some(after) = self.condition.as_ref().and_then(|c| c.after) {
             span.record("annals.after", after as i64);
         }
-        let class = if self.options.off_machine {
-            crate::Durability::OffMachine
-        } else if self.options.require_synced {
-            crate::Durability::Synced.max(self.store.durability())
-        } else {
-            self.store.durability()
-        };
+        let class = self.options.class(self.store.durability());
         span.record("annals.durability", class.label());
         span
     }

@@ -726,7 +726,6 @@ impl Store {
     }
 }
 
-/// The retry policy's state: how many attempts, and the next wait.
 /// Records a decision's outcome on its span: the attempts it took, and the position its
 /// append was given or why it ended without one.
 fn finish<E>(span: &tracing::Span, decided: &Result<Decided, DecideError<E>>) {
@@ -753,6 +752,7 @@ fn finish<E>(span: &tracing::Span, decided: &Result<Decided, DecideError<E>>) {
     }
 }
 
+/// The retry policy's state: how many attempts, and the next wait.
 struct Backoff {
     attempts: u32,
     next: Duration,

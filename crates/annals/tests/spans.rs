@@ -162,6 +162,20 @@ fn the_commit_that_carried_an_append_is_linked_with_it() {
     assert!(commit.number("annals.appends").unwrap() >= 1);
     assert!(commit.number("annals.bytes").unwrap() > 0);
     assert!(commit.number("annals.fsync_us").is_some());
+    // An append nobody traces makes no span, and no commit is made for it alone: every
+    // append span recorded (by any test here) has a caller, and every commit links an append.
+    store
+        .appending(&[NewEvent::new("Noted", "{}").tag("n:2")])
+        .require_synced()
+        .wait()
+        .unwrap();
+    for s in spans::recorded() {
+        match s.name.as_str() {
+            "annals.append" => assert!(s.parent.is_some(), "{s:#?}"),
+            "annals.commit" => assert!(!s.follows.is_empty(), "{s:#?}"),
+            _ => {}
+        }
+    }
     store.close().unwrap();
 }
 

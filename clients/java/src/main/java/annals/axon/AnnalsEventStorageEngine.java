@@ -77,10 +77,11 @@ import org.axonframework.messaging.eventstreaming.Tag;
  *   <li>The event's payload (a {@code byte[]}, a {@code String} as UTF-8, or anything a given
  *   {@link Converter} turns into bytes) is the Annals event's data; its identifier, timestamp,
  *   type version and metadata are kept in the Annals event's metadata, and an identifier that
- *   is a UUID is also the Annals event's id (a retried append is then recognised).</li>
+ *   is a UUID is also the Annals event's id (a conditional append sent again is then
+ *   recognised as the one stored).</li>
  * </ul>
  */
-public class AnnalsEventStorageEngine implements EventStorageEngine {
+public class AnnalsEventStorageEngine implements EventStorageEngine, AutoCloseable {
 
     private static final ObjectMapper JSON = new ObjectMapper();
     private static final Duration TIMEOUT = Duration.ofSeconds(30);
@@ -251,11 +252,13 @@ public class AnnalsEventStorageEngine implements EventStorageEngine {
                     check(response.statusCode(), () -> String.join("\n", response.body().toList()));
                     long head = Long.parseLong(response.headers().firstValue("annals-head").orElse("0"));
                     List<Map.Entry<EventMessage, Context>> entries = new ArrayList<>();
-                    Iterator<String> lines = response.body().iterator();
-                    while (lines.hasNext()) {
-                        String line = lines.next();
-                        if (!line.isBlank()) {
-                            entries.add(fromWire(parse(line)));
+                    try (java.util.stream.Stream<String> body = response.body()) {
+                        Iterator<String> lines = body.iterator();
+                        while (lines.hasNext()) {
+                            String line = lines.next();
+                            if (!line.isBlank()) {
+                                entries.add(fromWire(parse(line)));
+                            }
                         }
                     }
                     entries.add(Map.entry(TerminalEventMessage.INSTANCE,
@@ -274,8 +277,7 @@ public class AnnalsEventStorageEngine implements EventStorageEngine {
         JsonNode axon = wire.path("metadata");
         String identifier = axon.hasNonNull("identifier") ? axon.get("identifier").asText()
                 : wire.hasNonNull("id") ? wire.get("id").asText() : "annals-" + position;
-        Instant timestamp = axon.hasNonNull("timestamp") ? Instant.parse(axon.get("timestamp").asText())
-                : Instant.EPOCH.plusNanos(wire.path("appendedAt").asLong() * 1000);
+        Instant timestamp = timestamp(axon.path("timestamp"), wire.path("appendedAt").asLong());
         String version = axon.hasNonNull("version") ? axon.get("version").asText() : MessageType.DEFAULT_VERSION;
         Map<String, String> metadata = new HashMap<>();
         axon.path("metadata").fields().forEachRemaining(field -> metadata.put(field.getKey(), field.getValue().asText()));
@@ -286,6 +288,21 @@ public class AnnalsEventStorageEngine implements EventStorageEngine {
         Context context = Context.with(TrackingToken.RESOURCE_KEY, new GlobalSequenceTrackingToken(position))
                                  .withResource(Tag.RESOURCE_KEY, tags);
         return Map.entry(message, context);
+    }
+
+    /**
+     * The event's timestamp as this engine stored it; for an event another client wrote (no such
+     * field, or one that is not an instant), when Annals appended it.
+     */
+    private static Instant timestamp(JsonNode stored, long appendedAtMicros) {
+        if (stored.isTextual()) {
+            try {
+                return Instant.parse(stored.asText());
+            } catch (java.time.format.DateTimeParseException ignored) {
+                // not ours: the append's time below
+            }
+        }
+        return Instant.EPOCH.plusNanos(appendedAtMicros * 1000);
     }
 
     // ---- streaming
@@ -353,7 +370,14 @@ public class AnnalsEventStorageEngine implements EventStorageEngine {
                         if (line.isBlank()) {
                             continue;
                         }
-                        Map.Entry<EventMessage, Context> entry = fromWire(parse(line));
+                        Map.Entry<EventMessage, Context> entry;
+                        try {
+                            entry = fromWire(parse(line));
+                        } catch (RuntimeException e) {
+                            // An event that cannot be read ends the stream, never passed over.
+                            stream.completeExceptionally(e);
+                            return;
+                        }
                         long position = entry.getValue().getResource(TrackingToken.RESOURCE_KEY).position().orElse(0);
                         if (position <= last) {
                             continue;
@@ -495,6 +519,13 @@ public class AnnalsEventStorageEngine implements EventStorageEngine {
 
     private long head() {
         return send(get("/v1/head", Map.of())).join().path("head").asLong();
+    }
+
+    /** Stops the engine's threads; its open streams end. */
+    @Override
+    public void close() {
+        streams.shutdownNow();
+        http.close();
     }
 
     @Override

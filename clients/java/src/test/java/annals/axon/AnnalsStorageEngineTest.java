@@ -11,11 +11,13 @@ import org.junit.jupiter.api.AfterAll;
 class AnnalsStorageEngineTest extends StorageEngineTestSuite<AnnalsEventStorageEngine> {
 
     private AnnalsServer server;
+    private AnnalsEventStorageEngine engine;
 
     @Override
     protected AnnalsEventStorageEngine buildStorageEngine() throws Exception {
         server = AnnalsServer.start("storage_engine_suite");
-        return new AnnalsEventStorageEngine(server.url);
+        engine = new AnnalsEventStorageEngine(server.url);
+        return engine;
     }
 
     @Override
@@ -25,6 +27,9 @@ class AnnalsStorageEngineTest extends StorageEngineTestSuite<AnnalsEventStorageE
 
     @AfterAll
     void stopServer() throws Exception {
+        if (engine != null) {
+            engine.close();
+        }
         if (server != null) {
             server.close();
         }
