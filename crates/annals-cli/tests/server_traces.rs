@@ -202,35 +202,13 @@ fn a_grpc_append_joins_its_callers_trace() {
     let server = start(dir.path(), &exporting_to(&jaeger));
     let (trace, parent) = ids();
     let url = server.grpc_url();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        use umadb_proto::v1;
-        let channel = tonic::transport::Channel::from_shared(url)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = v1::dcb_client::DcbClient::new(channel);
-        let mut request = tonic::Request::new(v1::AppendRequest {
-            events: vec![v1::Event {
-                event_type: "Opened".into(),
-                tags: vec!["account:1".into()],
-                data: b"{}".to_vec(),
-                uuid: String::new(),
-                metadata: Vec::new(),
-            }],
-            condition: None,
-            tracking_info: None,
-        });
-        request.metadata_mut().insert(
-            "traceparent",
-            format!("00-{trace}-{parent}-01").parse().unwrap(),
-        );
-        client.append(request).await.unwrap();
-    });
+    let traceparent = format!("00-{trace}-{parent}-01");
+    grpc_append(
+        &url,
+        "Opened",
+        "account:1",
+        &[("traceparent", &traceparent)],
+    );
     let held = jaeger.trace(&trace, 2, WAIT);
     let rpc: Vec<&Value> = held["spans"]
         .as_array()
@@ -433,7 +411,8 @@ fn appends_go_on_while_the_collector_is_gone_and_export_resumes() {
 /// Goal: with `telemetry.store_trace_context`, an append's trace context is stored in its
 /// events' metadata and read back, over HTTP and gRPC, without a collector: added beside what
 /// the caller's metadata holds, never over a `traceparent` of its own, nothing for metadata
-/// that is not an object or for a request without a (valid) context; off by default.
+/// that is not an object or for a request without a (valid) context. The same store started
+/// again without the setting keeps what was stored and stamps nothing new.
 #[test]
 fn an_appends_trace_context_is_stored_with_its_events() {
     let dir = tempfile::tempdir().unwrap();
@@ -456,37 +435,11 @@ fn an_appends_trace_context_is_stored_with_its_events() {
         let r = request(server.http, "POST", "/v1/append", headers, body.as_bytes());
         assert_eq!(r.status, 200, "{}", r.text());
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        use umadb_proto::v1;
-        let channel = tonic::transport::Channel::from_shared(server.grpc_url())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = v1::dcb_client::DcbClient::new(channel);
-        let mut request = tonic::Request::new(v1::AppendRequest {
-            events: vec![v1::Event {
-                event_type: "Stamped".into(),
-                tags: vec!["case:grpc".into()],
-                data: b"{}".to_vec(),
-                uuid: String::new(),
-                metadata: Vec::new(),
-            }],
-            condition: None,
-            tracking_info: None,
-        });
-        request
-            .metadata_mut()
-            .insert("traceparent", traceparent.parse().unwrap());
-        request
-            .metadata_mut()
-            .insert("tracestate", "vendor=abc".parse().unwrap());
-        client.append(request).await.unwrap();
-    });
+    let context = [
+        ("traceparent", traceparent.as_str()),
+        ("tracestate", "vendor=abc"),
+    ];
+    grpc_append(&server.grpc_url(), "Stamped", "case:grpc", &context);
     let read = request(server.http, "GET", "/v1/read", &[], b"").json();
     let metadata = |case: &str| {
         let events = read.as_array().unwrap();
@@ -515,17 +468,50 @@ fn an_appends_trace_context_is_stored_with_its_events() {
         metadata("grpc"),
         serde_json::json!({ "traceparent": traceparent, "tracestate": "vendor=abc" })
     );
-    // Off by default.
-    let dir = tempfile::tempdir().unwrap();
-    let plain = start(dir.path(), &[]);
-    let r = request(
-        plain.http,
-        "POST",
-        "/v1/append",
-        &header,
-        untraced.as_bytes(),
-    );
+    // The same store started again without the setting: what was stored stays as it was,
+    // and new appends are not stamped (off by default).
+    drop(server);
+    let again = start(dir.path(), &[]);
+    let later = r#"{"events":[{"type":"Stamped","tags":["case:later"],"data":"{}"}]}"#;
+    let r = request(again.http, "POST", "/v1/append", &header, later.as_bytes());
     assert_eq!(r.status, 200, "{}", r.text());
-    let read = request(plain.http, "GET", "/v1/read", &[], b"").json();
-    assert_eq!(read[0]["metadata"], Value::Null, "{read:#}");
+    let read = request(again.http, "GET", "/v1/read", &[], b"").json();
+    let events = read.as_array().unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(last["tags"][0], "case:later");
+    assert_eq!(last["metadata"], Value::Null, "{read:#}");
+    assert_eq!(events[0]["metadata"]["traceparent"], traceparent.as_str());
+}
+
+/// Appends one event of `event_type` tagged `tag` over gRPC (UmaDB's protocol, through tonic),
+/// with `metadata` in the call's metadata.
+fn grpc_append(url: &str, event_type: &str, tag: &str, metadata: &[(&'static str, &str)]) {
+    use umadb_proto::v1;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(url.to_string())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = v1::dcb_client::DcbClient::new(channel);
+        let mut request = tonic::Request::new(v1::AppendRequest {
+            events: vec![v1::Event {
+                event_type: event_type.into(),
+                tags: vec![tag.into()],
+                data: b"{}".to_vec(),
+                uuid: String::new(),
+                metadata: Vec::new(),
+            }],
+            condition: None,
+            tracking_info: None,
+        });
+        for (key, value) in metadata {
+            request.metadata_mut().insert(*key, value.parse().unwrap());
+        }
+        client.append(request).await.unwrap();
+    });
 }

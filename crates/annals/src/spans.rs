@@ -60,38 +60,43 @@ pub(crate) fn link<'a>(span: &Span, appends: impl IntoIterator<Item = &'a Span>)
     }
 }
 
+/// The span `make` makes under the caller's, or none when the caller has no span.
+fn under_caller(make: impl FnOnce(&Span) -> Span) -> Span {
+    let caller = Span::current();
+    match caller.is_none() {
+        true => caller,
+        false => make(&caller),
+    }
+}
+
 /// A decision's span (`annals.decide`: one read of the state it decides on) under the
 /// caller's, none without one: the events read, the head it read to, whether the state was
 /// built from nothing again (a subject erased since a part was kept).
 pub(crate) fn decide() -> Span {
-    let caller = Span::current();
-    if caller.is_none() {
-        return caller;
-    }
-    tracing::info_span!(
-        target: "annals",
-        parent: &caller,
-        "annals.decide",
-        annals.events_read = Empty,
-        annals.head = Empty,
-        annals.rebuilt = Empty,
-    )
+    under_caller(|caller| {
+        tracing::info_span!(
+            target: "annals",
+            parent: caller,
+            "annals.decide",
+            annals.events_read = Empty,
+            annals.head = Empty,
+            annals.rebuilt = Empty,
+        )
+    })
 }
 
 /// A decision with its append, retried on conflict (`annals.decision`), under the caller's
 /// span: the attempts made, and the outcome with the last event's position.
 pub(crate) fn decision() -> Span {
-    let caller = Span::current();
-    if caller.is_none() {
-        return caller;
-    }
-    tracing::info_span!(
-        target: "annals",
-        parent: &caller,
-        "annals.decision",
-        annals.attempts = Empty,
-        annals.position = Empty,
-        annals.outcome = Empty,
-        otel.status_code = Empty,
-    )
+    under_caller(|caller| {
+        tracing::info_span!(
+            target: "annals",
+            parent: caller,
+            "annals.decision",
+            annals.attempts = Empty,
+            annals.position = Empty,
+            annals.outcome = Empty,
+            otel.status_code = Empty,
+        )
+    })
 }
