@@ -7,7 +7,7 @@
 mod common;
 
 use common::cli::{ok, run};
-use common::{append_body, request, Response, ServerProcess};
+use common::{append_body, request, Response, ServerProcess, Stream};
 use serde_json::{json, Value};
 
 fn register(server: &ServerProcess, event_type: &str, body: Value) -> Response {
@@ -43,8 +43,9 @@ fn loose() -> Value {
 /// Goal: over HTTP, a version that stored events break is refused (409) naming them; a dry
 /// run registers nothing; a version they fit is registered (201, then 200 unchanged); an
 /// append with a bad event is refused whole (422) naming its index, type, version and paths;
-/// the list, a type and the version an event was checked against are shown; warn stores and
-/// counts, off checks nothing; types without a schema can be refused. Method: one server,
+/// the list, a type and the version an event was checked against are shown, on reads and
+/// subscriptions too; warn stores and counts, off checks nothing; types without a schema can
+/// be refused. Method: one server,
 /// each step's answer and the head checked.
 #[test]
 fn http_appends_are_judged_and_versions_checked_against_history() {
@@ -168,7 +169,9 @@ fn http_appends_are_judged_and_versions_checked_against_history() {
         )
     };
     assert_eq!(set("warn").status, 200);
-    server.append(&opened(r#"{"id":"warned"}"#));
+    let warned = server.append(&opened(r#"{"id":"warned"}"#))["position"]
+        .as_u64()
+        .unwrap();
     let metrics = server.get("/metrics").text();
     assert_eq!(
         annals_testkit::server::sample(&metrics, r#"annals_schema_checks_total{outcome="warned"}"#),
@@ -176,9 +179,56 @@ fn http_appends_are_judged_and_versions_checked_against_history() {
         "{metrics}"
     );
     assert_eq!(set("off").status, 200);
-    server.append(&opened("not json"));
+    let unchecked = server.append(&opened("not json"))["position"]
+        .as_u64()
+        .unwrap();
     assert_eq!(set("reject").status, 200);
     assert_eq!(server.post("/v1/append", &opened("not json")).status, 422);
+    let newest = server.append(&opened(r#"{"id":23}"#))["position"]
+        .as_u64()
+        .unwrap();
+
+    // A reader tells what each event was checked against: on reads and on subscriptions.
+    let expected = |p: u64| match p {
+        p if p == fit || p == newest => json!({"version": 1, "enforcement": "reject"}),
+        p if p == warned => json!({"version": 1, "enforcement": "warn"}),
+        _ => Value::Null,
+    };
+    let read = server.read(r#"{"items":[{"types":["Opened"]}]}"#, "{}");
+    assert_eq!(read.len(), 25, "{read:?}");
+    for event in &read {
+        let p = event["position"].as_u64().unwrap();
+        assert_eq!(event["schema"], expected(p), "{event}");
+    }
+    assert!(read.iter().any(|e| e["position"] == unchecked));
+    let mut live = Stream::open(server.http, "/v1/subscribe?after=0", &[]);
+    let mut streamed = 0;
+    while streamed < newest {
+        let event: Value = serde_json::from_str(&live.next_line().unwrap()).unwrap();
+        let p = event["position"].as_u64().unwrap();
+        if event["type"] == "Opened" {
+            assert_eq!(event["schema"], expected(p), "{event}");
+        } else {
+            assert_eq!(event["schema"], Value::Null, "{event}");
+        }
+        streamed = p;
+    }
+    // The event asked about must be of the type named, and stored.
+    let other = server.append(&append_body(&[("Other", &[], "x")], None))["position"]
+        .as_u64()
+        .unwrap();
+    let wrong = server.get(&format!("/v1/schemas/Opened?position={other}"));
+    assert_eq!(
+        (wrong.status, wrong.json()["kind"].clone()),
+        (400, json!("other_type")),
+        "{}",
+        wrong.text()
+    );
+    let beyond = server.get(&format!("/v1/schemas/Opened?position={}", newest + 100));
+    assert_eq!(
+        (beyond.status, beyond.json()["kind"].clone()),
+        (404, json!("no_event"))
+    );
 
     // Types without a schema, refused and allowed again.
     let policy = |p: &str| {

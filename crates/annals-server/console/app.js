@@ -330,23 +330,16 @@ function eventDetail(event) {
     parts.push(el('div', { class: 'muted', text: 'metadata' }),
       el('pre', { text: JSON.stringify(event.metadata, null, 2) }));
   }
-  const schema = el('div', { class: 'muted schema-version', text: 'schema: \u2026' });
-  parts.push(schema);
-  checkedAgainst(event).then((text) => { schema.textContent = 'schema: ' + text; });
+  parts.push(el('div', { class: 'muted schema-version', text: 'schema: ' + checkedAgainst(event) }));
   return el('div', {}, parts);
 }
 
-// Which version of its type's schema an event was checked against when it was appended.
-async function checkedAgainst(event) {
-  try {
-    const answer = await apiJson('/v1/schemas/' + encodeURIComponent(event.type) + '?position=' + event.position);
-    const against = answer.checkedAgainst;
-    if (!against) return 'not checked (the type had no schema then, or its enforcement was off)';
-    return 'checked against version ' + against.version + (against.enforcement === 'warn' ? ' (warn: stored whether it fit or not)' : '');
-  } catch (e) {
-    if (e.status === 404) return 'its type has no schema';
-    return 'unknown (' + e.message + ')';
-  }
+// Which version of its type's schema an event was checked against when it was appended, as
+// reads give it.
+function checkedAgainst(event) {
+  const against = event.schema;
+  if (!against) return 'not checked (its type had no schema then, or its enforcement was off)';
+  return 'checked against version ' + against.version + (against.enforcement === 'warn' ? ' (warn: stored whether it fit or not)' : '');
 }
 
 // ---- Live --------------------------------------------------------------------------------

@@ -166,6 +166,10 @@ pub struct SequencedEvent {
     /// are gone (data is empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub erased: Option<bool>,
+    /// The version of its type's schema the event was checked against when it was appended;
+    /// absent when its type had no schema then, or its enforcement was off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema: Option<CheckedAgainst>,
 }
 
 /// The one encoding named: base64.
@@ -534,12 +538,14 @@ mod tests {
             metadata,
             metadata_encoding,
             erased: event.is_erased().then_some(true),
+            schema: None,
         }
     }
 
     /// Goal: the hand-written event encoder of reads and streams writes exactly the shape the
     /// typed answer (and so the OpenAPI document) gives: for data that is text or not,
-    /// metadata that is JSON, not JSON or absent, with and without an id and tags.
+    /// metadata that is JSON, not JSON or absent, with and without an id and tags, with and
+    /// without the schema version it was checked against.
     #[test]
     fn the_event_encoder_writes_the_typed_shape() {
         let dir = tempfile::tempdir().unwrap();
@@ -568,6 +574,24 @@ mod tests {
             let written: serde_json::Value = serde_json::from_slice(&out).unwrap();
             let expected = serde_json::to_value(typed(&event)).unwrap();
             assert_eq!(written, expected, "{}", event.event_type());
+            for (version, enforcement, word) in [
+                (1, annals::registry::Enforcement::Reject, "reject"),
+                (u32::MAX, annals::registry::Enforcement::Warn, "warn"),
+            ] {
+                let mut out = Vec::new();
+                let schema = annals::registry::CheckedAgainst {
+                    version,
+                    enforcement,
+                };
+                crate::wire::write_event_checked(&mut out, &event, Some(schema));
+                let written: serde_json::Value = serde_json::from_slice(&out).unwrap();
+                let mut expected = typed(&event);
+                expected.schema = Some(CheckedAgainst {
+                    version,
+                    enforcement: word.into(),
+                });
+                assert_eq!(written, serde_json::to_value(expected).unwrap());
+            }
             seen += 1;
         }
         assert_eq!(seen, events.len());

@@ -589,6 +589,7 @@ pub(crate) struct ReadEncoder {
     wrote_event: bool,
     done: bool,
     state: Arc<AppState>,
+    schema: crate::schemas::SchemaNotes,
     prefix: Vec<u8>,
     suffix: &'static [u8],
 }
@@ -602,6 +603,7 @@ impl ReadEncoder {
             wrote_event: false,
             done: false,
             state: state.clone(),
+            schema: crate::schemas::SchemaNotes::new(state),
             prefix: Vec::new(),
             suffix: b"",
         }
@@ -675,14 +677,18 @@ impl ReadEncoder {
         while out.len() < READ_CHUNK_BYTES {
             match self.iter.next() {
                 Some(Ok(event)) => {
+                    let schema =
+                        self.schema
+                            .of(self.state.store.as_ref(), &event)
+                            .map_err(|e| ReadError::Unavailable {
+                                reason: e.to_string(),
+                            })?;
+                    if !self.ndjson && self.wrote_event {
+                        out.push(b',');
+                    }
+                    wire::write_event_checked(&mut out, &event, schema);
                     if self.ndjson {
-                        wire::write_event(&mut out, &event);
                         out.push(b'\n');
-                    } else {
-                        if self.wrote_event {
-                            out.push(b',');
-                        }
-                        wire::write_event(&mut out, &event);
                     }
                     self.wrote_event = true;
                     events += 1;
@@ -941,6 +947,7 @@ fn subscribe_inner(state: &Arc<AppState>, request: &Request) -> Result<Response,
         budget: StreamBudget::of(state, request.extensions().get()),
         shutdown: state.shutdown.clone(),
         state: state.clone(),
+        schema: crate::schemas::SchemaNotes::new(state),
         _gauge: state.metrics.subscriber(),
         sse,
     };
@@ -986,6 +993,7 @@ struct Follower {
     budget: StreamBudget,
     shutdown: tokio::sync::watch::Receiver<bool>,
     state: Arc<AppState>,
+    schema: crate::schemas::SchemaNotes,
     _gauge: crate::metrics::Gauge,
     sse: bool,
 }
@@ -1022,28 +1030,33 @@ impl Follower {
                 continue; // the new events do not match
             }
             self.state.metrics.events_read(batch.len() as u64);
-            let chunk = self.encode(&batch);
+            let chunk = self.encode(&batch)?;
             drop(batch);
             held.fit(chunk.len()).await.ok()?;
             return Some(held.attach(chunk));
         }
     }
 
-    fn encode(&self, batch: &[Event]) -> Bytes {
+    /// None when the registry could not read the log: the stream ends, to be resumed.
+    fn encode(&mut self, batch: &[Event]) -> Option<Bytes> {
         let mut out = Vec::with_capacity(batch.len() * 256);
         for event in batch {
+            let schema = match self.schema.of(self.state.store.as_ref(), event) {
+                Ok(schema) => schema,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a stream ends: its events' schema versions could not be read");
+                    return None;
+                }
+            };
             if self.sse {
                 out.extend_from_slice(b"id: ");
                 wire::write_u64(&mut out, event.position());
                 out.extend_from_slice(b"\nevent: event\ndata: ");
-                wire::write_event(&mut out, event);
-                out.extend_from_slice(b"\n\n");
-            } else {
-                wire::write_event(&mut out, event);
-                out.push(b'\n');
             }
+            wire::write_event_checked(&mut out, event, schema);
+            out.extend_from_slice(if self.sse { b"\n\n" } else { b"\n" });
         }
-        Bytes::from(out)
+        Some(Bytes::from(out))
     }
 }
 

@@ -116,6 +116,49 @@ fn registry(state: &AppState) -> Result<Arc<Registry>, ApiError> {
     })
 }
 
+/// What each event a read or a stream sends was checked against when it was appended, for
+/// the event's `schema` member: looked up in the registry's rules, taken anew once an event
+/// comes after the head they answer for.
+pub(crate) struct SchemaNotes {
+    registry: Option<Arc<Registry>>,
+    checked: Option<annals::registry::Checked>,
+}
+
+impl SchemaNotes {
+    pub(crate) fn new(state: &AppState) -> SchemaNotes {
+        SchemaNotes {
+            registry: state.registry.clone(),
+            checked: None,
+        }
+    }
+
+    /// None when the store has no registry, the event's type had no schema when it was
+    /// appended, or its enforcement was off.
+    pub(crate) fn of(
+        &mut self,
+        log: &dyn annals::admission::LogView,
+        event: &annals::Event,
+    ) -> Result<Option<annals::registry::CheckedAgainst>, RegistryError> {
+        let Some(registry) = &self.registry else {
+            return Ok(None);
+        };
+        let stale = match &self.checked {
+            Some(checked) => checked.through() < event.position(),
+            None => true,
+        };
+        if stale {
+            self.checked = Some(registry.checked(log)?);
+        }
+        let checked = self.checked.as_ref().expect("taken above");
+        if checked.is_empty() || checked.through() < event.position() {
+            // Rules taken after the event was read cover it, unless the log went back (a
+            // truncation in repair): then say nothing rather than guess.
+            return Ok(None);
+        }
+        Ok(checked.of(event.event_type(), event.position()))
+    }
+}
+
 pub(crate) fn registry_error(e: &RegistryError) -> ApiError {
     let message = e.to_string();
     let kind = e.kind();
@@ -140,7 +183,10 @@ pub(crate) fn registry_error(e: &RegistryError) -> ApiError {
                     })
                     .collect(),
             ),
-        RegistryError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, kind, message),
+        RegistryError::NotFound(_) | RegistryError::NoEvent(_) => {
+            ApiError::new(StatusCode::NOT_FOUND, kind, message)
+        }
+        RegistryError::OtherType { .. } => ApiError::bad_request(kind, message),
         RegistryError::Append(e) => append_error(e),
         RegistryError::Read(_) | RegistryError::Busy(_) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, kind, message)

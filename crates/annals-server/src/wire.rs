@@ -253,6 +253,16 @@ pub fn parse_query(text: Option<&str>) -> Result<Query, ApiError> {
 /// UTF-8 (possible through gRPC or the embedded API) is sent as base64 with
 /// `"dataEncoding":"base64"`.
 pub fn write_event(out: &mut Vec<u8>, event: &Event) {
+    write_event_checked(out, event, None);
+}
+
+/// [`write_event`], with `"schema":{"version","enforcement"}` before `appendedAt` when the
+/// event was checked against a version of its type's schema when it was appended.
+pub fn write_event_checked(
+    out: &mut Vec<u8>,
+    event: &Event,
+    schema: Option<annals::registry::CheckedAgainst>,
+) {
     out.extend_from_slice(b"{\"type\":");
     write_str(out, event.event_type());
     out.extend_from_slice(b",\"tags\":[");
@@ -294,6 +304,15 @@ pub fn write_event(out: &mut Vec<u8>, event: &Event) {
     if !metadata.is_empty() {
         out.extend_from_slice(b",\"metadata\":");
         write_metadata(out, metadata);
+    }
+    if let Some(schema) = schema {
+        out.extend_from_slice(b",\"schema\":{\"version\":");
+        write_u64(out, u64::from(schema.version));
+        let enforcement: &[u8] = match schema.enforcement {
+            annals::registry::Enforcement::Warn => b",\"enforcement\":\"warn\"}",
+            _ => b",\"enforcement\":\"reject\"}",
+        };
+        out.extend_from_slice(enforcement);
     }
     out.extend_from_slice(b",\"appendedAt\":");
     write_u64(out, event.appended_at_us());

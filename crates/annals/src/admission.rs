@@ -73,6 +73,8 @@ pub trait LogView {
     fn first_of_types_after(&self, types: &[&str], after: u64) -> Option<u64>;
     /// The events of `types` after `after` up to the head, in order.
     fn events_of_types(&self, types: &[&str], after: u64) -> Result<Vec<Recorded>, String>;
+    /// The type of the event at `position`; None when the log holds none there.
+    fn type_at(&self, position: u64) -> Result<Option<String>, String>;
 }
 
 /// An event as [`LogView::events_of_types`] answers it.

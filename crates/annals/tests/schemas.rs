@@ -156,7 +156,25 @@ fn appends_are_judged_against_the_newest_version() {
         Some(Enforcement::Warn)
     );
     assert_eq!(against(unchecked), None);
-    assert_eq!(against(1), None, "nothing before the first version");
+    let checked = registry.checked(&store).unwrap();
+    assert_eq!(checked.through(), store.head());
+    assert_eq!(checked.of("Opened", warned), against(warned));
+    assert_eq!(
+        checked.of("Opened", 1),
+        None,
+        "nothing before the first version"
+    );
+    // The event asked about must be stored, and of the type named.
+    let e = registry.checked_against(&store, "Opened", 1).unwrap_err();
+    assert_eq!(
+        e.kind(),
+        "other_type",
+        "position 1 is the registration: {e}"
+    );
+    let e = registry
+        .checked_against(&store, "Opened", store.head() + 1)
+        .unwrap_err();
+    assert_eq!(e.kind(), "no_event", "{e}");
 
     // A client cannot write the registry's events.
     for t in annals::admission::REGISTRY_TYPES {

@@ -111,6 +111,52 @@ pub struct CheckedAgainst {
     pub enforcement: Enforcement,
 }
 
+/// The registry's rules as the log held them through a head ([`Registry::checked`]): which
+/// version each event up to that head was checked against.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    rules: Arc<Rules>,
+    through: u64,
+}
+
+impl Checked {
+    /// The head these rules answer for. An event after it may have been judged by a version
+    /// registered after it: take a new [`Checked`] for it.
+    pub fn through(&self) -> u64 {
+        self.through
+    }
+
+    /// Whether no type has a schema or an enforcement (then no event was checked).
+    pub fn is_empty(&self) -> bool {
+        self.rules.types.is_empty()
+    }
+
+    /// What an event of `event_type` at `position` (at most [`Checked::through`]) was checked
+    /// against when it was appended: the newest version registered before it, under the
+    /// enforcement in force then. None when its type had no schema then, or its enforcement
+    /// was `off`.
+    pub fn of(&self, event_type: &str, position: u64) -> Option<CheckedAgainst> {
+        assert!(
+            position <= self.through,
+            "asked about position {position} of rules through {}",
+            self.through
+        );
+        let t = self.rules.types.get(event_type)?;
+        let version = t
+            .versions
+            .iter()
+            .rev()
+            .find(|v| v.listed.position < position)?;
+        match t.enforcement_at(position) {
+            Enforcement::Off => None,
+            enforcement => Some(CheckedAgainst {
+                version: version.listed.version,
+                enforcement,
+            }),
+        }
+    }
+}
+
 /// Counts since the registry was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct RegistryStats {
@@ -165,6 +211,16 @@ pub enum RegistryError {
     /// The log kept moving under a registration: nothing was registered; try again.
     #[error("{0}")]
     Busy(String),
+    /// No event is stored at the position asked about.
+    #[error("no event is stored at position {0}")]
+    NoEvent(u64),
+    /// The event at the position asked about is of another type.
+    #[error("the event at position {position} is of type {found:?}, not {asked:?}")]
+    OtherType {
+        position: u64,
+        asked: String,
+        found: String,
+    },
 }
 
 impl RegistryError {
@@ -181,6 +237,8 @@ impl RegistryError {
             RegistryError::Append(e) => e.kind(),
             RegistryError::Read(_) => "read",
             RegistryError::Busy(_) => "registry_busy",
+            RegistryError::NoEvent(_) => "no_event",
+            RegistryError::OtherType { .. } => "other_type",
         }
     }
 }
@@ -325,32 +383,34 @@ impl Registry {
         Ok(self.catch_up(log)?.unknown_types)
     }
 
-    /// The version an event of `event_type` at `position` was checked against when it was
-    /// appended: the newest registered before it, under the enforcement then in force. None
-    /// when the type had no schema then, or its enforcement was `off`. (An event carried
-    /// from another log was checked there, against the same registry.)
+    /// The version the event at `position`, which must be of `event_type`, was checked
+    /// against when it was appended: the newest registered before it, under the enforcement
+    /// then in force. None when the type had no schema then, or its enforcement was `off`.
+    /// (An event carried from another log was checked there, against the same registry.)
     pub fn checked_against(
         &self,
         log: &dyn LogView,
         event_type: &str,
         position: u64,
     ) -> Result<Option<CheckedAgainst>, RegistryError> {
-        let state = self.catch_up(log)?;
-        let Some(t) = state.types.get(event_type) else {
-            return Ok(None);
-        };
-        let version = t
-            .versions
-            .iter()
-            .rev()
-            .find(|v| v.listed.position < position);
-        Ok(version.and_then(|v| match t.enforcement_at(position) {
-            Enforcement::Off => None,
-            enforcement => Some(CheckedAgainst {
-                version: v.listed.version,
-                enforcement,
+        match log.type_at(position).map_err(RegistryError::Read)? {
+            None => Err(RegistryError::NoEvent(position)),
+            Some(found) if found != event_type => Err(RegistryError::OtherType {
+                position,
+                asked: event_type.into(),
+                found,
             }),
-        }))
+            Some(_) => Ok(self.checked(log)?.of(event_type, position)),
+        }
+    }
+
+    /// The registry as the log holds it now: what each stored event was checked against,
+    /// for a reader to tell with each event it reads.
+    pub fn checked(&self, log: &dyn LogView) -> Result<Checked, RegistryError> {
+        // Read first: the rules caught up after it cover every registry event up to it.
+        let through = log.head();
+        let rules = self.catch_up(log)?;
+        Ok(Checked { rules, through })
     }
 
     /// Counts since the registry was made.

@@ -348,4 +348,25 @@ impl crate::admission::LogView for Store {
             })
             .collect()
     }
+
+    fn type_at(&self, position: u64) -> Result<Option<String>, String> {
+        if position == 0 {
+            return Ok(None);
+        }
+        let options = ReadOptions {
+            from: Some(position),
+            limit: Some(1),
+            ..ReadOptions::forwards()
+        };
+        let mut events = self
+            .read(&Query::all(), options)
+            .map_err(|e| e.to_string())?;
+        match events.next() {
+            Some(Ok(event)) if event.position() == position => {
+                Ok(Some(event.event_type().to_owned()))
+            }
+            Some(Ok(_)) | None => Ok(None),
+            Some(Err(e)) => Err(e.to_string()),
+        }
+    }
 }
