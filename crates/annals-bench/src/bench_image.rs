@@ -180,7 +180,7 @@ pub fn run(args: ImageArgs) -> Result<Value, String> {
     }
     let binary = match &args.binary {
         Some(b) => b.display().to_string(),
-        None => "target/dist/annals (scripts/image's own build, the dist profile)".into(),
+        None => "scripts/image's own build (the dist profile, linked statically)".into(),
     };
     Ok(json!({
         "bench": "image",

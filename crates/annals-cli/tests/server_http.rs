@@ -795,11 +795,21 @@ fn concurrent_appends_share_fdatasyncs() {
         sample("annals_fsyncs_total"),
     );
     assert_eq!(appends, total as f64);
-    // 32 connections with one append in flight each: grouped, they share an fdatasync by the
-    // tens; one fdatasync per append (or nearly) means appends were committed one by one.
+    // 32 connections with one append in flight each, committed one by one, made 1.1 appends
+    // per fdatasync. Grouped, they share them, by how many arrive during one: on a disk whose
+    // fdatasync takes 50 us, two or three per fdatasync in a debug build, by the tens on a
+    // slower one; and the appends that arrive together (32 at the start) go in together.
     assert!(
-        appends / fsyncs >= 4.0,
+        appends / fsyncs >= 1.6,
         "{appends} appends in {fsyncs} fdatasyncs"
+    );
+    let (groups, small) = (
+        sample("annals_group_appends_count"),
+        sample("annals_group_appends_bucket{le=\"4\"}"),
+    );
+    assert!(
+        groups - small >= 1.0,
+        "no group of more than 4 appends among {groups}:\n{metrics}"
     );
 }
 

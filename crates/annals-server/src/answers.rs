@@ -479,7 +479,8 @@ pub struct SnapshotsRemoved {
 }
 
 /// Registers every answer's schema with `generator`, under its type's name (the exchange's
-/// are `annals_exchange::hosted`'s).
+/// are `annals_exchange::hosted`'s). For the OpenAPI document's generation, in tests.
+#[cfg(test)]
 pub(crate) fn register(generator: &mut schemars::SchemaGenerator) {
     for schema in [
         generator.subschema_for::<Error>(),
