@@ -449,6 +449,11 @@ struct ImportEvent {
     #[serde(default, rename = "appendedAt")]
     #[allow(dead_code)]
     appended_at: Option<u64>,
+    /// What the event was checked against when it was appended (a server's export gives it):
+    /// the store it goes to judges it again.
+    #[serde(default)]
+    #[allow(dead_code)]
+    schema: Option<serde::de::IgnoredAny>,
 }
 
 /// An event line parsed: the event to append, and what the line says of it.

@@ -220,7 +220,7 @@ fn http_appends_are_judged_and_versions_checked_against_history() {
     let wrong = server.get(&format!("/v1/schemas/Opened?position={other}"));
     assert_eq!(
         (wrong.status, wrong.json()["kind"].clone()),
-        (400, json!("other_type")),
+        (404, json!("other_type")),
         "{}",
         wrong.text()
     );
@@ -508,7 +508,8 @@ fn the_registry_travels_with_the_log() {
 /// registers (and names the stored events a version breaks), `list` and `show` print them,
 /// `enforce` changes the enforcement; an append through the command line on a closed store is
 /// judged as the server judges it; an import into a server of an export holding the registry's
-/// events is refused, saying what to do, and one into a closed store carries them. Method:
+/// events is refused, saying what to do, and one into a closed store carries them, with the
+/// events a server's export says were checked. Method:
 /// the binary run against both.
 #[test]
 fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
@@ -539,9 +540,16 @@ fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
         server.get("/v1/schemas/Other").json()["enforcement"],
         "warn"
     );
+    server.append(&append_body(&[("Other", &[], r#"{"id":2}"#)], None));
     let export = dir.path().join("export.ndjson");
     ok(&["export", "--url", &url, "-o", export.to_str().unwrap()]);
     drop(server);
+    let lines = std::fs::read_to_string(&export).unwrap();
+    let checked = lines.lines().last().unwrap();
+    assert!(
+        checked.contains(r#""schema":{"version":1,"enforcement":"warn"}"#),
+        "a server's export says what each event was checked against: {checked}"
+    );
 
     // The same on a closed store.
     let store = dir.path().join("closed");
@@ -552,7 +560,10 @@ fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
         run(&["import", "--url", &other_url, export.to_str().unwrap()])
     };
     assert!(!imported && stderr.contains("schema registry"), "{stderr}");
+    // An import takes the export as it is (what each event was checked against included).
     ok(&["import", "--store", store, export.to_str().unwrap()]);
+    let imported = ok(&["export", "--store", store]);
+    assert!(imported.contains(r#""data":"{\"id\":2}""#), "{imported}");
     let out = ok(&["schema", "list", "--store", store]);
     assert!(
         out.contains("Other  1 versions") && out.contains("enforcement warn"),

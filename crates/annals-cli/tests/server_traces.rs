@@ -166,6 +166,21 @@ fn an_http_append_joins_its_callers_trace_and_links_its_commit() {
     assert_eq!(read.len(), 1, "{held:#}");
     assert_eq!(references(read[0], "CHILD_OF"), [(read_trace, read_parent)]);
 
+    // A route no key guards is named by its route too.
+    let (open_trace, open_parent) = ids();
+    let r = request(
+        server.http,
+        "GET",
+        "/ready",
+        &[("traceparent", &format!("00-{open_trace}-{open_parent}-01"))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let held = jaeger.trace(&open_trace, 1, WAIT);
+    let ready = named(&held, "GET /ready");
+    assert_eq!(ready.len(), 1, "{held:#}");
+    assert_eq!(tag(ready[0], "http.route"), Some(&Value::from("/ready")));
+
     // A caller that did not sample its trace (flags 00) is followed: nothing is exported for
     // it, while a sampled request sent after it is.
     let (unsampled, parent) = ids();

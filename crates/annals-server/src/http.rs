@@ -75,10 +75,22 @@ pub(crate) fn router(state: Arc<AppState>, routes: Router<Arc<AppState>>) -> Rou
         .route("/ready", get(ready))
         .route("/metrics", metrics.on(get(metrics_exposition)))
         .route("/favicon.ico", get(favicon))
+        // Every route that matched, guarded or open, names its request's span.
+        .route_layer(tower::util::MapRequestLayer::new(name_span))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge))
         .with_state(state)
+}
+
+/// Names a traced request's span by the route it matched (OpenTelemetry's HTTP conventions).
+fn name_span(request: Request) -> Request {
+    if crate::telemetry::active() {
+        if let Some(route) = request.extensions().get::<axum::extract::MatchedPath>() {
+            crate::telemetry::record_route(request.method(), route.as_str());
+        }
+    }
+    request
 }
 
 /// What a route asks of a request before its handler runs: a key holding `scope`, and the
@@ -178,11 +190,6 @@ where
     fn call(&mut self, mut request: Request) -> Self::Future {
         let started = Instant::now();
         let guard = self.guard.clone();
-        if crate::telemetry::active() {
-            if let Some(route) = request.extensions().get::<axum::extract::MatchedPath>() {
-                crate::telemetry::record_route(request.method(), route.as_str());
-            }
-        }
         match grant(&guard.state, request.headers(), guard.scope) {
             Ok(grant) => {
                 if guard.lends_grant {

@@ -183,10 +183,10 @@ pub(crate) fn registry_error(e: &RegistryError) -> ApiError {
                     })
                     .collect(),
             ),
-        RegistryError::NotFound(_) | RegistryError::NoEvent(_) => {
-            ApiError::new(StatusCode::NOT_FOUND, kind, message)
-        }
-        RegistryError::OtherType { .. } => ApiError::bad_request(kind, message),
+        // No event of the type at the position asked about: what was asked for is not there.
+        RegistryError::NotFound(_)
+        | RegistryError::NoEvent(_)
+        | RegistryError::OtherType { .. } => ApiError::new(StatusCode::NOT_FOUND, kind, message),
         RegistryError::Append(e) => append_error(e),
         RegistryError::Read(_) | RegistryError::Busy(_) => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, kind, message)
@@ -275,9 +275,9 @@ async fn show(
     let name = event_type.clone();
     let (found, against) = blocking(move || {
         let found = registry.schemas_of(store.as_ref(), &name)?;
-        let against = match params.position {
-            Some(p) => Some(registry.checked_against(store.as_ref(), &name, p)?),
-            None => None,
+        let against = match (&found, params.position) {
+            (Some(_), Some(p)) => Some(registry.checked_against(store.as_ref(), &name, p)?),
+            _ => None,
         };
         Ok((found, against))
     })

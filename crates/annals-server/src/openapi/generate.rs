@@ -303,7 +303,7 @@ fn schema_paths() -> Value {
             ],
             "responses": merge(json!({
                 "200": answer("The type's schemas.", "SchemaType"),
-                "404": error_response("The type has no schema (schema_not_found).")
+                "404": error_response("The type has no schema (schema_not_found), or, with position, no event is stored there (no_event) or the event there is of another type (other_type).")
             }), auth_errors())
         } },
         "/v1/admin/schemas/{type}": { "post": {

@@ -117,6 +117,8 @@ pub struct CheckedAgainst {
 pub struct Checked {
     rules: Arc<Rules>,
     through: u64,
+    /// Types never judged ([`Registry::exempting`]), whatever the rules hold for them.
+    exempt: Arc<[String]>,
 }
 
 impl Checked {
@@ -141,6 +143,9 @@ impl Checked {
             "asked about position {position} of rules through {}",
             self.through
         );
+        if self.exempt.iter().any(|t| t == event_type) {
+            return None;
+        }
         let t = self.rules.types.get(event_type)?;
         let version = t
             .versions
@@ -329,7 +334,7 @@ pub struct Registry {
     /// `applied_through` up to it.
     seen: AtomicU64,
     /// Types never judged nor fenced: those of the store's own journals (an exchange's).
-    exempt: Vec<String>,
+    exempt: Arc<[String]>,
     /// One registration at a time in this process; the log's condition orders them across
     /// processes.
     registering: Mutex<()>,
@@ -410,7 +415,11 @@ impl Registry {
         // Read first: the rules caught up after it cover every registry event up to it.
         let through = log.head();
         let rules = self.catch_up(log)?;
-        Ok(Checked { rules, through })
+        Ok(Checked {
+            rules,
+            through,
+            exempt: self.exempt.clone(),
+        })
     }
 
     /// Counts since the registry was made.
@@ -495,6 +504,9 @@ impl Registry {
     /// applied first, if the index shows any.
     fn catch_up(&self, log: &dyn LogView) -> Result<Arc<Rules>, RegistryError> {
         let head = log.head();
+        // `seen` before the rules: the rules are replaced before `seen` is raised, so rules
+        // read after a `seen` at or past the head hold every registry event up to it.
+        let seen = self.seen.load(Ordering::Acquire);
         let rules = self.rules.read().clone();
         if head < rules.applied_through {
             // A log behind the rules is not the one they came from (a registry given to
@@ -503,7 +515,7 @@ impl Registry {
             self.seen.store(0, Ordering::Release);
             return self.catch_up(log);
         }
-        if head <= self.seen.load(Ordering::Acquire) {
+        if head <= seen {
             return Ok(rules);
         }
         if log
