@@ -151,35 +151,23 @@ fn an_http_append_joins_its_callers_trace_and_links_its_commit() {
     assert!(tag(commit, "annals.appends").and_then(Value::as_u64) >= Some(1));
     assert!(tag(commit, "annals.bytes").and_then(Value::as_u64) > Some(0));
 
-    // A read joins its caller's trace as well.
-    let (read_trace, read_parent) = ids();
-    let r = request(
-        server.http,
-        "GET",
-        "/v1/read",
-        &[("traceparent", &format!("00-{read_trace}-{read_parent}-01"))],
-        b"",
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let held = jaeger.trace(&read_trace, 1, WAIT);
-    let read = named(&held, "GET /v1/read");
-    assert_eq!(read.len(), 1, "{held:#}");
-    assert_eq!(references(read[0], "CHILD_OF"), [(read_trace, read_parent)]);
-
-    // A route no key guards is named by its route too.
-    let (open_trace, open_parent) = ids();
-    let r = request(
-        server.http,
-        "GET",
-        "/ready",
-        &[("traceparent", &format!("00-{open_trace}-{open_parent}-01"))],
-        b"",
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let held = jaeger.trace(&open_trace, 1, WAIT);
-    let ready = named(&held, "GET /ready");
-    assert_eq!(ready.len(), 1, "{held:#}");
-    assert_eq!(tag(ready[0], "http.route"), Some(&Value::from("/ready")));
+    // A read joins its caller's trace as well; a route no key guards is named by its route.
+    for (path, name) in [("/v1/read", "GET /v1/read"), ("/ready", "GET /ready")] {
+        let (trace, parent) = ids();
+        let r = request(
+            server.http,
+            "GET",
+            path,
+            &[("traceparent", &format!("00-{trace}-{parent}-01"))],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let held = jaeger.trace(&trace, 1, WAIT);
+        let span = named(&held, name);
+        assert_eq!(span.len(), 1, "{held:#}");
+        assert_eq!(references(span[0], "CHILD_OF"), [(trace, parent)]);
+        assert_eq!(tag(span[0], "http.route"), Some(&Value::from(path)));
+    }
 
     // A caller that did not sample its trace (flags 00) is followed: nothing is exported for
     // it, while a sampled request sent after it is.
