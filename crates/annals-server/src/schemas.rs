@@ -142,11 +142,7 @@ impl SchemaNotes {
         let Some(registry) = &self.registry else {
             return Ok(None);
         };
-        let stale = match &self.checked {
-            Some(checked) => checked.through() < event.position(),
-            None => true,
-        };
-        if stale {
+        if (self.checked.as_ref()).is_none_or(|c| c.through() < event.position()) {
             self.checked = Some(registry.checked(log)?);
         }
         let checked = self.checked.as_ref().expect("taken above");

@@ -143,10 +143,10 @@ impl Checked {
             "asked about position {position} of rules through {}",
             self.through
         );
-        if self.exempt.iter().any(|t| t == event_type) {
+        let t = self.rules.types.get(event_type)?;
+        if self.exempt.iter().any(|e| e == event_type) {
             return None;
         }
-        let t = self.rules.types.get(event_type)?;
         let version = t
             .versions
             .iter()
