@@ -880,6 +880,9 @@ pub fn import(args: ImportArgs) -> Result<(), Failure> {
             .map_err(|e| format!("{}: {e}", args.input.display()))?;
         Box::new(std::io::BufReader::with_capacity(1 << 20, file))
     };
+    if let Some(refused) = registry_line_refused(&args)? {
+        return Err(format!("{refused}; nothing was imported").into());
+    }
     let mut import = Import::new(&args);
     for (i, line) in reader.lines().enumerate() {
         let taken = line
@@ -892,10 +895,58 @@ pub fn import(args: ImportArgs) -> Result<(), Failure> {
             });
         if let Err(e) = taken {
             let kind = import.open_failed.unwrap_or("failed");
-            return Err(Failure::of_kind(kind, import.abandon(e, true)));
+            // The same import run again meets the same registry line.
+            let resumable = !e.contains(REGISTRY_LINE);
+            return Err(Failure::of_kind(kind, import.abandon(e, resumable)));
         }
     }
     Ok(import.finish()?)
+}
+
+/// The words that refuse a line of the schema registry's events.
+const REGISTRY_LINE: &str = "holds an event of the schema registry";
+
+/// Whether the import carries the schema registry's events: only into a store opened here
+/// that keeps the file's positions (a server takes none from a client, and at new positions
+/// they would hold rules the target never judged by).
+fn carries_registry(args: &ImportArgs) -> bool {
+    args.at.server.url.is_none() && !args.new_positions
+}
+
+/// An import that cannot carry the registry's events, of a file (not standard input, which
+/// is read once): the refusal of the file's first registry line, found before anything is
+/// imported. Only lines that name a registry type are parsed.
+fn registry_line_refused(args: &ImportArgs) -> Result<Option<String>, String> {
+    if carries_registry(args) || args.input.as_os_str() == "-" {
+        return Ok(None);
+    }
+    let file =
+        std::fs::File::open(&args.input).map_err(|e| format!("{}: {e}", args.input.display()))?;
+    let reader = std::io::BufReader::with_capacity(1 << 20, file);
+    for (i, line) in reader.split(b'\n').enumerate() {
+        let line = line.map_err(|e| format!("line {}: {e}", i + 1))?;
+        const PREFIX: &[u8] = b"annals.Schema";
+        if !line.windows(PREFIX.len()).any(|w| w == PREFIX) {
+            continue;
+        }
+        // A line that does not parse is refused where the import reaches it.
+        if let Ok(parsed) = parse_line(&line, i + 1) {
+            if annals::admission::is_registry_type(&parsed.event.event_type) {
+                return Ok(Some(registry_refusal(&parsed)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn registry_refusal(line: &ImportLine) -> String {
+    format!(
+        "line {} {REGISTRY_LINE} ({}): only an import into a store opened here (--store) \
+         that keeps the file's positions carries a registry; leave the registry's lines out, \
+         import with --new-positions and register the schemas on the target (annals schema \
+         put)",
+        line.number, line.event.event_type
+    )
 }
 
 /// What an import made to hold its store, judged before the store is opened. When the import
@@ -1081,15 +1132,10 @@ impl<'a> Import<'a> {
     }
 
     fn push(&mut self, line: ImportLine, position: u64) -> Result<(), String> {
-        let carried = matches!(self.target, Some(Target::Dir(_))) && !self.args.new_positions;
-        if !carried && annals::admission::is_registry_type(&line.event.event_type) {
-            return Err(format!(
-                "line {} holds an event of the schema registry ({}): only an import into a \
-                 closed store (--store) that keeps the file's positions carries a registry; \
-                 leave the registry's lines out and register the schemas on the target \
-                 (annals schema put)",
-                line.number, line.event.event_type
-            ));
+        if !carries_registry(self.args)
+            && annals::admission::is_registry_type(&line.event.event_type)
+        {
+            return Err(registry_refusal(&line));
         }
         if !self.args.erased_as_empty && (line.erased || line.is_receipt()) {
             self.check_erasable(&line)?;

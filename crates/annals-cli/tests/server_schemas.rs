@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::cli::{ok, run};
+use common::cli::{ok, run, run_with_stdin};
 use common::{append_body, request, Response, ServerProcess, Stream};
 use serde_json::{json, Value};
 
@@ -554,12 +554,30 @@ fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
     // The same on a closed store.
     let store = dir.path().join("closed");
     let store = store.to_str().unwrap();
-    let (imported, _, stderr) = {
+    {
+        // A server takes no registry event from a client: a file's are found before anything
+        // is imported; standard input, read once, stops at the first.
         let other = ServerProcess::start(&dir.path().join("other"), &[]);
         let other_url = format!("http://{}", other.http);
-        run(&["import", "--url", &other_url, export.to_str().unwrap()])
-    };
-    assert!(!imported && stderr.contains("schema registry"), "{stderr}");
+        let (imported, _, stderr) = run(&["import", "--url", &other_url, export.to_str().unwrap()]);
+        assert!(!imported, "{stderr}");
+        assert!(
+            stderr.contains("line 2 holds an event of the schema registry")
+                && stderr.contains("nothing was imported"),
+            "{stderr}"
+        );
+        assert_eq!(other.get("/v1/head").json()["head"], 0);
+        let (imported, _, stderr) = run_with_stdin(
+            &["import", "--url", &other_url, "--batch", "1", "-"],
+            &lines,
+        );
+        assert!(!imported && stderr.contains("line 2 holds"), "{stderr}");
+        assert!(
+            stderr.contains("through line 1") && !stderr.contains("run the same import again"),
+            "the same import run again meets the same line: {stderr}"
+        );
+        assert_eq!(other.get("/v1/head").json()["head"], 1);
+    }
     // An import takes the export as it is (what each event was checked against included).
     ok(&["import", "--store", store, export.to_str().unwrap()]);
     let imported = ok(&["export", "--store", store]);
