@@ -34,7 +34,15 @@ impl<'a> Instance<'a> {
     /// Parses `data` as one JSON document (nothing but whitespace after it), borrowing its
     /// strings that need no unescaping. Nesting is bounded as `serde_json` bounds it.
     pub(crate) fn parse(data: &'a [u8]) -> Result<Instance<'a>, serde_json::Error> {
-        let mut parser = serde_json::Deserializer::from_slice(data);
+        // UTF-8 checked once for the whole document: parsing bytes checks each string on its
+        // own, a sixth more instructions for a 1 KiB event of ten fields (docs/DECISIONS.md, R44).
+        let text = std::str::from_utf8(data).map_err(|e| {
+            de::Error::custom(format_args!(
+                "invalid UTF-8 after byte {} of the data",
+                e.valid_up_to()
+            ))
+        })?;
+        let mut parser = serde_json::Deserializer::from_str(text);
         let mut scratch = Scratch::default();
         let instance = parser.deserialize_any(InstanceVisitor(&mut scratch))?;
         parser.end()?;
