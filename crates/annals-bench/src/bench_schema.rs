@@ -1,6 +1,6 @@
 //! `annals-bench schema`: event schemas. In one run:
 //! - appends: 64 HTTP connections of conditional appends of a 1 KiB event of ten fields whose
-//!   type has a ten-property schema, enforcement `reject` alternated with `off` (the same load
+//!   type has a ten-property schema (or the one `--schema` gives), enforcement `reject` alternated with `off` (the same load
 //!   with the schema not applied) on one server; and 64 writers through the library, a store
 //!   with the registry and the schema alternated with one without a registry, beside the
 //!   fdatasync floor;
@@ -107,6 +107,12 @@ fn http_part(args: &SchemaArgs, schema: &Value) -> Result<Value, String> {
         &metrics,
         r#"annals_schema_checks_total{outcome="refused"}"#,
     );
+    if let Some(refused) = refused.filter(|n| *n > 0.0) {
+        return Err(format!(
+            "the schema refused {refused} of the benchmark's events: the figures would be \
+             of refusals"
+        ));
+    }
     Ok(json!({
         "workload": format!("conditional_append over HTTP, 64 connections, 1 event of 1 KiB JSON (10 fields), its type with {}, D3", described(args)),
         "runs_reject": on, "runs_off": off,

@@ -880,10 +880,17 @@ pub fn import(args: ImportArgs) -> Result<(), Failure> {
             .map_err(|e| format!("{}: {e}", args.input.display()))?;
         Box::new(std::io::BufReader::with_capacity(1 << 20, file))
     };
-    if let Some(refused) = registry_line_refused(&args)? {
-        return Err(format!("{refused}; nothing was imported").into());
-    }
     let mut import = Import::new(&args);
+    match import.registry_line_refused() {
+        Ok(None) => {}
+        Ok(Some(refusal)) => {
+            return Err(Failure::of_kind("failed", import.abandon(refusal, false)))
+        }
+        Err(e) => {
+            let kind = import.open_failed.unwrap_or("failed");
+            return Err(Failure::of_kind(kind, import.abandon(e, true)));
+        }
+    }
     for (i, line) in reader.lines().enumerate() {
         let taken = line
             .map_err(|e| format!("line {}: {e}", i + 1))
@@ -896,15 +903,12 @@ pub fn import(args: ImportArgs) -> Result<(), Failure> {
         if let Err(e) = taken {
             let kind = import.open_failed.unwrap_or("failed");
             // The same import run again meets the same registry line.
-            let resumable = !e.contains(REGISTRY_LINE);
+            let resumable = !import.registry_refused;
             return Err(Failure::of_kind(kind, import.abandon(e, resumable)));
         }
     }
     Ok(import.finish()?)
 }
-
-/// The words that refuse a line of the schema registry's events.
-const REGISTRY_LINE: &str = "holds an event of the schema registry";
 
 /// Whether the import carries the schema registry's events: only into a store opened here
 /// that keeps the file's positions (a server takes none from a client, and at new positions
@@ -913,35 +917,9 @@ fn carries_registry(args: &ImportArgs) -> bool {
     args.at.server.url.is_none() && !args.new_positions
 }
 
-/// An import that cannot carry the registry's events, of a file (not standard input, which
-/// is read once): the refusal of the file's first registry line, found before anything is
-/// imported. Only lines that name a registry type are parsed.
-fn registry_line_refused(args: &ImportArgs) -> Result<Option<String>, String> {
-    if carries_registry(args) || args.input.as_os_str() == "-" {
-        return Ok(None);
-    }
-    let file =
-        std::fs::File::open(&args.input).map_err(|e| format!("{}: {e}", args.input.display()))?;
-    let reader = std::io::BufReader::with_capacity(1 << 20, file);
-    for (i, line) in reader.split(b'\n').enumerate() {
-        let line = line.map_err(|e| format!("line {}: {e}", i + 1))?;
-        const PREFIX: &[u8] = b"annals.Schema";
-        if !line.windows(PREFIX.len()).any(|w| w == PREFIX) {
-            continue;
-        }
-        // A line that does not parse is refused where the import reaches it.
-        if let Ok(parsed) = parse_line(&line, i + 1) {
-            if annals::admission::is_registry_type(&parsed.event.event_type) {
-                return Ok(Some(registry_refusal(&parsed)));
-            }
-        }
-    }
-    Ok(None)
-}
-
 fn registry_refusal(line: &ImportLine) -> String {
     format!(
-        "line {} {REGISTRY_LINE} ({}): only an import into a store opened here (--store) \
+        "line {} holds an event of the schema registry ({}): only an import into a store opened here (--store) \
          that keeps the file's positions carries a registry; leave the registry's lines out, \
          import with --new-positions and register the schemas on the target (annals schema \
          put)",
@@ -1035,6 +1013,8 @@ struct Import<'a> {
     /// The receipts of the erasures this import made, by position.
     receipts: Vec<u64>,
     progress: Progress,
+    /// A line of the registry's events was refused: the same import run again meets it.
+    registry_refused: bool,
 }
 
 impl<'a> Import<'a> {
@@ -1058,6 +1038,7 @@ impl<'a> Import<'a> {
             unerased: Vec::new(),
             receipts: Vec::new(),
             progress: Progress::new("imported"),
+            registry_refused: false,
         }
     }
 
@@ -1091,6 +1072,48 @@ impl<'a> Import<'a> {
         }
         self.head = target.head()?;
         Ok(())
+    }
+
+    /// An import that cannot carry the registry's events, of a regular file (standard input,
+    /// a pipe or a device is read once): the refusal of the file's first registry line that
+    /// would be appended, found before anything is imported. Into a server keeping the file's
+    /// positions, a line at or below its head is compared, not appended, so the server is
+    /// asked its head first. Only lines that may name a registry type are parsed.
+    fn registry_line_refused(&mut self) -> Result<Option<String>, String> {
+        let args = self.args;
+        let regular = args.input.as_os_str() != "-"
+            && std::fs::metadata(&args.input).is_ok_and(|m| m.is_file());
+        if carries_registry(args) || !regular {
+            return Ok(None);
+        }
+        let file = std::fs::File::open(&args.input)
+            .map_err(|e| format!("{}: {e}", args.input.display()))?;
+        let reader = std::io::BufReader::with_capacity(1 << 20, file);
+        for (i, line) in reader.split(b'\n').enumerate() {
+            let line = line.map_err(|e| format!("line {}: {e}", i + 1))?;
+            // A type's name may be written with escapes.
+            let holds = |s: &[u8]| line.windows(s.len()).any(|w| w == s);
+            if !holds(b"annals.Schema") && !holds(b"\\u") {
+                continue;
+            }
+            // A line that does not parse is refused where the import reaches it.
+            let Ok(parsed) = parse_line(&line, i + 1) else {
+                continue;
+            };
+            if !annals::admission::is_registry_type(&parsed.event.event_type) {
+                continue;
+            }
+            if let Some(position) = parsed.position.filter(|_| !args.new_positions) {
+                if self.target.is_none() {
+                    self.open()?;
+                }
+                if position <= self.head {
+                    continue;
+                }
+            }
+            return Ok(Some(registry_refusal(&parsed)));
+        }
+        Ok(None)
     }
 
     fn take(&mut self, mut line: ImportLine) -> Result<(), String> {
@@ -1135,6 +1158,7 @@ impl<'a> Import<'a> {
         if !carries_registry(self.args)
             && annals::admission::is_registry_type(&line.event.event_type)
         {
+            self.registry_refused = true;
             return Err(registry_refusal(&line));
         }
         if !self.args.erased_as_empty && (line.erased || line.is_receipt()) {

@@ -559,7 +559,14 @@ fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
         // is imported; standard input, read once, stops at the first.
         let other = ServerProcess::start(&dir.path().join("other"), &[]);
         let other_url = format!("http://{}", other.http);
-        let (imported, _, stderr) = run(&["import", "--url", &other_url, export.to_str().unwrap()]);
+        let (imported, _, stderr) = run(&[
+            "import",
+            "--url",
+            &other_url,
+            "--batch",
+            "1",
+            export.to_str().unwrap(),
+        ]);
         assert!(!imported, "{stderr}");
         assert!(
             stderr.contains("line 2 holds an event of the schema registry")
@@ -577,9 +584,32 @@ fn the_command_line_manages_schemas_on_a_server_and_a_closed_store() {
             "the same import run again meets the same line: {stderr}"
         );
         assert_eq!(other.get("/v1/head").json()["head"], 1);
+        // At new positions a store opened here cannot carry them either: nothing is made.
+        let fresh = dir.path().join("fresh");
+        let (imported, _, stderr) = run(&[
+            "import",
+            "--store",
+            fresh.to_str().unwrap(),
+            "--new-positions",
+            export.to_str().unwrap(),
+        ]);
+        assert!(
+            !imported && stderr.contains("line 2 holds") && !fresh.exists(),
+            "{stderr}"
+        );
     }
     // An import takes the export as it is (what each event was checked against included).
     ok(&["import", "--store", store, export.to_str().unwrap()]);
+    {
+        // Into a server that holds them, a file's registry lines are compared, not refused.
+        let holding = ServerProcess::start(std::path::Path::new(store), &[]);
+        let url = format!("http://{}", holding.http);
+        let (imported, _, stderr) = run(&["import", "--url", &url, export.to_str().unwrap()]);
+        assert!(
+            imported && stderr.contains("found in the store already"),
+            "{stderr}"
+        );
+    }
     let imported = ok(&["export", "--store", store]);
     assert!(imported.contains(r#""data":"{\"id\":2}""#), "{imported}");
     let out = ok(&["schema", "list", "--store", store]);

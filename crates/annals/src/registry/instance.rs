@@ -37,10 +37,7 @@ impl<'a> Instance<'a> {
         // UTF-8 checked once for the whole document: parsing bytes checks each string on its
         // own, a sixth more instructions for a 1 KiB event of ten fields (docs/DECISIONS.md, R44).
         let text = std::str::from_utf8(data).map_err(|e| {
-            de::Error::custom(format_args!(
-                "invalid UTF-8 after byte {} of the data",
-                e.valid_up_to()
-            ))
+            de::Error::custom(format_args!("invalid UTF-8 after byte {}", e.valid_up_to()))
         })?;
         let mut parser = serde_json::Deserializer::from_str(text);
         let mut scratch = Scratch::default();
