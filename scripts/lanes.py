@@ -3,7 +3,8 @@
 another, as `cargo test` would; those that mostly wait (on PostgreSQL clusters, on a client's
 timeouts) in a second lane beside them; the HTTP/2 conformance run alone at the end, since
 h2spec times each case. Each binary's output is printed whole when it ends, with its time;
-the exit status is 1 if any binary failed. Usage: scripts/lanes.py [cargo test options...]
+the exit status is 1 if any binary failed, and each failed binary's failures are printed again
+at the very end, where a log's tail shows them. Usage: scripts/lanes.py [cargo test options...]
 """
 
 import json
@@ -64,7 +65,17 @@ def run(binary):
     with print_lock:
         print(f"== {package} {kind} {name} ({took:.1f} s)", flush=True)
         print(out.stdout, end="", flush=True)
-        results.append((out.returncode, package, name, took))
+        results.append((out.returncode, package, name, took, out.stdout))
+
+
+def failures(text):
+    """What a failed binary's output says of its failures: the test harness's `failures:`
+    section (each failed test's output and panic, then their names), or the output's end when
+    it ended without one (a crash, a signal); at most its last 200 lines either way."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == "failures:"]
+    section = lines[starts[0]:] if starts else lines
+    return "\n".join(section[-200:])
 
 
 def lane(binaries):
@@ -89,10 +100,13 @@ def main():
     lane(rest)
     second.join()
     lane(alone)
-    failed = [(p, n) for code, p, n, _ in results if code != 0]
+    failed = [(p, n, text) for code, p, n, _, text in results if code != 0]
+    for package, name, text in failed:
+        print(f"== failures of {package} {name}", flush=True)
+        print(failures(text), flush=True)
     print(f"== {len(results)} test binaries in {time.monotonic() - started:.0f} s; "
           f"{len(failed)} failed", flush=True)
-    for package, name in failed:
+    for package, name, _ in failed:
         print(f"   failed: {package} {name}", flush=True)
     sys.exit(1 if failed else 0)
 

@@ -337,34 +337,47 @@ fn an_export_that_cannot_be_made_refuses_the_start() {
     assert!(text.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{text}");
 }
 
-/// Appends from 8 threads for `seconds`, each request on a connection of its own; the
-/// appends answered per second.
-fn load(server: &ServerProcess, seconds: f64) -> f64 {
+/// Appends from 8 threads for `seconds`, each request on a connection of its own: the appends
+/// answered per second, and the time the slowest of them took.
+fn load(server: &ServerProcess, seconds: f64) -> (f64, Duration) {
     let deadline = std::time::Instant::now() + Duration::from_secs_f64(seconds);
     let http = server.http;
-    let answered: usize = std::thread::scope(|s| {
+    let (answered, slowest) = std::thread::scope(|s| {
         let threads: Vec<_> = (0..8)
             .map(|t| {
                 s.spawn(move || {
-                    let mut n = 0;
+                    let (mut n, mut slowest) = (0, Duration::ZERO);
                     while std::time::Instant::now() < deadline {
                         let tag = format!("load:{t}");
                         let body = append_body(&[("Loaded", &[tag.as_str()], "{}")], None);
+                        let sent = std::time::Instant::now();
                         let r = request(http, "POST", "/v1/append", &[], body.as_bytes());
+                        slowest = slowest.max(sent.elapsed());
                         assert_eq!(r.status, 200, "{}", r.text());
                         n += 1;
                     }
-                    n
+                    (n, slowest)
                 })
             })
             .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).sum()
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .fold((0usize, Duration::ZERO), |(n, most), (m, slowest)| {
+                (n + m, most.max(slowest))
+            })
     });
-    answered as f64 / seconds
+    (answered as f64 / seconds, slowest)
 }
 
-/// Goal: with the collector gone under load, appends go on at their rate (the export never
-/// holds a request), the spans that cannot be sent are counted, and once the collector is
+/// How long the server's export of a batch waits for the collector in the test below: far
+/// longer than any append takes, so an append that waited on an export would show.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Goal: with the collector gone under load (its port refuses), and then hung (its port takes
+/// connections and answers nothing, so an export waits out its whole timeout), appends are
+/// answered as ever: none takes a third of the export's timeout, whatever the machine's load
+/// does to their rate. The spans that cannot be sent are counted, and once the collector is
 /// back the export resumes: a new request's trace arrives.
 #[test]
 fn appends_go_on_while_the_collector_is_gone_and_export_resumes() {
@@ -372,24 +385,35 @@ fn appends_go_on_while_the_collector_is_gone_and_export_resumes() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path(), &exporting_to(&jaeger));
+    let mut env = exporting_to(&jaeger);
+    let timeout = EXPORT_TIMEOUT.as_millis().to_string();
+    env.push(("OTEL_EXPORTER_OTLP_TIMEOUT", timeout));
+    let server = start(dir.path(), &env);
     let lost = |server: &ServerProcess| {
         let text = server.get("/metrics").text();
         let count = |name| annals_testkit::server::sample(&text, name).unwrap_or(0.0);
         count("annals_trace_spans_dropped_total") + count("annals_trace_spans_failed_total")
     };
-    let before = load(&server, 2.0);
-    assert!(before > 0.0);
+    let (with, _) = load(&server, 1.0);
+    assert!(with > 0.0);
     let lost_before = lost(&server);
     jaeger.stop();
-    let without = load(&server, 2.0);
-    // The rate may move with the machine's noise; what must not happen is requests waiting
-    // on the export, which would bring it near nothing.
-    assert!(
-        without > before * 0.5,
-        "{without:.0}/s without the collector, {before:.0}/s with it"
-    );
-    annals_testkit::eventually("spans lost counted", WAIT, || lost(&server) > lost_before);
+    let (gone, slowest_gone) = load(&server, 1.5);
+    let collector = jaeger.otlp_grpc();
+    let port = collector.strip_prefix("http://").unwrap();
+    let hung = std::net::TcpListener::bind(port).expect("the collector's port, to hold");
+    let (held, slowest_held) = load(&server, 2.0);
+    let lost_held = lost(&server);
+    drop(hung);
+    let rates = format!("{with:.0}/s with the collector, {gone:.0}/s without, {held:.0}/s hung");
+    for (slowest, what) in [(slowest_gone, "gone"), (slowest_held, "hung")] {
+        assert!(
+            slowest < EXPORT_TIMEOUT / 3,
+            "an append took {slowest:?} with the collector {what} ({rates})"
+        );
+    }
+    assert!(gone > 0.0 && held > 0.0, "{rates}");
+    assert!(lost_held > lost_before, "no span counted lost ({rates})");
     jaeger.restart();
     let (trace, parent) = ids();
     annals_testkit::eventually(

@@ -57,6 +57,11 @@ impl ServerProcess {
             .args(args)
             .stdout(Stdio::piped())
             .stderr(log);
+        for (k, _) in std::env::vars_os() {
+            if k.to_str().is_some_and(harness_variable) {
+                command.env_remove(k);
+            }
+        }
         for (k, v) in env {
             command.env(k, v);
         }
@@ -163,6 +168,17 @@ impl ServerProcess {
         assert_eq!(r.status, 200, "{}", r.text());
         r.json().as_array().unwrap().clone()
     }
+}
+
+/// Whether `name` is one of the test command's own variables (which tools it requires, where
+/// they are), not a setting of `annals serve`: a server started here does not inherit them,
+/// or it would warn of each as a misspelt setting at every start.
+fn harness_variable(name: &str) -> bool {
+    name.strip_prefix("ANNALS_").is_some_and(|rest| {
+        rest.starts_with("REQUIRE_")
+            || rest.ends_with("_BIN")
+            || matches!(rest, "PYTHON" | "JAVA_HOME" | "NO_TOOLS")
+    })
 }
 
 impl Drop for ServerProcess {
