@@ -68,14 +68,23 @@ def run(binary):
         results.append((out.returncode, package, name, took, out.stdout))
 
 
-def failures(text):
+def failures(text, keep=60):
     """What a failed binary's output says of its failures: the test harness's `failures:`
-    section (each failed test's output and panic, then their names), or the output's end when
-    it ended without one (a crash, a signal); at most its last 200 lines either way."""
+    section, with the last `keep` lines of each failed test's output (where its panic is) and
+    the list of their names; or the output's last lines when it ended without one (a crash, a
+    signal)."""
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line == "failures:"]
-    section = lines[starts[0]:] if starts else lines
-    return "\n".join(section[-200:])
+    if not starts:
+        return "\n".join(lines[-keep:])
+    kept, block = [], []
+    for line in lines[starts[0]:]:
+        if line.startswith("---- ") or line == "failures:":
+            kept += block[:1] + block[1:][-keep:]
+            block = []
+        block.append(line)
+    kept += block
+    return "\n".join(kept)
 
 
 def lane(binaries):

@@ -371,13 +371,15 @@ fn load(server: &ServerProcess, seconds: f64) -> (f64, Duration) {
 }
 
 /// How long the server's export of a batch waits for the collector in the test below: far
-/// longer than any append takes, so an append that waited on an export would show.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(30);
+/// longer than any append takes, and shorter than the test client's own read timeout (30 s),
+/// so an append that waited on an export would show as one.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Goal: with the collector gone under load (its port refuses), and then hung (its port takes
-/// connections and answers nothing, so an export waits out its whole timeout), appends are
+/// connections and answers nothing, so an export waits until the port is let go), appends are
 /// answered as ever: none takes a third of the export's timeout, whatever the machine's load
-/// does to their rate. The spans that cannot be sent are counted, and once the collector is
+/// does to their rate, and while the export hangs the spans that find its small queue full
+/// are dropped rather than held. The exports that fail are counted, and once the collector is
 /// back the export resumes: a new request's trace arrives.
 #[test]
 fn appends_go_on_while_the_collector_is_gone_and_export_resumes() {
@@ -386,24 +388,27 @@ fn appends_go_on_while_the_collector_is_gone_and_export_resumes() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut env = exporting_to(&jaeger);
-    let timeout = EXPORT_TIMEOUT.as_millis().to_string();
-    env.push(("OTEL_EXPORTER_OTLP_TIMEOUT", timeout));
+    env.push((
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        EXPORT_TIMEOUT.as_millis().to_string(),
+    ));
+    env.push(("OTEL_BSP_MAX_QUEUE_SIZE", "64".into()));
     let server = start(dir.path(), &env);
-    let lost = |server: &ServerProcess| {
+    let count = |server: &ServerProcess, name| {
         let text = server.get("/metrics").text();
-        let count = |name| annals_testkit::server::sample(&text, name).unwrap_or(0.0);
-        count("annals_trace_spans_dropped_total") + count("annals_trace_spans_failed_total")
+        annals_testkit::server::sample(&text, name).unwrap_or(0.0)
     };
     let (with, _) = load(&server, 1.0);
     assert!(with > 0.0);
-    let lost_before = lost(&server);
+    let failed_before = count(&server, "annals_trace_spans_failed_total");
     jaeger.stop();
     let (gone, slowest_gone) = load(&server, 1.5);
     let collector = jaeger.otlp_grpc();
-    let port = collector.strip_prefix("http://").unwrap();
-    let hung = std::net::TcpListener::bind(port).expect("the collector's port, to hold");
+    let address = collector.strip_prefix("http://").unwrap();
+    let hung = std::net::TcpListener::bind(address).expect("the collector's port, to hold");
+    let dropped_before = count(&server, "annals_trace_spans_dropped_total");
     let (held, slowest_held) = load(&server, 2.0);
-    let lost_held = lost(&server);
+    let dropped = count(&server, "annals_trace_spans_dropped_total") - dropped_before;
     drop(hung);
     let rates = format!("{with:.0}/s with the collector, {gone:.0}/s without, {held:.0}/s hung");
     for (slowest, what) in [(slowest_gone, "gone"), (slowest_held, "hung")] {
@@ -413,7 +418,13 @@ fn appends_go_on_while_the_collector_is_gone_and_export_resumes() {
         );
     }
     assert!(gone > 0.0 && held > 0.0, "{rates}");
-    assert!(lost_held > lost_before, "no span counted lost ({rates})");
+    assert!(
+        dropped > 0.0,
+        "no span dropped while the export hung ({rates})"
+    );
+    annals_testkit::eventually("the failed exports counted", WAIT, || {
+        count(&server, "annals_trace_spans_failed_total") > failed_before
+    });
     jaeger.restart();
     let (trace, parent) = ids();
     annals_testkit::eventually(

@@ -170,14 +170,19 @@ impl ServerProcess {
     }
 }
 
-/// Whether `name` is one of the test command's own variables (which tools it requires, where
-/// they are), not a setting of `annals serve`: a server started here does not inherit them,
-/// or it would warn of each as a misspelt setting at every start.
+/// Whether `name` is one of the tests' own variables (which tools the test command requires
+/// and where they are, a seed, a request to rewrite fixtures or keep screenshots), not a
+/// setting of `annals serve`: a server started here does not inherit them, or it would warn
+/// of each as a misspelt setting at every start.
 fn harness_variable(name: &str) -> bool {
     name.strip_prefix("ANNALS_").is_some_and(|rest| {
         rest.starts_with("REQUIRE_")
+            || rest.starts_with("UPDATE_")
             || rest.ends_with("_BIN")
-            || matches!(rest, "PYTHON" | "JAVA_HOME" | "NO_TOOLS")
+            || matches!(
+                rest,
+                "PYTHON" | "JAVA_HOME" | "TOOLS" | "NO_TOOLS" | "SEED" | "CONSOLE_SCREENSHOTS"
+            )
     })
 }
 
