@@ -247,14 +247,15 @@ fn object_storage_away_mid_load_then_the_backup_catches_up() {
         during > 50,
         "appends went on while object storage was away: {during}"
     );
-    assert!(
-        metric(server.http, "annals_backup_failures_total").unwrap() > 0.0,
-        "the failures are counted"
-    );
-    assert_eq!(
-        metric(server.http, "annals_backup_state{state=\"failing\"}"),
-        Some(1.0),
-        "the backup says it is failing"
+    // Counted and said as the backup's next tries fail, however late a loaded machine makes
+    // them.
+    eventually("the failures counted", Duration::from_secs(30), || {
+        metric(server.http, "annals_backup_failures_total").unwrap() > 0.0
+    });
+    eventually(
+        "the backup saying it fails",
+        Duration::from_secs(30),
+        || metric(server.http, "annals_backup_state{state=\"failing\"}") == Some(1.0),
     );
     s3.restart();
     std::thread::sleep(Duration::from_secs(1));
@@ -439,8 +440,11 @@ fn a_replica_follows_a_primary_under_load() {
         .collect();
     // Under load the replica's head moves.
     let seen = replica.head();
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(replica.head() > seen, "the replica follows under load");
+    eventually(
+        "the replica following under load",
+        Duration::from_secs(30),
+        || replica.head() > seen,
+    );
     let refused = replica.post(
         "/v1/append",
         r#"{"events":[{"type":"T","tags":[],"data":"x"}]}"#,

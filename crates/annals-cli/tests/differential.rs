@@ -185,7 +185,8 @@ impl Peer {
         Answer::Ok(messages)
     }
 
-    /// A subscription's events until `count` have arrived (or none more for a while).
+    /// A subscription's events until `count` have arrived, or none more for 10 s (long beside
+    /// a loaded machine's appends, and only ever waited out when a server sends too few).
     async fn subscribe(
         &mut self,
         request: v1::SubscribeRequest,
@@ -197,7 +198,7 @@ impl Peer {
         };
         let mut events = Vec::new();
         while events.len() < count {
-            match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
+            match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
                 Ok(Ok(Some(m))) => events.extend(m.events.into_iter().map(seen)),
                 Ok(Err(s)) => return error(&s),
                 Ok(Ok(None)) | Err(_) => break,

@@ -48,6 +48,11 @@ fn rss_bytes(pid: u32) -> u64 {
         * 1024
 }
 
+/// What another client's median latency may add beside an attack, over ten times its latency
+/// before: a loaded two-core machine's scheduling can cost that much, while a server an
+/// attack held would take seconds or never answer.
+const LATENCY_SLACK: Duration = Duration::from_millis(100);
+
 /// The median time of `n` HEAD requests on fresh connections.
 fn head_latency(addr: SocketAddr, n: usize) -> Duration {
     let mut times: Vec<Duration> = (0..n)
@@ -64,34 +69,38 @@ fn head_latency(addr: SocketAddr, n: usize) -> Duration {
 
 /// Goal: a connection that sends nothing is closed within the header timeout on both ports,
 /// and one peer address cannot hold more than its share of the connection slots. Method: a
-/// 300 ms header timeout and a share of 8; silent connections on both ports must be closed by
-/// then; 8 silent connections from one address, then a ninth refused at once.
+/// 300 ms header timeout; silent connections on both ports must be closed by then. Then a
+/// server with a share of 8 and a 3 s header timeout: 8 silent connections from one address,
+/// and a ninth refused at once (well before the timeout would close it); once the timeout has
+/// closed the 8, the slots are free again.
 #[test]
 fn silent_connections_are_closed_and_a_peer_gets_its_share() {
     let dir = tempfile::tempdir().unwrap();
-    let server = server_with(
-        dir.path(),
-        "header_timeout_ms = 300\nconnections_per_peer_max = 8",
-        &[],
-    );
+    let server = server_with(dir.path(), "header_timeout_ms = 300", &[]);
     for addr in [server.http, server.grpc.unwrap()] {
         let mut silent = TcpStream::connect(addr).unwrap();
         let started = Instant::now();
         assert!(closed_within(&mut silent, Duration::from_secs(5)), "{addr}");
         assert!(started.elapsed() < Duration::from_secs(3));
     }
+    drop(server);
+    let server = server_with(
+        dir.path(),
+        "header_timeout_ms = 3000\nconnections_per_peer_max = 8",
+        &[],
+    );
     let mut held: Vec<TcpStream> = (0..8)
         .map(|_| TcpStream::connect(server.http).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(50));
     let mut ninth = TcpStream::connect(server.http).unwrap();
     assert!(
-        closed_within(&mut ninth, Duration::from_millis(250)),
+        closed_within(&mut ninth, Duration::from_millis(1500)),
         "a ninth connection from the same address is refused"
     );
     // Once the silent ones are closed by the timeout, the slots are free again.
     for c in &mut held {
-        assert!(closed_within(c, Duration::from_secs(5)));
+        assert!(closed_within(c, Duration::from_secs(10)));
     }
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(server.get("/v1/head").status, 200);
@@ -571,7 +580,7 @@ fn http2_floods_close_the_abusive_connection() {
     );
     let after = head_latency(server.http, 21);
     assert!(
-        after < before * 10 + Duration::from_millis(20),
+        after < before * 10 + LATENCY_SLACK,
         "another client's latency held: {before:?} before, {after:?} after"
     );
 }
@@ -597,9 +606,9 @@ fn ping_and_settings_floods_cost_only_their_connection() {
             flood_until_closed(&mut reading, Duration::from_secs(2), true, |_| one.clone());
             let mut deaf = h2_connect(port);
             flood_until_closed(&mut deaf, Duration::from_secs(2), false, |_| one.clone());
-            let during = head_latency(server.http, 5);
+            let during = head_latency(server.http, 21);
             assert!(
-                during < before * 10 + Duration::from_millis(20),
+                during < before * 10 + LATENCY_SLACK,
                 "another client waited {during:?} (before: {before:?}) beside a flood held open"
             );
         }
@@ -611,7 +620,7 @@ fn ping_and_settings_floods_cost_only_their_connection() {
     );
     let after = head_latency(server.http, 21);
     assert!(
-        after < before * 10 + Duration::from_millis(20),
+        after < before * 10 + LATENCY_SLACK,
         "another client's latency held: {before:?} before, {after:?} after"
     );
 }
@@ -734,14 +743,15 @@ fn stalled_streams_together_hold_the_servers_budget() {
         assert_eq!(server.post("/v1/append", &body).status, 200);
     }
     std::thread::sleep(Duration::from_millis(500));
+    annals_testkit::eventually(
+        "the stalled streams filling half the budget",
+        Duration::from_secs(10),
+        || metric(&server, "annals_stream_buffered_bytes") >= (BUDGET / 2) as f64,
+    );
     let held = metric(&server, "annals_stream_buffered_bytes");
     assert!(
         held <= BUDGET as f64,
         "streams hold {held} bytes, over the budget of {BUDGET}"
-    );
-    assert!(
-        held >= (BUDGET / 2) as f64,
-        "the stalled streams should have filled the budget; they hold {held} bytes"
     );
     let grown = rss_bytes(pid).saturating_sub(baseline);
     assert!(
