@@ -17,14 +17,15 @@
 pub mod fixtures;
 pub mod http;
 pub mod jaeger;
+mod ports;
 pub mod s3;
 pub mod server;
 pub mod spans;
 mod wait;
 
+pub use ports::free_port;
 pub use wait::{eventually, poll, Awaited};
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -574,14 +575,6 @@ impl Drop for Cluster {
                 .status();
         }
     }
-}
-
-/// A loopback port nobody listens on at the moment.
-pub fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// A small file system that a test can fill and grow: a tmpfs mounted on a directory of its
