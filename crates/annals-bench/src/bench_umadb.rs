@@ -174,10 +174,7 @@ fn start(
         }
         Peer::Umadb => {
             let binary = args.umadb_bin.as_ref().ok_or("no UmaDB binary")?;
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| e.to_string())?
-                .port();
+            let port = annals_testkit::free_port();
             let child = Command::new(binary)
                 .arg("--listen")
                 .arg(format!("127.0.0.1:{port}"))

@@ -240,12 +240,10 @@ fn a_kept_mirror_is_used_only_as_the_database_holds_it() {
     store.close().unwrap();
 
     // An open that cannot reach the database leaves the mirror as trusted as it found it.
-    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let unreachable = format!(
         "postgres://postgres@127.0.0.1:{}/postgres?connect_timeout=2",
-        free.local_addr().unwrap().port()
+        annals_testkit::free_port()
     );
-    drop(free);
     let unreachable = annals::Location::Postgres {
         url: unreachable,
         mirror: Some(kept.path().join("mirror")),
