@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -237,9 +237,14 @@ fn terminate_sessions(cluster: &Cluster, times: usize, every: Duration) {
 }
 
 /// Appends through UmaDB's Rust client (gRPC) until `stop`, each a `Noted` event whose data is
-/// a nonce of its own (`g{id}-n{n}`); returns every answer by nonce, read from the error the
-/// client gives (its message is the server's).
-fn grpc_appender(url: String, id: usize, stop: Arc<AtomicBool>) -> Vec<(String, Answer)> {
+/// a nonce of its own (`g{id}-n{n}`), counting those stored in `stored`; returns every answer
+/// by nonce, read from the error the client gives (its message is the server's).
+fn grpc_appender(
+    url: String,
+    id: usize,
+    stop: Arc<AtomicBool>,
+    stored: Arc<AtomicUsize>,
+) -> Vec<(String, Answer)> {
     use umadb_dcb::{DcbEvent, DcbEventStoreSync};
     let client = umadb_client::UmaDbClient::new(url).connect().unwrap();
     let mut answers = Vec::new();
@@ -255,7 +260,10 @@ fn grpc_appender(url: String, id: usize, stop: Arc<AtomicBool>) -> Vec<(String, 
             metadata: Vec::new(),
         };
         let answer = match client.append(vec![event], None, None) {
-            Ok(_) => Answer::Stored,
+            Ok(_) => {
+                stored.fetch_add(1, Ordering::Relaxed);
+                Answer::Stored
+            }
             Err(e) => {
                 let message = e.to_string();
                 if message.contains("nothing was appended") {
@@ -282,14 +290,22 @@ fn answers_under(server: &ServerProcess, faults: impl FnOnce()) -> (Tally, Vec<(
             std::thread::spawn(move || appender(addr, id, stop))
         })
         .collect();
-    clients.extend((0..2).map(|id| {
-        let stop = stop.clone();
+    let stored: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::default()).collect();
+    clients.extend(stored.iter().enumerate().map(|(id, stored)| {
+        let (stop, stored) = (stop.clone(), stored.clone());
         let url = server.grpc_url();
-        std::thread::spawn(move || grpc_appender(url, id, stop))
+        std::thread::spawn(move || grpc_appender(url, id, stop, stored))
     }));
     faults();
-    // Appends go on a moment after the last fault, so that the server is seen to recover.
+    // Appends go on a moment after the last fault, and until each gRPC client (which may
+    // wait to connect again) has had one stored since, so that the server is seen to recover.
+    let after: Vec<usize> = stored.iter().map(|n| n.load(Ordering::Relaxed)).collect();
     std::thread::sleep(Duration::from_millis(700));
+    annals_testkit::eventually(
+        "each gRPC client's appends stored again after the faults",
+        Duration::from_secs(30),
+        || (stored.iter().zip(&after)).all(|(n, &before)| n.load(Ordering::Relaxed) > before),
+    );
     stop.store(true, Ordering::Relaxed);
     let answers: Vec<(String, Answer)> = clients
         .into_iter()
