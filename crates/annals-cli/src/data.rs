@@ -881,15 +881,8 @@ pub fn import(args: ImportArgs) -> Result<(), Failure> {
         Box::new(std::io::BufReader::with_capacity(1 << 20, file))
     };
     let mut import = Import::new(&args);
-    match import.registry_line_refused() {
-        Ok(None) => {}
-        Ok(Some(refusal)) => {
-            return Err(Failure::of_kind("failed", import.abandon(refusal, false)))
-        }
-        Err(e) => {
-            let kind = import.open_failed.unwrap_or("failed");
-            return Err(Failure::of_kind(kind, import.abandon(e, true)));
-        }
+    if let Err(e) = import.refuse_registry_lines() {
+        return Err(import.failed(e));
     }
     for (i, line) in reader.lines().enumerate() {
         let taken = line
@@ -901,10 +894,7 @@ pub fn import(args: ImportArgs) -> Result<(), Failure> {
                 import.take(parse_line(line.as_bytes(), i + 1)?)
             });
         if let Err(e) = taken {
-            let kind = import.open_failed.unwrap_or("failed");
-            // The same import run again meets the same registry line.
-            let resumable = !import.registry_refused;
-            return Err(Failure::of_kind(kind, import.abandon(e, resumable)));
+            return Err(import.failed(e));
         }
     }
     Ok(import.finish()?)
@@ -1075,16 +1065,16 @@ impl<'a> Import<'a> {
     }
 
     /// An import that cannot carry the registry's events, of a regular file (standard input,
-    /// a pipe or a device is read once): the refusal of the file's first registry line that
-    /// would be appended, found before anything is imported. Into a server keeping the file's
+    /// a pipe or a device is read once): refused at the file's first registry line that would
+    /// be appended, found before anything is imported. Into a server keeping the file's
     /// positions, a line at or below its head is compared, not appended, so the server is
     /// asked its head first. Only lines that may name a registry type are parsed.
-    fn registry_line_refused(&mut self) -> Result<Option<String>, String> {
+    fn refuse_registry_lines(&mut self) -> Result<(), String> {
         let args = self.args;
         let regular = args.input.as_os_str() != "-"
             && std::fs::metadata(&args.input).is_ok_and(|m| m.is_file());
         if carries_registry(args) || !regular {
-            return Ok(None);
+            return Ok(());
         }
         let file = std::fs::File::open(&args.input)
             .map_err(|e| format!("{}: {e}", args.input.display()))?;
@@ -1111,9 +1101,10 @@ impl<'a> Import<'a> {
                     continue;
                 }
             }
-            return Ok(Some(registry_refusal(&parsed)));
+            self.registry_refused = true;
+            return Err(registry_refusal(&parsed));
         }
-        Ok(None)
+        Ok(())
     }
 
     fn take(&mut self, mut line: ImportLine) -> Result<(), String> {
@@ -1425,6 +1416,15 @@ impl<'a> Import<'a> {
 
     /// The message of a failed import: `error`, then what the store holds of the file.
     /// `resumable`: whether running the same import again goes on where this one stopped.
+    /// The import's failure on `error`: of the kind its target's opening gave, if that is
+    /// what failed; resumable unless a registry line was refused, which the same import run
+    /// again would meet.
+    fn failed(self, error: String) -> Failure {
+        let kind = self.open_failed.unwrap_or("failed");
+        let resumable = !self.registry_refused;
+        Failure::of_kind(kind, self.abandon(error, resumable))
+    }
+
     fn abandon(mut self, error: String, resumable: bool) -> String {
         let mut message = error;
         if let Some(target) = self.target.take() {
