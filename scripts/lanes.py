@@ -9,6 +9,7 @@ at the very end, where a log's tail shows them. Usage: scripts/lanes.py [cargo t
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -68,11 +69,32 @@ def run(binary):
         results.append((out.returncode, package, name, took, out.stdout))
 
 
+# Where another test runner's output says what failed, inside a failed test's output: node's
+# TAP (`not ok`), Go's `--- FAIL`, Maven's `[ERROR]`, pytest's `FAILED` and `E   `.
+FOREIGN_FAILURE = re.compile(r"^\s*(not ok \d|--- FAIL|\[ERROR\]|FAILED |E   )")
+
+
+def shortened(block, keep, around=25):
+    """A failed test's output: its first line, the `around` lines from each line where another
+    runner says what failed, and its last `keep` lines, each line once and in order."""
+    chosen = {0} | set(range(max(1, len(block) - keep), len(block)))
+    for i, line in enumerate(block):
+        if FOREIGN_FAILURE.match(line):
+            chosen |= set(range(i, min(i + around, len(block))))
+    out, last = [], -1
+    for i in sorted(chosen):
+        if i > last + 1:
+            out.append(f"[... {i - last - 1} lines]")
+        out.append(block[i])
+        last = i
+    return out
+
+
 def failures(text, keep=60):
     """What a failed binary's output says of its failures: the test harness's `failures:`
-    section, with the last `keep` lines of each failed test's output (where its panic is) and
-    the list of their names; or the output's last lines when it ended without one (a crash, a
-    signal)."""
+    section, with each failed test's output shortened (`shortened`: where its panic is, and
+    where the runner it drove said what failed) and the list of their names; or the output's
+    last lines when it ended without one (a crash, a signal)."""
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line == "failures:"]
     if not starts:
@@ -80,7 +102,7 @@ def failures(text, keep=60):
     kept, block = [], []
     for line in lines[starts[0]:]:
         if line.startswith("---- ") or line == "failures:":
-            kept += block[:1] + block[1:][-keep:]
+            kept += shortened(block, keep) if block else []
             block = []
         block.append(line)
     kept += block

@@ -102,7 +102,9 @@ export class AnnalsEventStore implements EventStore {
     // One condition guards the whole append: the union of every command's items, after the
     // earliest position any of them reads after. A conflict with an event that only a later
     // `after` allows is not one: the log through that event is checked against each command
-    // (what it holds there never changes), and the append is sent again after it.
+    // (what it holds there never changes), and the append is sent again after it. Each such
+    // read must come from a log that holds the conflicting event (`annals-head`): another
+    // server of the same database may not have taken it in yet.
     const items = conditioned.flatMap(c => wireQuery(c.condition.failIfEventsMatch).items)
     let after = Math.min(...conditioned.map(c => positionOf(c.condition.after)))
     for (;;) {
@@ -110,7 +112,7 @@ export class AnnalsEventStore implements EventStore {
       if (!answer.appendConditionFailed) return this.#appended(answer)
       const conflict: number = answer.conflictPosition
       for (const { index, condition } of conditioned) {
-        const first = await this.#first(condition.failIfEventsMatch, positionOf(condition.after))
+        const first = await this.#firstThrough(condition.failIfEventsMatch, positionOf(condition.after), conflict)
         if (first !== undefined && first <= conflict) {
           throw new AppendConditionError(condition, commands.length > 1 ? index : undefined)
         }
@@ -183,19 +185,37 @@ export class AnnalsEventStore implements EventStore {
     }
   }
 
-  /** The first position after `after` that `query` matches, if any. */
-  async #first(query: Query, after: number): Promise<number | undefined> {
+  /**
+   * The first position after `after` that `query` matches, if any, read from a log that holds
+   * position `through`: read again, waiting a little longer each time, while the server
+   * answers from a log that ends before it (one of several servers on a database that has
+   * not taken it in yet). Throws when none has after `CATCH_UP_MS`.
+   */
+  async #firstThrough(query: Query, after: number, through: number): Promise<number | undefined> {
     const params = new URLSearchParams({
       query: JSON.stringify(wireQuery(query)),
       options: JSON.stringify({ after, limit: 1 }),
     })
-    const controller = new AbortController()
-    try {
-      const response = await this.#request("GET", `/v1/read?${params}`, undefined, controller.signal)
-      for await (const wire of lines(response, controller.signal, this.#base)) return wire.position
-      return undefined
-    } finally {
-      controller.abort()
+    const started = Date.now()
+    for (let wait = 5; ; wait = Math.min(wait * 2, 200)) {
+      const controller = new AbortController()
+      try {
+        const response = await this.#request("GET", `/v1/read?${params}`, undefined, controller.signal)
+        const head = Number(response.headers.get("annals-head") ?? Number.NaN)
+        if (head >= through) {
+          for await (const wire of lines(response, controller.signal, this.#base)) return wire.position
+          return undefined
+        }
+        if (Date.now() - started > CATCH_UP_MS) {
+          throw new Error(
+            `Annals: ${this.#base} answered an append condition with position ${through}, and ` +
+              `its reads still end at ${head} after ${CATCH_UP_MS} ms`,
+          )
+        }
+      } finally {
+        controller.abort()
+      }
+      await sleep(wait)
     }
   }
 
@@ -313,6 +333,9 @@ async function* lines(response: Response, signal: AbortSignal, base: string): As
   }
   if (pending.trim().length > 0) yield JSON.parse(pending) as WireEvent
 }
+
+/** How long an append waits for a read to show the event its condition failed on. */
+const CATCH_UP_MS = 10_000
 
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise(resolve => {

@@ -74,7 +74,9 @@ fn go_test(server: &ServerProcess) {
     suite("the Go client (go test)", go, server);
 }
 
-fn npm_test(server: &ServerProcess) {
+/// The TypeScript suite against `server`; its balancer's test sends reads to `second`, a
+/// server of the same log that takes `server`'s appends in later.
+fn npm_test(server: &ServerProcess, second: &ServerProcess) {
     let dir = clients().join("typescript");
     if !dir.join("node_modules/@dcb-es/event-store").exists() {
         assert!(
@@ -86,7 +88,9 @@ fn npm_test(server: &ServerProcess) {
     }
     let _one = TYPESCRIPT.lock().unwrap_or_else(|p| p.into_inner());
     let mut npm = Command::new("npm");
-    npm.args(["test", "--silent"]).current_dir(dir);
+    npm.args(["test", "--silent"])
+        .current_dir(dir)
+        .env("ANNALS_SECOND_URL", format!("http://{}", second.http));
     suite("the TypeScript adapter (node --test)", npm, server);
 }
 
@@ -186,15 +190,31 @@ fn the_go_client_on_segment_files() {
 /// Goal: the TypeScript adapter of `@dcb-es/event-store` passes its tests (node's runner:
 /// appends with and without conditions, several commands at once, reads in every direction,
 /// subscriptions that resume, the library's decision model in a race for the last seat, typed
-/// errors) against a server on segment files.
+/// errors) against a server on segment files; and behind a balancer that sends its reads to a
+/// read replica of the server's backup, racing appends still have one winner.
 #[test]
 fn the_typescript_adapter_on_segment_files() {
     if !runs("npm", "--version") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path(), &[]);
-    npm_test(&server);
+    let backup_dir = tempfile::tempdir().unwrap();
+    let backup = format!("file://{}", backup_dir.path().display());
+    let server = ServerProcess::start(dir.path(), &["--backup", &backup]);
+    // A replica starts from a backup that holds something.
+    server.append(&common::append_body(&[("Started", &[], "{}")], None));
+    annals_testkit::eventually(
+        "the server to ship its first append",
+        std::time::Duration::from_secs(30),
+        || {
+            let metrics = server.get("/metrics").text();
+            metrics
+                .lines()
+                .any(|l| l == "annals_backup_lag_positions 0")
+        },
+    );
+    let replica = ServerProcess::launch_with(&["--replica-of", &backup], &[]);
+    npm_test(&server, &replica);
 }
 
 /// Goal: the Go client passes the same tests against a server on PostgreSQL.
@@ -211,7 +231,8 @@ fn the_go_client_on_postgres() {
     go_test(&server);
 }
 
-/// Goal: the TypeScript adapter passes the same tests against a server on PostgreSQL.
+/// Goal: the TypeScript adapter passes the same tests against a server on PostgreSQL, the
+/// balancer's in front of two servers of the database.
 #[test]
 fn the_typescript_adapter_on_postgres() {
     if !runs("npm", "--version") {
@@ -222,5 +243,6 @@ fn the_typescript_adapter_on_postgres() {
     };
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port());
     let server = ServerProcess::start_postgres(&url, &[]);
-    npm_test(&server);
+    let second = ServerProcess::start_postgres(&url, &[]);
+    npm_test(&server, &second);
 }

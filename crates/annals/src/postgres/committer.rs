@@ -186,11 +186,31 @@ impl Committer {
 
     /// Checks, commits and hands to the mirror one group of this server's appends; answers
     /// every request of the group. After a lost race the group takes in what was queued
-    /// meanwhile (from `queue`), so that the next attempt commits it too.
+    /// meanwhile (from `queue`), so that the next attempt commits it too. An append that
+    /// another of the group settles (a condition failed on its events) is answered once that
+    /// one is in the mirror, or checked again if it never is.
     pub(super) fn commit_group(
         &mut self,
         group: &mut Vec<Request>,
         queue: Option<&Receiver<Request>>,
+    ) {
+        let mut deferred = Vec::new();
+        self.commit_once(group, queue, &mut deferred);
+        // Each round settles at least the first append it checks (no append of its group is
+        // before it), so the rounds end.
+        while !deferred.is_empty() {
+            let mut again = std::mem::take(&mut deferred);
+            self.commit_once(&mut again, queue, &mut deferred);
+        }
+    }
+
+    /// One group of [`Committer::commit_group`]: answers each of its requests or puts it in
+    /// `deferred`.
+    fn commit_once(
+        &mut self,
+        group: &mut Vec<Request>,
+        queue: Option<&Receiver<Request>>,
+        deferred: &mut Vec<Request>,
     ) {
         // A group from the queue, or a lone blocking caller's append on its own thread.
         let route = match queue {
@@ -255,7 +275,7 @@ impl Committer {
                 }
             }
             let head = self.inner.head();
-            let mut accepted = check(&self.inner, head, &mut pending);
+            let mut accepted = check(&self.inner, head, &mut pending, deferred);
             if accepted.is_empty() {
                 return;
             }
@@ -631,31 +651,57 @@ pub(super) fn committed(append: EncodedAppend, appended_at: u64, reply: ReplyTo)
 }
 
 /// Checks each pending append against the mirror at `head` and against the appends of the
-/// group accepted before it; answers those whose outcome is already known (a failed
+/// group accepted before it; answers those whose outcome the mirror settles (a failed
 /// condition, a retry recognised, a tracking position not above the recorded one) and
-/// returns the others with their positions.
-pub(super) fn check(inner: &Shared, head: u64, pending: &mut Vec<Request>) -> Vec<Accepted> {
+/// returns the others with their positions. One that an append of the group settles is put in
+/// `deferred`, to be checked again once the group is in the mirror (or is not, when its
+/// commit fails): an answer must not name an event that no read shows yet, and may never.
+pub(super) fn check(
+    inner: &Shared,
+    head: u64,
+    pending: &mut Vec<Request>,
+    deferred: &mut Vec<Request>,
+) -> Vec<Accepted> {
     let index = inner.index.read();
     debug_assert_eq!(index.len(), head, "the mirror's index is at its head");
     let mut accepted: Vec<Accepted> = Vec::with_capacity(pending.len());
     let mut next = head + 1;
     for request in pending.drain(..) {
+        let by_group = std::cell::Cell::new(false);
         let outcome = checked(
             &index,
             &inner.counters,
             &request,
-            |query, after| first_match_in_group(&accepted, query, after),
+            |query, after| {
+                let found = first_match_in_group(&accepted, query, after);
+                by_group.set(by_group.get() || found.is_some());
+                found
+            },
             |source| {
-                accepted
+                let found = accepted
                     .iter()
                     .filter_map(|a| a.request.append.tracking())
                     .filter(|(s, _)| *s == source)
                     .map(|(_, p)| p)
-                    .max()
+                    .max();
+                by_group.set(by_group.get() || found.is_some());
+                found
             },
         );
         if let Some(outcome) = outcome {
-            request.reply.send(outcome);
+            if by_group.get() {
+                deferred.push(request);
+            } else {
+                debug_assert!(
+                    outcome
+                        .as_ref()
+                        .err()
+                        .and_then(crate::error::AppendError::conflict_position)
+                        .is_none_or(|p| p <= head),
+                    "an answer names a position the mirror does not hold: {outcome:?}"
+                );
+                request.reply.send(outcome);
+            }
             continue;
         }
         // This server learned, while following, that it would store subjects' data in clear.

@@ -466,7 +466,7 @@ impl Writer {
                 segment: self.segment.clone(),
             });
         }
-        syncer.written(mark, bytes, &self.segment, waiters);
+        syncer.written(&self.shared, mark, bytes, &self.segment, waiters);
         None
     }
 

@@ -58,6 +58,9 @@ struct SyncState {
     mark: Mark,
     segment: Arc<Segment>,
     synced: u64,
+    /// Where the log ends at `synced`: what a thread that releases a waiter on `synced`
+    /// publishes first, when the sync's own thread has not yet (see [`Syncer::written`]).
+    synced_mark: Mark,
     waiters: Vec<Waiter>,
     /// A sync is running (on the syncer thread or inline on the writer's).
     syncing: bool,
@@ -98,6 +101,7 @@ impl Syncer {
                 mark,
                 segment,
                 synced: mark.head,
+                synced_mark: mark,
                 waiters: Vec::new(),
                 syncing: false,
                 syncs_ended: 0,
@@ -113,6 +117,7 @@ impl Syncer {
     /// that much is synced.
     pub(super) fn written(
         &self,
+        shared: &Shared,
         mark: Mark,
         bytes: u64,
         segment: &Arc<Segment>,
@@ -135,7 +140,7 @@ impl Syncer {
                 state.segment = segment.clone();
             }
         }
-        let synced = state.synced;
+        let (synced, synced_mark) = (state.synced, state.synced_mark);
         let (ready, pending): (Vec<Waiter>, Vec<Waiter>) =
             waiters.drain(..).partition(|w| w.needed <= synced);
         state.waiters.extend(pending);
@@ -145,6 +150,14 @@ impl Syncer {
             self.wake.notify_one();
         }
         drop(state);
+        // A waiter that an ended sync covers, whose thread has not published it yet (it does
+        // right after letting the state go, or its notifier does): publish here first. A
+        // caller answered must find what its answer names (its events, or in D3 the event a
+        // failed condition names) in every read it starts after the answer.
+        if ready.iter().any(|w| w.needed > shared.published.head()) {
+            shared.published.publish(&self.right, synced_mark);
+        }
+        debug_assert!(ready.iter().all(|w| w.needed <= shared.published.head()));
         let mut answers = Answers::default();
         for w in ready {
             answers.send(w.reply, w.outcome);
@@ -274,6 +287,7 @@ impl Syncer {
                 );
                 let bytes = target_bytes.saturating_sub(state.synced_bytes);
                 state.synced = target;
+                state.synced_mark = mark;
                 state.synced_bytes = state.synced_bytes.max(target_bytes);
                 self.room.notify_all();
                 shared.published.set_synced(&self.right, target);

@@ -203,17 +203,24 @@ pub fn claim_race(store: &Store, threads: usize, attempts: usize) -> Result<(), 
 
 /// [`claim_race`] with the threads spread over several stores of one log (servers of one
 /// database), checked through the first once it has taken in what the others appended.
-/// Every append either succeeds or fails its condition: any other answer is an error.
+/// Every append either succeeds or fails its condition: any other answer is an error. So is a
+/// failed condition that names an event its store does not show yet: a caller that reads to
+/// learn which event it lost to must find it.
 pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Result<(), String> {
     let wins = Arc::new(Mutex::new(Vec::new()));
     let refused = Arc::new(Mutex::new(Vec::new()));
-    let answered = |refused: &Mutex<Vec<String>>, outcome: &Result<u64, AppendError>| {
-        if let Err(e) = outcome {
-            if e.conflict_position().is_none() {
-                refused.lock().unwrap().push(e.to_string());
+    let answered =
+        |refused: &Mutex<Vec<String>>, store: &Store, outcome: &Result<u64, AppendError>| {
+            let Err(e) = outcome else { return };
+            match e.conflict_position() {
+                None => refused.lock().unwrap().push(e.to_string()),
+                Some(p) if p > store.head() => refused.lock().unwrap().push(format!(
+                    "{e}, answered while its store's head was {}",
+                    store.head()
+                )),
+                Some(_) => {}
             }
-        }
-    };
+        };
     std::thread::scope(|scope| {
         for t in 0..threads {
             let wins = wins.clone();
@@ -228,7 +235,7 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
                     let event = NewEvent::new("UsernameClaimed", format!("{t}").into_bytes())
                         .tag(name.clone());
                     let outcome = store.append(&[event], Some(&claim));
-                    answered(&refused, &outcome);
+                    answered(&refused, store, &outcome);
                     if let Ok(p) = outcome {
                         wins.lock().unwrap().push((name, p));
                     }
@@ -242,7 +249,7 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
                         NewEvent::new("Incremented", format!("{last}").into_bytes()).tag("counter");
                     let outcome =
                         store.append(&[event], Some(&AppendCondition::new(counter, Some(last))));
-                    answered(&refused, &outcome);
+                    answered(&refused, store, &outcome);
                 }
             });
         }
@@ -250,8 +257,8 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
     let refused = std::mem::take(&mut *refused.lock().unwrap());
     if let Some(first) = refused.first() {
         return Err(format!(
-            "{} appends were refused rather than stored or failed by their condition; the \
-             first: {first}",
+            "{} appends were neither stored nor failed by a condition on an event their store \
+             shows; the first: {first}",
             refused.len()
         ));
     }
