@@ -74,13 +74,14 @@ def run(binary):
 FOREIGN_FAILURE = re.compile(r"^\s*(not ok \d|--- FAIL|\[ERROR\]|FAILED |E   )")
 
 
-def shortened(block, keep, around=25):
-    """A failed test's output: its first line, the `around` lines from each line where another
-    runner says what failed, and its last `keep` lines, each line once and in order."""
+def shortened(block, keep, around=25, most=10):
+    """A failed test's output: its first line, the `around` lines from each of the first `most`
+    lines where another runner says what failed, and its last `keep` lines, each line once and
+    in order."""
     chosen = {0} | set(range(max(1, len(block) - keep), len(block)))
-    for i, line in enumerate(block):
-        if FOREIGN_FAILURE.match(line):
-            chosen |= set(range(i, min(i + around, len(block))))
+    found = [i for i, line in enumerate(block) if FOREIGN_FAILURE.match(line)]
+    for i in found[:most]:
+        chosen |= set(range(i, min(i + around, len(block))))
     out, last = [], -1
     for i in sorted(chosen):
         if i > last + 1:

@@ -111,8 +111,9 @@ export class AnnalsEventStore implements EventStore {
       const answer = await this.#post({ ...body, condition: { failIfEventsMatch: { items }, after } })
       if (!answer.appendConditionFailed) return this.#appended(answer)
       const conflict: number = answer.conflictPosition
+      const deadline = Date.now() + CATCH_UP_MS
       for (const { index, condition } of conditioned) {
-        const first = await this.#firstThrough(condition.failIfEventsMatch, positionOf(condition.after), conflict)
+        const first = await this.#firstThrough(condition.failIfEventsMatch, positionOf(condition.after), conflict, deadline)
         if (first !== undefined && first <= conflict) {
           throw new AppendConditionError(condition, commands.length > 1 ? index : undefined)
         }
@@ -188,28 +189,30 @@ export class AnnalsEventStore implements EventStore {
   /**
    * The first position after `after` that `query` matches, if any, read from a log that holds
    * position `through`: read again, waiting a little longer each time, while the server
-   * answers from a log that ends before it (one of several servers on a database that has
-   * not taken it in yet). Throws when none has after `CATCH_UP_MS`.
+   * answers from a log that ends before it (a read replica, or another server of the database,
+   * that has not taken it in yet). An answer without `annals-head` is taken as it is. Past
+   * `deadline` (a time in ms), throws `AnnalsError` (503 `reads_behind`): nothing was stored.
    */
-  async #firstThrough(query: Query, after: number, through: number): Promise<number | undefined> {
+  async #firstThrough(query: Query, after: number, through: number, deadline: number): Promise<number | undefined> {
     const params = new URLSearchParams({
       query: JSON.stringify(wireQuery(query)),
       options: JSON.stringify({ after, limit: 1 }),
     })
-    const started = Date.now()
     for (let wait = 5; ; wait = Math.min(wait * 2, 200)) {
       const controller = new AbortController()
       try {
         const response = await this.#request("GET", `/v1/read?${params}`, undefined, controller.signal)
-        const head = Number(response.headers.get("annals-head") ?? Number.NaN)
-        if (head >= through) {
+        const header = response.headers.get("annals-head")
+        if (header === null || Number(header) >= through) {
           for await (const wire of lines(response, controller.signal, this.#base)) return wire.position
           return undefined
         }
-        if (Date.now() - started > CATCH_UP_MS) {
-          throw new Error(
-            `Annals: ${this.#base} answered an append condition with position ${through}, and ` +
-              `its reads still end at ${head} after ${CATCH_UP_MS} ms`,
+        if (Date.now() > deadline) {
+          throw new AnnalsError(
+            503,
+            "reads_behind",
+            `${this.#base} failed the append's condition on position ${through}, and its reads ` +
+              `still ended at ${header} after ${CATCH_UP_MS} ms; nothing was stored`,
           )
         }
       } finally {

@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto"
 import { createServer, request } from "node:http"
 import { AddressInfo } from "node:net"
+import { pipeline } from "node:stream"
 import { DcbEvent, Tags } from "@dcb-es/event-store"
 import { AnnalsEventStore } from "../src/index.js"
 
@@ -27,11 +28,13 @@ export async function balancer(): Promise<{ url: string; close: () => Promise<vo
       { host: to.hostname, port: to.port, path: incoming.url, method: incoming.method, headers: incoming.headers },
       answer => {
         outgoing.writeHead(answer.statusCode ?? 502, answer.headers)
-        answer.pipe(outgoing)
+        pipeline(answer, outgoing, () => {})
       },
     )
     forwarded.on("error", e => outgoing.destroy(e))
-    incoming.pipe(forwarded)
+    // A client that lets go of its answer early (a read of one event) lets go of the server's.
+    outgoing.on("close", () => forwarded.destroy())
+    pipeline(incoming, forwarded, () => {})
   })
   await new Promise<void>(resolve => server.listen(0, "127.0.0.1", resolve))
   const { port } = server.address() as AddressInfo

@@ -194,13 +194,16 @@ impl Committer {
         group: &mut Vec<Request>,
         queue: Option<&Receiver<Request>>,
     ) {
+        // One bound on the tries for all rounds: an append held back waits no longer than
+        // the group it waited on.
+        let started = Instant::now();
         let mut deferred = Vec::new();
-        self.commit_once(group, queue, &mut deferred);
-        // Each round settles at least the first append it checks (no append of its group is
-        // before it), so the rounds end.
+        self.commit_once(group, queue, started, &mut deferred);
+        // A round's first check settles at least its first append (no append of its group is
+        // before it), and after `RACING_MAX` every append is answered: the rounds end.
         while !deferred.is_empty() {
             let mut again = std::mem::take(&mut deferred);
-            self.commit_once(&mut again, queue, &mut deferred);
+            self.commit_once(&mut again, queue, started, &mut deferred);
         }
     }
 
@@ -210,6 +213,7 @@ impl Committer {
         &mut self,
         group: &mut Vec<Request>,
         queue: Option<&Receiver<Request>>,
+        started: Instant,
         deferred: &mut Vec<Request>,
     ) {
         // A group from the queue, or a lone blocking caller's append on its own thread.
@@ -230,7 +234,6 @@ impl Committer {
         }
         let mut committing = Duration::ZERO;
         let mut attempts = 0u32;
-        let started = Instant::now();
         while !pending.is_empty() {
             span.record("annals.tries", i64::from(attempts + 1));
             attempts += 1;
@@ -670,7 +673,6 @@ pub(super) fn check(
         let by_group = std::cell::Cell::new(false);
         let outcome = checked(
             &index,
-            &inner.counters,
             &request,
             |query, after| {
                 let found = first_match_in_group(&accepted, query, after);
@@ -692,14 +694,17 @@ pub(super) fn check(
             if by_group.get() {
                 deferred.push(request);
             } else {
+                use crate::error::AppendError::{AdmissionChanged, ConditionFailed};
                 debug_assert!(
-                    outcome
-                        .as_ref()
-                        .err()
-                        .and_then(crate::error::AppendError::conflict_position)
-                        .is_none_or(|p| p <= head),
+                    match &outcome {
+                        Err(ConditionFailed { position } | AdmissionChanged { position }) => {
+                            *position <= head
+                        }
+                        _ => true,
+                    },
                     "an answer names a position the mirror does not hold: {outcome:?}"
                 );
+                count_settled(&inner.counters, &outcome);
                 request.reply.send(outcome);
             }
             continue;

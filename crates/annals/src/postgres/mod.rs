@@ -61,7 +61,7 @@ use crate::request::{Reply, ReplyTo, Request};
 use crate::route::Backend;
 use crate::route::Route;
 use crate::shared::Shared;
-use crate::writer::{checked, now_us, FileLog, WriterRole};
+use crate::writer::{checked, count_settled, now_us, FileLog, WriterRole};
 use connect::Target;
 
 mod committer;

@@ -5,12 +5,12 @@ use super::*;
 
 /// An append's outcome when its checks settle it before it is staged: its condition fails (or
 /// it is recognised as the retry of an append already stored), or its tracking position is not
-/// above the one recorded; None when it is to be stored. `pending_match` and
+/// above the one recorded; None when it is to be stored. The caller counts the outcome
+/// ([`count_settled`]) when it answers with it. `pending_match` and
 /// `pending_tracking` look among appends accepted but not yet in the index (the PostgreSQL
 /// committer's group; the writer stages each append before checking the next, so has none).
 pub(crate) fn checked(
     index: &crate::index::Index,
-    counters: &crate::shared::Counters,
     request: &Request,
     pending_match: impl Fn(&crate::Query, u64) -> Option<u64>,
     pending_tracking: impl Fn(&str) -> Option<u64>,
@@ -37,10 +37,8 @@ pub(crate) fn checked(
             .or_else(|| pending_match(query, after));
         if let Some(position) = found {
             if let Some(last) = retried_append(index, append, query, after) {
-                counters.idempotent_retries.fetch_add(1, Ordering::Relaxed);
                 return Some(Ok(last));
             }
-            counters.conditions_failed.fetch_add(1, Ordering::Relaxed);
             return Some(Err(AppendError::ConditionFailed { position }));
         }
     }
@@ -53,6 +51,20 @@ pub(crate) fn checked(
             given,
         })
     })
+}
+
+/// Counts an outcome of [`checked`] that its caller answers with: a retry recognised, or a
+/// failed condition.
+pub(crate) fn count_settled(
+    counters: &crate::shared::Counters,
+    outcome: &Result<u64, AppendError>,
+) {
+    let counter = match outcome {
+        Ok(_) => &counters.idempotent_retries,
+        Err(AppendError::ConditionFailed { .. }) => &counters.conditions_failed,
+        Err(_) => return,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// When a conditional append fails: the position of the last event of the append it retries,

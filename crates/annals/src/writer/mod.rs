@@ -32,7 +32,7 @@ mod role;
 mod syncer;
 
 use crate::request::{Answers, Reply, ReplyTo, Request};
-pub(crate) use check::checked;
+pub(crate) use check::{checked, count_settled};
 pub(crate) use engine::{start, FileEngine};
 pub(crate) use files::FileLog;
 pub(crate) use notifier::Notifier;
@@ -520,7 +520,8 @@ impl Writer {
         // (Held for the whole staging, it had 64 deciding clients spend a fifth of their
         // time spinning and parking on it.)
         let index = self.shared.index.read();
-        if let Some(outcome) = checked(&index, counters, request, |_, _| None, |_| None) {
+        if let Some(outcome) = checked(&index, request, |_, _| None, |_| None) {
+            count_settled(counters, &outcome);
             return Staged::Done(outcome);
         }
         drop(index);

@@ -205,27 +205,35 @@ pub fn claim_race(store: &Store, threads: usize, attempts: usize) -> Result<(), 
 /// database), checked through the first once it has taken in what the others appended.
 /// Every append either succeeds or fails its condition: any other answer is an error. So is a
 /// failed condition that names an event its store does not show yet: a caller that reads to
-/// learn which event it lost to must find it.
+/// learn which event it lost to must find it. Each store counts the failed conditions it
+/// answered, once each.
 pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Result<(), String> {
     let wins = Arc::new(Mutex::new(Vec::new()));
     let refused = Arc::new(Mutex::new(Vec::new()));
-    let answered =
-        |refused: &Mutex<Vec<String>>, store: &Store, outcome: &Result<u64, AppendError>| {
-            let Err(e) = outcome else { return };
-            match e.conflict_position() {
-                None => refused.lock().unwrap().push(e.to_string()),
-                Some(p) if p > store.head() => refused.lock().unwrap().push(format!(
-                    "{e}, answered while its store's head was {}",
-                    store.head()
-                )),
-                Some(_) => {}
-            }
-        };
+    let counted_before: Vec<u64> = stores.iter().map(|s| s.stats().conditions_failed).collect();
+    let failed: Vec<AtomicU64> = stores.iter().map(|_| AtomicU64::new(0)).collect();
+    let answered = |refused: &Mutex<Vec<String>>,
+                    (store, failed): (&Store, &AtomicU64),
+                    outcome: &Result<u64, AppendError>| {
+        let Err(e) = outcome else { return };
+        match e.conflict_position() {
+            None => refused.lock().unwrap().push(e.to_string()),
+            Some(p) if p > store.head() => refused.lock().unwrap().push(format!(
+                "{e}, answered while its store's head was {}",
+                store.head()
+            )),
+            Some(_) => {}
+        }
+        if e.conflict_position().is_some() {
+            failed.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     std::thread::scope(|scope| {
         for t in 0..threads {
             let wins = wins.clone();
             let refused = refused.clone();
             let store = stores[t % stores.len()];
+            let failed = &failed[t % stores.len()];
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(t as u64);
                 for _ in 0..attempts {
@@ -235,7 +243,7 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
                     let event = NewEvent::new("UsernameClaimed", format!("{t}").into_bytes())
                         .tag(name.clone());
                     let outcome = store.append(&[event], Some(&claim));
-                    answered(&refused, store, &outcome);
+                    answered(&refused, (store, failed), &outcome);
                     if let Ok(p) = outcome {
                         wins.lock().unwrap().push((name, p));
                     }
@@ -249,11 +257,20 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
                         NewEvent::new("Incremented", format!("{last}").into_bytes()).tag("counter");
                     let outcome =
                         store.append(&[event], Some(&AppendCondition::new(counter, Some(last))));
-                    answered(&refused, store, &outcome);
+                    answered(&refused, (store, failed), &outcome);
                 }
             });
         }
     });
+    for (i, store) in stores.iter().enumerate() {
+        let counted = store.stats().conditions_failed - counted_before[i];
+        let answered = failed[i].load(Ordering::Relaxed);
+        if counted != answered {
+            return Err(format!(
+                "store {i} counted {counted} failed conditions and answered {answered}"
+            ));
+        }
+    }
     let refused = std::mem::take(&mut *refused.lock().unwrap());
     if let Some(first) = refused.first() {
         return Err(format!(
