@@ -6,7 +6,8 @@ use super::*;
 /// An append's outcome when its checks settle it before it is staged: its condition fails (or
 /// it is recognised as the retry of an append already stored), or its tracking position is not
 /// above the one recorded; None when it is to be stored. The caller counts the outcome
-/// ([`count_settled`]) when it answers with it. `pending_match` and
+/// ([`count_settled`]) once it takes it as the append's (the writer when it stages; the
+/// PostgreSQL committer when it answers, not when it holds an append back). `pending_match` and
 /// `pending_tracking` look among appends accepted but not yet in the index (the PostgreSQL
 /// committer's group; the writer stages each append before checking the next, so has none).
 pub(crate) fn checked(

@@ -210,6 +210,7 @@ pub fn claim_race(store: &Store, threads: usize, attempts: usize) -> Result<(), 
 pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Result<(), String> {
     let wins = Arc::new(Mutex::new(Vec::new()));
     let refused = Arc::new(Mutex::new(Vec::new()));
+    let ahead = Mutex::new(Vec::new());
     let counted_before: Vec<u64> = stores.iter().map(|s| s.stats().conditions_failed).collect();
     let failed: Vec<AtomicU64> = stores.iter().map(|_| AtomicU64::new(0)).collect();
     let answered = |refused: &Mutex<Vec<String>>,
@@ -218,7 +219,7 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
         let Err(e) = outcome else { return };
         match e.conflict_position() {
             None => refused.lock().unwrap().push(e.to_string()),
-            Some(p) if p > store.head() => refused.lock().unwrap().push(format!(
+            Some(p) if p > store.head() => ahead.lock().unwrap().push(format!(
                 "{e}, answered while its store's head was {}",
                 store.head()
             )),
@@ -262,20 +263,11 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
             });
         }
     });
-    for (i, store) in stores.iter().enumerate() {
-        let counted = store.stats().conditions_failed - counted_before[i];
-        let answered = failed[i].load(Ordering::Relaxed);
-        if counted != answered {
-            return Err(format!(
-                "store {i} counted {counted} failed conditions and answered {answered}"
-            ));
-        }
-    }
     let refused = std::mem::take(&mut *refused.lock().unwrap());
     if let Some(first) = refused.first() {
         return Err(format!(
-            "{} appends were neither stored nor failed by a condition on an event their store \
-             shows; the first: {first}",
+            "{} appends were refused rather than stored or failed by their condition; the \
+             first: {first}",
             refused.len()
         ));
     }
@@ -321,6 +313,24 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
             ));
         }
         previous = e.position();
+    }
+    // After the race's outcome (which the canaries are caught by): how it was answered.
+    let ahead = std::mem::take(&mut *ahead.lock().unwrap());
+    if let Some(first) = ahead.first() {
+        return Err(format!(
+            "{} failed conditions named an event their store did not show yet; the first: \
+             {first}",
+            ahead.len()
+        ));
+    }
+    for (i, store) in stores.iter().enumerate() {
+        let counted = store.stats().conditions_failed - counted_before[i];
+        let answered = failed[i].load(Ordering::Relaxed);
+        if counted != answered {
+            return Err(format!(
+                "store {i} counted {counted} failed conditions and answered {answered}"
+            ));
+        }
     }
     Ok(())
 }
