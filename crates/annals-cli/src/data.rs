@@ -1414,8 +1414,6 @@ impl<'a> Import<'a> {
         )
     }
 
-    /// The message of a failed import: `error`, then what the store holds of the file.
-    /// `resumable`: whether running the same import again goes on where this one stopped.
     /// The import's failure on `error`: of the kind its target's opening gave, if that is
     /// what failed; resumable unless a registry line was refused, which the same import run
     /// again would meet.
@@ -1425,6 +1423,8 @@ impl<'a> Import<'a> {
         Failure::of_kind(kind, self.abandon(error, resumable))
     }
 
+    /// The message of a failed import: `error`, then what the store holds of the file.
+    /// `resumable`: whether running the same import again goes on where this one stopped.
     fn abandon(mut self, error: String, resumable: bool) -> String {
         let mut message = error;
         if let Some(target) = self.target.take() {

@@ -203,16 +203,7 @@ fn the_typescript_adapter_on_segment_files() {
     let server = ServerProcess::start(dir.path(), &["--backup", &backup]);
     // A replica starts from a backup that holds something.
     server.append(&common::append_body(&[("Started", &[], "{}")], None));
-    annals_testkit::eventually(
-        "the server to ship its first append",
-        std::time::Duration::from_secs(30),
-        || {
-            let metrics = server.get("/metrics").text();
-            metrics
-                .lines()
-                .any(|l| l == "annals_backup_lag_positions 0")
-        },
-    );
+    server.await_backup_shipped(std::time::Duration::from_secs(30));
     let replica = ServerProcess::launch_with(&["--replica-of", &backup], &[]);
     npm_test(&server, &replica);
 }

@@ -142,15 +142,7 @@ fn the_console_in_a_browser() {
         );
     }
     // A read replica of the open server's backup, once that holds what was appended.
-    let shipped = |server: &ServerProcess| {
-        let text = server.get("/metrics").text();
-        text.lines().any(|l| l == "annals_backup_lag_positions 0")
-    };
-    annals_testkit::eventually(
-        "the open server to ship its backup",
-        std::time::Duration::from_secs(30),
-        || shipped(&open),
-    );
+    open.await_backup_shipped(std::time::Duration::from_secs(30));
     let mut replica = ServerProcess::launch_with(&["--replica-of", &backup], &[]);
     let output = Command::new("node")
         .arg(script_dir.join("console.test.mjs"))

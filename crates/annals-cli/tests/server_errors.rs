@@ -527,12 +527,7 @@ fn a_read_replica_refuses_appends_by_the_contract() {
     let primary = ServerProcess::start(&dir.path().join("primary"), &["--backup", &url]);
     primary.append(&seed().json());
     let wait = Duration::from_secs(60);
-    annals_testkit::eventually("the backup to hold the seed event", wait, || {
-        let metrics = primary.get("/metrics").text();
-        metrics
-            .lines()
-            .any(|l| l == "annals_backup_lag_positions 0")
-    });
+    primary.await_backup_shipped(wait);
     let mut replica = ServerProcess::launch_with(&["--replica-of", &url], &[]);
     annals_testkit::eventually("the replica to hold the seed event", wait, || {
         replica.head() == 1

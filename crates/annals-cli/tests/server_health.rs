@@ -84,9 +84,7 @@ fn a_replica_reports_its_lag_and_readiness() {
     for n in 0..10 {
         primary.append(&one_event(n));
     }
-    eventually("the backup ships everything", WAIT, || {
-        sample(&primary, "annals_backup_lag_positions") == Some(0.0)
-    });
+    primary.await_backup_shipped(WAIT);
     let mut replica = ServerProcess::launch_with(&["--replica-of", &url], &[]);
     let started = replica.startup.join("\n");
     assert!(

@@ -158,6 +158,15 @@ impl ServerProcess {
         r.json()
     }
 
+    /// Waits up to `within` until the server's backup holds every append it made durable
+    /// (`annals_backup_lag_positions` 0): before a replica starts from it, or a test looks
+    /// into it.
+    pub fn await_backup_shipped(&self, within: Duration) {
+        crate::eventually("the backup to hold every append", within, || {
+            sample(&self.get("/metrics").text(), "annals_backup_lag_positions") == Some(0.0)
+        });
+    }
+
     /// Reads with a query and options given as JSON text.
     pub fn read(&self, query: &str, options: &str) -> Vec<serde_json::Value> {
         let r = self.get(&format!(

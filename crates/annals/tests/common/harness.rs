@@ -217,16 +217,17 @@ pub fn claim_race_over(stores: &[&Store], threads: usize, attempts: usize) -> Re
                     (store, failed): (&Store, &AtomicU64),
                     outcome: &Result<u64, AppendError>| {
         let Err(e) = outcome else { return };
-        match e.conflict_position() {
-            None => refused.lock().unwrap().push(e.to_string()),
-            Some(p) if p > store.head() => ahead.lock().unwrap().push(format!(
-                "{e}, answered while its store's head was {}",
-                store.head()
-            )),
-            Some(_) => {}
-        }
-        if e.conflict_position().is_some() {
-            failed.fetch_add(1, Ordering::Relaxed);
+        let Some(position) = e.conflict_position() else {
+            refused.lock().unwrap().push(e.to_string());
+            return;
+        };
+        failed.fetch_add(1, Ordering::Relaxed);
+        let head = store.head();
+        if position > head {
+            ahead
+                .lock()
+                .unwrap()
+                .push(format!("{e}, answered while its store's head was {head}"));
         }
     };
     std::thread::scope(|scope| {
